@@ -1,0 +1,27 @@
+# Two commands on a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: env demo test test-fast lint clean-home
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	# torch first, pinned: the CPU build; an unpinned torch pulls gigabytes of CUDA.
+	$(PY) -m pip install --quiet -c constraints.txt torch==2.13.0
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[test]'
+	touch $(STAMP)
+
+env: $(STAMP)
+
+demo: env
+	$(VENV)/bin/embodied-r demo
+
+test: env
+	$(PY) -m pytest -q
+
+# Unit tests only: no flows, no servers.
+test-fast: env
+	$(PY) -m pytest -q -m "not slow"

@@ -1,0 +1,141 @@
+"""File conventions shared by every stage.
+
+Stages talk through folders. A stage writes into ``<final>.partial`` and renames it to
+``<final>`` when it is done, so a folder that exists under its final name is complete and a
+crash leaves only a ``.partial`` folder behind. Per-item stages (key frames, perception) keep
+an append-only JSON-lines log of finished items inside the partial folder, so a re-run
+resumes after the last finished item instead of starting again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import threading
+import uuid
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+
+def partial_path(final: Path) -> Path:
+    return final.with_name(final.name + ".partial")
+
+
+def is_complete(final: Path) -> bool:
+    return final.is_dir() and (final / "summary.json").is_file()
+
+
+@contextmanager
+def stage_folder(final: Path) -> Iterator[Path]:
+    """Yield the partial folder of ``final``; rename it into place on success.
+
+    The partial folder is reused across attempts (it holds per-item progress) and is
+    left in place when the body raises.
+    """
+    final = Path(final)
+    work = partial_path(final)
+    work.mkdir(parents=True, exist_ok=True)
+    yield work
+    if final.exists():
+        # A concurrent run finished first; its output is equivalent.
+        shutil.rmtree(work, ignore_errors=True)
+        return
+    os.replace(work, final)
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(data, fh, indent=2, sort_keys=True, default=str)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> Any:
+    with open(path, encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+def write_parquet_atomic(table: pa.Table, path: Path) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    pq.write_table(table, tmp)
+    os.replace(tmp, path)
+
+
+def write_summary(folder: Path, summary: dict[str, Any]) -> None:
+    """The summary is written last: its presence marks a stage folder complete."""
+    write_json_atomic(Path(folder) / "summary.json", summary)
+
+
+def read_summary(folder: Path) -> dict[str, Any]:
+    return read_json(Path(folder) / "summary.json")
+
+
+class ItemLog:
+    """Append-only JSON-lines record of finished items, safe against a kill at any moment.
+
+    Each line is one finished item, written with a single ``write`` and flushed to disk
+    before the call returns. A torn last line (the process died mid-write) is ignored on
+    reading, so that item is simply done again.
+    """
+
+    def __init__(self, path: Path, key: str = "id"):
+        self.path = Path(path)
+        self.key = key
+        self._lock = threading.Lock()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def read(self) -> list[dict[str, Any]]:
+        if not self.path.exists():
+            return []
+        records: dict[str, dict[str, Any]] = {}
+        with open(self.path, encoding="utf-8") as fh:
+            for line in fh:
+                if not line.endswith("\n"):
+                    break
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError:
+                    continue
+                records[str(rec[self.key])] = rec
+        return list(records.values())
+
+    def done_ids(self) -> set[str]:
+        return {str(r[self.key]) for r in self.read()}
+
+    def append(self, record: dict[str, Any]) -> None:
+        line = json.dumps(record, sort_keys=True, default=str) + "\n"
+        with self._lock:
+            self._repair_tail()
+            with open(self.path, "a", encoding="utf-8") as fh:
+                fh.write(line)
+                fh.flush()
+                os.fsync(fh.fileno())
+
+    def _repair_tail(self) -> None:
+        """Drop a torn last line so the next record starts on a line of its own."""
+        if not self.path.exists() or self.path.stat().st_size == 0:
+            return
+        with open(self.path, "rb+") as fh:
+            fh.seek(-1, os.SEEK_END)
+            if fh.read(1) == b"\n":
+                return
+            fh.seek(0)
+            data = fh.read()
+            cut = data.rfind(b"\n") + 1
+            fh.truncate(cut)
+
+
+def table_from_records(records: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
+    cols = {name: [r.get(name) for r in records] for name in schema.names}
+    return pa.table(cols, schema=schema)
