@@ -1,0 +1,332 @@
+"""Tiny local models, built from config, for the CPU demo and the tests.
+
+Random-weight Qwen2 (text) and Qwen2.5-VL (vision-language) models with the real
+architectures, real tokenizers and real processors, small enough to build in about a
+second and generate in milliseconds. They prove the plumbing, not the science.
+
+A model reference ``tiny:lm`` or ``tiny:vlm`` resolves to a folder under
+``$EMBODIED_R_HOME/models`` named by the hash of its spec, built on first use.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+# Bumped when the build recipe changes, so old folders are not reused for new code.
+BUILD_VERSION = 2
+
+ENDOFTEXT = "<|endoftext|>"
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+VISION_START = "<|vision_start|>"
+VISION_END = "<|vision_end|>"
+IMAGE_PAD = "<|image_pad|>"
+VIDEO_PAD = "<|video_pad|>"
+INIT_RANGE = 0.2
+LM_SPECIAL = [ENDOFTEXT, IM_START, IM_END]
+VLM_SPECIAL = LM_SPECIAL + [VISION_START, VISION_END, IMAGE_PAD, VIDEO_PAD]
+
+# ChatML, as Qwen2.5 uses it; list contents (OpenAI parts) become text and vision
+# placeholders so the same template serves text and vision models.
+CHAT_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' -}}"
+    "{%- if message['content'] is string -%}"
+    "{{- message['content'] -}}"
+    "{%- else -%}"
+    "{%- for part in message['content'] -%}"
+    "{%- if part['type'] == 'text' -%}{{- part['text'] -}}"
+    "{%- elif part['type'] in ['image', 'image_url'] -%}"
+    "{{- '<|vision_start|><|image_pad|><|vision_end|>' -}}"
+    "{%- elif part['type'] == 'video' -%}"
+    "{{- '<|vision_start|><|video_pad|><|vision_end|>' -}}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- endif -%}"
+    "{{- '<|im_end|>\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
+)
+
+# Text the tokenizer is trained on: the words the pipeline's prompts and answers use,
+# so the tiny models see short encodings of realistic prompts.
+_CORPUS = """
+You are a helpful assistant. You are an embodied agent exploring a scene through an egocentric video.
+Describe the scene in this first frame. Describe the spatial relations of the objects relative to you,
+the agent: left, right, in front, behind, above, below, near, far. Describe the objects named in the question.
+Do not answer the question. These are two consecutive key frames: the previous key frame and this key frame.
+(1) What action did you take between the two frames? Choose one of: move forward, move backward, move left,
+move right, move up, move down, rotate left, rotate right, tilt up, tilt down.
+(2) What spatial information is newly visible in this frame? (3) Which objects related to the question are visible?
+Answer with a JSON object {"action": "...", "new_info": "...", "question_info": "..."}.
+Frame 0: Observe: a street with buildings on both sides, a tree on the left, a car ahead.
+Frame 1: After move forward, Observe: a red building on the right and a bridge far ahead.
+Frame 2: After rotate left, Observe: a tall tower in front of me, a park behind the fence.
+Question: Which direction should I go to reach the landmark? Options: A. B. C. D. E.
+Output the thinking process in <think> </think> and the final answer in <answer> </answer> tags.
+<think> I moved forward and then turned left, so the tower is now ahead. </think> <answer> A </answer>
+The answer is A. The answer is B. The answer is C. The answer is D. 0 1 2 3 4 5 6 7 8 9 10 12 15 20 25 30 50 100
+How far is the chair from the table in meters? What is the order in which the objects first appear?
+the a an of to in on at by for with from into over under between behind above below next and or not is are
+was were be been this that these those it its I me my you your we they he she there here what which where
+when how why who whose many much more most few small large big left right front back up down forward backward
+rotate tilt move turn go stop reach arrive start end first last next previous before after then now still
+room table chair sofa bed door window wall floor ceiling lamp tv desk shelf cabinet kitchen sink refrigerator
+road street car bus tree building bridge river tower sign light park crossing roof drone camera view scene
+landmark destination route path progress counterfactual appearance distance direction closest farthest nearest
+""".strip()
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # Upper bound: the model's vocabulary is the trained tokenizer's, which stops early
+    # when the built-in corpus runs out of merges.
+    vocab_size: int = Field(1024, ge=300)
+    hidden_size: int = 64
+    intermediate_size: int = 128
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    # RoPE has no learned positions, so a long limit costs nothing; prompts run to a few
+    # thousand tokens with this small vocabulary.
+    max_position_embeddings: int = 16384
+    seed: int = 0
+
+    def digest(self) -> str:
+        payload = {"build": BUILD_VERSION, "kind": type(self).__name__, **self.model_dump()}
+        return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()[:12]
+
+
+class TinyLMSpec(_Spec):
+    pass
+
+
+class TinyVLMSpec(_Spec):
+    vision_hidden_size: int = 32
+    vision_depth: int = 2
+    vision_heads: int = 2
+    # The processor's own pixel budget; backends resize images before it anyway.
+    max_pixels: int = 112 * 112
+
+
+def home() -> Path:
+    return Path(os.environ.get("EMBODIED_R_HOME") or Path.home() / ".embodied-r")
+
+
+def resolve_model(ref: str) -> str:
+    """``tiny:lm`` / ``tiny:vlm`` -> a built local folder; anything else unchanged."""
+    if ref == "tiny:lm":
+        return str(ensure_tiny_lm(home() / "models"))
+    if ref == "tiny:vlm":
+        return str(ensure_tiny_vlm(home() / "models"))
+    return ref
+
+
+def train_tokenizer(vocab_size: int, special_tokens: list[str]) -> Any:
+    """A byte-level BPE with Qwen2's normaliser and splitting rules.
+
+    ``AutoTokenizer`` reloads a tokenizer saved beside a Qwen2 model as
+    ``Qwen2Tokenizer``, which rebuilds its pipeline from vocab and merges with these
+    exact rules; training with any other rules would change encodings after a reload.
+    """
+    from tokenizers import Regex, Tokenizer, decoders, normalizers, pre_tokenizers, trainers
+    from tokenizers.models import BPE
+    from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX, Qwen2Tokenizer
+
+    raw = Tokenizer(
+        BPE(unk_token=None, continuing_subword_prefix="", end_of_word_suffix="", fuse_unk=False)
+    )
+    raw.normalizer = normalizers.NFC()
+    raw.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    raw.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=special_tokens,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    raw.train_from_iterator(_CORPUS.splitlines(), trainer=trainer)
+    model = json.loads(raw.to_str())["model"]
+    tok = Qwen2Tokenizer(
+        vocab=model["vocab"],
+        merges=[tuple(m) for m in model["merges"]],
+        eos_token=IM_END,
+        pad_token=ENDOFTEXT,
+        unk_token=ENDOFTEXT,
+        extra_special_tokens=[t for t in special_tokens if t not in (ENDOFTEXT, IM_END)],
+        # Batched generation needs left padding; saved so every reload has it.
+        padding_side="left",
+    )
+    tok.chat_template = CHAT_TEMPLATE
+    return tok
+
+
+def _text_kwargs(spec: _Spec, tok: Any) -> dict[str, Any]:
+    return dict(
+        vocab_size=len(tok),
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_hidden_layers,
+        num_attention_heads=spec.num_attention_heads,
+        num_key_value_heads=spec.num_key_value_heads,
+        max_position_embeddings=spec.max_position_embeddings,
+        bos_token_id=tok.convert_tokens_to_ids(ENDOFTEXT),
+        eos_token_id=tok.convert_tokens_to_ids(IM_END),
+        pad_token_id=tok.convert_tokens_to_ids(ENDOFTEXT),
+        # Wider than the usual 0.02: random weights that small make greedy decoding emit
+        # one token forever, while this gives varied text for demos and tests.
+        initializer_range=INIT_RANGE,
+    )
+
+
+def _generation_config(tok: Any) -> Any:
+    from transformers import GenerationConfig
+
+    return GenerationConfig(
+        eos_token_id=[tok.convert_tokens_to_ids(IM_END), tok.convert_tokens_to_ids(ENDOFTEXT)],
+        pad_token_id=tok.convert_tokens_to_ids(ENDOFTEXT),
+        do_sample=False,
+        max_new_tokens=64,
+    )
+
+
+def _build_atomically(final: Path, build) -> Path:
+    """Build into a private folder beside ``final`` and rename it into place."""
+    if (final / "config.json").is_file():
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.with_name(f".{final.name}.{uuid.uuid4().hex}.tmp")
+    tmp.mkdir()
+    try:
+        build(tmp)
+        try:
+            os.replace(tmp, final)
+        except OSError:
+            # Another process finished the same build first; its folder is equivalent.
+            if not (final / "config.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def ensure_tiny_lm(root: Path, spec: TinyLMSpec = TinyLMSpec()) -> Path:
+    """A random-weight ``Qwen2ForCausalLM`` with tokenizer, under ``root/tiny-lm-<hash>``."""
+
+    def build(folder: Path) -> None:
+        import torch
+        from transformers import Qwen2Config, Qwen2ForCausalLM
+
+        tok = train_tokenizer(spec.vocab_size, LM_SPECIAL)
+        torch.manual_seed(spec.seed)
+        config = Qwen2Config(**_text_kwargs(spec, tok), tie_word_embeddings=True)
+        model = Qwen2ForCausalLM(config)
+        model.generation_config = _generation_config(tok)
+        model.save_pretrained(folder)
+        tok.save_pretrained(folder)
+
+    return _build_atomically(Path(root) / f"tiny-lm-{spec.digest()}", build)
+
+
+def ensure_tiny_vlm(root: Path, spec: TinyVLMSpec = TinyVLMSpec()) -> Path:
+    """A random-weight ``Qwen2_5_VLForConditionalGeneration`` with tokenizer and image
+    processor saved separately (see ``load_vlm_processor``)."""
+
+    def build(folder: Path) -> None:
+        import torch
+        from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
+            Qwen2VLImageProcessorPil,
+        )
+
+        tok = train_tokenizer(spec.vocab_size, VLM_SPECIAL)
+        head_dim = spec.hidden_size // spec.num_attention_heads
+        half = head_dim // 2
+        # Temporal, height and width sections of the rotary dimensions; they must sum
+        # to head_dim / 2.
+        rest = half - half // 4
+        mrope = [half // 4, (rest + 1) // 2, rest // 2]
+        text = _text_kwargs(spec, tok)
+        text["rope_parameters"] = {
+            "rope_type": "default",
+            "rope_theta": 1_000_000.0,
+            "mrope_section": mrope,
+        }
+        config = Qwen2_5_VLConfig(
+            text_config=text,
+            vision_config=dict(
+                depth=spec.vision_depth,
+                hidden_size=spec.vision_hidden_size,
+                intermediate_size=2 * spec.vision_hidden_size,
+                num_heads=spec.vision_heads,
+                out_hidden_size=spec.hidden_size,
+                fullatt_block_indexes=[spec.vision_depth - 1],
+            ),
+            image_token_id=tok.convert_tokens_to_ids(IMAGE_PAD),
+            video_token_id=tok.convert_tokens_to_ids(VIDEO_PAD),
+            vision_start_token_id=tok.convert_tokens_to_ids(VISION_START),
+            vision_end_token_id=tok.convert_tokens_to_ids(VISION_END),
+            tie_word_embeddings=True,
+            initializer_range=INIT_RANGE,
+        )
+        torch.manual_seed(spec.seed)
+        model = Qwen2_5_VLForConditionalGeneration(config)
+        model.generation_config = _generation_config(tok)
+        model.save_pretrained(folder)
+        tok.save_pretrained(folder)
+        Qwen2VLImageProcessorPil(min_pixels=28 * 28, max_pixels=spec.max_pixels).save_pretrained(
+            folder
+        )
+
+    return _build_atomically(Path(root) / f"tiny-vlm-{spec.digest()}", build)
+
+
+def _processor_class() -> type:
+    from transformers import Qwen2_5_VLProcessor
+
+    class _ImageOnlyProcessor(Qwen2_5_VLProcessor):
+        """Qwen2.5-VL's processor without its video processor, which needs torchvision."""
+
+        def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
+            from transformers.processing_utils import ProcessorMixin
+
+            self.image_token = getattr(tokenizer, "image_token", None) or IMAGE_PAD
+            self.video_token = getattr(tokenizer, "video_token", None) or VIDEO_PAD
+            self.image_token_id = tokenizer.convert_tokens_to_ids(self.image_token)
+            self.video_token_id = tokenizer.convert_tokens_to_ids(self.video_token)
+            ProcessorMixin.__init__(self, image_processor, tokenizer, None, chat_template=chat_template)
+
+    return _ImageOnlyProcessor
+
+
+def load_vlm_processor(path: str | Path) -> Any:
+    """Image processor and tokenizer of a Qwen2.5-VL folder, joined into a processor.
+
+    Works for the tiny VLM and for released Qwen2.5-VL checkpoints alike, without
+    torchvision (``AutoProcessor`` would insist on the video processor).
+    """
+    from transformers import AutoTokenizer
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    image_processor = Qwen2VLImageProcessorPil.from_pretrained(str(path))
+    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    tokenizer.padding_side = "left"
+    template = tokenizer.chat_template
+    chat_file = Path(path) / "chat_template.json"
+    if not template and chat_file.is_file():
+        template = json.loads(chat_file.read_text())["chat_template"]
+    return _processor_class()(image_processor, tokenizer, chat_template=template)

@@ -1,0 +1,298 @@
+"""Perception: prompts, parsing, the video text, and the stage end to end."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from PIL import Image
+from pydantic import ValidationError
+
+from embodied_r import schemas
+from embodied_r.backends import BackendConfig
+from embodied_r.io import table_from_records, write_parquet_atomic
+from embodied_r.perception import PerceptionConfig, run_perception
+from embodied_r.prompts import (
+    ACTIONS,
+    FrameInfo,
+    first_frame_conversation,
+    normalize_action,
+    pair_conversation,
+    parse_frame_response,
+    video_text,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# -- parsing ------------------------------------------------------------------------------
+
+
+def test_parse_json() -> None:
+    info = parse_frame_response(
+        '{"action": "rotate left", "new_info": "a bridge ahead", "question_info": "the tower is left"}',
+        first=False,
+    )
+    assert (info.action, info.new_info, info.question_info, info.parsed_as) == (
+        "rotate left", "a bridge ahead", "the tower is left", "json"
+    )
+
+
+def test_parse_fenced_json_with_prose_and_odd_values() -> None:
+    text = (
+        "Sure! Here is my analysis.\n```json\n"
+        '{"Action": "Turn_Right", "New Info": ["a red car", "a tree"], '
+        '"question_related_objects": {"tower": "far right"}}\n```\nHope this helps {not json}.'
+    )
+    info = parse_frame_response(text, first=False)
+    assert info.parsed_as == "json"
+    assert info.action == "rotate right"
+    assert info.new_info == "a red car; a tree"
+    assert info.question_info == "tower: far right"
+
+
+def test_parse_labelled_text() -> None:
+    text = (
+        "1. **Action:** moved forward toward the gate\n"
+        "2. New spatial information: a fountain appears\n   on the left side.\n"
+        "3. Question-related objects: the gate, straight ahead"
+    )
+    info = parse_frame_response(text, first=False)
+    assert info.parsed_as == "labels"
+    assert info.action == "move forward"
+    assert info.new_info == "a fountain appears on the left side."
+    assert info.question_info == "the gate, straight ahead"
+
+
+def test_parse_garbage_and_first_frame() -> None:
+    info = parse_frame_response("zq## 1. 2. 3. lorem ipsum", first=False)
+    assert info.action == "unknown" and info.parsed_as == "text"
+    assert info.new_info == "zq## 1. 2. 3. lorem ipsum"
+    assert parse_frame_response("", first=False).action == "unknown"
+    first = parse_frame_response('{"new_info": "a kitchen", "question_info": "a sink on the right"}', first=True)
+    assert (first.action, first.new_info, first.question_info) == ("", "a kitchen", "a sink on the right")
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("move forward", "move forward"),
+        ("MOVE-FORWARD.", "move forward"),
+        ("The agent turned left, then moved forward", "rotate left"),  # the first one named
+        ("rotating right", "rotate right"),
+        ("flew upward", "unknown"),
+        ("Moving forward, then turn left", "move forward"),
+        ("yaw right", "rotate right"),
+        ("descend slowly", "move down"),
+        ("look up at the sky", "tilt up"),
+        ("move backward", "move backward"),
+        ("hover in place", "unknown"),
+        (None, "unknown"),
+        (["move up"], "unknown"),
+    ],
+)
+def test_normalize_action(text: object, expected: str) -> None:
+    assert normalize_action(text) == expected
+    assert expected in ACTIONS or expected == "unknown"
+
+
+def test_video_text_format() -> None:
+    frames = [
+        FrameInfo("", "a street,\n cars parked", "the tower is far ahead", "json"),
+        FrameInfo("move forward", "a bridge", "", "json"),
+        FrameInfo("unknown", "", "tower on the left", "text"),
+    ]
+    assert video_text(frames) == (
+        "Frame 0: Observe: a street, cars parked Question-related: the tower is far ahead\n"
+        "Frame 1: After move forward, Observe: a bridge\n"
+        "Frame 2: After unknown, Observe: Question-related: tower on the left"
+    )
+
+
+def test_conversations_put_images_first() -> None:
+    conv = pair_conversation("/k/0.jpg", "/k/1.jpg", "Where is the tower?\nA. left\nB. right")
+    assert conv[0]["role"] == "system"
+    parts = conv[1]["content"]
+    assert [p["type"] for p in parts] == ["image", "image", "text"]
+    assert [p["path"] for p in parts[:2]] == ["/k/0.jpg", "/k/1.jpg"]
+    assert parts[2]["text"].endswith("Question: Where is the tower?\nA. left\nB. right")
+    assert all(a in parts[2]["text"] for a in ACTIONS)
+    first = first_frame_conversation("/k/0.jpg", "Q")[1]["content"]
+    assert [p["type"] for p in first] == ["image", "text"] and "Do not answer" in first[1]["text"]
+
+
+def test_config() -> None:
+    cfg = PerceptionConfig()
+    assert cfg.backend.model == "Qwen/Qwen2.5-VL-72B-Instruct" and cfg.mode == "per_question"
+    with pytest.raises(ValidationError):
+        PerceptionConfig(prompt_version="0")
+    with pytest.raises(ValidationError):
+        PerceptionConfig(mode="per_video")
+    with pytest.raises(ValidationError):
+        PerceptionConfig(batch=3)
+
+
+# -- the stage ----------------------------------------------------------------------------
+
+
+def make_inputs(root: Path, videos: dict[str, int], questions: list[tuple[str, str]]) -> tuple[Path, Path]:
+    """A catalog and a key-frame stage folder: ``videos`` maps id -> number of key frames,
+    ``questions`` lists (uid, video_id)."""
+    kf = root / "keyframes"
+    rng = np.random.default_rng(1)
+    rows = []
+    for vid, n in videos.items():
+        for rank in range(n):
+            rel = f"frames/{vid}/{rank:03d}.jpg"
+            (kf / rel).parent.mkdir(parents=True, exist_ok=True)
+            Image.fromarray(rng.integers(0, 255, (120, 200, 3), dtype=np.uint8)).save(kf / rel)
+            rows.append(
+                {"video_id": vid, "rank": rank, "frame_index": rank * 30, "timestamp": float(rank),
+                 "overlap": math.nan if rank == 0 else 0.3, "reason": "low_overlap", "image_path": rel}
+            )
+    rows.reverse()  # readers must order by rank, not trust the file order
+    write_parquet_atomic(table_from_records(rows, schemas.KEYFRAMES), kf / "keyframes.parquet")
+    cat = [
+        {"uid": uid, "benchmark": "urbanvideo", "original_id": uid, "video_id": vid,
+         "video_path": f"/videos/{vid}.mp4", "scene": vid, "category": "Landmark Position",
+         "question": f"Where is the landmark seen in {vid}?", "options": ["A. left", "B. right"],
+         "answer": "A", "answer_type": "choice", "split": "train", "fold": 0}
+        for uid, vid in questions
+    ]
+    write_parquet_atomic(table_from_records(cat, schemas.CATALOG), root / "catalog.parquet")
+    return root / "catalog.parquet", kf
+
+
+def tiny_cfg(model: Path, batch_size: int = 4) -> PerceptionConfig:
+    return PerceptionConfig(
+        backend=BackendConfig(kind="transformers", model=str(model), device="cpu",
+                              batch_size=batch_size, concurrency=1, max_pixels=56 * 56),
+        max_new_tokens=12,
+    )
+
+
+def test_run_perception_end_to_end(tiny_vlm_path: Path, tmp_path: Path) -> None:
+    catalog, kf = make_inputs(
+        tmp_path,
+        {"v1": 4, "v2": 1, "v3": 3},
+        [("u:1", "v1"), ("u:2", "v1"), ("u:3", "v2"), ("u:4", "v3"), ("u:5", "v_none")],
+    )
+    # A key frame that cannot be read: the calls that need it fail, the others go on.
+    (kf / "frames/v3/002.jpg").unlink()
+    out = tmp_path / "perception"
+    summary = run_perception(catalog, kf, out, tiny_cfg(tiny_vlm_path))
+
+    assert (out / "summary.json").is_file() and not (tmp_path / "perception.partial").exists()
+    assert summary["questions"] == 5 and summary["done"] == 3 and summary["failed"] == 2
+    assert summary["reasons"] == {"no_keyframes": 1, "call_failed": 1}
+    assert summary["calls"] == 4 + 4 + 1 and summary["calls_made"] == 9 + 3
+    assert summary["mean_frames"] == pytest.approx(3.0)
+
+    per = pq.read_table(out / "perception.parquet")
+    assert per.schema.equals(schemas.PERCEPTION)
+    rows = {r["uid"]: r for r in per.to_pylist()}
+    assert set(rows) == {"u:1", "u:2", "u:3"}
+    assert rows["u:1"]["n_frames"] == 4 and rows["u:3"]["n_frames"] == 1
+    lines = rows["u:1"]["video_text"].split("\n")
+    assert len(lines) == 4 and lines[0].startswith("Frame 0: Observe:")
+    for i, line in enumerate(lines[1:], start=1):
+        assert line.startswith(f"Frame {i}: After ") and ", Observe:" in line
+    assert summary["prompt_tokens"] == sum(r["prompt_tokens"] for r in rows.values()) > 0
+    assert summary["completion_tokens"] == sum(r["completion_tokens"] for r in rows.values()) > 0
+
+    frames = pq.read_table(out / "perception_frames.parquet")
+    assert frames.schema.equals(schemas.PERCEPTION_FRAMES)
+    fr = frames.to_pylist()
+    assert len(fr) == 9
+    assert all(r["action"] == "" for r in fr if r["frame"] == 0)
+    assert all(r["action"] in ACTIONS + ("unknown",) for r in fr if r["frame"] > 0)
+
+    fails = {r["item"]: r for r in pq.read_table(out / "failures.parquet").to_pylist()}
+    assert set(fails) == {"u:4", "u:5"}
+    assert "no key frames for video v_none" in fails["u:5"]["reason"]
+    assert "002.jpg" in fails["u:4"]["reason"] and fails["u:4"]["stage"] == "perception"
+
+    # A finished folder is returned as it is, without loading a model.
+    bad = PerceptionConfig(backend=BackendConfig(model="/no/such/model"))
+    assert run_perception(catalog, kf, out, bad) == summary
+
+
+def test_missing_inputs_name_the_fix(tmp_path: Path) -> None:
+    catalog, kf = make_inputs(tmp_path, {"v1": 1}, [("u:1", "v1")])
+    with pytest.raises(FileNotFoundError, match="keyframes stage"):
+        run_perception(catalog, tmp_path / "nowhere", tmp_path / "out", PerceptionConfig())
+    with pytest.raises(FileNotFoundError, match="preprocess"):
+        run_perception(tmp_path / "no.parquet", kf, tmp_path / "out", PerceptionConfig())
+
+
+RUNNER = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+    from embodied_r.backends import BackendConfig
+    from embodied_r.perception import PerceptionConfig, run_perception
+
+    catalog, kf, out, model = sys.argv[1:5]
+    cfg = PerceptionConfig(
+        backend=BackendConfig(kind="transformers", model=model, device="cpu", batch_size=1,
+                              concurrency=1, max_pixels=56 * 56),
+        max_new_tokens=12,
+    )
+    run_perception(Path(catalog), Path(kf), Path(out), cfg)
+    """
+)
+
+
+def log_lines(path: Path) -> list[str]:
+    if not path.exists():
+        return []
+    return [line for line in path.read_text().split("\n")[:-1]]  # complete lines only
+
+
+def test_kill_and_resume(tiny_vlm_path: Path, tmp_path: Path) -> None:
+    videos = {"a": 4, "b": 3}
+    questions = [(f"q:{i}", "a" if i % 2 else "b") for i in range(8)]
+    catalog, kf = make_inputs(tmp_path, videos, questions)
+    total = sum(videos[v] for _, v in questions)
+    out = tmp_path / "perception"
+    log = tmp_path / "perception.partial" / "items.jsonl"
+    script = tmp_path / "runner.py"
+    script.write_text(RUNNER)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(catalog), str(kf), str(out), str(tiny_vlm_path)], env=env
+    )
+    try:
+        while len(log_lines(log)) < 6 and proc.poll() is None:
+            time.sleep(0.02)
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+    before = [json.loads(line) for line in log_lines(log)]
+    assert 6 <= len(before) < total and not out.exists()
+
+    cfg = tiny_cfg(tiny_vlm_path, batch_size=1)
+    summary = run_perception(catalog, kf, out, cfg)
+    assert summary["done"] == 8 and summary["failed"] == 0
+    # The resumed run made exactly the calls the killed one had not finished ...
+    assert summary["calls_made"] == total - len(before)
+    keys = [json.loads(line)["key"] for line in log_lines(out / "items.jsonl")]
+    # ... so every call is logged exactly once, none repeated and none lost.
+    assert Counter(keys).most_common(1)[0][1] == 1
+    assert set(keys) == {f"{uid}:{f}" for uid, v in questions for f in range(videos[v])}
+    # And the result equals an uninterrupted run's.
+    fresh = run_perception(catalog, kf, tmp_path / "fresh", cfg)
+    assert fresh["calls_made"] == total
+    texts = lambda p: {r["uid"]: r["video_text"] for r in pq.read_table(p / "perception.parquet").to_pylist()}
+    assert texts(out) == texts(tmp_path / "fresh")
