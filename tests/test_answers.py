@@ -1,0 +1,97 @@
+"""Answer parsing: the answer is read only from the last <answer> block, and strictly."""
+
+from __future__ import annotations
+
+import pytest
+
+from embodied_r.answers import (
+    FORMAT_RE,
+    completion_text,
+    extract_answer,
+    extract_think,
+    parse_choice,
+    parse_number,
+)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["C", "C.", "(C)", "C. the red door", "Option C", "option c", "Answer: C", "The answer is C",
+     "C) turn left", "[C]", "**C**", "\\boxed{C}", "Ｃ", " c ", "Option: C."],
+)
+def test_parse_choice_accepts_one_letter(text: str) -> None:
+    assert parse_choice(text) == "C"
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["A or B", "A, C", "A/B", "A and B", "(A) or (B)", "option A or option B", "A. left\nB. right",
+     "", "   ", "none of them", "I think C", "a red door", "Options: A, C", None],
+)
+def test_parse_choice_rejects_zero_or_several_options(text: str | None) -> None:
+    assert parse_choice(text) is None
+
+
+def test_parse_choice_respects_the_option_count() -> None:
+    assert parse_choice("D", n_options=4) == "D"
+    assert parse_choice("E", n_options=4) is None
+    assert parse_choice("E") == "E"
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [("3.5", 3.5), ("3.5 meters", 3.5), ("3.5m", 3.5), ("3.", 3.0), ("1,200", 1200.0), ("-2", -2.0),
+     (".5", 0.5), ("three", 3.0), ("about 12 cm", 12.0), ("２", 2.0)],
+)
+def test_parse_number(text: str, value: float) -> None:
+    assert parse_number(text) == pytest.approx(value)
+
+
+@pytest.mark.parametrize("text", ["2-3", "3 or 4", "1,2", "one or two", "nan", "1e999", "many", "", None])
+def test_parse_number_rejects_ambiguous_or_missing(text: str | None) -> None:
+    assert parse_number(text) is None
+
+
+def test_extract_answer_reads_only_the_last_answer_block() -> None:
+    text = "<think>Option B is wrong, the answer A is tempting</think><answer>C</answer>"
+    assert extract_answer(text) == "C"
+    assert extract_answer("<answer>A</answer> then <answer> B </answer>") == "B"
+    assert extract_answer("The answer is A.") is None
+    assert extract_answer("<answer></answer>") == ""
+    assert extract_think(text) == "Option B is wrong, the answer A is tempting"
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["<think>x</think><answer>A</answer>", "  <think>x</think>\n\n<answer> A </answer>\n",
+     "<think>多步推理 ✓</think><answer>B</answer>"],
+)
+def test_format_accepts(text: str) -> None:
+    assert FORMAT_RE.match(text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["<think>x</think><answer>A</answer> and more", "<answer>A</answer>", "<think>x</think>",
+     "<think></think><answer>A</answer>", "<think>x</think><answer> </answer>",
+     "<think>x</think><answer>A</answer><answer>B</answer>",
+     "<think>x<think>y</think><answer>A</answer>", "prefix <think>x</think><answer>A</answer>",
+     "<answer>A</answer><think>x</think>"],
+)
+def test_format_rejects(text: str) -> None:
+    assert not FORMAT_RE.match(text)
+
+
+def test_format_check_stays_fast_on_very_long_outputs() -> None:
+    # A pattern that backtracks quadratically would take minutes here.
+    long = "<think>" + "step " * 100_000 + "</think><answer>A</answer> trailing"
+    assert not FORMAT_RE.match(long)
+    assert FORMAT_RE.match(long[: -len(" trailing")])
+
+
+def test_completion_text_takes_strings_and_messages() -> None:
+    assert completion_text("abc") == "abc"
+    assert completion_text([{"role": "assistant", "content": "abc"}]) == "abc"
+    parts = [{"role": "assistant", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]
+    assert completion_text(parts) == "ab"
+    assert completion_text(None) == ""

@@ -1,0 +1,218 @@
+"""Reward functions, called the way TRL's GRPOTrainer calls them."""
+
+from __future__ import annotations
+
+import logging
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from embodied_r.backends import BackendConfig, Generation, make_backend
+from embodied_r.rewards import (
+    REFERENCE_SYSTEM,
+    REFERENCE_TEMPLATE_CHOICE,
+    accuracy_reward,
+    consistency_ratio,
+    format_reward,
+    make_consistency_reward,
+)
+
+QUESTION = "Which way is the red door?\nOptions:\nA. left\nB. right\nC. ahead\nD. behind"
+OPTIONS = ["A. left", "B. right", "C. ahead", "D. behind"]
+
+HOSTILE = [
+    "<think>Option A is wrong; answer A is tempting.</think><answer>C</answer>",  # letters in thinking
+    "<think>x</think><answer>C</answer> P.S. actually A",  # text after </answer>
+    "<think>x</think><answer></answer>",  # empty answer
+    "<think>x</think><answer>A</answer><answer>C</answer>",  # repeated tags: last one counts
+    "<think>hmm</think><answer>A or C</answer>",  # hedging
+    "The answer is C.",  # no tags at all
+    "<think>路径向前 ✓ — ünïcödé</think><answer>Ｃ</answer>",  # unicode, full-width letter
+    "<think>" + "step " * 20_000 + "</think><answer>C</answer>",  # very long
+    "",
+]
+
+
+def _trl_kwargs(n: int, **columns: Any) -> dict[str, Any]:
+    """The keyword arguments TRL adds to every reward call."""
+    metrics: dict[str, list[float]] = {}
+    kwargs = {
+        "prompts": [[{"role": "user", "content": "q"}]] * n,
+        "completion_ids": [[1, 2]] * n,
+        "trainer_state": object(),
+        "log_extra": lambda column, values: None,
+        "log_metric": lambda name, value: metrics.setdefault(name, []).append(value),
+        "_metrics": metrics,
+    }
+    kwargs.update(columns)
+    return kwargs
+
+
+def _as_messages(texts: list[str]) -> list[list[dict[str, str]]]:
+    return [[{"role": "assistant", "content": t}] for t in texts]
+
+
+def test_format_reward_on_hostile_completions() -> None:
+    expected = [1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 1.0, 1.0, 0.0]
+    assert format_reward(completions=HOSTILE, **_trl_kwargs(len(HOSTILE))) == expected
+    assert format_reward(completions=_as_messages(HOSTILE), **_trl_kwargs(len(HOSTILE))) == expected
+
+
+def test_accuracy_reward_reads_only_the_last_answer() -> None:
+    n = len(HOSTILE)
+    kwargs = _trl_kwargs(n, solution=["C"] * n, answer_type=["choice"] * n, options=[OPTIONS] * n,
+                         question=[QUESTION] * n)
+    expected = [1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 1.0, 1.0, 0.0]
+    assert accuracy_reward(completions=HOSTILE, **kwargs) == expected
+    assert accuracy_reward(completions=_as_messages(HOSTILE), **kwargs) == expected
+
+
+def test_accuracy_reward_numbers_use_mean_relative_accuracy() -> None:
+    completions = ["<think>x</think><answer>3</answer>", "<think>x</think><answer>2.7</answer>",
+                   "<think>x</think><answer>far</answer>"]
+    out = accuracy_reward(completions=completions, **_trl_kwargs(3, solution=["3.0"] * 3, answer_type=["number"] * 3))
+    assert out[0] == 1.0 and 0.0 < out[1] < 1.0 and out[2] == 0.0
+
+
+class Recording:
+    """A real backend, counting the calls made to it."""
+
+    def __init__(self, backend: Any):
+        self.backend = backend
+        self.batches: list[int] = []
+        self.conversations: list[Any] = []
+
+    def generate(self, conversations: list[Any]) -> list[Generation]:
+        self.batches.append(len(conversations))
+        self.conversations.extend(conversations)
+        return self.backend.generate(conversations)
+
+    def close(self) -> None:
+        self.backend.close()
+
+
+@pytest.fixture(scope="module")
+def tiny_reference(tiny_lm_path: Path) -> Any:
+    backend = make_backend(BackendConfig(kind="transformers", model=str(tiny_lm_path), device="cpu",
+                                         max_new_tokens=6, temperature=0.0))
+    yield backend
+    backend.close()
+
+
+def test_consistency_against_a_real_tiny_model(tiny_reference: Any) -> None:
+    recording = Recording(tiny_reference)
+    reward = make_consistency_reward(recording, require_correct=True)
+    assert reward.__name__ == "consistency_reward"
+    completions = [
+        "<think>The door was on my left, then I turned, so it is ahead.</think><answer>C</answer>",  # correct
+        "<think>It is behind me now.</think><answer>D</answer>",  # wrong: not asked
+        "<answer>C</answer>",  # no reasoning: not asked
+        "<think>Turned twice, it is ahead.</think><answer>C</answer>",  # correct
+        "<think>Either way.</think><answer>A or C</answer>",  # no single answer: not asked
+    ]
+    n = len(completions)
+    kwargs = _trl_kwargs(n, solution=["C"] * n, answer_type=["choice"] * n, options=[OPTIONS] * n,
+                         question=[QUESTION] * n, uid=[f"q{i}" for i in range(n)])
+    out = reward(completions=_as_messages(completions), **kwargs)
+
+    # One batched call, only for the two correct answers with reasoning.
+    assert recording.batches == [2]
+    assert reward.calls == 1
+    # The reference saw the question and the reasoning, never the policy's answer or video text.
+    user = recording.conversations[0][1]["content"]
+    assert "Which way is the red door?" in user and "then I turned, so it is ahead" in user
+    assert "<answer>" not in user and "Frame 0" not in user
+    assert recording.conversations[0][0] == {"role": "system", "content": REFERENCE_SYSTEM}
+
+    # What the reference says, asked directly: the reward is 1 exactly when it agrees.
+    from embodied_r.answers import parse_choice
+
+    direct = tiny_reference.generate(recording.conversations)
+    agrees = [parse_choice(g.text, 4) == "C" for g in direct]
+    assert out == [1.0 if agrees[0] else 0.0, 0.0, 0.0, 1.0 if agrees[1] else 0.0, 0.0]
+    assert kwargs["_metrics"]["consistency/asked"] == [2.0]
+
+
+def test_consistency_without_correctness_asks_for_wrong_answers_too(tiny_reference: Any) -> None:
+    recording = Recording(tiny_reference)
+    reward = make_consistency_reward(recording, require_correct=False)
+    completions = ["<think>ahead</think><answer>C</answer>", "<think>behind</think><answer>D</answer>"]
+    out = reward(completions=completions, **_trl_kwargs(2, solution=["C", "C"], answer_type=["choice"] * 2,
+                                                         options=[OPTIONS] * 2, question=[QUESTION] * 2))
+    assert recording.batches == [2]
+    assert all(v in (0.0, 1.0) for v in out)
+
+
+def test_consistency_reference_template_is_filled() -> None:
+    text = REFERENCE_TEMPLATE_CHOICE.format(question=QUESTION, think="because")
+    assert QUESTION in text and "because" in text
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_consistency_unreachable_endpoint_gives_none(caplog: pytest.LogCaptureFixture) -> None:
+    cfg = BackendConfig(kind="openai", model="reference", base_url=f"http://127.0.0.1:{_closed_port()}/v1",
+                        max_retries=0, timeout_s=5.0)
+    reward = make_consistency_reward(cfg)
+    completions = ["<think>ahead</think><answer>C</answer>", "<think>behind</think><answer>D</answer>",
+                   "no format"]
+    kwargs = _trl_kwargs(3, solution=["C"] * 3, answer_type=["choice"] * 3, options=[OPTIONS] * 3,
+                         question=[QUESTION] * 3)
+    with caplog.at_level(logging.WARNING, logger="embodied_r.rewards"):
+        out = reward(completions=completions, **kwargs)
+    reward.close()
+    assert out == [None, None, None]
+    assert "unreachable" in caplog.text
+    assert kwargs["_metrics"]["consistency/reference_unreachable"] == [1.0]
+
+
+class Raising:
+    """A reference whose every call fails (a crash we cannot cause on a real model)."""
+
+    def generate(self, conversations: list[Any]) -> list[Generation]:
+        raise ConnectionError("reference went away")
+
+    def close(self) -> None:
+        pass
+
+
+def test_consistency_raising_backend_gives_none(caplog: pytest.LogCaptureFixture) -> None:
+    reward = make_consistency_reward(Raising())
+    with caplog.at_level(logging.WARNING, logger="embodied_r.rewards"):
+        out = reward(completions=["<think>a</think><answer>C</answer>"],
+                     **_trl_kwargs(1, solution=["C"], question=[QUESTION], options=[OPTIONS]))
+    assert out == [None]
+    assert "reference went away" in caplog.text
+
+
+def test_consistency_backend_is_built_lazily_and_only_when_needed(tiny_lm_path: Path) -> None:
+    reward = make_consistency_reward(BackendConfig(model=str(tiny_lm_path), device="cpu", max_new_tokens=4))
+    assert reward._backend is None
+    # Every answer wrong: nobody needs the reference, so it is not even loaded.
+    out = reward(completions=["<think>a</think><answer>A</answer>"] * 3,
+                 **_trl_kwargs(3, solution=["C"] * 3, question=[QUESTION] * 3, options=[OPTIONS] * 3))
+    assert out == [0.0, 0.0, 0.0] and reward._backend is None
+    reward(completions=["<think>a</think><answer>C</answer>"],
+           **_trl_kwargs(1, solution=["C"], question=[QUESTION], options=[OPTIONS]))
+    assert reward._backend is not None
+    reward.close()
+
+
+def test_consistency_needs_the_question_column() -> None:
+    reward = make_consistency_reward(Raising())
+    with pytest.raises(ValueError, match="question"):
+        reward(completions=["<think>a</think><answer>C</answer>"], solution=["C"])
+
+
+def test_consistency_ratio_over_a_real_tiny_model(tiny_reference: Any) -> None:
+    completions = ["<think>ahead</think><answer>C</answer>", "no reasoning", "<think>x</think><answer>B</answer>"]
+    ratio, verdicts = consistency_ratio(tiny_reference, completions, [QUESTION] * 3, ["choice"] * 3, [OPTIONS] * 3)
+    assert verdicts[1] is None
+    assert verdicts[0] in (True, False) and verdicts[2] in (True, False)
+    assert ratio == pytest.approx(sum(v for v in verdicts if v is not None) / 2)

@@ -1,0 +1,146 @@
+"""GRPO stages on the CPU with the tiny LM: chained, resumed, tracked."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from embodied_r.backends import BackendConfig
+from embodied_r.io import partial_path
+from embodied_r.records import RecordsConfig, run_records
+from embodied_r.training import GRPOStageConfig, TrainingConfig, run_training_stage
+from test_records import VIDEO, catalog_row, write_inputs
+
+
+@pytest.fixture(scope="module")
+def records(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tmp = tmp_path_factory.mktemp("train_records")
+    rows = [catalog_row(f"urbanvideo:{i}", "train", answer="ABCD"[i % 4]) for i in range(8)]
+    rows.append(catalog_row("urbanvideo:99", "test"))
+    catalog, perception = write_inputs(tmp, rows, {r["uid"]: VIDEO for r in rows})
+    run_records(catalog, perception, tmp / "records", RecordsConfig())
+    return tmp / "records"
+
+
+def tiny_cfg(stages: list[GRPOStageConfig], reference: str = "tiny:lm", **kw: object) -> TrainingConfig:
+    base = dict(
+        policy="tiny:lm",
+        reference=BackendConfig(model=reference, device="cpu", max_new_tokens=4),
+        num_generations=2, per_device_train_batch_size=4, gradient_accumulation_steps=1,
+        max_completion_length=16, max_steps_per_stage=2, use_cpu=True, gradient_checkpointing=False,
+        learning_rate=1e-4, save_steps=50, stages=stages,
+    )
+    base.update(kw)
+    return TrainingConfig(**base)
+
+
+def test_defaults_are_the_papers() -> None:
+    cfg = TrainingConfig()
+    weights = [(s.epochs, s.format_weight, s.accuracy_weight, s.consistency_weight) for s in cfg.stages]
+    assert weights == [(2, 0.7, 0.3, 0.0), (2, 0.3, 0.7, 0.0), (8, 0.1, 0.7, 0.2)]
+    assert (cfg.learning_rate, cfg.beta, cfg.num_generations, cfg.max_completion_length) == (5e-7, 0.001, 8, 2048)
+    assert cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps % cfg.num_generations == 0
+
+
+def test_bad_configs_fail_at_once() -> None:
+    with pytest.raises(ValueError, match="divisible by num_generations"):
+        TrainingConfig(num_generations=8, per_device_train_batch_size=3, gradient_accumulation_steps=1)
+    with pytest.raises(ValueError, match="reward weight"):
+        GRPOStageConfig(name="x")
+    with pytest.raises(ValueError):
+        TrainingConfig(learning_rat=1e-6)
+
+
+def test_missing_inputs_name_the_fix(records: Path, tmp_path: Path) -> None:
+    stage = GRPOStageConfig(name="s", format_weight=1.0)
+    with pytest.raises(FileNotFoundError, match="convert"):
+        run_training_stage(tmp_path / "nothing", "tiny:lm", tmp_path / "out", stage, tiny_cfg([stage]))
+    with pytest.raises(FileNotFoundError, match="config.json"):
+        run_training_stage(records, str(tmp_path), tmp_path / "out", stage, tiny_cfg([stage]))
+
+
+def test_reward_weights_reach_the_trainer(records: Path, tmp_path: Path, tiny_lm_path: Path) -> None:
+    from trl import GRPOTrainer
+
+    from embodied_r.train_grpo import grpo_args, load_dataset, reward_setup
+
+    with_ref = GRPOStageConfig(name="s3", format_weight=0.1, accuracy_weight=0.7, consistency_weight=0.2)
+    without = GRPOStageConfig(name="s1", format_weight=0.7, accuracy_weight=0.3)
+    cfg = tiny_cfg([with_ref])
+    funcs, weights = reward_setup(with_ref, cfg)
+    trainer = GRPOTrainer(model=str(tiny_lm_path), reward_funcs=funcs,
+                          args=grpo_args(with_ref, cfg, tmp_path, weights, []), train_dataset=load_dataset(records))
+    assert trainer.reward_weights.tolist() == pytest.approx([0.1, 0.7, 0.2])
+    assert trainer.reward_func_names == ["format_reward", "accuracy_reward", "consistency_reward"]
+    assert funcs[2]._backend is None  # the reference loads on first use, not before
+
+    funcs, weights = reward_setup(without, cfg)
+    assert [f.__name__ for f in funcs] == ["format_reward", "accuracy_reward"] and weights == [0.7, 0.3]
+
+
+def test_three_stages_chain_on_cpu(records: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    client = MlflowClient(tracking_uri=uri)
+    run_id = client.create_run(client.create_experiment("t")).info.run_id
+
+    stages = [
+        GRPOStageConfig(name="stage1", epochs=1, format_weight=0.7, accuracy_weight=0.3),
+        GRPOStageConfig(name="stage2", epochs=1, format_weight=0.3, accuracy_weight=0.7),
+        GRPOStageConfig(name="stage3", epochs=1, format_weight=0.1, accuracy_weight=0.7, consistency_weight=0.2),
+    ]
+    cfg = tiny_cfg(stages)
+    model, summaries = "tiny:lm", []
+    for i, stage in enumerate(stages):
+        out = tmp_path / stage.name
+        summary = run_training_stage(records, model, out, stage, cfg, mlflow_run_id=run_id if i == 0 else None)
+        summaries.append(summary)
+        assert summary["steps"] == 2 and summary["seconds_per_step"] > 0
+        assert (out / "model" / "config.json").is_file() and (out / "model" / "tokenizer.json").is_file()
+        assert not (out / "checkpoints").exists() and not partial_path(out).exists()
+        assert json.loads((out / "summary.json").read_text()) == summary
+        if i:
+            assert summary["init_model"] == str(tmp_path / stages[i - 1].name / "model")
+        model = str(out / "model")
+        print(f"{stage.name}: {summary['seconds_per_step']} s/step, {summary['seconds']} s")
+
+    assert summaries[0]["reward_weights"] == [0.7, 0.3]
+    assert summaries[2]["reward_funcs"] == ["format_reward", "accuracy_reward", "consistency_reward"]
+    assert summaries[2]["reward_weights"] == [0.1, 0.7, 0.2]
+    for key in ("final_rewards_format_reward_mean", "final_rewards_accuracy_reward_mean", "final_kl"):
+        assert key in summaries[0]
+    assert "final_rewards_consistency_reward_mean" in summaries[2]
+
+    # The trainer logged its per-step figures into the given run.
+    for name in ("rewards/format_reward/mean", "rewards/accuracy_reward/mean", "kl", "completions/mean_length"):
+        assert len(client.get_metric_history(run_id, name)) == 2, name
+
+    # A finished stage is not retrained.
+    log = tmp_path / "stage1" / "train.log"
+    before = log.stat().st_mtime_ns
+    assert run_training_stage(records, "tiny:lm", tmp_path / "stage1", stages[0], cfg) == summaries[0]
+    assert log.stat().st_mtime_ns == before
+
+
+def test_crashed_stage_resumes_from_its_checkpoint(records: Path, tmp_path: Path) -> None:
+    stage = GRPOStageConfig(name="s", format_weight=0.5, accuracy_weight=0.5)
+    out = tmp_path / "stage"
+    first = run_training_stage(records, "tiny:lm", out, stage,
+                               tiny_cfg([stage], max_steps_per_stage=2, save_steps=2, keep_checkpoints=True))
+    assert first["steps"] == 2
+    # Put the folder back the way a kill after the step-2 checkpoint leaves it.
+    partial = partial_path(out)
+    out.rename(partial)
+    for name in ("summary.json", "train_result.json"):
+        (partial / name).unlink()
+    shutil.rmtree(partial / "model")
+    assert (partial / "checkpoints" / "checkpoint-2").is_dir()
+
+    resumed = run_training_stage(records, "tiny:lm", out, stage, tiny_cfg([stage], max_steps_per_stage=3))
+    assert resumed["resumed_from_step"] == 2 and resumed["steps"] == 3 and resumed["steps_this_run"] == 1
+    assert (out / "model" / "config.json").is_file()
