@@ -1,0 +1,1 @@
+"""Prefect flows: the full pipeline and the single-stage reruns."""

@@ -1,0 +1,88 @@
+"""Recipes, the stage graph and its cache keys, and what reaches MLflow."""
+
+from pathlib import Path
+
+import pytest
+
+from embodied_r.config import RecipeError, available_recipes, load_recipe, parse_override
+from embodied_r.pipeline import StageError, downstream, plan, select_stages
+from embodied_r.tracking import Tracker, numeric_metrics, safe_params
+
+
+def test_shipped_recipes_validate():
+    assert {"demo", "paper"} <= set(available_recipes())
+    for name in available_recipes():
+        assert load_recipe(name).name == name
+
+
+def test_paper_recipe_has_the_papers_values():
+    r = load_recipe("paper")
+    assert r.catalog.tasks == "paper"
+    assert (r.catalog.split.train, r.catalog.split.val, r.catalog.split.test) == (0.75, 0.05, 0.20)
+    k = r.keyframes
+    assert (k.sample_fps, k.ransac_reproj_threshold, k.overlap_threshold, k.min_frames, k.max_frames) == \
+        (1.0, 5.0, 0.5, 4, 32)
+    assert r.perception.backend.model == "Qwen/Qwen2.5-VL-72B-Instruct"
+    t = r.training
+    assert (t.learning_rate, t.beta, t.num_generations, t.max_completion_length) == (5e-7, 0.001, 8, 2048)
+    ratios = [(s.format_weight, s.accuracy_weight, s.consistency_weight) for s in t.stages]
+    assert ratios == [(0.7, 0.3, 0.0), (0.3, 0.7, 0.0), (0.1, 0.7, 0.2)]
+    assert [s.epochs for s in t.stages] == [2, 2, 8]
+    assert t.reference.model == "Qwen/Qwen2.5-VL-3B-Instruct"
+
+
+def test_recipe_errors_name_the_fix(tmp_path):
+    with pytest.raises(RecipeError, match="choose one of"):
+        load_recipe("no-such-recipe")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("extends: demo\ntraining:\n  learning_rat: 1\n")
+    with pytest.raises(RecipeError, match="learning_rat"):
+        load_recipe(bad)
+    child = tmp_path / "child.yaml"
+    child.write_text("extends: demo\nname: child\ntraining:\n  learning_rate: 3.0e-6\n")
+    r = load_recipe(child)
+    assert r.training.learning_rate == 3e-6 and r.training.policy == "tiny:lm"
+    assert parse_override("training.beta=0.01") == {"training": {"beta": 0.01}}
+
+
+def test_changing_a_stage_changes_its_key_and_its_dependants_only(tmp_path):
+    base = plan(load_recipe("demo"), tmp_path)
+    changed = plan(load_recipe("demo", {"perception": {"max_new_tokens": 7}}), tmp_path)
+    differs = [n for n in base if base[n].key != changed[n].key]
+    assert differs == downstream(base, "perception")
+    assert differs[0] == "perception" and "keyframes" not in differs and differs[-1] == "evaluate"
+    assert changed["train_stage2"].inputs["init_model"] == str(Path(changed["train_stage1"].out) / "model")
+
+
+def test_a_stage_alone_needs_its_inputs(tmp_path):
+    stages = plan(load_recipe("demo"), tmp_path)
+    with pytest.raises(StageError, match="embodied-r preprocess --recipe demo"):
+        select_stages(stages, ["keyframes"], "demo")
+    assert select_stages(stages, ["download", "preprocess"], "demo") == ["download", "preprocess"]
+    with pytest.raises(StageError, match="unknown stage"):
+        select_stages(stages, ["nope"], "demo")
+
+
+def test_secrets_never_become_params():
+    params = safe_params({"backend": {"api_key": "sk-secret", "api_key_env": "OPENAI_API_KEY",
+                                      "hf_token": "hf_x", "model": "m"}})
+    assert params == {"backend.api_key_env": "OPENAI_API_KEY", "backend.model": "m"}
+    assert numeric_metrics({"a": 1, "b": {"c": 2.5}, "d": "x", "e": True, "f": float("nan")}) == \
+        {"a": 1.0, "b/c": 2.5}
+
+
+def test_tracker_writes_parent_and_child_runs_to_a_real_store(tmp_path):
+    from mlflow import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracker = Tracker.open("exp", uri, tmp_path).start_parent("p", {"recipe": "x"}, {"a": {"b": 1}})
+    child = tracker.start_stage("keyframes", {"sample_fps": 1.0})
+    (tmp_path / "summary.json").write_text("{}")
+    tracker.log_metrics(child, {"keyframes_mean": 5.0})
+    tracker.log_artifacts(child, [tmp_path / "summary.json"])
+    tracker.finish(child)
+    run = MlflowClient(uri).get_run(child)
+    assert run.data.tags["mlflow.parentRunId"] == tracker.parent_run_id
+    assert run.data.params == {"sample_fps": "1.0"} and run.data.metrics == {"keyframes_mean": 5.0}
+    assert run.info.artifact_uri.startswith((tmp_path / "mlartifacts").as_uri())
+    assert [a.path for a in MlflowClient(uri).list_artifacts(child)] == ["summary.json"]
