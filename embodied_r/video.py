@@ -1,0 +1,140 @@
+"""Reading videos without holding them in memory.
+
+FFmpeg must decode every frame of a stream whose frames depend on each other, but the colour
+conversion that turns a decoded frame into an image is paid only on ``retrieve()``. So frames
+that are not used are ``grab()``-ed and only the sampled ones are retrieved.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import cv2
+import numpy as np
+
+
+class VideoError(Exception):
+    """A video that cannot be used; ``code`` is a short reason for counting failures."""
+
+    def __init__(self, code: str, path: str | Path, detail: str):
+        self.code = code
+        self.path = str(path)
+        super().__init__(f"{code}: {path}: {detail}")
+
+
+@dataclass(frozen=True)
+class VideoInfo:
+    path: str
+    fps: float
+    frame_count: int  # as the container reports it; 0 when unknown, sometimes an estimate
+    width: int
+    height: int
+
+
+def open_video(path: str | Path) -> tuple[cv2.VideoCapture, VideoInfo]:
+    """Open a video for reading, or raise ``VideoError`` saying why it cannot be used."""
+    p = Path(path)
+    if not p.is_file():
+        raise VideoError("missing", p, "no such file")
+    if p.stat().st_size == 0:
+        raise VideoError("empty", p, "the file is empty (0 bytes)")
+    cap = cv2.VideoCapture(str(p))
+    if not cap.isOpened():
+        raise VideoError("unreadable", p, "OpenCV/FFmpeg cannot open it (corrupt or unsupported)")
+    fps = cap.get(cv2.CAP_PROP_FPS)
+    if not math.isfinite(fps) or fps <= 0:
+        cap.release()
+        raise VideoError("no_fps", p, f"the container reports {fps} frames per second")
+    count = cap.get(cv2.CAP_PROP_FRAME_COUNT)
+    info = VideoInfo(str(p), float(fps), int(count) if math.isfinite(count) and count > 0 else 0,
+                     int(cap.get(cv2.CAP_PROP_FRAME_WIDTH)), int(cap.get(cv2.CAP_PROP_FRAME_HEIGHT)))
+    return cap, info
+
+
+def probe_video(path: str | Path) -> VideoInfo:
+    cap, info = open_video(path)
+    cap.release()
+    return info
+
+
+class FrameSampler:
+    """Yield ``(index, image, is_last)`` for frames 0, step, 2*step, ... and the last frame.
+
+    ``step = round(fps / sample_fps)``. The last frame is found without retrieving every frame:
+    frames from the container's reported count on are retrieved and only the final one is kept.
+    A container that over-reports its length is caught at the end of the stream, and the true
+    last frame is then decoded in a second pass. After iterating, ``frames_read`` is the number
+    of frames decoded and ``passes`` the number of decoding passes made.
+    """
+
+    def __init__(self, path: str | Path, sample_fps: float = 1.0):
+        if sample_fps <= 0:
+            raise ValueError(f"sample_fps must be positive, got {sample_fps}")
+        self.cap, self.info = open_video(path)
+        self.step = max(1, round(self.info.fps / sample_fps))
+        self.frames_read = 0
+        self.passes = 1
+
+    def __enter__(self) -> "FrameSampler":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.cap.release()
+
+    def __iter__(self) -> Iterator[tuple[int, np.ndarray, bool]]:
+        # Unknown length: every frame is a last-frame candidate (slower, still correct).
+        tail_from = self.info.frame_count - 1 if self.info.frame_count > 0 else 0
+        pending: tuple[int, np.ndarray, bool] | None = None
+        index = -1
+        while self.cap.grab():
+            index += 1
+            sampled = index % self.step == 0
+            if not (sampled or index >= tail_from):
+                continue
+            ok, image = self.cap.retrieve()
+            if not ok or image is None:
+                index -= 1  # a frame that cannot be converted ends the usable stream
+                break
+            if pending is not None and pending[2]:
+                yield pending[0], pending[1], False
+            pending = (index, image, sampled)
+        self.frames_read = index + 1
+        if pending is None:
+            raise VideoError("no_frames", self.info.path, "no frame could be decoded")
+        if pending[0] < index:
+            last = read_frames(self.info.path, [index]).get(index)
+            self.passes += 1
+            if last is not None:
+                if pending[2]:
+                    yield pending[0], pending[1], False
+                yield index, last, True
+                return
+            self.frames_read = pending[0] + 1  # the tail cannot be decoded: the stream ends earlier
+        yield pending[0], pending[1], True
+
+
+def read_frames(path: str | Path, indices: Iterable[int]) -> dict[int, np.ndarray]:
+    """Decode the given frames in one forward pass (grab the rest); missing ones are left out."""
+    wanted = sorted(set(int(i) for i in indices))
+    out: dict[int, np.ndarray] = {}
+    if not wanted:
+        return out
+    cap, _ = open_video(path)
+    try:
+        index, k = -1, 0
+        while k < len(wanted) and cap.grab():
+            index += 1
+            if index == wanted[k]:
+                ok, image = cap.retrieve()
+                if ok and image is not None:
+                    out[index] = image
+                k += 1
+    finally:
+        cap.release()
+    return out

@@ -1,0 +1,190 @@
+"""The synthetic benchmark: layout, schemas, question formats, answers and determinism."""
+
+from __future__ import annotations
+
+import re
+import zipfile
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from embodied_r import schemas
+from embodied_r.synthetic import (BGR, PAPER_URBAN_TASKS, VSI_THINGS, Pose, SyntheticConfig, Thing,
+                                  in_view, make_synthetic_benchmark, pose_at, segments_from)
+
+REAL_MCQ = Path("/work/shared/benchmarks/urbanvideo-bench/MCQ.parquet")
+SMALL = dict(urban_videos=5, clips_per_scene=2, vsi_scenes=3, seconds=6.0, width=320, height=180, fps=15.0)
+VIDEO_ID = re.compile(r"^(EmbodiedCity_\d+|AerialVLN_\d+_[A-Z0-9]{30}|RealWorld_\d+)(_\d+)?\.mp4$")
+MCQ_TEXT = re.compile(r"^Question: (?P<q>.+?)(  \nchoose:  \n|\n\nChoices:  \n)(?P<opts>A\. .+)  $", re.S)
+CHOICE_TYPES = {"object_rel_direction_easy", "object_rel_direction_medium", "object_rel_direction_hard",
+                "object_rel_distance", "route_planning", "obj_appearance_order"}
+NUMBER_TYPES = {"object_counting", "object_abs_distance", "object_size_estimation", "room_size_estimation"}
+
+
+@pytest.fixture(scope="module")
+def bench(tmp_path_factory) -> tuple[Path, dict]:
+    root = tmp_path_factory.mktemp("synthetic")
+    return root, make_synthetic_benchmark(root, SyntheticConfig(seed=3, **SMALL))
+
+
+def _options(question: str) -> list[str]:
+    m = MCQ_TEXT.match(question)
+    assert m, f"question not in the real shape: {question!r}"
+    return [o.strip() for o in m.group("opts").split("  \n")]
+
+
+def test_urban_layout_schema_and_naming(bench):
+    root, counts = bench
+    path = root / "UrbanVideo-Bench" / "MCQ.parquet"
+    assert pq.read_schema(path).remove_metadata().equals(schemas.URBANVIDEO_MCQ)
+    if REAL_MCQ.exists():
+        real = pq.read_schema(REAL_MCQ).remove_metadata()
+        assert [(f.name, f.type) for f in real] == [(f.name, f.type) for f in schemas.URBANVIDEO_MCQ]
+    rows = pq.read_table(path).to_pylist()
+    assert counts["urban_questions"] == len(rows) > 0
+    vids = {r["video_id"] for r in rows}
+    assert len(vids) == 5 and all(VIDEO_ID.match(v) for v in vids), vids
+    scenes = {re.sub(r"(_\d+)?\.mp4$", "", v) for v in vids}
+    assert len(scenes) == 3  # several clips per scene, so scene-disjoint splits mean something
+    assert len({r["Question_id"] for r in rows}) == len(rows)
+    for v in vids:
+        cap = cv2.VideoCapture(str(root / "UrbanVideo-Bench" / "videos" / v))
+        assert cap.isOpened() and cap.get(cv2.CAP_PROP_FPS) == pytest.approx(15.0)
+        assert cap.get(cv2.CAP_PROP_FRAME_COUNT) >= 15 and cap.get(cv2.CAP_PROP_FRAME_WIDTH) == 320
+        cap.release()
+
+
+def test_urban_questions_real_format_and_answers_in_options(bench):
+    root, _ = bench
+    rows = pq.read_table(root / "UrbanVideo-Bench" / "MCQ.parquet").to_pylist()
+    cats = {r["question_category"] for r in rows}
+    assert set(PAPER_URBAN_TASKS) <= cats and len(cats - set(PAPER_URBAN_TASKS)) >= 2
+    for r in rows:
+        opts = _options(r["question"])
+        letters = [o[0] for o in opts]
+        assert letters == list("ABCDEFG"[: len(opts)]) and all(o[1:3] == ". " for o in opts)
+        assert r["answer"] in letters
+        assert len(set(opts)) == len(opts) and len({o[3:] for o in opts}) == len(opts)
+
+
+def test_vsi_layout_schema_and_answers(bench):
+    root, counts = bench
+    vsi = root / "VSI-Bench"
+    path = vsi / "test-00000-of-00001.parquet"
+    assert pq.read_schema(path).remove_metadata().equals(schemas.VSIBENCH)
+    rows = pq.read_table(path).to_pylist()
+    assert counts["vsi_questions"] == len(rows)
+    names = {d: set(zipfile.ZipFile(vsi / f"{d}.zip").namelist()) for d in ("arkitscenes", "scannet", "scannetpp")}
+    assert all(len(n) == 1 for n in names.values())
+    types = {r["question_type"] for r in rows}
+    assert CHOICE_TYPES <= types and {"object_counting", "object_abs_distance", "room_size_estimation"} <= types
+    for r in rows:
+        assert f"{r['dataset']}/{r['scene_name']}.mp4" in names[r["dataset"]]
+        if r["question_type"] in NUMBER_TYPES:
+            assert r["options"] is None and float(r["ground_truth"]) > 0
+        else:
+            opts = r["options"]
+            assert [o[:3] for o in opts] == [f"{c}. " for c in "ABCD"[: len(opts)]]
+            assert r["ground_truth"] in "ABCD"[: len(opts)] and len(r["ground_truth"]) == 1
+    counting = [r for r in rows if r["question_type"] == "object_counting"]
+    assert any(int(r["ground_truth"]) >= 2 for r in counting)
+
+
+def test_same_seed_same_benchmark_other_seed_differs(tmp_path):
+    cfg = SyntheticConfig(seed=11, urban_videos=2, clips_per_scene=2, vsi_scenes=1, seconds=4.0,
+                          width=160, height=90, fps=10.0)
+    a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    make_synthetic_benchmark(a, cfg)
+    make_synthetic_benchmark(b, cfg)
+    make_synthetic_benchmark(c, cfg.model_copy(update={"seed": 12}))
+    for rel in ("UrbanVideo-Bench/MCQ.parquet", "VSI-Bench/test-00000-of-00001.parquet"):
+        assert pq.read_table(a / rel).equals(pq.read_table(b / rel))
+        assert not pq.read_table(a / rel).equals(pq.read_table(c / rel))
+    vid = pq.read_table(a / "UrbanVideo-Bench/MCQ.parquet").column("video_id")[0].as_py()
+    frames = []
+    for root in (a, b):
+        cap = cv2.VideoCapture(str(root / "UrbanVideo-Bench" / "videos" / vid))
+        frames.append([cap.read()[1] for _ in range(5)])
+    assert all((x == y).all() for x, y in zip(*frames))
+
+
+def test_camera_path_and_visibility_geometry():
+    segs = segments_from([("turn right", 3.0, 30.0), ("rise", 2.0, 5.0), ("fly forward", 1.0, 2.0)])
+    assert pose_at(segs, 3.0).yaw == pytest.approx(90.0)
+    end = pose_at(segs, 6.0)
+    assert (end.yaw, end.pitch, end.zoom) == pytest.approx((90.0, 10.0, 2.0))
+    left = pose_at(segments_from([("turn left", 1.0, 45.0)]), 1.0)
+    assert left.yaw == pytest.approx(315.0)
+    cube = Thing("red cube", "red", "cube", azimuth=100.0, elevation=0.0, size=8.0)
+    assert in_view(cube, Pose(90.0, 0.0, 1.0)) and not in_view(cube, Pose(0.0, 0.0, 1.0))
+    # Zooming in narrows the view: 25 degrees off-centre leaves a 2x view (30 degrees wide).
+    assert in_view(cube, Pose(75.0, 0.0, 1.0)) and not in_view(cube, Pose(75.0, 0.0, 2.0))
+
+
+# ----------------------------------------------------------------- answers against the pixels
+# Saturated object colours never occur in the muted background, so a colour's pixels show
+# where its object is. White and black are skipped: labels and outlines use them.
+CHECKABLE = {c for c in BGR if c not in ("white", "black")}
+
+
+def _frames(path: Path) -> list[np.ndarray]:
+    cap, out = cv2.VideoCapture(str(path)), []
+    while True:
+        ok, frame = cap.read()
+        if not ok:
+            return out
+        out.append(frame)
+
+
+def _pixels(frame: np.ndarray, colour: str) -> int:
+    c = np.int16(BGR[colour])
+    lo, hi = np.clip(c - 20, 0, 255).astype(np.uint8), np.clip(c + 20, 0, 255).astype(np.uint8)
+    return int(cv2.countNonZero(cv2.inRange(frame, lo, hi)))
+
+
+def _answer_text(row: dict) -> str:
+    return next(o[3:] for o in _options(row["question"]) if o[0] == row["answer"])
+
+
+def test_urban_answers_agree_with_the_rendered_frames(bench):
+    root, _ = bench
+    rows = pq.read_table(root / "UrbanVideo-Bench" / "MCQ.parquet").to_pylist()
+    checked = 0
+    for vid in sorted({r["video_id"] for r in rows}):
+        frames = _frames(root / "UrbanVideo-Bench" / "videos" / vid)
+        for r in (r for r in rows if r["video_id"] == vid):
+            if r["question_category"] == "Landmark Position":
+                colour = re.search(r"navigate to the (\w+) ", r["question"]).group(1)
+                answer = _answer_text(r)
+                if colour in CHECKABLE and ("ahead" in answer or "behind" in answer):
+                    assert (_pixels(frames[-1], colour) >= 25) == ("ahead" in answer), (vid, answer)
+                    checked += 1
+            if r["question_category"] == "Object Recall":
+                for option in _options(r["question"]):
+                    colour = option.split()[2]
+                    if colour in CHECKABLE:
+                        shown = max(_pixels(f, colour) for f in frames) >= 25
+                        assert shown == (option[0] == r["answer"]), (vid, option)
+                        checked += 1
+    assert checked >= 10
+
+
+def test_vsi_appearance_order_agrees_with_the_rendered_frames(bench):
+    root, _ = bench
+    vsi = root / "VSI-Bench"
+    rows = pq.read_table(vsi / "test-00000-of-00001.parquet").to_pylist()
+    colour_of = {name: colour for name, colour, _, _ in VSI_THINGS}
+    checked = 0
+    for r in (r for r in rows if r["question_type"] == "obj_appearance_order"):
+        order = next(o[3:] for o in r["options"] if o[0] == r["ground_truth"]).split(", ")
+        with zipfile.ZipFile(vsi / f"{r['dataset']}.zip") as z:
+            z.extract(f"{r['dataset']}/{r['scene_name']}.mp4", root / "unzipped")
+        frames = _frames(root / "unzipped" / r["dataset"] / f"{r['scene_name']}.mp4")
+        firsts = [next(i for i, f in enumerate(frames) if _pixels(f, colour_of[n]) >= 25)
+                  for n in order if colour_of[n] in CHECKABLE]
+        assert firsts == sorted(firsts) and len(set(firsts)) == len(firsts), (order, firsts)
+        checked += len(firsts) >= 2
+    assert checked >= 1
