@@ -77,16 +77,23 @@ def _precheck(args: argparse.Namespace, stage: str | None) -> None:
 
 
 def _cmd_run(args: argparse.Namespace, stage: str | None = None) -> int:
-    from flows.pipeline import embodied_r, embodied_r_stage
+    from flows.pipeline import embodied_r
+    from flows.stages import STAGE_FLOWS
+
+    from contextlib import nullcontext
+
+    from embodied_r import progress
 
     _precheck(args, stage)
     start = time.time()
-    if stage is None:
-        result = embodied_r(recipe=args.recipe, refresh=args.refresh or None,
-                            overrides=_overrides(args.set) or None)
-    else:
-        result = embodied_r_stage(stage=stage, recipe=args.recipe, refresh=args.refresh_stage,
-                                  overrides=_overrides(args.set) or None)
+    bars = progress.listening(progress.TerminalBar()) if sys.stderr.isatty() else nullcontext()
+    with bars:
+        if stage is None:
+            result = embodied_r(recipe=args.recipe, refresh=args.refresh or None,
+                                overrides=_overrides(args.set) or None)
+        else:
+            result = STAGE_FLOWS[stage](recipe=args.recipe, refresh=args.refresh_stage,
+                                        overrides=_overrides(args.set) or None)
     _print_outcome(result, time.time() - start)
     return 0
 
@@ -118,6 +125,11 @@ def _cmd_recipes(_: argparse.Namespace) -> int:
     return 0
 
 
+# Modules that add their own sub-commands: each has ``register(subparsers)`` and sets a
+# ``handler(args) -> int`` default on the parsers it adds.
+EXTENSIONS: tuple[str, ...] = ()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="embodied-r", description=__doc__)
     parser.add_argument("--home", help="project home (default $EMBODIED_R_HOME or ~/.embodied-r)")
@@ -147,6 +159,10 @@ def build_parser() -> argparse.ArgumentParser:
     recipe_args(val)
     val.add_argument("--show", action="store_true", help="print the full resolved recipe")
     sub.add_parser("recipes", help="list the recipes shipped with the package")
+    import importlib
+
+    for module in EXTENSIONS:
+        importlib.import_module(module).register(sub)
     return parser
 
 
@@ -159,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     from embodied_r.pipeline import StageError
 
     try:
+        if getattr(args, "handler", None) is not None:
+            return args.handler(args)
         if args.command in ("demo", "run"):
             return _cmd_run(args)
         if args.command in STAGE_COMMANDS:

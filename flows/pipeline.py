@@ -1,154 +1,117 @@
-"""The ``embodied-r`` flow: every stage in order, each a cached task with its own MLflow run."""
+"""The ``embodied-r`` flow: the whole pipeline, in this process or stage by stage on work pools."""
 
 from __future__ import annotations
 
-import hashlib
 import os
-import shutil
-import uuid
 from pathlib import Path
-from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Literal
 
 from prefect import flow, get_run_logger
-from prefect.context import get_run_context
-from prefect.filesystems import LocalFileSystem
 
 from embodied_r import paths
 from embodied_r.config import Recipe, load_recipe
-from embodied_r.pipeline import (
-    StagePlan,
-    downstream,
-    plan,
-    resolve_stage_name,
-    select_stages,
-    training_stage_names,
+from embodied_r.pipeline import plan, select_stages
+from embodied_r.tracking import tracking_uri
+from embodied_r.io import read_summary
+from flows.runner import (
+    discard_refreshed,
+    finish_parent,
+    log_cached_stage,
+    open_tracker,
+    run_in_process,
+    scoped_env,
 )
-from embodied_r.tracking import Tracker, numeric_metrics, tracking_uri
-from tasks.stages import STAGE_TASKS
+from flows.stages import STAGE_POOLS, deployment_name
 
 
-def _discard(out: Path) -> None:
-    """Remove a stage's output so it is recomputed; move aside first so a crash
-    mid-delete never leaves a folder that looks complete."""
-    for path in (out, out.with_name(out.name + ".partial")):
-        if path.exists():
-            trash = path.with_name(f".trash-{uuid.uuid4().hex[:8]}-{path.name}")
-            path.rename(trash)
-            shutil.rmtree(trash, ignore_errors=True)
+class StageRunFailed(RuntimeError):
+    """A stage's flow run, sent to a work pool, did not complete."""
 
 
-def _refresh_set(stages: dict[str, StagePlan], refresh: list[str]) -> list[str]:
-    chosen: list[str] = []
-    for name in refresh:
-        for s in downstream(stages, resolve_stage_name(stages, name)):
-            if s not in chosen:
-                chosen.append(s)
-    return [s for s in stages if s in chosen]
+def stage_deployments_available() -> bool:
+    """True when a Prefect server is configured and every stage flow is deployed."""
+    if not os.environ.get("PREFECT_API_URL"):
+        return False
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    with get_client(sync_client=True) as client:
+        try:
+            for kind in STAGE_POOLS:
+                client.read_deployment_by_name(deployment_name(kind))
+        except ObjectNotFound:
+            return False
+    return True
 
 
-def _result_storage(root: Path) -> LocalFileSystem:
-    """Task results live under the project home (Prefect wants the block saved first)."""
-    base = paths.prefect_results(root)
-    storage = LocalFileSystem(basepath=str(base))
-    storage.save("embodied-r-results-" + hashlib.sha256(str(base).encode()).hexdigest()[:10], overwrite=True)
-    return storage
+def run_dispatched(recipe_ref: str, recipe: Recipe, root: Path, refresh: list[str] | None,
+                   overrides: dict[str, Any] | None) -> dict[str, Any]:
+    """Send each stage kind to its deployment (and so its pool) in order, and wait for it.
 
+    A child flow run that fails does not raise here by itself: its final state is checked
+    and the pipeline stops with the child's own message.
+    """
+    from prefect.deployments import run_deployment
 
-def _flow_run_id() -> str:
-    try:
-        return str(get_run_context().flow_run.id)
-    except Exception:  # noqa: BLE001 - outside a flow run
-        return ""
-
-
-@contextmanager
-def _scoped_env(**values: str) -> Iterator[None]:
-    """Stages that run subprocesses (training) find the home and the MLflow store through
-    the environment; restore it afterwards so one process can run several pipelines."""
-    old = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for key, value in old.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
-def run_pipeline(recipe: Recipe, root: Path, refresh: list[str] | None = None,
-                 only: list[str] | None = None) -> dict[str, Any]:
-    uri = tracking_uri(recipe.tracking.tracking_uri, root)
-    with _scoped_env(EMBODIED_R_HOME=str(root), MLFLOW_TRACKING_URI=uri):
-        return _run_pipeline(recipe, root, uri, refresh, only)
-
-
-def _run_pipeline(recipe: Recipe, root: Path, uri: str, refresh: list[str] | None,
-                  only: list[str] | None) -> dict[str, Any]:
     logger = get_run_logger()
     stages = plan(recipe, root)
-    selected = select_stages(stages, only, recipe.name)
-    refreshed = _refresh_set(stages, refresh or [])
-    # Dependants are discarded too, even when not run now: their folders are keyed by
-    # the same hashes and would otherwise be taken as up to date on the next run.
-    for name in refreshed:
-        _discard(Path(stages[name].out))
-
-    tracker = Tracker.open(recipe.tracking.experiment, uri, root).start_parent(
-        name=f"{recipe.name}-{'-'.join(selected) if only else 'pipeline'}",
-        tags={"prefect.flow_run_id": _flow_run_id(), "recipe": recipe.name,
-              "stages": ",".join(selected), "refresh": ",".join(refreshed)},
-        params={"recipe": recipe.model_dump(mode="json")},
-    )
-    storage = _result_storage(root)
-    results: dict[str, Any] = {}
+    selected = select_stages(stages, None, recipe.name)
+    refreshed = discard_refreshed(stages, refresh or [])
+    uri = tracking_uri(recipe.tracking.tracking_uri, root)
+    with scoped_env(EMBODIED_R_HOME=str(root), MLFLOW_TRACKING_URI=uri):
+        tracker = open_tracker(recipe, root, f"{recipe.name}-pipeline", selected, refreshed)
     cached: list[str] = []
     try:
-        for name in selected:
-            sp = stages[name]
-            task = STAGE_TASKS[sp.kind].with_options(
-                name=name, result_storage=storage,
-                refresh_cache=name in refreshed or not sp.complete,
+        for kind in STAGE_POOLS:
+            names = [n for n in selected if stages[n].kind == kind]
+            if not names:
+                continue
+            if all(stages[n].complete for n in names):
+                # Finished work needs no worker (and no GPU): record it as served from cache.
+                with scoped_env(MLFLOW_TRACKING_URI=uri):
+                    for name in names:
+                        log_cached_stage(tracker, stages[name], read_summary(Path(stages[name].out)))
+                cached += names
+                logger.info("%s: already done, not dispatched", kind)
+                continue
+            child = run_deployment(
+                deployment_name(kind),
+                parameters={"recipe": recipe_ref, "overrides": overrides, "home": str(root),
+                            "mlflow_parent_run_id": tracker.parent_run_id},
+                timeout=None,
+                poll_interval=2,
             )
-            state = task(sp.to_dict(), tracker, return_state=True)
-            result = state.result()  # raises the stage's own error when it failed
-            if state.name == "Cached":
-                cached.append(name)
-                run_id = tracker.start_stage(name, sp.config, tags={
-                    "stage_key": sp.key, "output": sp.out, "cache_hit": "true"})
-                tracker.log_metrics(run_id, numeric_metrics(result["summary"]))
-                tracker.finish(run_id)
-            results[name] = result
-            logger.info("%s: %s%s", name, sp.out, " (cached)" if state.name == "Cached" else "")
+            state = child.state
+            if state is None or not state.is_completed():
+                raise StageRunFailed(
+                    f"stage {kind!r} (flow run {child.name}, id {child.id}) ended "
+                    f"{state.type.value if state else 'without a state'}: {state.message if state else ''}"
+                )
+            logger.info("%s: done on pool %s (flow run %s)", kind, STAGE_POOLS[kind], child.name)
     except BaseException:
         tracker.finish(tracker.parent_run_id, "FAILED")
         raise
-    final = results.get("evaluate", {}).get("summary", {})
-    tracker.log_metrics(tracker.parent_run_id, {k: v for k, v in numeric_metrics(final).items()
-                                                if k.startswith("accuracy")})
-    tracker.set_tags(tracker.parent_run_id, {"cached_stages": ",".join(cached)})
-    tracker.finish(tracker.parent_run_id)
+    with scoped_env(MLFLOW_TRACKING_URI=uri):
+        final = finish_parent(tracker, stages, cached=cached)
     return {"mlflow_run_id": tracker.parent_run_id, "tracking_uri": uri, "cached": cached,
-            "stages": {k: v["out"] for k, v in results.items()},
-            "evaluation": final}
+            "stages": {n: stages[n].out for n in selected}, "evaluation": final, "dispatched": True}
 
 
 @flow(name="embodied-r", log_prints=True)
 def embodied_r(recipe: str = "demo", refresh: list[str] | None = None,
-               overrides: dict[str, Any] | None = None, home: str | None = None) -> dict[str, Any]:
+               overrides: dict[str, Any] | None = None, home: str | None = None,
+               dispatch: Literal["auto", "local", "pools"] = "auto") -> dict[str, Any]:
     """The full pipeline: download -> preprocess -> keyframes -> perception -> convert ->
-    training stages -> evaluate. ``refresh`` names stages to recompute with all that follows."""
-    root = Path(home).expanduser().resolve() if home else paths.home()
-    return run_pipeline(load_recipe(recipe, overrides), root, refresh=refresh)
+    training stages -> evaluate. ``refresh`` names stages to recompute with all that follows.
 
-
-@flow(name="embodied-r-stage", log_prints=True)
-def embodied_r_stage(stage: str, recipe: str = "demo", refresh: bool = False,
-                     overrides: dict[str, Any] | None = None, home: str | None = None) -> dict[str, Any]:
-    """One stage alone (its inputs must exist); ``refresh`` recomputes it."""
+    ``dispatch``: ``pools`` sends each stage to its work pool through its deployment;
+    ``local`` runs every stage in this process; ``auto`` uses the pools when a Prefect
+    server is configured and the stage deployments exist, else runs here (the embedded
+    default).
+    """
     root = Path(home).expanduser().resolve() if home else paths.home()
     rec = load_recipe(recipe, overrides)
-    names = training_stage_names(plan(rec, root)) if stage == "train" else [stage]
-    return run_pipeline(rec, root, refresh=[names[0]] if refresh else None, only=names)
+    use_pools = dispatch == "pools" or (dispatch == "auto" and stage_deployments_available())
+    if use_pools:
+        return run_dispatched(recipe, rec, root, refresh, overrides)
+    return run_in_process(rec, root, refresh=refresh)

@@ -16,6 +16,7 @@ from prefect import task
 from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import INPUTS, TASK_SOURCE, CacheKeyFnPolicy
 
+from embodied_r import progress
 from embodied_r.pipeline import StagePlan, code_version, execute
 from embodied_r.tracking import Tracker, record_stage
 
@@ -34,6 +35,24 @@ def _markdown(sp: StagePlan, summary: dict[str, Any]) -> str:
     return f"### {sp.name}\n\nOutput: `{sp.out}`\n\n| figure | value |\n|---|---|\n{rows}\n"
 
 
+class _ProgressArtifact:
+    """Mirror a stage's item progress into a Prefect progress artifact."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.artifact_id = None
+
+    def __call__(self, stage: str, done: int, total: int) -> None:
+        from prefect.artifacts import create_progress_artifact, update_progress_artifact
+
+        percent = 100.0 * done / total if total else 100.0
+        if self.artifact_id is None:
+            self.artifact_id = create_progress_artifact(
+                percent, key=f"{self.name.replace('_', '-')}-progress", description=f"{self.name} progress")
+        else:
+            update_progress_artifact(self.artifact_id, percent)
+
+
 def run_stage(stage: dict[str, Any], tracker: Tracker | None = None) -> dict[str, Any]:
     """Run one stage under its own MLflow child run; returns where its output is."""
     sp = StagePlan.from_dict(stage)
@@ -41,7 +60,8 @@ def run_stage(stage: dict[str, Any], tracker: Tracker | None = None) -> dict[str
     if tracker is not None:
         run_id = tracker.start_stage(sp.name, sp.config, tags={"stage_key": sp.key, "output": sp.out})
     try:
-        summary = execute(sp, mlflow_run_id=run_id)
+        with progress.listening(progress.Throttled(_ProgressArtifact(sp.name), seconds=2.0)):
+            summary = execute(sp, mlflow_run_id=run_id)
     except BaseException:
         if run_id:
             tracker.finish(run_id, "FAILED")

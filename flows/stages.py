@@ -1,0 +1,76 @@
+"""One flow per stage, for a rerun of one stage by hand, from the UI, or by the full
+pipeline when it sends each stage to its own work pool."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+from prefect import flow
+
+from embodied_r import paths
+from embodied_r.config import load_recipe
+from embodied_r.pipeline import plan, training_stage_names
+from flows.runner import run_in_process
+
+# Stage kinds in run order, and the work pool each runs on when pools are used.
+STAGE_POOLS: dict[str, str] = {
+    "download": "cpu",
+    "preprocess": "cpu",
+    "keyframes": "cpu",
+    "perception": "gpu-infer",
+    "convert": "cpu",
+    "train": "gpu-train",
+    "evaluate": "gpu-infer",
+}
+
+
+def flow_name(kind: str) -> str:
+    return f"embodied-r-{kind}"
+
+
+def deployment_name(kind: str) -> str:
+    """``<flow>/<deployment>`` as ``run_deployment`` and ``prefect deployment run`` take it."""
+    return f"{flow_name(kind)}/{kind}"
+
+
+def run_stage_kind(kind: str, recipe: str, refresh: bool, overrides: dict[str, Any] | None,
+                   home: str | None, mlflow_parent_run_id: str | None) -> dict[str, Any]:
+    root = Path(home).expanduser().resolve() if home else paths.home()
+    rec = load_recipe(recipe, overrides)
+    names = training_stage_names(plan(rec, root)) if kind == "train" else [kind]
+    return run_in_process(rec, root, refresh=[names[0]] if refresh else None, only=names,
+                          parent_run_id=mlflow_parent_run_id)
+
+
+def _make(kind: str) -> Callable[..., dict[str, Any]]:
+    def stage_flow(recipe: str = "demo", refresh: bool = False, overrides: dict[str, Any] | None = None,
+                   home: str | None = None, mlflow_parent_run_id: str | None = None) -> dict[str, Any]:
+        return run_stage_kind(kind, recipe, refresh, overrides, home, mlflow_parent_run_id)
+
+    stage_flow.__name__ = f"{kind}_flow"
+    stage_flow.__doc__ = (
+        f"The {kind} stage alone with a recipe; its inputs must exist. ``refresh`` recomputes it "
+        "and discards what depends on it. ``mlflow_parent_run_id`` nests its MLflow run under a "
+        "pipeline run (set by the full pipeline when it dispatches stages to work pools)."
+    )
+    return flow(name=flow_name(kind), log_prints=True)(stage_flow)
+
+
+download_flow = _make("download")
+preprocess_flow = _make("preprocess")
+keyframes_flow = _make("keyframes")
+perception_flow = _make("perception")
+convert_flow = _make("convert")
+train_flow = _make("train")
+evaluate_flow = _make("evaluate")
+
+STAGE_FLOWS = {
+    "download": download_flow,
+    "preprocess": preprocess_flow,
+    "keyframes": keyframes_flow,
+    "perception": perception_flow,
+    "convert": convert_flow,
+    "train": train_flow,
+    "evaluate": evaluate_flow,
+}

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Start a process worker for one pool, in that pool's environment.
+#   infra/start-worker.sh cpu|gpu-infer|gpu-train [extra `prefect worker start` args]
+# Each pool runs flows with the Python of the environment it was started from: the base
+# environment (.venv) for cpu, and the environments made by infra/install-env.sh for the
+# GPU pools when they exist (.venv-infer for vLLM, .venv-train for TRL + vLLM + DeepSpeed),
+# because vLLM pins its own torch and transformers and cannot share the base environment.
+set -euo pipefail
+pool="${1:?usage: start-worker.sh POOL}"; shift || true
+here="$(cd "$(dirname "$0")/.." && pwd)"
+case "$pool" in
+  gpu-infer) venv="${EMBODIED_R_INFER_VENV:-$here/.venv-infer}" ;;
+  gpu-train) venv="${EMBODIED_R_TRAIN_VENV:-$here/.venv-train}" ;;
+  *) venv="$here/.venv" ;;
+esac
+[ -x "$venv/bin/prefect" ] || venv="$here/.venv"
+prefect="$venv/bin/prefect"
+[ -x "$prefect" ] || prefect="$(command -v prefect)"   # an environment already on PATH
+export PREFECT_SERVER_ANALYTICS_ENABLED=false
+export EMBODIED_R_CHECKOUT="$here"
+exec "$prefect" worker start --pool "$pool" --type process "$@"
