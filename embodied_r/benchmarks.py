@@ -14,6 +14,15 @@ URBANVIDEO_FILE = "MCQ.parquet"
 VSIBENCH_FILE = "test-00000-of-00001.parquet"
 VSIBENCH_ZIPS = ("arkitscenes.zip", "scannet.zip", "scannetpp.zip")
 
+# The files each benchmark needs from its hub repo (or a mirror laid out like it), as
+# ``fnmatch`` patterns the way ``huggingface_hub`` applies them: nothing else is fetched.
+ALLOW_PATTERNS = {
+    URBANVIDEO: [URBANVIDEO_FILE, "videos/*"],
+    VSIBENCH: [VSIBENCH_FILE, *VSIBENCH_ZIPS],
+}
+BENCHMARK_DIRS = {URBANVIDEO: URBANVIDEO_DIR, VSIBENCH: VSIBENCH_DIR}
+QUESTION_FILES = {URBANVIDEO: URBANVIDEO_FILE, VSIBENCH: VSIBENCH_FILE}
+
 # The paper's task subset (DESIGN.md).
 PAPER_TASKS = {
     URBANVIDEO: ["Landmark Position", "Counterfactual", "Progress Evaluation", "Action Generation"],
@@ -27,6 +36,11 @@ VSIBENCH_NUMERIC = {
     "object_size_estimation",
     "room_size_estimation",
 }
+
+
+class DataSourceError(ValueError):
+    """A dataset source that is missing, unreachable or malformed; the message names the fix."""
+
 
 _REL_DIRECTION = re.compile(r"^object_rel_direction(_(easy|medium|hard))?$")
 _OPTION_HEADER = re.compile(r"(?:Choices?|Options?|choose)\s*:", re.IGNORECASE)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 import time
 from collections import Counter
 from pathlib import Path
@@ -50,7 +51,7 @@ class CatalogConfig(BaseModel):
 
 
 class CatalogError(ValueError):
-    """A source file that does not have the benchmark's schema."""
+    """A source file without the benchmark's schema, or a task the source does not have."""
 
 
 def _read_checked(path: Path, expected: pa.Schema) -> list[dict]:
@@ -71,8 +72,8 @@ def _urbanvideo_rows(root: Path, failures: list[dict]) -> list[dict]:
         stem, options = bm.split_urbanvideo_question(r["question"] or "")
         answer = (r["answer"] or "").strip().upper()
         if answer not in [o[0] for o in options]:
-            failures.append({"stage": "preprocess", "item": uid,
-                             "reason": f"answer {r['answer']!r} is not one of the parsed options"})
+            failures.append({"stage": "preprocess", "item": uid, "reason": f"answer_not_an_option: "
+                             f"answer {r['answer']!r} is not one of the parsed options {[o[0] for o in options]}"})
             continue
         rows.append({
             "uid": uid, "benchmark": bm.URBANVIDEO, "original_id": str(r["Question_id"]),
@@ -92,8 +93,8 @@ def _vsibench_rows(root: Path, failures: list[dict]) -> list[dict]:
         options = [] if numeric else bm.normalise_vsibench_options(r["options"])
         answer = str(r["ground_truth"]).strip()
         if not numeric and answer.upper()[:1] not in [o[0] for o in options]:
-            failures.append({"stage": "preprocess", "item": uid,
-                             "reason": f"ground_truth {answer!r} is not one of the options"})
+            failures.append({"stage": "preprocess", "item": uid, "reason": f"answer_not_an_option: "
+                             f"ground_truth {answer!r} is not one of the options {[o[0] for o in options]}"})
             continue
         video_id = f"{r['dataset']}/{r['scene_name']}"
         rows.append({
@@ -111,8 +112,17 @@ def _vsibench_rows(root: Path, failures: list[dict]) -> list[dict]:
 def _wanted(rows: list[dict], tasks: Literal["paper", "all"] | list[str]) -> list[dict]:
     if tasks == "all":
         return rows
-    keep = set(bm.PAPER_TASKS[bm.URBANVIDEO] + bm.PAPER_TASKS[bm.VSIBENCH]) if tasks == "paper" else set(tasks)
-    return [r for r in rows if r["category"] in keep]
+    if tasks == "paper":
+        keep = set(bm.PAPER_TASKS[bm.URBANVIDEO] + bm.PAPER_TASKS[bm.VSIBENCH])
+        return [r for r in rows if r["category"] in keep]
+    # Named tasks match as written in the source or in their metric form ("start_end_position").
+    known = {metric_name(r["category"]) for r in rows}
+    unknown = [t for t in tasks if metric_name(t) not in known]
+    if unknown:
+        names = sorted({r["category"] for r in rows})
+        raise CatalogError(f"unknown task(s) {', '.join(map(repr, unknown))}; the source has: {', '.join(names)}")
+    keep = {metric_name(t) for t in tasks}
+    return [r for r in rows if metric_name(r["category"]) in keep]
 
 
 def _stable_rank(seed: int, key: str) -> str:
@@ -173,10 +183,40 @@ def build_catalog(raw: Path, cfg: CatalogConfig) -> tuple[list[dict], list[dict]
             present.append(r)
         else:
             failures.append({"stage": "preprocess", "item": r["uid"],
-                             "reason": f"video missing: {r['video_id']}"})
+                             "reason": f"video_missing: {r['video_id']} (expected at {r['video_path']})"})
     present = _cap(present, cfg.max_questions_per_task, cfg.split.seed)
     assign_splits(present, cfg.split)
     return present, failures
+
+
+SPLITS = ("train", "val", "test")
+
+
+def split_counts(rows: list[dict]) -> dict[str, dict[str, dict[str, int]]]:
+    """Questions per benchmark, task (as the source names it) and split."""
+    out: dict[str, dict[str, dict[str, int]]] = {}
+    for r in rows:
+        per_split = out.setdefault(r["benchmark"], {}).setdefault(r["category"], dict.fromkeys(SPLITS, 0))
+        per_split[r["split"]] += 1
+    return out
+
+
+def metric_name(task: str) -> str:
+    """A task name as one segment of an MLflow metric name: ``Start/End Position`` becomes
+    ``start_end_position`` (a '/' would add a level, and MLflow refuses most punctuation)."""
+    return re.sub(r"[^a-z0-9]+", "_", task.lower()).strip("_") or "unnamed"
+
+
+def metric_counts(rows: list[dict]) -> dict[str, dict[str, dict[str, int]]]:
+    """``split_counts`` keyed by metric-safe task names; the flow logs it as
+    ``counts/<benchmark>/<task>/<split>``."""
+    out: dict[str, dict[str, dict[str, int]]] = {}
+    for bench, tasks in split_counts(rows).items():
+        for task, per_split in tasks.items():
+            merged = out.setdefault(bench, {}).setdefault(metric_name(task), dict.fromkeys(SPLITS, 0))
+            for split, n in per_split.items():
+                merged[split] += n
+    return out
 
 
 _VIEWS = {
@@ -204,7 +244,6 @@ def run_catalog(raw: Path, out: Path, cfg: CatalogConfig) -> dict:
                         [str(work / "catalog.parquet")])
             for name, sql in _VIEWS.items():
                 con.execute(f"CREATE VIEW {name} AS {sql}")
-        counts = Counter((r["benchmark"], r["category"], r["split"]) for r in rows)
         summary: dict = {
             "questions": len(rows),
             "videos": len({r["video_path"] for r in rows}),
@@ -212,8 +251,10 @@ def run_catalog(raw: Path, out: Path, cfg: CatalogConfig) -> dict:
             "failure_reasons": dict(Counter(f["reason"].split(":")[0] for f in failures)),
             "seconds": round(time.time() - start, 3),
         }
-        for split in ("train", "val", "test"):
+        for split in SPLITS:
             summary[f"n_{split}"] = sum(1 for r in rows if r["split"] == split)
-        summary["counts"] = {f"{b}/{c}/{s}": n for (b, c, s), n in sorted(counts.items())}
+        summary["splits"] = {b: {s: sum(n[s] for n in tasks.values()) for s in SPLITS}
+                             for b, tasks in split_counts(rows).items()}
+        summary["counts"] = metric_counts(rows)
         write_summary(work, summary)
     return summary

@@ -1,8 +1,11 @@
 """Download stage: bring the benchmark files into a stage folder, never touching the source.
 
 Sources: ``synthetic`` (a small benchmark generated on the spot in the real layouts),
-``local`` (an offline mirror laid out like the hub repos) and ``hub`` (Hugging Face Hub,
-pinned revisions). VSI-Bench's video zips are extracted here, safely.
+``local`` (an offline mirror laid out like the hub repos) and ``hub`` (Hugging Face Hub at a
+pinned revision, see ``download_hub``). Every source brings only the files a benchmark needs
+(``benchmarks.ALLOW_PATTERNS``). The manifest records where they came from (repo ids, the
+revision asked for and the commit it resolved to) and each file's size and sha256. VSI-Bench's
+video zips are then extracted inside the stage folder, safely.
 """
 
 from __future__ import annotations
@@ -18,17 +21,14 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from embodied_r import benchmarks as bm
+from embodied_r import download_hub
+from embodied_r.benchmarks import DataSourceError
+from embodied_r.download_hub import HubConfig
 from embodied_r.io import is_complete, read_summary, stage_folder, write_json_atomic, write_summary
 from embodied_r.synthetic import SyntheticConfig, make_synthetic_benchmark
 
-
-class HubConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    urbanvideo_repo: str = "EmbodiedCity/UrbanVideo-Bench"
-    urbanvideo_revision: str = "main"
-    vsibench_repo: str = "nyu-visionx/VSI-Bench"
-    vsibench_revision: str = "main"
+__all__ = ["DataSourceError", "DownloadConfig", "HubConfig", "run_download", "safe_extract", "sha256_file",
+           "source_fingerprint"]
 
 
 class DownloadConfig(BaseModel):
@@ -44,46 +44,65 @@ class DownloadConfig(BaseModel):
     max_zip_bytes: int = 200 * 1024**3  # refuse archives that would expand past this
 
 
-class DataSourceError(ValueError):
-    """A dataset source that is missing or malformed; the message names the fix."""
+def sha256_file(path: Path, block: int = 1 << 20) -> str:
+    """sha256 of a file read in blocks, so memory stays flat however large the file."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(block):
+            h.update(chunk)
+    return h.hexdigest()
 
 
-def _dirs(benchmarks: list[str]) -> list[str]:
-    return [bm.URBANVIDEO_DIR if b == bm.URBANVIDEO else bm.VSIBENCH_DIR for b in benchmarks]
+def _needed(root: Path, benchmark: str) -> list[str]:
+    """Paths (relative to the benchmark's folder) of the files the benchmark needs."""
+    base = root / bm.BENCHMARK_DIRS[benchmark]
+    names = [p.relative_to(base).as_posix() for p in base.rglob("*") if p.is_file()] if base.is_dir() else []
+    return download_hub.needed_files(names, benchmark)
 
 
 def source_fingerprint(cfg: DownloadConfig) -> str:
     """What identifies the source's content, for the stage's cache key.
 
-    A local mirror is fingerprinted by names, sizes and modification times (a stat walk,
-    cheap even for large mirrors); synthetic and hub sources by their config.
+    A local mirror is fingerprinted by the needed files' names, sizes and modification times
+    (a stat walk, cheap even for large mirrors); synthetic and hub sources by their config.
     """
     if cfg.source != "local":
         return cfg.model_dump_json()
     root = _check_local(cfg)
     h = hashlib.sha256()
-    for sub in _dirs(cfg.benchmarks):
-        for path in sorted((root / sub).rglob("*")):
-            if path.is_file():
-                st = path.stat()
-                h.update(f"{path.relative_to(root)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    for benchmark in cfg.benchmarks:
+        for name in _needed(root, benchmark):
+            st = (root / bm.BENCHMARK_DIRS[benchmark] / name).stat()
+            h.update(f"{benchmark}/{name}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
     return h.hexdigest()
 
 
 def _check_local(cfg: DownloadConfig) -> Path:
     if not cfg.source_dir:
-        raise DataSourceError("data.download.source is 'local' but source_dir is not set: point it at "
+        raise DataSourceError("download.source is 'local' but source_dir is not set: point it at "
                               "the folder holding UrbanVideo-Bench/ and VSI-Bench/")
     root = Path(cfg.source_dir).expanduser().resolve()
-    expected = {bm.URBANVIDEO_DIR: bm.URBANVIDEO_FILE, bm.VSIBENCH_DIR: bm.VSIBENCH_FILE}
-    for sub in _dirs(cfg.benchmarks):
-        if not (root / sub / expected[sub]).is_file():
+    for benchmark in cfg.benchmarks:
+        sub, name = bm.BENCHMARK_DIRS[benchmark], bm.QUESTION_FILES[benchmark]
+        if not (root / sub / name).is_file():
             raise DataSourceError(
-                f"{root / sub / expected[sub]} not found: a local source must be laid out like the "
-                f"hub repos ({sub}/{expected[sub]}); fix data.download.source_dir or drop the "
-                f"benchmark from data.download.benchmarks"
+                f"{root / sub / name} not found: a local source must be laid out like the hub repos "
+                f"({sub}/{name}); fix download.source_dir (--source) or drop the benchmark from "
+                "download.benchmarks"
             )
     return root
+
+
+def _mirror_revision(root: Path, benchmark: str) -> str | None:
+    """The commit a mirror was fetched at, when it was made by ``hf download --local-dir``
+    (which notes the commit beside each file); None otherwise."""
+    note = (root / bm.BENCHMARK_DIRS[benchmark] / ".cache" / "huggingface" / "download"
+            / f"{bm.QUESTION_FILES[benchmark]}.metadata")
+    try:
+        first = note.read_text(encoding="utf-8").splitlines()[0].strip()
+    except (OSError, IndexError):
+        return None
+    return first if len(first) == 40 and all(c in "0123456789abcdef" for c in first) else None
 
 
 def _link_or_copy(src: Path, dst: Path) -> None:
@@ -93,7 +112,9 @@ def _link_or_copy(src: Path, dst: Path) -> None:
     tmp = dst.with_name(dst.name + ".tmp")
     tmp.unlink(missing_ok=True)
     try:
-        os.link(src, tmp)  # no second copy of the videos when on the same filesystem
+        # No second copy of the videos when on the same filesystem. Later stages only read
+        # these files, so the shared inode never sees a write.
+        os.link(src, tmp)
     except OSError:
         shutil.copy2(src, tmp)
     os.replace(tmp, dst)
@@ -131,70 +152,66 @@ def safe_extract(archive: Path, dest: Path, max_bytes: int) -> int:
     return written
 
 
-def _hub_fetch(cfg: DownloadConfig, work: Path) -> None:  # pragma: no cover - needs the network
-    from huggingface_hub import snapshot_download
-
-    if bm.URBANVIDEO in cfg.benchmarks:
-        snapshot_download(
-            cfg.hub.urbanvideo_repo, repo_type="dataset", revision=cfg.hub.urbanvideo_revision,
-            allow_patterns=[bm.URBANVIDEO_FILE, "videos/*"], local_dir=work / bm.URBANVIDEO_DIR,
-        )
-    if bm.VSIBENCH in cfg.benchmarks:
-        snapshot_download(
-            cfg.hub.vsibench_repo, repo_type="dataset", revision=cfg.hub.vsibench_revision,
-            allow_patterns=[bm.VSIBENCH_FILE, *bm.VSIBENCH_ZIPS], local_dir=work / bm.VSIBENCH_DIR,
-        )
+def _from_folder(root: Path, cfg: DownloadConfig, work: Path) -> dict[str, dict]:
+    """Link the needed files of a folder laid out like the hub repos into the stage folder."""
+    origin: dict[str, dict] = {}
+    for benchmark in cfg.benchmarks:
+        sub = bm.BENCHMARK_DIRS[benchmark]
+        for name in _needed(root, benchmark):
+            _link_or_copy(root / sub / name, work / sub / name)
+        repo, _ = cfg.hub.repo(benchmark)
+        origin[benchmark] = {"repo": repo, "requested_revision": None, "revision": _mirror_revision(root, benchmark),
+                             "allow_patterns": bm.ALLOW_PATTERNS[benchmark], "source_dir": str(root)}
+    return origin
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+def _synthetic_root(cfg: DownloadConfig, sources_root: Path) -> Path:
+    root = Path(sources_root) / ("synthetic-" + hashlib.sha256(cfg.synthetic.model_dump_json().encode()).hexdigest()[:12])
+    if not (root / ".complete").exists():
+        make_synthetic_benchmark(root, cfg.synthetic)
+        (root / ".complete").touch()
+    return root
 
 
 def run_download(out: Path, cfg: DownloadConfig, sources_root: Path) -> dict:
-    """Fill ``out`` with ``UrbanVideo-Bench/`` and ``VSI-Bench/`` (videos extracted)."""
+    """Fill ``out`` with ``UrbanVideo-Bench/`` and ``VSI-Bench/`` (videos extracted) and a manifest."""
     out = Path(out)
     if is_complete(out):
         return read_summary(out)
     start = time.time()
     with stage_folder(out) as work:
         if cfg.source == "hub":
-            _hub_fetch(cfg, work)
-            root = work
+            origin = download_hub.fetch(cfg.hub, cfg.benchmarks, work)
         else:
-            if cfg.source == "synthetic":
-                root = Path(sources_root) / ("synthetic-" + hashlib.sha256(
-                    cfg.synthetic.model_dump_json().encode()).hexdigest()[:12])
-                if not (root / ".complete").exists():
-                    make_synthetic_benchmark(root, cfg.synthetic)
-                    (root / ".complete").touch()
-            else:
-                root = _check_local(cfg)
-            for sub in _dirs(cfg.benchmarks):
-                for src in sorted((root / sub).rglob("*")):
-                    if src.is_file() and not src.name.startswith("."):
-                        _link_or_copy(src, work / sub / src.relative_to(root / sub))
+            root = _synthetic_root(cfg, sources_root) if cfg.source == "synthetic" else _check_local(cfg)
+            origin = _from_folder(root, cfg, work)
+        hash_start = time.time()
+        files: dict[str, dict] = {}
+        for benchmark in cfg.benchmarks:
+            sub = bm.BENCHMARK_DIRS[benchmark]
+            for name in _needed(work, benchmark):
+                path = work / sub / name
+                files[f"{sub}/{name}"] = {"size": path.stat().st_size, "sha256": sha256_file(path)}
+            if cfg.source == "hub":
+                download_hub.verify(work, benchmark, origin[benchmark].pop("expected"), files)
+            mine = [f for k, f in files.items() if k.startswith(sub + "/")]
+            origin[benchmark].update(files=len(mine), bytes=sum(f["size"] for f in mine))
+        hash_seconds = time.time() - hash_start
         extracted = 0
         if bm.VSIBENCH in cfg.benchmarks:
             for name in bm.VSIBENCH_ZIPS:
                 archive = work / bm.VSIBENCH_DIR / name
                 if archive.exists():
                     extracted += safe_extract(archive, work / bm.VSIBENCH_DIR / "videos", cfg.max_zip_bytes)
-        manifest = {
-            str(p.relative_to(work)): {"size": p.stat().st_size, "sha256": _sha256(p)}
-            for p in sorted(work.rglob("*"))
-            if p.is_file() and p.suffix in {".parquet", ".zip"}
-        }
-        write_json_atomic(work / "manifest.json", {"source": cfg.source, "files": manifest})
-        videos = sum(1 for p in work.rglob("*.mp4"))
+        write_json_atomic(work / "manifest.json", {"source": cfg.source, "benchmarks": origin, "files": files})
         summary = {
             "source": cfg.source,
-            "files": len(manifest),
-            "videos": videos,
+            "files": len(files),
+            "bytes": sum(f["size"] for f in files.values()),
+            "videos": sum(1 for _ in work.rglob("*.mp4")),
             "extracted": extracted,
+            "revisions": {b: o["revision"] or "" for b, o in origin.items()},
+            "hash_seconds": round(hash_seconds, 3),
             "seconds": round(time.time() - start, 3),
         }
         write_summary(work, summary)

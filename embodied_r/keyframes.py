@@ -1,4 +1,4 @@
-"""Key frames by view overlap (the Embodied-R rule) and the key-frame stage.
+"""Key frames by view overlap (the Embodied-R rule).
 
 Frames are sampled at about 1 fps. Each sample is matched to the last key frame with ORB
 features (Hamming distance, ratio test), a homography is fitted by RANSAC, and the sample
@@ -14,32 +14,25 @@ the video: only the last key frame's features are held, and the JPEGs of candida
 to a temporary file until the final choice is made. The few frames a top-up may need are
 planned from the container's frame count and encoded on the way; only when that count is
 wrong are they decoded again in a second pass.
+
+The stage that runs this over a catalog's videos is in ``keyframes_stage``, its per-video
+cache in ``keyframes_cache``.
 """
 
 from __future__ import annotations
 
 import math
-import multiprocessing
 import os
-import re
-import shutil
 import tempfile
 import time
-from collections import Counter
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
-from hashlib import sha1
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Any, Sequence
 
 import cv2
 import numpy as np
-import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from embodied_r import schemas
-from embodied_r.io import (ItemLog, is_complete, read_summary, stage_folder, table_from_records,
-                           write_parquet_atomic, write_summary)
 from embodied_r.video import FrameSampler, VideoError, read_frames
 
 REASONS = ("first", "last", "low_overlap", "match_failed", "fill")
@@ -63,12 +56,19 @@ class KeyframeConfig(BaseModel):
     jpeg_quality: int = Field(90, ge=1, le=100)
     workers: int = Field(0, ge=0, description="video processes; 0 = one per core")
     cv_threads: int = Field(0, ge=0, description="OpenCV threads per process; 0 = cores/workers")
+    cache: bool = Field(True, description="reuse key frames of a video with the same content and parameters")
+    cache_dir: str | None = Field(None, description="default: $EMBODIED_R_HOME/cache/keyframes")
 
     @model_validator(mode="after")
     def _bounds(self) -> "KeyframeConfig":
         if self.max_frames < self.min_frames:
             raise ValueError(f"max_frames ({self.max_frames}) must be >= min_frames ({self.min_frames})")
         return self
+
+    def output_params(self) -> dict[str, Any]:
+        """The settings that decide which frames are kept and how they are saved (not how
+        the work is spread over processes, nor where the cache lives)."""
+        return self.model_dump(exclude={"workers", "cv_threads", "cache", "cache_dir"})
 
 
 @dataclass
@@ -273,146 +273,8 @@ def extract_keyframes(video_path: str | Path, config: KeyframeConfig | None = No
         reasons=[k[2] for k in kept], images=images, seconds=time.perf_counter() - start, passes=passes)
 
 
-def safe_name(video_id: str) -> str:
-    """A folder name for a video id; ids that had to change get a short hash against clashes."""
-    name = re.sub(r"[^A-Za-z0-9._-]", "_", video_id).strip("._") or "video"
-    return name if name == video_id else f"{name[:120]}-{sha1(video_id.encode()).hexdigest()[:8]}"
-
-
-def make_montage(image_paths: Sequence[str | Path], out_path: str | Path, *, labels: Sequence[str] | None = None,
-                 columns: int = 0, tile_width: int = 320) -> Path:
-    """A grid of images (one video's key frames), written as JPEG."""
-    images = [(i, cv2.imread(str(p))) for i, p in enumerate(image_paths)]
-    images = [(i, im) for i, im in images if im is not None]
-    if not images:
-        raise ValueError(f"no readable image among {len(image_paths)} paths")
-    cols = columns or math.ceil(math.sqrt(len(images)))
-    rows = math.ceil(len(images) / cols)
-    h0, w0 = images[0][1].shape[:2]
-    th = max(1, round(tile_width * h0 / w0))
-    canvas = np.full((rows * th, cols * tile_width, 3), 32, np.uint8)
-    for n, (i, im) in enumerate(images):
-        tile = cv2.resize(im, (tile_width, th), interpolation=cv2.INTER_AREA)
-        text = labels[i] if labels else str(i)
-        cv2.putText(tile, text, (6, 20), cv2.FONT_HERSHEY_SIMPLEX, 0.5, (0, 0, 0), 3, cv2.LINE_AA)
-        cv2.putText(tile, text, (6, 20), cv2.FONT_HERSHEY_SIMPLEX, 0.5, (255, 255, 255), 1, cv2.LINE_AA)
-        r, c = divmod(n, cols)
-        canvas[r * th:(r + 1) * th, c * tile_width:(c + 1) * tile_width] = tile
-    out = Path(out_path)
-    if not cv2.imwrite(str(out), canvas, [cv2.IMWRITE_JPEG_QUALITY, 85]):
-        raise OSError(f"cannot write {out}")
-    return out
-
-
-# --------------------------------------------------------------------------- the stage
-def _catalog_videos(catalog: Path) -> list[tuple[str, str]]:
-    path = Path(catalog)
-    if path.is_dir():
-        path = path / "catalog.parquet"
-    if not path.is_file():
-        raise FileNotFoundError(f"catalog {path} not found: run the preprocess stage first, or pass "
-                                "the catalog Parquet file (or its folder)")
-    missing = {"video_id", "video_path"} - set(pq.read_schema(path).names)
-    if missing:
-        raise ValueError(f"catalog {path} lacks columns {sorted(missing)}: it must follow schemas.CATALOG")
-    table = pq.read_table(path, columns=["video_id", "video_path"])
-    videos: dict[str, str] = {}
-    for vid, vpath in zip(table.column("video_id").to_pylist(), table.column("video_path").to_pylist()):
-        if vid is not None and vid not in videos:
-            p = Path(vpath or "")
-            videos[vid] = str(p if p.is_absolute() else path.parent / p)
-    return list(videos.items())
-
-
-def _process_video(video_id: str, video_path: str, work: str, cfg: KeyframeConfig) -> dict:
-    rel = Path("frames") / safe_name(video_id)
-    try:
-        res = extract_keyframes(video_path, cfg)
-    except VideoError as e:
-        return {"video_id": video_id, "status": "failed", "code": e.code, "reason": str(e)}
-    except cv2.error as e:
-        return {"video_id": video_id, "status": "failed", "code": "opencv_error",
-                "reason": f"opencv_error: {video_path}: {str(e).strip()}"}
-    folder = Path(work) / rel
-    shutil.rmtree(folder, ignore_errors=True)  # leftovers of an attempt killed mid-video
-    folder.mkdir(parents=True)
-    rows = []
-    for rank, (idx, ts, ov, reason, jpg) in enumerate(
-            zip(res.indices, res.timestamps, res.overlaps, res.reasons, res.images or [])):
-        name = f"{rank:03d}_{idx:06d}.jpg"
-        (folder / name).write_bytes(jpg)
-        rows.append({"video_id": video_id, "rank": rank, "frame_index": idx, "timestamp": ts,
-                     "overlap": ov, "reason": reason, "image_path": (rel / name).as_posix()})
-    return {"video_id": video_id, "status": "done", "rows": rows, "fps": res.fps, "n_frames": res.n_frames,
-            "n_samples": res.n_samples, "passes": res.passes, "seconds": round(res.seconds, 4)}
-
-
-def _init_worker(threads: int) -> None:
-    cv2.setNumThreads(threads)
-
-
-def _process_all(todo: list[tuple[str, str]], work: Path, cfg: KeyframeConfig, workers: int,
-                 threads: int) -> Iterator[dict]:
-    if workers <= 1:
-        before = cv2.getNumThreads()
-        cv2.setNumThreads(threads)
-        try:
-            for vid, path in todo:
-                yield _process_video(vid, path, str(work), cfg)
-        finally:
-            cv2.setNumThreads(before)
-        return
-    # spawn: a forked child would inherit OpenCV's and FFmpeg's thread pools in a broken state.
-    ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker,
-                             initargs=(threads,)) as pool:
-        futures = [pool.submit(_process_video, vid, path, str(work), cfg) for vid, path in todo]
-        for fut in as_completed(futures):
-            yield fut.result()
-
-
 def run_keyframes(catalog: Path, out: Path, cfg: KeyframeConfig | None = None) -> dict:
-    """Key frames for every distinct video of the catalog, resumable per video."""
-    out = Path(out)
-    if is_complete(out):
-        return read_summary(out)
-    cfg = cfg or KeyframeConfig()
-    videos = _catalog_videos(catalog)
-    start = time.perf_counter()
-    with stage_folder(out) as work:
-        log = ItemLog(work / "items.jsonl", key="video_id")
-        done = log.done_ids()
-        todo = [(v, p) for v, p in videos if v not in done]
-        cores = os.cpu_count() or 1
-        workers = max(1, min(cfg.workers or cores, len(todo)))
-        threads = cfg.cv_threads or max(1, cores // workers)
-        for record in _process_all(todo, work, cfg, workers, threads):
-            log.append(record)
-        records = {r["video_id"]: r for r in log.read()}
-        finished = [records[v] for v, _ in videos if v in records]
-        ok = [r for r in finished if r["status"] == "done"]
-        bad = [r for r in finished if r["status"] != "done"]
-        rows = [row for r in ok for row in r["rows"]]
-        write_parquet_atomic(table_from_records(rows, schemas.KEYFRAMES), work / "keyframes.parquet")
-        write_parquet_atomic(table_from_records(
-            [{"stage": "keyframes", "item": r["video_id"], "reason": r["reason"]} for r in bad],
-            schemas.FAILURES), work / "failures.parquet")
-        shown = next((r for r in ok if r["rows"]), None)
-        if shown is not None:
-            make_montage([work / row["image_path"] for row in shown["rows"]], work / "montage.jpg",
-                         labels=[f"{row['rank']} f{row['frame_index']} {row['reason']}" for row in shown["rows"]])
-        counts = [len(r["rows"]) for r in ok]
-        summary = {
-            "videos": len(videos), "done": len(ok), "failed": len(bad),
-            "failure_reasons": dict(Counter(r["code"] for r in bad)),
-            "keyframes_total": sum(counts),
-            "keyframes_mean": round(sum(counts) / len(counts), 3) if counts else 0.0,
-            "keyframes_min": min(counts, default=0), "keyframes_max": max(counts, default=0),
-            "frames_decoded": sum(r["n_frames"] for r in ok),
-            "video_seconds": round(sum(r["n_frames"] / r["fps"] for r in ok), 3),
-            "processing_seconds": round(sum(r["seconds"] for r in ok), 3),
-            "montage_video": shown["video_id"] if shown else "",
-            "workers": workers, "seconds": round(time.perf_counter() - start, 3),
-        }
-        write_summary(work, summary)
-    return summary
+    """The key-frame stage (see ``keyframes_stage``): every distinct video of the catalog."""
+    from embodied_r.keyframes_stage import run_keyframes as run
+
+    return run(catalog, out, cfg)

@@ -1,5 +1,6 @@
 """Download from a local mirror, safe zip extraction, and the catalog with its splits."""
 
+import json
 import os
 import stat
 import zipfile
@@ -12,7 +13,8 @@ import pytest
 from embodied_r import benchmarks as bm
 from embodied_r import schemas
 from embodied_r.catalog import CatalogConfig, CatalogError, SplitConfig, assign_splits, run_catalog
-from embodied_r.download import DataSourceError, DownloadConfig, run_download, safe_extract
+from embodied_r.download import DataSourceError, DownloadConfig, run_download, safe_extract, sha256_file
+from embodied_r.synthetic import SyntheticConfig
 
 
 def _mirror(root: Path) -> Path:
@@ -52,14 +54,43 @@ def _mirror(root: Path) -> Path:
     return root
 
 
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+def _state(root: Path) -> dict:
+    """Content, size, mode and modification time of every file under ``root``."""
+    return {p: (sha256_file(p), p.stat().st_size, p.stat().st_mode, p.stat().st_mtime_ns)
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
 def test_local_download_and_catalog(tmp_path):
     src = _mirror(tmp_path / "mirror")
-    before = {p: p.stat().st_mtime_ns for p in src.rglob("*")}
+    # What a real mirror also holds: repo files the pipeline does not need, and the commit
+    # note `hf download --local-dir` leaves beside each file.
+    (src / bm.URBANVIDEO_DIR / "README.md").write_text("card")
+    (src / bm.VSIBENCH_DIR / ".gitattributes").write_text("*.zip filter=lfs")
+    (src / bm.VSIBENCH_DIR / "test_debiased-00000-of-00001.parquet").write_bytes(b"other")
+    note = src / bm.URBANVIDEO_DIR / ".cache" / "huggingface" / "download" / "MCQ.parquet.metadata"
+    note.parent.mkdir(parents=True)
+    note.write_text(f"{COMMIT}\netag\n1700000000.0\n")
+    before = _state(src)
     cfg = DownloadConfig(source="local", source_dir=str(src))
     summary = run_download(tmp_path / "raw", cfg, tmp_path / "sources")
     assert summary["videos"] == 12 + 4
-    assert (tmp_path / "raw" / bm.VSIBENCH_DIR / "videos" / "scannet" / "scene0001_00.mp4").is_file()
-    assert {p: p.stat().st_mtime_ns for p in src.rglob("*")} == before  # source untouched
+    raw = tmp_path / "raw"
+    assert (raw / bm.VSIBENCH_DIR / "videos" / "scannet" / "scene0001_00.mp4").is_file()
+    brought = {p.relative_to(raw).as_posix() for p in raw.rglob("*") if p.is_file()}
+    assert not {n for n in brought if n.endswith(("README.md", ".gitattributes", "debiased-00000-of-00001.parquet"))}
+    manifest = json.loads((raw / "manifest.json").read_text())
+    assert manifest["benchmarks"]["urbanvideo"]["repo"] == "EmbodiedCity/UrbanVideo-Bench"
+    assert manifest["benchmarks"]["urbanvideo"]["revision"] == COMMIT
+    assert manifest["benchmarks"]["vsibench"]["repo"] == "nyu-visionx/VSI-Bench"
+    assert manifest["benchmarks"]["vsibench"]["revision"] is None  # that mirror carries no commit note
+    extracted = {n for n in brought if n.startswith(f"{bm.VSIBENCH_DIR}/videos/")}
+    assert set(manifest["files"]) == brought - extracted - {"manifest.json", "summary.json"}
+    for name, entry in manifest["files"].items():
+        assert entry == {"size": (src / name).stat().st_size, "sha256": sha256_file(src / name)}
+    assert summary["files"] == len(manifest["files"]) == 12 + 1 + 1 + 1  # videos, MCQ, VSI parquet, one zip
     assert run_download(tmp_path / "raw", cfg, tmp_path / "sources") == summary  # finished work reused
 
     out = tmp_path / "catalog"
@@ -70,9 +101,10 @@ def test_local_download_and_catalog(tmp_path):
     assert "Object Recall" not in cats and "object_counting" not in cats  # paper subset only
     assert "object_rel_direction" in cats
     # One row's video is missing and one row's answer is not an option: both counted, not kept.
-    assert cat["failed"] == 2
-    reasons = {r["reason"].split(":")[0] for r in pq.read_table(out / "failures.parquet").to_pylist()}
-    assert reasons == {"video missing", "answer 'Z' is not one of the parsed options"}
+    assert cat["failed"] == 2 and cat["failure_reasons"] == {"video_missing": 1, "answer_not_an_option": 1}
+    reasons = {r["item"]: r["reason"] for r in pq.read_table(out / "failures.parquet").to_pylist()}
+    assert reasons["urbanvideo:36"].startswith("video_missing: EmbodiedCity_99.mp4")
+    assert reasons["urbanvideo:37"].startswith("answer_not_an_option: answer 'Z'")
     # Scene-disjoint.
     split_of_scene = {}
     for r in rows:
@@ -89,6 +121,30 @@ def test_local_download_and_catalog(tmp_path):
 
     with duckdb.connect(str(out / "catalog.duckdb"), read_only=True) as con:
         assert con.execute("SELECT count(*) FROM questions").fetchone()[0] == len(rows)
+    assert _state(src) == before  # download, extraction and catalog left the source as it was
+
+    # Tasks by name, as the source writes them or in their metric form; unknown names are refused.
+    named = run_catalog(raw, tmp_path / "named", CatalogConfig(tasks=["Landmark Position", "object_counting"]))
+    assert set(named["counts"]["urbanvideo"]) == {"landmark_position"}
+    assert set(named["counts"]["vsibench"]) == {"object_counting"}
+    with pytest.raises(CatalogError, match=r"unknown task\(s\) 'Landmark'.*Landmark Position"):
+        run_catalog(raw, tmp_path / "bad", CatalogConfig(tasks=["Landmark"]))
+
+
+def test_synthetic_source_is_left_as_it_was(tmp_path):
+    cfg = DownloadConfig(source="synthetic", synthetic=SyntheticConfig(
+        urban_videos=2, clips_per_scene=2, vsi_scenes=1, seconds=3.0, width=160, height=90, fps=10.0))
+    summary = run_download(tmp_path / "raw", cfg, tmp_path / "sources")
+    (source,) = (tmp_path / "sources").iterdir()
+    before = _state(source)
+    run_catalog(tmp_path / "raw", tmp_path / "catalog", CatalogConfig(tasks="all"))
+    assert summary["videos"] == 2 + 1 and _state(source) == before
+    # A second stage folder from the same generated source: the source is reused, not rewritten.
+    assert run_download(tmp_path / "raw2", cfg, tmp_path / "sources")["files"] == summary["files"]
+    assert _state(source) == before
+    manifest = json.loads((tmp_path / "raw" / "manifest.json").read_text())
+    assert {b["repo"] for b in manifest["benchmarks"].values()} == {"EmbodiedCity/UrbanVideo-Bench",
+                                                                    "nyu-visionx/VSI-Bench"}
 
 
 def test_splits_are_seeded_and_stable():
@@ -148,3 +204,23 @@ def test_extraction_refuses_links_and_bombs_and_is_idempotent(tmp_path):
     mtime = os.stat(tmp_path / "dest" / "scannet" / "a.mp4").st_mtime_ns
     assert safe_extract(big, tmp_path / "dest", 10**6) == 0
     assert os.stat(tmp_path / "dest" / "scannet" / "a.mp4").st_mtime_ns == mtime
+
+
+def test_fetch_and_catalog_commands_fill_the_pipelines_own_stage_folders(tmp_path, capsys):
+    from embodied_r.cli_data import main as cli_main
+    from embodied_r.config import load_recipe
+    from embodied_r.pipeline import plan
+
+    src = _mirror(tmp_path / "mirror")
+    assert cli_main(["fetch", "--source", str(src)]) == 0
+    printed = capsys.readouterr().out
+    assert "EmbodiedCity/UrbanVideo-Bench at not recorded (13 files)" in printed
+    assert cli_main(["catalog", "--source", str(src), "--tasks", "all"]) == 0
+    printed = capsys.readouterr().out
+    assert "Object Recall" in printed and "object_counting" in printed
+    assert "2 rows left out (answer_not_an_option: 1, video_missing: 1)" in printed
+    # The same folders a pipeline run with these settings uses, so it finds the work done.
+    stages = plan(load_recipe("paper", {"download": {"source": "local", "source_dir": str(src)},
+                                        "catalog": {"tasks": "all"}}))
+    assert stages["download"].complete and stages["preprocess"].complete
+    assert str(stages["preprocess"].out) in printed

@@ -21,7 +21,8 @@ import pytest
 from embodied_r import schemas
 from embodied_r.io import table_from_records, write_parquet_atomic
 from embodied_r.keyframes import (KeyframeConfig, _jpeg, extract_keyframes, fill_indices, run_keyframes,
-                                  safe_name, thin_evenly)
+                                  thin_evenly)
+from embodied_r.keyframes_stage import safe_name
 from embodied_r.synthetic import write_motion_video
 from embodied_r.video import VideoError, read_frames
 

@@ -103,6 +103,12 @@ def test_same_seed_same_benchmark_other_seed_differs(tmp_path):
     for rel in ("UrbanVideo-Bench/MCQ.parquet", "VSI-Bench/test-00000-of-00001.parquet"):
         assert pq.read_table(a / rel).equals(pq.read_table(b / rel))
         assert not pq.read_table(a / rel).equals(pq.read_table(c / rel))
+    # Byte for byte, zips included (their entries carry a fixed date), so manifests and
+    # fingerprints of a synthetic source do not change from one generation to the next.
+    files = sorted(p.relative_to(a) for p in a.rglob("*") if p.is_file())
+    assert files == sorted(p.relative_to(b) for p in b.rglob("*") if p.is_file())
+    assert {f.suffix for f in files} == {".mp4", ".parquet", ".zip"}
+    assert all((a / f).read_bytes() == (b / f).read_bytes() for f in files)
     vid = pq.read_table(a / "UrbanVideo-Bench/MCQ.parquet").column("video_id")[0].as_py()
     frames = []
     for root in (a, b):

@@ -1,0 +1,244 @@
+"""The synthetic worlds: camera paths, objects, drawing, visibility and rendering.
+
+Each world is a textured 360-degree panorama with coloured, labelled objects drawn at known
+bearings. The camera turns (yaw), rises or descends (vertical shift) and flies forward or
+backward (zoom), so consecutive frames are related by a homography, as the key-frame rule
+assumes. What the camera sees at each frame is computed from the same geometry the frames are
+drawn with, so the question writers can take answers from it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Sequence
+
+import cv2
+import numpy as np
+
+HFOV = 60.0  # horizontal field of view at zoom 1, degrees
+VSPAN = 90.0  # vertical extent of the panorama, degrees
+LETTERS = "ABCDEFGH"
+
+BGR = {"red": (30, 30, 220), "blue": (200, 90, 20), "green": (40, 170, 40), "yellow": (30, 220, 240),
+       "purple": (170, 40, 150), "orange": (20, 130, 250), "white": (245, 245, 245),
+       "cyan": (220, 220, 30), "pink": (180, 105, 255), "black": (25, 25, 25)}
+MOTIONS = ("fly forward", "fly backward", "turn left", "turn right", "rise", "descend", "hover")
+
+
+@dataclass(frozen=True)
+class Segment:
+    action: str  # one of MOTIONS
+    start: float
+    duration: float
+    rate: float  # deg/s for turns and vertical moves, zoom factor per second for flying
+
+    @property
+    def end(self) -> float:
+        return self.start + self.duration
+
+
+@dataclass(frozen=True)
+class Pose:
+    yaw: float  # degrees, clockwise seen from above
+    pitch: float
+    zoom: float
+
+
+@dataclass
+class Thing:
+    name: str
+    colour: str
+    shape: str
+    azimuth: float  # degrees, clockwise from north
+    elevation: float
+    size: float  # angular size, degrees
+    x: float = 0.0  # room position in metres (VSI scenes)
+    y: float = 0.0
+    size_cm: int = 0
+
+
+def segments_from(motions: Sequence[tuple[str, float, float]]) -> list[Segment]:
+    segs, t = [], 0.0
+    for action, duration, rate in motions:
+        if action not in MOTIONS:
+            raise ValueError(f"unknown motion {action!r}; use one of {MOTIONS}")
+        segs.append(Segment(action, t, float(duration), float(rate)))
+        t += duration
+    return segs
+
+
+def pose_at(segments: Sequence[Segment], t: float, start: Pose = Pose(0.0, 0.0, 1.0)) -> Pose:
+    yaw, pitch, zoom = start.yaw, start.pitch, start.zoom
+    for s in segments:
+        dt = min(max(t - s.start, 0.0), s.duration)
+        if dt <= 0.0:
+            break
+        sign = {"turn right": 1, "turn left": -1, "rise": 1, "descend": -1,
+                "fly forward": 1, "fly backward": -1}.get(s.action, 0)
+        if s.action.startswith("turn"):
+            yaw += sign * s.rate * dt
+        elif s.action in ("rise", "descend"):
+            pitch += sign * s.rate * dt
+        elif s.action.startswith("fly"):
+            zoom *= s.rate ** (sign * dt)
+    return Pose(yaw % 360.0, pitch, zoom)
+
+
+def _inside(pose: Pose, aspect: float) -> Pose:
+    """Keep the view inside the panorama; plans stay well within, this only guards."""
+    zoom = min(max(pose.zoom, 0.7), 3.0)
+    limit = VSPAN / 2 - HFOV * aspect / 2 / zoom - 1.0
+    return Pose(pose.yaw, min(max(pose.pitch, -limit), limit), zoom)
+
+
+def wrap180(angle: float) -> float:
+    return (angle + 180.0) % 360.0 - 180.0
+
+
+def panorama(rng: np.random.Generator, width: int, indoor: bool) -> np.ndarray:
+    ppd = width / HFOV
+    pw, ph = round(360 * ppd), round(VSPAN * ppd)
+    low = rng.integers(0, 256, (ph // 24 + 2, pw // 24 + 2, 3), dtype=np.uint8)
+    pano = cv2.resize(low, (pw, ph), interpolation=cv2.INTER_CUBIC)
+    top, bottom = ((190, 200, 215), (100, 110, 115)) if indoor else ((230, 190, 150), (110, 110, 110))
+    ramp = np.linspace(0.0, 1.0, ph, dtype=np.float32)[:, None, None]
+    base = (1 - ramp) * np.float32(top) + ramp * np.float32(bottom)
+    pano = (0.25 * pano + 0.75 * base).astype(np.uint8)
+    # Many small sharp-edged patches: corners everywhere so ORB finds features at any view.
+    scale = width / 640
+    n = pw * ph // 1100
+    xs, ys = rng.integers(0, pw, n), rng.integers(0, ph, n)
+    ws, hs = rng.integers(3, int(40 * scale) + 4, n), rng.integers(3, int(40 * scale) + 4, n)
+    # Muted patches (grey plus a small tint) keep the coloured objects easy to tell apart.
+    cols = np.clip(rng.integers(50, 210, (n, 1)) + rng.integers(-25, 26, (n, 3)), 0, 255)
+    for x, y, w, h, c in zip(xs.tolist(), ys.tolist(), ws.tolist(), hs.tolist(), cols.tolist()):
+        cv2.rectangle(pano, (x, y), (x + w, y + h), c, -1)
+    return pano
+
+
+def draw_thing(pano: np.ndarray, thing: Thing, ppd: float) -> None:
+    pw, ph = pano.shape[1], pano.shape[0]
+    s = thing.size * ppd
+    col = BGR[thing.colour]
+    # Shades stay clear of the other objects' colours, so a colour marks one object only.
+    light = tuple(int(c + (255 - c) * 0.4) for c in col)
+    dark = tuple(int(c * 0.55) for c in col)
+    cy = ph / 2 - thing.elevation * ppd
+    for cx in (thing.azimuth * ppd, thing.azimuth * ppd - pw, thing.azimuth * ppd + pw):
+        if cx < -2 * s or cx > pw + 2 * s:
+            continue
+
+        def pt(dx: float, dy: float) -> tuple[int, int]:
+            return int(cx + dx * s), int(cy + dy * s)
+
+        if thing.shape in ("cube", "box", "panel"):
+            w, h = {"cube": (0.8, 0.8), "box": (1.5, 0.6), "panel": (1.0, 1.3)}[thing.shape]
+            cv2.rectangle(pano, pt(-w / 2, -h / 2), pt(w / 2, h / 2), col, -1)
+            if thing.shape != "panel":
+                top = np.array([pt(-w / 2, -h / 2), pt(-w / 2 + 0.2, -h / 2 - 0.2),
+                                pt(w / 2 + 0.2, -h / 2 - 0.2), pt(w / 2, -h / 2)], np.int32)
+                side = np.array([pt(w / 2, -h / 2), pt(w / 2 + 0.2, -h / 2 - 0.2),
+                                 pt(w / 2 + 0.2, h / 2 - 0.2), pt(w / 2, h / 2)], np.int32)
+                cv2.fillPoly(pano, [top], light)
+                cv2.fillPoly(pano, [side], dark)
+            else:
+                cv2.rectangle(pano, pt(-w / 2 + 0.12, -h / 2 + 0.12), pt(w / 2 - 0.12, h / 2 - 0.12), dark, 2)
+            cv2.rectangle(pano, pt(-w / 2, -h / 2), pt(w / 2, h / 2), (0, 0, 0), 2)
+        elif thing.shape == "cylinder":
+            cv2.rectangle(pano, pt(-0.3, -0.4), pt(0.3, 0.4), col, -1)
+            cv2.ellipse(pano, pt(0, 0.4), (int(0.3 * s), int(0.1 * s)), 0, 0, 180, col, -1)
+            cv2.ellipse(pano, pt(0, -0.4), (int(0.3 * s), int(0.1 * s)), 0, 0, 360, light, -1)
+            cv2.rectangle(pano, pt(-0.3, -0.4), pt(0.3, 0.4), (0, 0, 0), 2)
+        elif thing.shape == "sphere":
+            cv2.circle(pano, pt(0, 0), int(0.45 * s), col, -1)
+            cv2.circle(pano, pt(-0.15, -0.15), int(0.12 * s), light, -1)
+            cv2.circle(pano, pt(0, 0), int(0.45 * s), (0, 0, 0), 2)
+        else:  # cone
+            tri = np.array([pt(0, -0.5), pt(-0.4, 0.4), pt(0.4, 0.4)], np.int32)
+            cv2.fillPoly(pano, [tri], col)
+            cv2.polylines(pano, [tri], True, (0, 0, 0), 2)
+        font = max(0.45, s / 150)
+        org = pt(-0.5, 0.75)
+        cv2.putText(pano, thing.name, org, cv2.FONT_HERSHEY_SIMPLEX, font, (0, 0, 0), 4, cv2.LINE_AA)
+        cv2.putText(pano, thing.name, org, cv2.FONT_HERSHEY_SIMPLEX, font, (255, 255, 255), 1, cv2.LINE_AA)
+
+
+# Half width and half height of each drawn shape, in units of its size.
+EXTENT = {"cube": (0.6, 0.6), "box": (0.95, 0.5), "panel": (0.5, 0.65), "cylinder": (0.3, 0.5),
+          "sphere": (0.45, 0.45), "cone": (0.4, 0.5)}
+
+
+def in_view(thing: Thing, pose: Pose, aspect: float = 0.5625, margin: float = 0.05) -> bool:
+    """Whether the object's centre is inside the frame (less a margin) at this pose."""
+    x = 0.5 + wrap180(thing.azimuth - pose.yaw) * pose.zoom / HFOV
+    y = 0.5 - (thing.elevation - pose.pitch) * pose.zoom / (HFOV * aspect)
+    return margin <= x <= 1 - margin and margin <= y <= 1 - margin
+
+
+def glimpsed(thing: Thing, pose: Pose, aspect: float = 0.5625) -> bool:
+    """Whether any part of the object's shape is inside the frame at this pose."""
+    ex, ey = EXTENT[thing.shape]
+    dx = abs(wrap180(thing.azimuth - pose.yaw)) - ex * thing.size
+    dy = abs(thing.elevation - pose.pitch) - ey * thing.size
+    return dx * pose.zoom < HFOV / 2 and dy * pose.zoom < HFOV * aspect / 2
+
+
+def render(pano: np.ndarray, things: Sequence[Thing], pose_fn: Callable[[float], Pose],
+           outputs: Sequence[tuple[Path, int]], fps: float, width: int, height: int
+           ) -> tuple[list[int | None], list[int | None]]:
+    """Render ``max(n)`` frames, writing the first ``n`` to each output (prefix clips).
+
+    Frames are written as they are rendered. Returns, per object, the first frame its centre is
+    in view ("seen") and the first frame any part of it is ("glimpsed").
+    """
+    ppd = width / HFOV
+    writers = []
+    for path, n in outputs:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        w = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), fps, (width, height))
+        if not w.isOpened():
+            raise RuntimeError(f"OpenCV cannot write {path}: its FFmpeg build lacks the mp4v encoder")
+        writers.append((w, n))
+    first_seen: list[int | None] = [None] * len(things)
+    first_glimpse: list[int | None] = [None] * len(things)
+    try:
+        for f in range(max(n for _, n in outputs)):
+            pose = _inside(pose_fn(f / fps), height / width)
+            z, cx, cy = pose.zoom, pose.yaw * ppd, pano.shape[0] / 2 - pose.pitch * ppd
+            m = np.float32([[z, 0, width / 2 - z * cx], [0, z, height / 2 - z * cy]])
+            frame = cv2.warpAffine(pano, m, (width, height), flags=cv2.INTER_LINEAR,
+                                   borderMode=cv2.BORDER_WRAP)
+            for w, n in writers:
+                if f < n:
+                    w.write(frame)
+            for i, thing in enumerate(things):
+                if first_seen[i] is None and in_view(thing, pose, height / width):
+                    first_seen[i] = f
+                if first_glimpse[i] is None and glimpsed(thing, pose, height / width):
+                    first_glimpse[i] = f
+    finally:
+        for w, _ in writers:
+            w.release()
+    return first_seen, first_glimpse
+
+
+def write_motion_video(path: Path, motions: Sequence[tuple[str, float, float]], *, seed: int = 0,
+                       width: int = 320, height: int = 180, fps: float = 30.0) -> Path:
+    """Write a clip of a random textured world following ``(action, seconds, rate)`` motions."""
+    rng = np.random.default_rng(seed)
+    segs = segments_from(motions)
+    total = sum(s.duration for s in segs)
+    pano = panorama(rng, width, indoor=False)
+    render(pano, [], lambda t: pose_at(segs, t), [(Path(path), max(1, round(total * fps)))],
+           fps, width, height)
+    return Path(path)
+
+
+# Shuffled multiple-choice options, shared by both benchmarks' question writers.
+def shuffled_options(rng: np.random.Generator, correct: str, others: Sequence[str]) -> tuple[list[str], str]:
+    opts = [correct, *others]
+    order = rng.permutation(len(opts)).tolist()
+    shuffled = [opts[i] for i in order]
+    return shuffled, LETTERS[shuffled.index(correct)]
+
