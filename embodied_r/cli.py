@@ -40,6 +40,17 @@ def _overrides(pairs: list[str]) -> dict[str, Any]:
     return merged
 
 
+def _all_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """``--set`` pairs, plus ``--source DIR`` as a local mirror of the benchmarks."""
+    from embodied_r.config import _deep_merge
+
+    merged = _overrides(args.set)
+    if getattr(args, "source", None):
+        merged = _deep_merge(merged, {"download": {
+            "source": "local", "source_dir": str(Path(args.source).expanduser().resolve())}})
+    return merged
+
+
 def _print_outcome(result: dict[str, Any], seconds: float) -> None:
     from embodied_r.paths import home
 
@@ -68,7 +79,7 @@ def _precheck(args: argparse.Namespace, stage: str | None) -> None:
     from embodied_r.config import load_recipe
     from embodied_r.pipeline import plan, resolve_stage_name, select_stages, training_stage_names
 
-    recipe = load_recipe(args.recipe, _overrides(args.set) or None)
+    recipe = load_recipe(args.recipe, _all_overrides(args) or None)
     stages = plan(recipe)
     for name in getattr(args, "refresh", None) or []:
         resolve_stage_name(stages, name)
@@ -90,10 +101,10 @@ def _cmd_run(args: argparse.Namespace, stage: str | None = None) -> int:
     with bars:
         if stage is None:
             result = embodied_r(recipe=args.recipe, refresh=args.refresh or None,
-                                overrides=_overrides(args.set) or None)
+                                overrides=_all_overrides(args) or None)
         else:
             result = STAGE_FLOWS[stage](recipe=args.recipe, refresh=args.refresh_stage,
-                                        overrides=_overrides(args.set) or None)
+                                        overrides=_all_overrides(args) or None)
     _print_outcome(result, time.time() - start)
     return 0
 
@@ -102,7 +113,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     from embodied_r.config import load_recipe
     from embodied_r.pipeline import plan
 
-    stages = plan(load_recipe(args.recipe, _overrides(args.set) or None))
+    stages = plan(load_recipe(args.recipe, _all_overrides(args) or None))
     for name, sp in stages.items():
         state = "done" if sp.complete else ("partial" if Path(sp.out + ".partial").exists() else "to do")
         print(f"{name:14s} {state:8s} {sp.out}")
@@ -112,7 +123,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 def _cmd_validate(args: argparse.Namespace) -> int:
     from embodied_r.config import load_recipe
 
-    recipe = load_recipe(args.recipe, _overrides(args.set) or None)
+    recipe = load_recipe(args.recipe, _all_overrides(args) or None)
     print(json.dumps(recipe.model_dump(mode="json"), indent=2) if args.show else f"{recipe.name}: valid")
     return 0
 
@@ -127,7 +138,7 @@ def _cmd_recipes(_: argparse.Namespace) -> int:
 
 # Modules that add their own sub-commands: each has ``register(subparsers)`` and sets a
 # ``handler(args) -> int`` default on the parsers it adds.
-EXTENSIONS: tuple[str, ...] = ()
+EXTENSIONS: tuple[str, ...] = ("embodied_r.cli_data",)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -139,6 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--recipe", default=default, help="recipe name or YAML path (default %(default)s)")
         p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                        help="override a recipe value, e.g. --set training.learning_rate=1e-6")
+        p.add_argument("--source", metavar="DIR",
+                       help="take the benchmarks from a local mirror laid out like the hub repos")
 
     demo = sub.add_parser("demo", help="run the whole pipeline on the embedded default (CPU, offline)")
     demo.set_defaults(recipe="demo", set=[], refresh=[])

@@ -22,9 +22,10 @@ from embodied_r.paths import home as default_home
 # Library modules whose source is part of each stage kind's cache key.
 _COMMON = ["io", "schemas"]
 STAGE_MODULES: dict[str, list[str]] = {
-    "download": ["download", "synthetic", "benchmarks"],
+    "download": ["download", "download_hub", "synthetic", "synthetic_world", "synthetic_urban",
+                 "synthetic_vsi", "benchmarks"],
     "preprocess": ["catalog", "benchmarks"],
-    "keyframes": ["keyframes", "video"],
+    "keyframes": ["keyframes", "keyframes_stage", "keyframes_cache", "video"],
     "perception": ["perception", "prompts", "backends", "backend_transformers", "backend_openai", "tiny_models"],
     "convert": ["records", "answers"],
     "train": ["training", "train_grpo", "rewards", "answers", "backends", "backend_transformers",
