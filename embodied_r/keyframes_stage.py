@@ -28,6 +28,7 @@ import numpy as np
 import pyarrow.parquet as pq
 
 from embodied_r import schemas
+from embodied_r import progress
 from embodied_r.io import (ItemLog, is_complete, read_summary, stage_folder, table_from_records,
                            write_parquet_atomic, write_summary)
 from embodied_r.keyframes import KeyframeConfig, extract_keyframes
@@ -152,8 +153,9 @@ def run_keyframes(catalog: Path, out: Path, cfg: KeyframeConfig | None = None) -
         cores = os.cpu_count() or 1
         workers = max(1, min(cfg.workers or cores, len(todo)))
         threads = cfg.cv_threads or max(1, cores // workers)
-        for record in _process_all(todo, work, cfg, cache, workers, threads):
+        for n, record in enumerate(_process_all(todo, work, cfg, cache, workers, threads), start=1):
             log.append(record)
+            progress.update("keyframes", len(done) + n, len(videos))
         records = {r["video_id"]: r for r in log.read()}
         finished = [records[v] for v, _ in videos if v in records]
         ok = [r for r in finished if r["status"] == "done"]
