@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import json
+import re
 import socket
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any, Callable, Iterator
 
 import pyarrow.parquet as pq
 import pytest
@@ -14,7 +18,64 @@ from embodied_r.backends import BackendConfig
 from embodied_r.evaluation import EvaluationConfig, run_evaluation
 from embodied_r.io import ItemLog, partial_path
 from embodied_r.records import RecordsConfig, run_records
+from embodied_r.report import REPORT_FILES, table_rows_from_folder
 from test_records import VIDEO, catalog_row, write_inputs
+
+Reply = Callable[[str, list[dict[str, Any]]], str]
+
+
+class ScriptedModels:
+    """An OpenAI-compatible chat server on 127.0.0.1 whose models answer by a script,
+    ``reply(model, messages) -> text``: a stand-in for models that write well-formed
+    answers, which the random-weight tiny models never do."""
+
+    def __init__(self, reply: Reply):
+        self.requests: list[dict[str, Any]] = []
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                server.requests.append(body)
+                text = reply(body["model"], body["messages"])
+                data = json.dumps({
+                    "id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
+                    "choices": [{"index": 0, "finish_reason": "stop",
+                                 "message": {"role": "assistant", "content": text}}],
+                    "usage": {"prompt_tokens": 10, "completion_tokens": len(text.split()),
+                              "total_tokens": 10 + len(text.split())},
+                }).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.base_url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+
+    def backend(self, model: str, **kw: Any) -> BackendConfig:
+        return BackendConfig(kind="openai", model=model, base_url=self.base_url, max_retries=0, timeout_s=10.0,
+                             api_key_env="EMBODIED_R_TEST_KEY", **kw)
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def text_of(messages: list[dict[str, Any]]) -> str:
+    parts = []
+    for m in messages:
+        content = m["content"]
+        parts += [content] if isinstance(content, str) else [p.get("text", "") for p in content]
+    return "\n".join(parts)
 
 
 @pytest.fixture()
@@ -96,3 +157,102 @@ def test_evaluation_records_unreachable_backend_as_failures(records: Path, tmp_p
 def test_evaluation_missing_split_names_the_fix(records: Path, tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="convert"):
         run_evaluation(records, "tiny:lm", tmp_path / "eval", _cfg(split="holdout"))
+
+
+# -- scoring end to end, against models whose answers are known --------------------------
+
+TWO, THREE, FOUR = ["A. left", "B. right"], ["A. left", "B. right", "C. back"], \
+    ["A. front-left", "B. front-right", "C. back-left", "D. back-right"]
+
+# uid -> (answer, options, what the model writes); the judge answers what JUDGE= names.
+SCRIPT = {
+    "urbanvideo:0": ("A", None, "<think>JUDGE=A</think><answer>A</answer>"),  # right, consistent
+    "urbanvideo:1": ("B", None, "<think>JUDGE=C</think><answer>B</answer>"),  # right, inconsistent
+    "urbanvideo:2": ("C", None, "<think>JUDGE=A</think><answer>A</answer>"),  # wrong, consistent
+    "urbanvideo:3": ("D", None, "I think it is D."),  # no answer block: wrong, not judged
+    "vsibench:1": ("A", TWO, "<answer>A</answer>"),  # easy, right, no reasoning to judge
+    "vsibench:2": ("B", TWO, "<think>JUDGE=B</think><answer>B</answer>"),  # easy, right, consistent
+    "vsibench:3": ("C", THREE, "<think>JUDGE=C</think><answer>A</answer>"),  # medium, wrong, inconsistent
+    "vsibench:4": ("D", FOUR, "<think>JUDGE=D</think><answer>D</answer>"),  # hard, right, consistent
+    "vsibench:5": ("2.5", [], "<think>JUDGE=2.6</think><answer>2.6 m</answer>"),  # 4 % off: 1.0
+    "vsibench:6": ("2.5", [], "<answer>about 2.5</answer>"),  # officially not a number: 0
+}
+
+
+def _script_reply(model: str, messages: list[dict[str, Any]]) -> str:
+    text = text_of(messages)
+    if model == "judge":
+        found = re.search(r"JUDGE=([\w.]+)", text)
+        return found.group(1) if found else "?"
+    uid = re.search(r"\((\w+:\d+)\)", text).group(1)
+    return SCRIPT[uid][2]
+
+
+@pytest.fixture()
+def scripted() -> Iterator[ScriptedModels]:
+    server = ScriptedModels(_script_reply)
+    yield server
+    server.stop()
+
+
+@pytest.fixture()
+def scripted_records(tmp_path: Path) -> Path:
+    rows = []
+    for uid, (answer, options, _) in SCRIPT.items():
+        if uid.startswith("urbanvideo"):
+            rows.append(catalog_row(uid, "test", answer=answer))
+        elif options:
+            row = catalog_row(uid, "test", answer=answer, benchmark="vsibench", category="object_rel_direction")
+            rows.append({**row, "options": options})
+        else:
+            rows.append(catalog_row(uid, "test", answer=answer, answer_type="number", benchmark="vsibench",
+                                    category="object_abs_distance"))
+    catalog, perception = write_inputs(tmp_path, rows, {r["uid"]: VIDEO for r in rows})
+    out = tmp_path / "records"
+    run_records(catalog, perception, out, RecordsConfig())
+    return out
+
+
+def test_scores_as_the_benchmarks_do_with_a_judge(scripted: ScriptedModels, scripted_records: Path,
+                                                  tmp_path: Path) -> None:
+    cfg = EvaluationConfig(backend=scripted.backend("policy"), consistency_judge=scripted.backend("judge"))
+    out = tmp_path / "eval"
+    m = run_evaluation(scripted_records, "policy", out, cfg)
+    assert m["done"] == 10 and m["failed"] == 0
+    assert m["accuracy/landmark_position"] == pytest.approx(2 / 4)
+    # Relative direction: easy 2/2, medium 0/1, hard 1/1 -> (1 + 0 + 1) / 3, not the pooled 3/4.
+    assert m["accuracy/object_rel_direction"] == pytest.approx(2 / 3)
+    assert m["accuracy/object_rel_direction/medium"] == 0.0
+    assert m["accuracy/object_abs_distance"] == pytest.approx(0.5)  # 2.6 scores 1, "about 2.5" 0
+    assert m["accuracy/overall"] == pytest.approx(6 / 10)
+    assert m["accuracy/macro"] == pytest.approx((0.5 + 2 / 3 + 0.5) / 3)
+    assert m["accuracy/paper_tasks"] == pytest.approx(5 / 8)
+    assert m["parsed/overall"] == pytest.approx(8 / 10)
+    # Judged: the seven answers with reasoning and a readable answer; five agree.
+    assert m["consistency/judged"] == 7.0
+    assert m["consistency/ratio"] == pytest.approx(5 / 7)
+    judge_calls = [r for r in scripted.requests if r["model"] == "judge"]
+    assert judge_calls and all("Frame 0" not in text_of(r["messages"]) for r in judge_calls)
+    assert all(r["temperature"] == 0.0 for r in scripted.requests if r["model"] == "policy")
+
+    preds = {p["uid"]: p for p in pq.read_table(out / "predictions.parquet").to_pylist()}
+    assert preds["vsibench:6"]["prediction"] == "" and preds["vsibench:5"]["prediction"] == "2.6"
+    for name in REPORT_FILES:
+        assert (out / name).is_file()
+    assert (out / "accuracy_by_task.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    report = (out / "report.md").read_text()
+    assert "| vsibench | object_rel_direction | 4 | 66.7 | 44.3 |" in report
+    assert "logically consistent answers (judge model): 71.4 %" in report
+    assert "| **this evaluation** | 62.5 | 50.0 |" in report
+    rows = {r["task"]: r for r in table_rows_from_folder(out)}
+    assert rows["Landmark Position"] == {"benchmark": "urbanvideo", "task": "Landmark Position", "questions": 4,
+                                         "accuracy_pct": 50.0, "paper_pct": 55.1}
+    assert rows["object_abs_distance"]["paper_pct"] is None
+
+
+def test_lenient_number_parsing_is_a_choice(scripted: ScriptedModels, scripted_records: Path,
+                                            tmp_path: Path) -> None:
+    cfg = EvaluationConfig(backend=scripted.backend("policy"), number_parsing="lenient")
+    m = run_evaluation(scripted_records, "policy", tmp_path / "eval", cfg)
+    assert m["accuracy/object_abs_distance"] == pytest.approx(1.0)  # "about 2.5" read as 2.5
+    assert "consistency/ratio" not in m

@@ -5,7 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from embodied_r.metrics import aggregate, category_table, mean_relative_accuracy, score_answer
+from embodied_r.metrics import (
+    aggregate,
+    category_table,
+    mean_relative_accuracy,
+    parse_official_number,
+    score_answer,
+    subtask_of,
+)
 
 
 def _official_mra(pred: float, target: float) -> float:
@@ -29,6 +36,7 @@ def test_mra_edge_cases() -> None:
     assert mean_relative_accuracy(1.6, 1.0) == 0.0  # 60 % off misses even the loosest threshold
     assert mean_relative_accuracy(1.5, 1.0) == pytest.approx(0.1)  # exactly on the loosest one
     assert mean_relative_accuracy("3.0 meters", "3") == 1.0
+    assert mean_relative_accuracy(1.5, 0.0) == 0.0  # no division by zero
     assert mean_relative_accuracy("not a number", 3.0) == 0.0
     assert mean_relative_accuracy(None, 3.0) == 0.0
     assert mean_relative_accuracy(float("nan"), 3.0) == 0.0
@@ -40,6 +48,96 @@ def test_mra_edge_cases() -> None:
     assert mean_relative_accuracy(5.0, -2.0) == 0.0
     with pytest.raises(ValueError):
         mean_relative_accuracy(1.0, "n/a")
+
+
+@pytest.mark.parametrize(
+    ("pred", "truth", "expected"),
+    [
+        # Worked by hand: a relative error e meets every threshold t with e <= 1 - t.
+        (1.05, 1.0, 1.0),  # 5 % off: meets all ten, 0.95 included
+        (0.95, 1.0, 1.0),
+        (105.0, 100.0, 1.0),
+        (1.1, 1.0, 0.9),  # 10 %: 0.50 .. 0.90 (nine)
+        (0.9, 1.0, 0.9),
+        (1.15, 1.0, 0.8),
+        (1.2, 1.0, 0.7),
+        (1.25, 1.0, 0.6),
+        (1.3, 1.0, 0.5),  # 30 %: 0.50 .. 0.70
+        (1.5, 1.0, 0.1),  # 50 %: on the loosest threshold only
+        (0.5, 1.0, 0.1),
+        (1.500001, 1.0, 0.0),
+        (-1.0, 1.0, 0.0),  # 200 % off
+        # Floating point, as the official scorer computes it: 1 - 0.8 is 0.19999999999999996,
+        # so an error of exactly 0.2 misses 0.80 while 1.2 vs 1.0 (0.19999999999999996) meets it.
+        (12.0, 10.0, 0.6),
+    ],
+)
+def test_mra_hand_worked(pred: float, truth: float, expected: float) -> None:
+    assert mean_relative_accuracy(pred, truth) == pytest.approx(expected)
+    assert mean_relative_accuracy(pred, truth) == pytest.approx(_official_mra(pred, truth))
+
+
+def test_mra_reads_strings_as_the_official_scorer() -> None:
+    # The official scorer keeps the text up to the first space, drops trailing dots and
+    # calls float(); whatever fails scores its worst case, 0.
+    assert mean_relative_accuracy("3.5 meters", "3.5") == 1.0
+    assert mean_relative_accuracy("3.", "3") == 1.0
+    assert mean_relative_accuracy("3.0\n", "3") == 1.0
+    assert mean_relative_accuracy("1e1", "10") == 1.0
+    assert mean_relative_accuracy("3m", "3") == 0.0
+    assert mean_relative_accuracy("about 3", "3") == 0.0
+    assert mean_relative_accuracy("three", "3") == 0.0
+    assert mean_relative_accuracy(" 3", "3") == 0.0  # an empty first token
+    assert mean_relative_accuracy("3,5", "3.5") == 0.0
+    assert mean_relative_accuracy("nan", "3") == 0.0
+    assert parse_official_number("4.") == 4.0 and parse_official_number("-2 m") == -2.0
+    assert parse_official_number("inf") is None and parse_official_number(True) is None
+    # The ground truth is read the same way, spaces around it aside.
+    assert mean_relative_accuracy(2.0, " 2.0 ") == 1.0
+
+
+def test_score_answer_number_parsing_modes() -> None:
+    hedged = "<think>x</think><answer>about 3 m</answer>"
+    assert score_answer(hedged, "3", "number") == ("3", 1.0)  # lenient: the rewards' reading
+    assert score_answer(hedged, "3", "number", number_parsing="official") == ("", 0.0)
+    assert score_answer("<answer>3 m</answer>", "3", "number", number_parsing="official") == ("3", 1.0)
+    assert score_answer("<answer>3.3</answer>", "3", "number", number_parsing="official")[1] == pytest.approx(0.9)
+    with pytest.raises(ValueError, match="number_parsing"):
+        score_answer("<answer>3</answer>", "3", "number", number_parsing="strict")  # type: ignore[arg-type]
+
+
+def test_relative_direction_subtypes_from_option_count() -> None:
+    assert subtask_of("object_rel_direction", ["A. left", "B. right"]) == "easy"
+    assert subtask_of("object_rel_direction", ["A. left", "B. right", "C. back"]) == "medium"
+    assert subtask_of("object_rel_direction", ["A. front-left", "B. front-right", "C. back-left",
+                                               "D. back-right"]) == "hard"
+    assert subtask_of("object_rel_direction", []) is None
+    assert subtask_of("route_planning", ["A. x", "B. y"]) is None
+
+
+def test_relative_direction_is_the_mean_of_its_subtypes() -> None:
+    def row(sub: str | None, score: float, cat: str = "object_rel_direction") -> dict:
+        return {"benchmark": "vsibench", "category": cat, "subtask": sub, "score": score, "prediction": "A"}
+
+    rows = [row("easy", 1.0), row("easy", 1.0), row("medium", 0.0), row("hard", 1.0), row("hard", 0.0),
+            row("hard", 0.0), row(None, 0.5, "object_counting"),
+            {"benchmark": "urbanvideo", "category": "Landmark Position", "score": 1.0, "prediction": "B"}]
+    m = aggregate(rows)
+    # VSI-Bench: (easy 1 + medium 0 + hard 1/3) / 3, not the pooled 3/6.
+    assert m["accuracy/object_rel_direction"] == pytest.approx(4 / 9)
+    assert m["accuracy/object_rel_direction/easy"] == 1.0
+    assert m["accuracy/object_rel_direction/hard"] == pytest.approx(1 / 3)
+    assert m["count/object_rel_direction"] == 6.0 and m["count/object_rel_direction/hard"] == 3.0
+    assert m["accuracy/overall"] == pytest.approx(4.5 / 8)  # every question once
+    assert m["accuracy/macro"] == pytest.approx((4 / 9 + 0.5 + 1.0) / 3)
+    assert m["macro_by_benchmark/vsibench"] == pytest.approx((4 / 9 + 0.5) / 2)  # VSI-Bench's "overall"
+    assert m["accuracy_by_benchmark/vsibench"] == pytest.approx(3.5 / 7)
+    # The paper's avg: every question of its eight tasks once (counting is not one of them).
+    assert m["accuracy/paper_tasks"] == pytest.approx(4 / 7) and m["count/paper_tasks"] == 7.0
+    table = {r["category"]: r for r in category_table(rows)}
+    assert table["object_rel_direction"]["accuracy"] == pytest.approx(4 / 9)
+    assert table["object_rel_direction"]["subtasks"]["medium"] == {"count": 1, "accuracy": 0.0}
+    assert "subtasks" not in table["Landmark Position"]
 
 
 def test_score_answer_choice_reads_only_the_answer_block() -> None:
@@ -82,6 +180,7 @@ def test_aggregate_micro_and_macro() -> None:
     assert m["accuracy_by_benchmark/vsibench"] == 0.0
     assert m["parsed/overall"] == pytest.approx(0.75)
     assert m["response_tokens/mean"] == pytest.approx(25.0)
+    assert m["response_tokens/median"] == pytest.approx(25.0) and m["response_tokens/p90"] == 40.0
     assert m["response_chars/max"] == 4.0
     assert all(isinstance(v, float) for v in m.values())
     table = category_table(rows)
