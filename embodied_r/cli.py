@@ -66,6 +66,8 @@ def _print_outcome(result: dict[str, Any], seconds: float) -> None:
         for key, value in sorted(evaluation.items()):
             if key.startswith("accuracy/") and key != "accuracy/overall" and isinstance(value, (int, float)):
                 print(f"  {key[len('accuracy/'):]:28s} {value:.3f}")
+    if result.get("promotion"):
+        print(f"\nRegistry: {result['promotion']}")
     uri = result.get("tracking_uri", "")
     print(f"\nMLflow store: {uri}  (parent run {result.get('mlflow_run_id')})")
     if uri.startswith("sqlite:"):
@@ -138,7 +140,7 @@ def _cmd_recipes(_: argparse.Namespace) -> int:
 
 # Modules that add their own sub-commands: each has ``register(subparsers)`` and sets a
 # ``handler(args) -> int`` default on the parsers it adds.
-EXTENSIONS: tuple[str, ...] = ("embodied_r.cli_data",)
+EXTENSIONS: tuple[str, ...] = ("embodied_r.cli_data", "embodied_r.cli_eval")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -30,6 +30,11 @@ class TrackingConfig(BaseModel):
     # None: $MLFLOW_TRACKING_URI, else a SQLite store under the project home.
     tracking_uri: str | None = None
     registered_model: str = "embodied-r-reasoner"
+    # After evaluation, register the trained reasoner (once per model) and give it the
+    # champion alias when it beats the current champion on ``promote_split``.
+    promote: bool = False
+    promote_split: str = "val"
+    promote_metric: str = "accuracy/overall"
 
 
 class Recipe(BaseModel):

@@ -30,8 +30,8 @@ STAGE_MODULES: dict[str, list[str]] = {
     "convert": ["records", "answers"],
     "train": ["training", "train_grpo", "rewards", "answers", "backends", "backend_transformers",
               "backend_openai", "tiny_models"],
-    "evaluate": ["evaluation", "metrics", "answers", "rewards", "backends", "backend_transformers",
-                 "backend_openai", "tiny_models"],
+    "evaluate": ["evaluation", "metrics", "answers", "rewards", "report", "registry", "benchmarks",
+                 "backends", "backend_transformers", "backend_openai", "tiny_models"],
 }
 
 

@@ -102,6 +102,27 @@ def log_cached_stage(tracker: Tracker, sp: StagePlan, summary: dict[str, Any]) -
     tracker.finish(run_id)
 
 
+def promote_trained(recipe: Recipe, root: Path, stages: dict[str, StagePlan], tracker: Tracker) -> str:
+    """Register the trained reasoner once and let it take the champion alias if it beats the
+    current one on the validation split (``tracking.promote``)."""
+    from embodied_r.pipeline import training_stage_names
+    from embodied_r.registry import register_and_promote, version_of_folder
+
+    if not recipe.tracking.promote:
+        return ""
+    folder = Path(stages[training_stage_names(stages)[-1]].out) / "model"
+    known = version_of_folder(recipe.tracking.registered_model, folder, tracker.uri)
+    if known is not None:
+        return f"{recipe.tracking.registered_model} v{known.version} is this model (registered before)"
+    result = register_and_promote(recipe, root, folder, split=recipe.tracking.promote_split,
+                                  metric=recipe.tracking.promote_metric,
+                                  tags={"pipeline_run": tracker.parent_run_id or ""})
+    get_run_logger().info(result.describe())
+    tracker.set_tags(tracker.parent_run_id, {
+        "registered_version": result.candidate_version, "promoted": str(result.promoted).lower()})
+    return result.describe()
+
+
 def finish_parent(tracker: Tracker, stages: dict[str, StagePlan], cached: list[str]) -> dict[str, Any]:
     """Copy the evaluation's accuracies onto the parent run and close it."""
     evaluate = stages.get("evaluate")
@@ -126,6 +147,7 @@ def run_in_process(recipe: Recipe, root: Path, refresh: list[str] | None = None,
                                selected, refreshed, parent_run_id)
         storage = result_storage(root)
         cached: list[str] = []
+        promotion = ""
         try:
             for name in selected:
                 sp = stages[name]
@@ -137,10 +159,13 @@ def run_in_process(recipe: Recipe, root: Path, refresh: list[str] | None = None,
                     cached.append(name)
                     log_cached_stage(tracker, sp, result["summary"])
                 logger.info("%s: %s%s", name, sp.out, " (cached)" if state.name == "Cached" else "")
+            if "evaluate" in selected:
+                promotion = promote_trained(recipe, root, stages, tracker)
         except BaseException:
             if not parent_run_id:
                 tracker.finish(tracker.parent_run_id, "FAILED")
             raise
         final = finish_parent(tracker, stages, cached) if not parent_run_id else {}
         return {"mlflow_run_id": tracker.parent_run_id, "tracking_uri": uri, "cached": cached,
-                "stages": {n: stages[n].out for n in selected}, "evaluation": final}
+                "stages": {n: stages[n].out for n in selected}, "evaluation": final,
+                "promotion": promotion}

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from prefect import task
-from prefect.artifacts import create_markdown_artifact
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import INPUTS, TASK_SOURCE, CacheKeyFnPolicy
 
 from embodied_r import progress
@@ -72,6 +72,11 @@ def run_stage(stage: dict[str, Any], tracker: Tracker | None = None) -> dict[str
     try:
         create_markdown_artifact(_markdown(sp, summary), key=f"{sp.name.replace('_', '-')}-summary",
                                  description=f"{sp.name} summary")
+        if sp.kind == "evaluate":
+            from embodied_r.report import table_rows_from_folder
+
+            create_table_artifact(table=table_rows_from_folder(Path(sp.out)), key="evaluate-accuracy",
+                                  description="Accuracy per task beside the paper's Embodied-R (Table 1)")
     except Exception:  # noqa: BLE001 - artifacts are a convenience, not part of the result
         pass
     return {"stage": sp.name, "out": sp.out, "mlflow_run_id": run_id,

@@ -67,12 +67,37 @@ def test_demo_runs_then_is_served_from_cache(harness):
     assert len(history) >= 2
     assert any(k.startswith("accuracy/") for k in children["evaluate"].data.metrics)
 
+    from embodied_r.registry import version_of_folder
+
+    model = first["stages"]["train_stage3"] + "/model"
+    champion = MlflowClient(tracking_uri=uri).get_model_version_by_alias("embodied-r-reasoner", "champion")
+    assert champion.version == version_of_folder("embodied-r-reasoner", model, uri).version
+    assert parent.data.tags["promoted"] == "true"
+
     second = embodied_r(recipe="demo")
     assert set(second["cached"]) == STAGE_RUNS
     assert second["stages"] == first["stages"]
     parent2, children2 = _runs(uri, second["mlflow_run_id"])
     assert set(children2) == STAGE_RUNS
     assert all(c.data.tags.get("cache_hit") == "true" for c in children2.values())
+    # The same trained model is not registered twice.
+    assert len(MlflowClient(tracking_uri=uri).search_model_versions("name='embodied-r-reasoner'")) == 1
+    assert "registered before" in second["promotion"]
+
+
+def test_scheduled_reevaluation_scores_the_champion(harness):
+    from mlflow import MlflowClient
+
+    from flows.reevaluate import reevaluate
+
+    result = reevaluate(model="models:/embodied-r-reasoner@champion", recipe="demo", split="test")
+    uri = f"sqlite:///{harness / 'mlflow.db'}"
+    run = MlflowClient(tracking_uri=uri).get_run(result["mlflow_run_id"])
+    assert run.data.tags["stage"] == "reevaluate"
+    assert run.data.tags["model_version"] == "models:/embodied-r-reasoner/1"
+    assert "accuracy/overall" in run.data.metrics
+    names = {a.path for a in MlflowClient(tracking_uri=uri).list_artifacts(run.info.run_id)}
+    assert {"report.md", "accuracy_by_task.png", "summary.json"} <= names
 
 
 def test_refresh_recomputes_a_stage_and_its_dependants_only(harness):
