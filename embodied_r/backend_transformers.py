@@ -3,6 +3,8 @@
 Used for the tiny CPU models and for real checkpoints (Qwen2.5-3B, Qwen2.5-VL-3B/7B)
 on a GPU. Prompts are batched with left padding; an item that fails (an unreadable
 image, a prompt too long for memory) comes back with ``error`` set and the others go on.
+transformers has no structured output of its own: reply schemas are accepted and not
+enforced, and the caller reads plain text.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import logging
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from PIL import Image
 
@@ -29,7 +31,9 @@ def load_image(path: str | Path, max_pixels: int) -> Image.Image:
     w, h = img.size
     if w * h > max_pixels:
         scale = math.sqrt(max_pixels / (w * h))
-        img = img.resize((max(1, int(w * scale)), max(1, int(h * scale))), Image.BICUBIC)
+        # Pillow's bilinear resize is antialiased (its support grows with the scale); bicubic
+        # costs about 1.6x the CPU, which is most of what sending a key frame costs.
+        img = img.resize((max(1, int(w * scale)), max(1, int(h * scale))), Image.BILINEAR)
     return img
 
 
@@ -61,7 +65,7 @@ def split_images(conversation: Conversation, max_pixels: int) -> tuple[Conversat
 class TransformersBackend:
     def __init__(self, cfg: BackendConfig):
         # torch is imported here, not at module level, so code that only talks HTTP
-        # can import this module's helpers cheaply.
+        # can import this module's image functions cheaply.
         import torch
         from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -142,13 +146,13 @@ class TransformersBackend:
 
     # -- generation --------------------------------------------------------------------
 
-    def _run_batch(self, items: list[tuple[str, list[Image.Image]]]) -> list[Generation]:
+    def _run_batch(self, items: list[tuple[str, list[Image.Image]]], max_new_tokens: int) -> list[Generation]:
         import torch
 
         batch = self._encode(items).to(self.model.device)
         sampling = self.cfg.temperature > 0
         kwargs: dict[str, Any] = {
-            "max_new_tokens": self.cfg.max_new_tokens,
+            "max_new_tokens": max_new_tokens,
             "do_sample": sampling,
             "pad_token_id": self.tokenizer.pad_token_id,
         }
@@ -171,35 +175,51 @@ class TransformersBackend:
             results.append(Generation(text=text, prompt_tokens=int(n_prompt), completion_tokens=stop))
         return results
 
-    def generate(self, conversations: list[Conversation]) -> list[Generation]:
+    def generate(
+        self,
+        conversations: list[Conversation],
+        *,
+        schemas: list[dict[str, Any] | None] | None = None,
+        max_new_tokens: int | None = None,
+        on_result: Callable[[int, Generation], None] | None = None,
+    ) -> list[Generation]:
+        """One generation per conversation, in order; ``on_result(index, generation)`` is
+        called as each batch finishes. ``schemas`` are not enforced (see the module doc)."""
+        budget = max_new_tokens or self.cfg.max_new_tokens
         results: list[Generation | None] = [None] * len(conversations)
+
+        def finish(i: int, gen: Generation) -> None:
+            results[i] = gen
+            if on_result is not None:
+                on_result(i, gen)
+
         ready: list[tuple[int, tuple[str, list[Image.Image]]]] = []
         for i, conversation in enumerate(conversations):
             try:
                 ready.append((i, self._prepare(conversation)))
             except Exception as exc:  # one bad item must not sink the batch
-                results[i] = Generation(text="", error=f"prepare: {type(exc).__name__}: {exc}")
+                finish(i, Generation(text="", error=f"prepare: {type(exc).__name__}: {exc}"))
         # Similar lengths together waste less compute on padding.
         ready.sort(key=lambda item: len(item[1][0]))
         size = self.cfg.batch_size
         for start in range(0, len(ready), size):
             chunk = ready[start : start + size]
             try:
-                outs = self._run_batch([item for _, item in chunk])
+                outs = self._run_batch([item for _, item in chunk], budget)
             except Exception as exc:
                 if len(chunk) == 1:
-                    results[chunk[0][0]] = Generation(text="", error=f"generate: {type(exc).__name__}: {exc}")
+                    finish(chunk[0][0], Generation(text="", error=f"generate: {type(exc).__name__}: {exc}"))
                     continue
                 # Retry one by one so only the culprit fails (e.g. out of memory).
                 log.warning("batch of %d failed (%s); retrying items singly", len(chunk), exc)
                 outs = []
                 for _, item in chunk:
                     try:
-                        outs.extend(self._run_batch([item]))
+                        outs.extend(self._run_batch([item], budget))
                     except Exception as one_exc:
                         outs.append(Generation(text="", error=f"generate: {type(one_exc).__name__}: {one_exc}"))
             for (i, _), gen in zip(chunk, outs):
-                results[i] = gen
+                finish(i, gen)
         return [r if r is not None else Generation(text="", error="not generated") for r in results]
 
     def close(self) -> None:

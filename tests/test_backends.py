@@ -91,6 +91,16 @@ def test_lm_bad_items_fail_alone(lm_backend: TransformersBackend, image_file: Pa
     assert lm_backend.generate([]) == []
 
 
+def test_lm_budget_override_and_on_result(lm_backend: TransformersBackend) -> None:
+    seen: list[tuple[int, str | None]] = []
+    convs = [text_conv("hi"), [{"role": "user", "content": [{"type": "image", "path": "/x.jpg"}]}],
+             text_conv("move forward")]
+    out = lm_backend.generate(convs, max_new_tokens=3, on_result=lambda i, g: seen.append((i, g.error)))
+    assert sorted(i for i, _ in seen) == [0, 1, 2] and dict(seen)[1] is not None
+    assert all(1 <= g.completion_tokens <= 3 for g in (out[0], out[2]))
+    assert lm_backend.cfg.max_new_tokens == 12  # the override is for that batch only
+
+
 def test_lm_sampling_is_seeded(tiny_lm_path: Path) -> None:
     cfg = BackendConfig(model=str(tiny_lm_path), device="cpu", temperature=1.0, max_new_tokens=16, seed=3)
     a = TransformersBackend(cfg).generate([text_conv("hello")] * 3)
@@ -217,6 +227,13 @@ def test_openai_against_transformers_serve(served_lm: str, tiny_lm_path: Path) -
     for remote, mine in zip(out, local.generate([text_conv(p) for p in prompts])):
         assert remote.prompt_tokens == mine.prompt_tokens
         assert remote.text == mine.text and remote.text.strip()
+    # transformers serve accepts response_format and ignores it (it logs "Ignoring
+    # unsupported fields"), so nothing is refused and the reply is read as plain text.
+    from embodied_r.prompts import SCENE_SCHEMA
+
+    structured = backend.generate([text_conv("Describe the scene.")], schemas=[SCENE_SCHEMA])[0]
+    assert structured.error is None and not backend.structured_output_refused
+    assert structured.text == out[1].text
     # A model name the server does not serve is a client error: no retries, error set.
     wrong = OpenAIBackend(cfg.model_copy(update={"model": "not-served"}), backoff_base_s=0.01)
     gen = wrong.generate([text_conv("x")])[0]
@@ -230,7 +247,7 @@ def test_openai_against_transformers_serve(served_lm: str, tiny_lm_path: Path) -
 
 class FaultServer:
     """An OpenAI-compatible stub whose answers follow a script per model name:
-    a list of "429", "500", "drop", "slow" or "400" faults before it answers "ok"."""
+    a list of "429", "500", "drop", "slow", "garbage" or "400" faults before it answers "ok"."""
 
     def __init__(self, scripts: dict[str, list[str]]):
         self.scripts = {k: list(v) for k, v in scripts.items()}
@@ -267,11 +284,13 @@ class FaultServer:
                                  "message": {"role": "assistant", "content": f"answer from {model}"}}],
                     "usage": {"prompt_tokens": 11, "completion_tokens": 3, "total_tokens": 14},
                 }
-                if fault == "429":
+                if fault == "garbage":  # a proxy's error page with status 200
+                    status, payload = 200, "<html>bad gateway</html>"
+                elif fault == "429":
                     status, headers, payload = 429, {"Retry-After": "1"}, {"error": {"message": "slow down"}}
                 elif fault in ("500", "400"):
                     status, payload = int(fault), {"error": {"message": f"fault {fault}"}}
-                data = json.dumps(payload).encode()
+                data = payload.encode() if isinstance(payload, str) else json.dumps(payload).encode()
                 self.send_response(status)
                 for key, value in headers.items():
                     self.send_header(key, value)
@@ -299,6 +318,7 @@ def fault_server() -> Iterator[FaultServer]:
             "flaky": ["500", "500"],
             "dropped": ["drop"],
             "slow": ["slow"],
+            "garbled": ["garbage"],
             "broken": ["500"] * 50,
             "refused": ["400"],
         }
@@ -322,6 +342,7 @@ def fault_backend(server: FaultServer, model: str, **kw) -> OpenAIBackend:
         ("flaky", 3, ["http 500", "http 500"]),
         ("dropped", 2, ["connection"]),
         ("slow", 2, ["timeout"]),
+        ("garbled", 2, ["malformed"]),
     ],
 )
 def test_retries_then_succeeds(fault_server: FaultServer, model: str, calls: int, reasons: list[str]) -> None:

@@ -23,15 +23,8 @@ from embodied_r import schemas
 from embodied_r.backends import BackendConfig
 from embodied_r.io import table_from_records, write_parquet_atomic
 from embodied_r.perception import PerceptionConfig, run_perception
-from embodied_r.prompts import (
-    ACTIONS,
-    FrameInfo,
-    first_frame_conversation,
-    normalize_action,
-    pair_conversation,
-    parse_frame_response,
-    video_text,
-)
+from embodied_r.perception_parse import FrameInfo, normalize_action, parse_frame_response, video_text
+from embodied_r.prompts import ACTIONS, first_frame_conversation, pair_conversation
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -136,8 +129,9 @@ def test_config() -> None:
     assert cfg.backend.model == "Qwen/Qwen2.5-VL-72B-Instruct" and cfg.mode == "per_question"
     with pytest.raises(ValidationError):
         PerceptionConfig(prompt_version="0")
+    assert PerceptionConfig(mode="per_video").mode == "per_video"
     with pytest.raises(ValidationError):
-        PerceptionConfig(mode="per_video")
+        PerceptionConfig(mode="per_frame")
     with pytest.raises(ValidationError):
         PerceptionConfig(batch=3)
 
@@ -173,11 +167,11 @@ def make_inputs(root: Path, videos: dict[str, int], questions: list[tuple[str, s
     return root / "catalog.parquet", kf
 
 
-def tiny_cfg(model: Path, batch_size: int = 4) -> PerceptionConfig:
+def tiny_cfg(model: Path, batch_size: int = 4, mode: str = "per_question") -> PerceptionConfig:
     return PerceptionConfig(
         backend=BackendConfig(kind="transformers", model=str(model), device="cpu",
                               batch_size=batch_size, concurrency=1, max_pixels=56 * 56),
-        max_new_tokens=12,
+        max_new_tokens=12, question_max_new_tokens=24, mode=mode,
     )
 
 
@@ -195,7 +189,10 @@ def test_run_perception_end_to_end(tiny_vlm_path: Path, tmp_path: Path) -> None:
     assert (out / "summary.json").is_file() and not (tmp_path / "perception.partial").exists()
     assert summary["questions"] == 5 and summary["done"] == 3 and summary["failed"] == 2
     assert summary["reasons"] == {"no_keyframes": 1, "call_failed": 1}
-    assert summary["calls"] == 4 + 4 + 1 and summary["calls_made"] == 9 + 3
+    # u:4 needs three calls; the one that reads the missing frame fails after retries.
+    assert summary["calls_made"] == 4 + 4 + 1 + 3 and summary["calls_failed"] == 1
+    assert summary["calls"] == summary["calls_by_kind"]["frame"] == 4 + 4 + 1 + 2
+    assert summary["mode"] == "per_question" and summary["retries"] == 0
     assert summary["mean_frames"] == pytest.approx(3.0)
 
     per = pq.read_table(out / "perception.parquet")
@@ -207,8 +204,10 @@ def test_run_perception_end_to_end(tiny_vlm_path: Path, tmp_path: Path) -> None:
     assert len(lines) == 4 and lines[0].startswith("Frame 0: Observe:")
     for i, line in enumerate(lines[1:], start=1):
         assert line.startswith(f"Frame {i}: After ") and ", Observe:" in line
-    assert summary["prompt_tokens"] == sum(r["prompt_tokens"] for r in rows.values()) > 0
-    assert summary["completion_tokens"] == sum(r["completion_tokens"] for r in rows.values()) > 0
+    # The summary counts every logged call, those of the failed question included.
+    assert 0 < sum(r["prompt_tokens"] for r in rows.values()) < summary["prompt_tokens"]
+    assert 0 < sum(r["completion_tokens"] for r in rows.values()) < summary["completion_tokens"]
+    assert rows["u:1"]["n_calls"] == 4
 
     frames = pq.read_table(out / "perception_frames.parquet")
     assert frames.schema.equals(schemas.PERCEPTION_FRAMES)
@@ -221,10 +220,63 @@ def test_run_perception_end_to_end(tiny_vlm_path: Path, tmp_path: Path) -> None:
     assert set(fails) == {"u:4", "u:5"}
     assert "no key frames for video v_none" in fails["u:5"]["reason"]
     assert "002.jpg" in fails["u:4"]["reason"] and fails["u:4"]["stage"] == "perception"
+    assert fails["u:4"]["reason"].startswith("call u:4:2 failed after retries")
 
     # A finished folder is returned as it is, without loading a model.
     bad = PerceptionConfig(backend=BackendConfig(model="/no/such/model"))
     assert run_perception(catalog, kf, out, bad) == summary
+
+
+def test_per_video_mode_against_per_question(tiny_vlm_path: Path, tmp_path: Path) -> None:
+    videos = {"v1": 3, "v2": 2, "v3": 3}
+    questions = [("u:1", "v1"), ("u:2", "v1"), ("u:3", "v1"), ("u:4", "v2"), ("u:5", "v3"), ("u:6", "v3")]
+    catalog, kf = make_inputs(tmp_path, videos, questions)
+    (kf / "frames/v3/002.jpg").unlink()  # every question of v3 rests on the failing call
+    per_q = run_perception(catalog, kf, tmp_path / "pq", tiny_cfg(tiny_vlm_path, batch_size=8))
+    per_v = run_perception(catalog, kf, tmp_path / "pv", tiny_cfg(tiny_vlm_path, batch_size=8, mode="per_video"))
+
+    assert per_q["calls_made"] == 3 * 3 + 2 + 2 * 3
+    # Video calls once per video (3 + 2 + 3), then one question pass per question, except
+    # where a video call failed: those questions cannot finish, so no pass is sent.
+    assert per_v["calls_made"] == 8 + 4 and per_v["calls_failed"] == 1 and per_v["calls_skipped"] == 2
+    assert per_v["calls_by_kind"] == {"scene": 3, "pair": 4, "question": 4}
+    assert per_v["mode"] == "per_video" and per_v["done"] == 4 and per_v["failed"] == 2
+    fails = {r["item"]: r["reason"] for r in pq.read_table(tmp_path / "pv" / "failures.parquet").to_pylist()}
+    assert set(fails) == {"u:5", "u:6"} and all(r.startswith("call video:v3:2 failed") for r in fails.values())
+    assert 0 < per_v["prompt_tokens"] < per_q["prompt_tokens"]
+
+    # The same outputs, in the same schemas.
+    for name, schema in (("perception", schemas.PERCEPTION), ("perception_frames", schemas.PERCEPTION_FRAMES)):
+        assert pq.read_table(tmp_path / "pv" / f"{name}.parquet").schema.equals(schema)
+    rows = {r["uid"]: r for r in pq.read_table(tmp_path / "pv" / "perception.parquet").to_pylist()}
+    assert set(rows) == {"u:1", "u:2", "u:3", "u:4"}
+    assert rows["u:1"]["n_calls"] == 3 + 1  # its video's calls and its own question pass
+    lines = rows["u:1"]["video_text"].split("\n")
+    assert len(lines) == 3 and lines[0].startswith("Frame 0: Observe:") and lines[2].startswith("Frame 2: After ")
+    frames = pq.read_table(tmp_path / "pv" / "perception_frames.parquet").to_pylist()
+    by_q = {uid: [(r["action"], r["new_info"]) for r in frames if r["uid"] == uid] for uid in rows}
+    # Action and new information are the video's, shared by all its questions.
+    assert by_q["u:1"] == by_q["u:2"] == by_q["u:3"] and len(by_q["u:1"]) == 3
+
+
+def test_calls_after_a_failed_one_are_not_sent(tiny_vlm_path: Path, tmp_path: Path) -> None:
+    from embodied_r.backends import make_backend
+    from embodied_r.io import ItemLog
+    from embodied_r.perception import _Runner
+    from embodied_r.perception_modes import PerQuestion, Question
+
+    catalog, kf = make_inputs(tmp_path, {"v": 4}, [("u:1", "v")])
+    frames = [str(kf / f"frames/v/{i:03d}.jpg") for i in range(4)]
+    (kf / "frames/v/001.jpg").unlink()
+    calls = PerQuestion().calls([Question("u:1", "v", "Q", frames), Question("u:2", "v", "Q", frames[:1])])
+    backend = make_backend(tiny_cfg(tiny_vlm_path).backend)
+    runner = _Runner(backend, ItemLog(tmp_path / "log.jsonl", key="key"), {}, structured=False)
+    runner.run(calls, size=1, max_new_tokens=4)  # one call at a time, round by round
+    backend.close()
+    # u:1's frame 1 fails; its frames 2 and 3 are not sent, as they could not help.
+    assert (runner.made, runner.failed, runner.skipped) == (3, 1, 2)
+    assert set(runner.done) == {"u:1:0", "u:2:0"}
+    assert runner.errors["u:1:3"] == "not sent: u:1:2 failed" and "001.jpg" in runner.errors["u:1:1"]
 
 
 def test_missing_inputs_name_the_fix(tmp_path: Path) -> None:
@@ -242,11 +294,11 @@ RUNNER = textwrap.dedent(
     from embodied_r.backends import BackendConfig
     from embodied_r.perception import PerceptionConfig, run_perception
 
-    catalog, kf, out, model = sys.argv[1:5]
+    catalog, kf, out, model, mode = sys.argv[1:6]
     cfg = PerceptionConfig(
         backend=BackendConfig(kind="transformers", model=model, device="cpu", batch_size=1,
                               concurrency=1, max_pixels=56 * 56),
-        max_new_tokens=12,
+        max_new_tokens=12, question_max_new_tokens=24, mode=mode,
     )
     run_perception(Path(catalog), Path(kf), Path(out), cfg)
     """
@@ -259,30 +311,43 @@ def log_lines(path: Path) -> list[str]:
     return [line for line in path.read_text().split("\n")[:-1]]  # complete lines only
 
 
-def test_kill_and_resume(tiny_vlm_path: Path, tmp_path: Path) -> None:
+def expected_keys(mode: str, videos: dict[str, int], questions: list[tuple[str, str]]) -> set[str]:
+    if mode == "per_question":
+        return {f"{uid}:{f}" for uid, v in questions for f in range(videos[v])}
+    used = {v for _, v in questions}
+    return {f"video:{v}:{f}" for v in used for f in range(videos[v])} | {
+        f"question:{uid}:0" for uid, _ in questions
+    }
+
+
+@pytest.mark.parametrize("mode", ["per_question", "per_video"])
+def test_kill_and_resume(tiny_vlm_path: Path, tmp_path: Path, mode: str) -> None:
     videos = {"a": 4, "b": 3}
     questions = [(f"q:{i}", "a" if i % 2 else "b") for i in range(8)]
     catalog, kf = make_inputs(tmp_path, videos, questions)
-    total = sum(videos[v] for _, v in questions)
+    keys_needed = expected_keys(mode, videos, questions)
+    total = len(keys_needed)
     out = tmp_path / "perception"
     log = tmp_path / "perception.partial" / "items.jsonl"
     script = tmp_path / "runner.py"
     script.write_text(RUNNER)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(
-        [sys.executable, str(script), str(catalog), str(kf), str(out), str(tiny_vlm_path)], env=env
+        [sys.executable, str(script), str(catalog), str(kf), str(out), str(tiny_vlm_path), mode], env=env
     )
+    # Past half way: in per_video mode, inside the question passes.
+    threshold = total // 2 + 1
     try:
-        while len(log_lines(log)) < 6 and proc.poll() is None:
+        while len(log_lines(log)) < threshold and proc.poll() is None:
             time.sleep(0.02)
         proc.send_signal(signal.SIGKILL)
     finally:
         proc.wait()
     assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
     before = [json.loads(line) for line in log_lines(log)]
-    assert 6 <= len(before) < total and not out.exists()
+    assert threshold <= len(before) < total and not out.exists()
 
-    cfg = tiny_cfg(tiny_vlm_path, batch_size=1)
+    cfg = tiny_cfg(tiny_vlm_path, batch_size=1, mode=mode)
     summary = run_perception(catalog, kf, out, cfg)
     assert summary["done"] == 8 and summary["failed"] == 0
     # The resumed run made exactly the calls the killed one had not finished ...
@@ -290,9 +355,10 @@ def test_kill_and_resume(tiny_vlm_path: Path, tmp_path: Path) -> None:
     keys = [json.loads(line)["key"] for line in log_lines(out / "items.jsonl")]
     # ... so every call is logged exactly once, none repeated and none lost.
     assert Counter(keys).most_common(1)[0][1] == 1
-    assert set(keys) == {f"{uid}:{f}" for uid, v in questions for f in range(videos[v])}
+    assert set(keys) == keys_needed
     # And the result equals an uninterrupted run's.
     fresh = run_perception(catalog, kf, tmp_path / "fresh", cfg)
-    assert fresh["calls_made"] == total
+    assert fresh["calls_made"] == fresh["calls"] == total
+    assert summary["calls"] == total and summary["prompt_tokens"] == fresh["prompt_tokens"]
     texts = lambda p: {r["uid"]: r["video_text"] for r in pq.read_table(p / "perception.parquet").to_pylist()}
     assert texts(out) == texts(tmp_path / "fresh")

@@ -1,0 +1,294 @@
+"""Perception over HTTP against a recording OpenAI-compatible server on 127.0.0.1: the
+exact request bodies (images, structured output), the fallback when a server refuses
+``response_format``, and the stage end to end with faults."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import re
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from PIL import Image
+
+from embodied_r import prompts
+from embodied_r.backend_openai import OpenAIBackend, image_data_url
+from embodied_r.backends import BackendConfig
+from embodied_r.perception import PerceptionConfig, run_perception
+from test_perception import make_inputs
+
+Fault = Callable[[dict[str, Any]], tuple[int, str] | None]
+
+
+def reply_for(body: dict[str, Any]) -> str:
+    """A reply a perceiver could give: JSON valid for the requested schema, else
+    labelled plain text shaped by the instruction."""
+    fmt = body.get("response_format")
+    if fmt:
+        schema = fmt["json_schema"]["schema"]
+        return json.dumps(
+            {k: (v["enum"][-1] if "enum" in v else f"{k} seen") for k, v in schema["properties"].items()}
+        )
+    content = body["messages"][-1]["content"]
+    text = content if isinstance(content, str) else content[-1]["text"]
+    frames = re.findall(r'"frame_(\d+)"', text)
+    if frames:
+        return "\n".join(f"Frame {f}: object {f} on the left" for f in frames)
+    lines = ["New information: a corridor"]
+    if "Which action" in text:
+        lines.insert(0, "Action: turned right")
+    if "Question:" in text:
+        lines.append("Question-related objects: the door")
+    return "\n".join(lines)
+
+
+class RecordingServer:
+    """Answers ``/v1/chat/completions``, records every body, and lets a test refuse
+    ``response_format`` or inject a fault per request."""
+
+    def __init__(self, refuse_structured: bool = False, fault: Fault | None = None):
+        self.bodies: list[dict[str, Any]] = []
+        self.usage = {"prompt_tokens": 0, "completion_tokens": 0}
+        self.lock = threading.Lock()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                with server.lock:
+                    server.bodies.append(body)
+                injected = fault(body) if fault else None
+                if refuse_structured and "response_format" in body:
+                    status, payload = 400, {"error": {"message": "response_format is not supported"}}
+                elif injected:
+                    status, payload = injected[0], {"error": {"message": injected[1]}}
+                else:
+                    text = reply_for(body)
+                    usage = {"prompt_tokens": len(json.dumps(body["messages"])) // 100 + 1,
+                             "completion_tokens": len(text) // 4 + 1}
+                    with server.lock:
+                        for key in server.usage:
+                            server.usage[key] += usage[key]
+                    status, payload = 200, {
+                        "id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
+                        "choices": [{"index": 0, "finish_reason": "stop",
+                                     "message": {"role": "assistant", "content": text}}],
+                        "usage": {**usage, "total_tokens": sum(usage.values())},
+                    }
+                data = json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Retry-After", "0")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.base_url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def server() -> Iterator[RecordingServer]:
+    srv = RecordingServer()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def refusing() -> Iterator[RecordingServer]:
+    srv = RecordingServer(refuse_structured=True)
+    yield srv
+    srv.stop()
+
+
+def backend_for(srv: RecordingServer, **kw: Any) -> OpenAIBackend:
+    cfg = BackendConfig(kind="openai", model="vlm", base_url=srv.base_url, api_key_env="EMBODIED_R_TEST_NO_KEY",
+                        max_retries=2, timeout_s=5.0, **kw)
+    return OpenAIBackend(cfg, backoff_base_s=0.01, backoff_max_s=0.02)
+
+
+def decode(url: str) -> Image.Image:
+    assert url.startswith("data:image/jpeg;base64,")
+    return Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1])))
+
+
+def test_image_request_body(server: RecordingServer, tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    paths = []
+    for i, size in enumerate([(360, 640), (480, 360)]):
+        paths.append(tmp_path / f"{i}.png")
+        Image.fromarray(rng.integers(0, 255, (*size, 3), dtype=np.uint8)).save(paths[-1])
+    conv = prompts.pair_conversation(str(paths[0]), str(paths[1]), "Where is the door?\nA. left\nB. right")
+    backend = backend_for(server, max_pixels=128 * 128, max_new_tokens=77)
+    gen = backend.generate([conv], schemas=[prompts.PAIR_SCHEMA])[0]
+    backend.close()
+    assert gen.error is None and json.loads(gen.text)["action"] == prompts.ACTIONS[-1]
+
+    (body,) = server.bodies
+    content = body["messages"][1]["content"]
+    images = [decode(part["image_url"]["url"]) for part in content[:2]]
+    # Images come first, as JPEG data URLs scaled into the pixel budget with their shape
+    # kept; the text with the question comes last.
+    for img, (h, w) in zip(images, [(360, 640), (480, 360)]):
+        assert img.format == "JPEG" and img.width * img.height <= 128 * 128
+        assert img.width * img.height > 0.9 * 128 * 128 and abs(img.width / img.height - w / h) < 0.03
+    placeholder = [{"type": "image_url", "image_url": {"url": "<jpeg>"}}] * 2
+    body["messages"][1]["content"] = placeholder + content[2:]
+    assert body == {
+        "model": "vlm",
+        "messages": [
+            {"role": "system", "content": prompts.SYSTEM},
+            {"role": "user", "content": placeholder + [
+                {"type": "text", "text": prompts.PAIR + "\n\nQuestion: Where is the door?\nA. left\nB. right"}]},
+        ],
+        "max_tokens": 77,
+        "temperature": 0.0,
+        "top_p": 1.0,
+        "response_format": {"type": "json_schema", "json_schema": {
+            "name": "frame_pair", "strict": True,
+            "schema": {k: v for k, v in prompts.PAIR_SCHEMA.items() if k != "title"}}},
+    }
+
+
+def test_key_frames_are_encoded_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from embodied_r import backend_openai
+
+    path = tmp_path / "f.jpg"
+    Image.fromarray(np.full((90, 160, 3), 40, dtype=np.uint8)).save(path)
+    encoded: list[str] = []
+    real = backend_openai.encode_image
+    monkeypatch.setattr(backend_openai, "encode_image", lambda p, m: encoded.append(p) or real(p, m))
+    cache = backend_openai.ImageCache(size=2)
+    with ThreadPoolExecutor(8) as pool:
+        urls = set(pool.map(lambda _: cache.get(str(path), 50 * 50), range(32)))
+    assert len(urls) == 1 and encoded == [str(path)]  # 32 calls at once, one encoding
+    assert decode(urls.pop()).size == (66, 37)
+    before = path.stat().st_mtime_ns
+    Image.fromarray(np.full((90, 160, 3), 200, dtype=np.uint8)).save(path)  # rewritten in place
+    os.utime(path, ns=(before + 10**9, before + 10**9))  # whatever the file system's clock grain
+    assert decode(cache.get(str(path), 50 * 50)).getpixel((5, 5))[0] > 150 and len(encoded) == 2
+    with pytest.raises(FileNotFoundError):
+        cache.get(str(tmp_path / "gone.jpg"), 100)
+
+
+def test_refused_structured_output_falls_back_to_text(refusing: RecordingServer) -> None:
+    backend = backend_for(refusing, concurrency=1)
+    convs = [[{"role": "user", "content": f"q{i}"}] for i in range(3)]
+    out = backend.generate(convs, schemas=[prompts.SCENE_SCHEMA, None, prompts.SCENE_SCHEMA])
+    backend.close()
+    assert all(g.error is None for g in out) and out[0].text == "New information: a corridor"
+    # One refused request, then every call goes without the field; no retry is spent.
+    assert ["response_format" in b for b in refusing.bodies] == [True, False, False, False]
+    assert backend.structured_output_refused and backend.retry_log == []
+
+
+def test_other_client_errors_do_not_drop_structured_output() -> None:
+    srv = RecordingServer(fault=lambda body: (400, "prompt is too long"))
+    try:
+        backend = backend_for(srv)
+        gen = backend.generate([[{"role": "user", "content": "q"}]], schemas=[prompts.SCENE_SCHEMA])[0]
+        backend.close()
+    finally:
+        srv.stop()
+    assert gen.error and "too long" in gen.error and len(srv.bodies) == 1
+    assert not backend.structured_output_refused
+
+
+def test_on_result_reports_each_call_once(server: RecordingServer) -> None:
+    backend = backend_for(server, concurrency=4)
+    seen: list[int] = []
+    convs = [[{"role": "user", "content": f"q{i}"}] for i in range(9)]
+    out = backend.generate(convs, on_result=lambda i, g: seen.append(i), max_new_tokens=5)
+    backend.close()
+    assert sorted(seen) == list(range(9)) and all(g.error is None for g in out)
+    assert {b["max_tokens"] for b in server.bodies} == {5}
+
+
+def stage_cfg(srv: RecordingServer, mode: str, **kw: Any) -> PerceptionConfig:
+    backend = BackendConfig(kind="openai", model="vlm", base_url=srv.base_url, api_key_env="EMBODIED_R_TEST_NO_KEY",
+                            max_retries=2, timeout_s=5.0, concurrency=4, max_pixels=64 * 64)
+    return PerceptionConfig(backend=backend, mode=mode, max_new_tokens=64, **kw)
+
+
+@pytest.mark.parametrize("mode", ["per_question", "per_video"])
+def test_stage_over_http_with_structured_output(server: RecordingServer, tmp_path: Path, mode: str) -> None:
+    catalog, kf = make_inputs(tmp_path, {"a": 3, "b": 2}, [("q:1", "a"), ("q:2", "a"), ("q:3", "b")])
+    summary = run_perception(catalog, kf, tmp_path / "out", stage_cfg(server, mode))
+    assert summary["done"] == 3 and summary["failed"] == 0 and summary["structured_output_refused"] == 0
+    # per_question: 3 + 3 + 2 calls; per_video: 3 + 2 video calls and 3 question passes.
+    assert summary["calls_made"] == summary["calls"] == len(server.bodies) == 8
+    assert all("response_format" in b for b in server.bodies)
+    assert summary["prompt_tokens"] == server.usage["prompt_tokens"]
+    assert summary["completion_tokens"] == server.usage["completion_tokens"]
+    assert summary["parsed_as"] == {"json": 8}
+    frames = pq.read_table(tmp_path / "out" / "perception_frames.parquet").to_pylist()
+    assert {r["action"] for r in frames if r["frame"] > 0} == {prompts.ACTIONS[-1]}
+    related = {r["question_info"] for r in frames}
+    assert related == ({"question_info seen"} if mode == "per_question" else {f"frame_{i} seen" for i in range(3)})
+
+
+def test_stage_over_http_plain_text_and_faults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EMBODIED_R_TEST_NO_KEY", "sk-secret-perception")
+    catalog, kf = make_inputs(tmp_path, {"a": 3, "b": 2}, [("q:1", "a"), ("q:2", "a"), ("q:3", "b")])
+    # Every request showing b's last key frame fails for good; nothing else does.
+    wanted = image_data_url(str(kf / "frames/b/001.jpg"), 64 * 64)
+    srv = RecordingServer(refuse_structured=True,
+                          fault=lambda body: (500, "overloaded") if wanted in json.dumps(body) else None)
+    cfg = stage_cfg(srv, "per_video")
+    try:
+        summary = run_perception(catalog, kf, tmp_path / "out", cfg)
+    finally:
+        srv.stop()
+    assert summary["structured_output_refused"] == 1 and summary["parsed_as"] == {"labels": 6}
+    assert summary["done"] == 2 and summary["failed"] == 1 and summary["reasons"] == {"call_failed": 1}
+    # b's pair call fails after 1 + 2 attempts; q:3's question pass is then not sent.
+    assert summary["calls_failed"] == 1 and summary["calls_skipped"] == 1 and summary["retries"] == 2
+    assert summary["calls_made"] == 5 + 2 and summary["calls"] == 4 + 2
+    fails = pq.read_table(tmp_path / "out" / "failures.parquet").to_pylist()
+    assert [f["item"] for f in fails] == ["q:3"]
+    assert fails[0]["reason"].startswith("call video:b:1 failed after retries") and "overloaded" in fails[0]["reason"]
+    text = {r["uid"]: r["video_text"] for r in pq.read_table(tmp_path / "out" / "perception.parquet").to_pylist()}
+    assert set(text) == {"q:1", "q:2"}
+    assert text["q:1"].split("\n")[1] == (
+        "Frame 1: After rotate right, Observe: a corridor Question-related: object 1 on the left"
+    )
+
+    # What the flow logs to MLflow for the stage: calls, failures, retries and tokens as
+    # metrics, in a real SQLite store; the key stays out of params and artifacts.
+    from mlflow import MlflowClient
+
+    from embodied_r.tracking import Tracker, record_stage
+
+    tracker = Tracker.open("perception-test", f"sqlite:///{tmp_path / 'mlflow.db'}", root=tmp_path)
+    run_id = tracker.start_stage("perception", cfg.model_dump(mode="json"))
+    record_stage(tracker, run_id, tmp_path / "out", summary)
+    run = MlflowClient(tracker.uri).get_run(run_id)
+    assert {k: run.data.metrics[k] for k in ("calls", "calls_made", "calls_failed", "retries", "failed")} == {
+        "calls": 6, "calls_made": 7, "calls_failed": 1, "retries": 2, "failed": 1}
+    assert run.data.metrics["prompt_tokens"] == summary["prompt_tokens"] > 0
+    assert run.data.metrics["completion_tokens"] == summary["completion_tokens"] > 0
+    assert run.data.metrics["calls_by_kind/question"] == 2 and run.data.metrics["structured_output_refused"] == 1
+    assert run.data.params["backend.api_key_env"] == "EMBODIED_R_TEST_NO_KEY"
+    logged = json.dumps(run.data.params) + (tmp_path / "out" / "summary.json").read_text()
+    assert "sk-secret-perception" not in logged
