@@ -14,7 +14,7 @@ model takes (pixels in process, a JPEG data URL over HTTP).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Callable, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -40,6 +40,8 @@ class BackendConfig(BaseModel):
     device: str = "auto"  # transformers: "cpu", "cuda", "auto"
     max_pixels: int = 448 * 448  # images are resized to this budget before they are sent
     seed: int = 0
+    # vllm: extra vllm.LLM arguments (tensor_parallel_size, gpu_memory_utilization, max_model_len)
+    engine_kwargs: dict[str, Any] = Field(default_factory=dict)
 
 
 @dataclass
@@ -51,9 +53,22 @@ class Generation:
 
 
 class Backend(Protocol):
-    def generate(self, conversations: list[Conversation]) -> list[Generation]:
+    def generate(
+        self,
+        conversations: list[Conversation],
+        *,
+        schemas: list[dict[str, Any] | None] | None = None,
+        max_new_tokens: int | None = None,
+        on_result: Callable[[int, Generation], None] | None = None,
+    ) -> list[Generation]:
         """One generation per conversation, in order. Never raises for one bad item:
-        a failed item comes back with ``error`` set."""
+        a failed item comes back with ``error`` set.
+
+        ``schemas``: a JSON schema per conversation for structured output, enforced by the
+        openai and vllm backends and ignored by transformers. ``max_new_tokens`` overrides
+        the config for this call. ``on_result(index, generation)`` fires once per item as
+        it finishes (from another thread for openai), so callers can record each result
+        the moment it exists."""
 
     def close(self) -> None: ...
 
@@ -72,13 +87,8 @@ def make_backend(cfg: BackendConfig) -> Backend:
 
         return OpenAIBackend(cfg)
     if cfg.kind == "vllm":
-        try:
-            from embodied_r.backend_vllm import VLLMBackend
-        except ImportError as exc:  # pragma: no cover - depends on the environment
-            raise BackendUnavailable(
-                "backend 'vllm' needs vLLM, which cannot share the base environment "
-                "(it pins its own torch and transformers). Install the inference "
-                "environment: `make env-vllm` (see README, 'Environments')."
-            ) from exc
+        # The module imports vLLM lazily and raises BackendUnavailable with install steps.
+        from embodied_r.backend_vllm import VLLMBackend
+
         return VLLMBackend(cfg)
     raise ValueError(f"unknown backend kind {cfg.kind!r}")

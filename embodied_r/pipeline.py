@@ -26,12 +26,13 @@ STAGE_MODULES: dict[str, list[str]] = {
                  "synthetic_vsi", "benchmarks"],
     "preprocess": ["catalog", "benchmarks"],
     "keyframes": ["keyframes", "keyframes_stage", "keyframes_cache", "video"],
-    "perception": ["perception", "prompts", "backends", "backend_transformers", "backend_openai", "tiny_models"],
+    "perception": ["perception", "perception_modes", "perception_parse", "prompts", "backends",
+                   "backend_transformers", "backend_openai", "backend_vllm", "tiny_models"],
     "convert": ["records", "answers"],
     "train": ["training", "train_grpo", "rewards", "answers", "backends", "backend_transformers",
-              "backend_openai", "tiny_models"],
+              "backend_openai", "backend_vllm", "tiny_models"],
     "evaluate": ["evaluation", "metrics", "answers", "rewards", "report", "registry", "benchmarks",
-                 "backends", "backend_transformers", "backend_openai", "tiny_models"],
+                 "backends", "backend_transformers", "backend_openai", "backend_vllm", "tiny_models"],
 }
 
 
