@@ -23,7 +23,7 @@ from typing import Any, Callable, Literal
 import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field
 
-from embodied_r import schemas
+from embodied_r import progress, schemas
 from embodied_r.backends import Backend, BackendConfig, Conversation, make_backend
 from embodied_r.io import (
     ItemLog,
@@ -184,6 +184,7 @@ def evaluate_records(
                                     cfg.number_parsing, answer_from)
                     row["consistent"] = verdict
                     log.append(row)
+                progress.update("evaluate", len(done) + start + len(chunk), len(all_records))
         finally:
             for b in (backend, judge):
                 if b is not None:

@@ -26,7 +26,7 @@ from typing import Any, Literal
 import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from embodied_r import prompts, schemas
+from embodied_r import progress, prompts, schemas
 from embodied_r.backends import Backend, BackendConfig, Generation, make_backend
 from embodied_r.io import (
     ItemLog,
@@ -134,6 +134,7 @@ class _Runner:
         self.made = 0
         self.failed = 0
         self.skipped = 0
+        self.total = 0  # calls of the whole stage, for progress
         self._lock = threading.Lock()
 
     def _record(self, call: Call, gen: Generation) -> None:
@@ -154,6 +155,8 @@ class _Runner:
         self.item_log.append(rec)
         with self._lock:
             self.done[call.key] = rec
+            finished = len(self.done)
+        progress.update("perception", finished, self.total)
 
     def _skipped(self, call: Call) -> bool:
         """Whether a call is not worth sending: one it needs failed (or was skipped)
@@ -217,6 +220,7 @@ def run_perception(catalog: Path, keyframes: Path, out: Path, cfg: PerceptionCon
             backend: Backend = make_backend(backend_cfg)
             try:
                 runner = _Runner(backend, item_log, done, cfg.structured_output)
+                runner.total = len(calls)
                 size = _chunk_size(backend_cfg)
                 runner.run([c for c in pending if c.kind != QUESTION_PHASE], size, cfg.max_new_tokens)
                 runner.run([c for c in pending if c.kind == QUESTION_PHASE], size,
