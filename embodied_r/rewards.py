@@ -70,10 +70,16 @@ def accuracy_reward(completions: list[Any], solution: list[str], **kwargs: Any) 
     solutions = _column({"solution": solution}, "solution", n)
     answer_types = _column(kwargs, "answer_type", n, "choice")
     options = _column(kwargs, "options", n)
-    return [
-        score_answer(completion_text(c), s, t or "choice", _n_options(o))[1]
+    scored = [
+        score_answer(completion_text(c), s, t or "choice", _n_options(o))
         for c, s, t, o in zip(completions, solutions, answer_types, options)
     ]
+    log_extra: Callable[[str, list[Any]], None] | None = kwargs.get("log_extra")
+    if log_extra is not None:
+        # Columns of the trainer's completions table: what was read, and what was right.
+        log_extra("answer", [prediction for prediction, _ in scored])
+        log_extra("solution", [str(s) for s in solutions])
+    return [score for _, score in scored]
 
 
 def _policy_answer(text: str, answer_type: str, n_options: int | None) -> str | float | None:
@@ -109,7 +115,8 @@ class ConsistencyReward:
     0.0 when it does not, when the policy gave no reasoning or no readable answer, or
     when ``require_correct`` and the answer is wrong (the reference is then not asked).
     None for every completion of a step whose reference could not be reached: an
-    unknown reward must not look like a bad one.
+    unknown reward must not look like a bad one. The reference is its own frozen model
+    behind a backend; the policy under training never grades its own reasoning.
     """
 
     def __init__(self, backend: Backend | BackendConfig, require_correct: bool = True):
@@ -144,13 +151,25 @@ class ConsistencyReward:
         answer_types = [t or "choice" for t in _column(kwargs, "answer_type", n, "choice")]
         options = _column(kwargs, "options", n)
         log_metric: Callable[[str, float], None] | None = kwargs.get("log_metric")
+        rewards, replies = self._score([completion_text(c) for c in completions], solutions, questions,
+                                       answer_types, options, log_metric)
+        log_extra: Callable[[str, list[Any]], None] | None = kwargs.get("log_extra")
+        if log_extra is not None:
+            # One value per completion on every call keeps the trainer's table rows aligned.
+            log_extra("reference_answer", replies)
+        return rewards
 
+    def _score(self, texts: list[str], solutions: list[Any], questions: list[Any], answer_types: list[str],
+               options: list[Any], log_metric: Callable[[str, float], None] | None,
+               ) -> tuple[list[float | None], list[str | None]]:
+        """Rewards and the reference's parsed answers (None where it was not asked)."""
+        n = len(texts)
         rewards: list[float | None] = [0.0] * n
+        replies: list[str | None] = [None] * n
         asked: list[int] = []
         conversations: list[list[dict[str, str]]] = []
         policy_answers: dict[int, str | float] = {}
-        for i, completion in enumerate(completions):
-            text = completion_text(completion)
+        for i, text in enumerate(texts):
             think = extract_think(text)
             answer = _policy_answer(text, answer_types[i], _n_options(options[i]))
             if not think or answer is None:
@@ -172,19 +191,20 @@ class ConsistencyReward:
         if log_metric is not None:
             log_metric("consistency/asked", float(len(asked)))
         if not asked:
-            return rewards
+            return rewards, replies
 
         backend = self.backend  # construction errors are config errors: let them raise
         try:
             self.calls += 1
+            # The whole step in one call: the backend batches or runs it concurrently.
             generations = backend.generate(conversations)
         except Exception as exc:  # noqa: BLE001 - any failure of the reference is "unknown"
             log.warning("consistency reward: reference model failed (%s); rewards left unscored", exc)
-            return self._unreachable(n, log_metric)
+            return self._unreachable(n, log_metric), replies
         if len(generations) != len(asked) or all(g.error for g in generations):
             first = next((g.error for g in generations if g.error), "wrong number of replies")
             log.warning("consistency reward: reference model unreachable (%s); rewards left unscored", first)
-            return self._unreachable(n, log_metric)
+            return self._unreachable(n, log_metric), replies
 
         failed = 0
         for i, generation in zip(asked, generations):
@@ -193,15 +213,18 @@ class ConsistencyReward:
                 failed += 1
                 continue
             reference = _reference_answer(generation.text, answer_types[i], _n_options(options[i]))
+            replies[i] = None if reference is None else str(reference)
             rewards[i] = 1.0 if _agrees(reference, policy_answers[i], answer_types[i]) else 0.0
         if failed:
             log.warning("consistency reward: %d of %d reference calls failed; left unscored", failed, len(asked))
         if log_metric is not None:
             log_metric("consistency/reference_failed", float(failed))
-        return rewards
+        return rewards, replies
 
     @staticmethod
     def _unreachable(n: int, log_metric: Callable[[str, float], None] | None) -> list[float | None]:
+        # Unknown, not wrong: a made-up 0 would punish the policy for the reference's outage,
+        # and falling back to the policy itself would let it grade its own reasoning.
         if log_metric is not None:
             log_metric("consistency/reference_unreachable", 1.0)
         return [None] * n

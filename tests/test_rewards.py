@@ -216,3 +216,71 @@ def test_consistency_ratio_over_a_real_tiny_model(tiny_reference: Any) -> None:
     assert verdicts[1] is None
     assert verdicts[0] in (True, False) and verdicts[2] in (True, False)
     assert ratio == pytest.approx(sum(v for v in verdicts if v is not None) / 2)
+
+
+def _extra_kwargs(n: int, **columns: Any) -> tuple[dict[str, Any], dict[str, list[Any]]]:
+    """TRL's keyword arguments with ``log_extra`` recording the table columns."""
+    columns_logged: dict[str, list[Any]] = {}
+    kwargs = _trl_kwargs(n, **columns)
+    kwargs["log_extra"] = lambda column, values: columns_logged.setdefault(column, []).extend(values)
+    return kwargs, columns_logged
+
+
+def test_more_hostile_completions() -> None:
+    texts = [
+        "<think></think><answer>C</answer>",  # empty reasoning: not the format, answer still read
+        "<think>a</think><think>b</think><answer>C</answer>",  # repeated think
+        "<think>a <answer>A</answer></think><answer>C</answer>",  # an answer tag nested in thinking
+        "<think>a</think>\n<answer>\nOption C\n</answer>\n",  # whitespace around is fine
+        "<think>a</think><answer>C. the red door</answer>",
+        "<think>a</think><answer>(C)</answer>",
+        "<think>a</think><answer>C or maybe D</answer>",  # two options
+        "<think>a</think><answer>the answer is C</answer></answer>",  # a stray closing tag after
+        "<think>a</think><answer>Ｃ．</answer>",  # full-width letter and dot
+    ]
+    n = len(texts)
+    kwargs, _ = _extra_kwargs(n, solution=["C"] * n, answer_type=["choice"] * n, options=[OPTIONS] * n)
+    assert format_reward(completions=texts, **kwargs) == [0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 0.0, 1.0]
+    assert accuracy_reward(completions=texts, **kwargs) == [1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 0.0, 1.0, 1.0]
+
+
+def test_numbers_read_only_the_answer() -> None:
+    texts = ["<think>it is 5 meters, no, 3</think><answer>about 3 m</answer>",
+             "<think>x</think><answer>3 or 4</answer>", "<think>x</think><answer>4.5</answer>"]
+    out = accuracy_reward(completions=texts, **_trl_kwargs(3, solution=["3"] * 3, answer_type=["number"] * 3))
+    # 4.5 against 3: relative error 0.5 meets only the 0.50 threshold.
+    assert out == [1.0, 0.0, pytest.approx(0.1)]
+
+
+def test_accuracy_logs_the_answer_and_solution_columns() -> None:
+    texts = ["<think>x</think><answer>(B)</answer>", "no answer"]
+    kwargs, columns = _extra_kwargs(2, solution=["B", "C"], answer_type=["choice"] * 2, options=[OPTIONS] * 2)
+    accuracy_reward(completions=texts, **kwargs)
+    assert columns == {"answer": ["B", ""], "solution": ["B", "C"]}
+
+
+def test_consistency_logs_one_reference_answer_per_completion(tiny_reference: Any) -> None:
+    """Whether the reference was asked, not needed or unreachable, the column it logs has
+    one value per completion, so the trainer's completions table stays aligned."""
+    reward = make_consistency_reward(tiny_reference)
+    texts = ["<think>ahead</think><answer>C</answer>", "<think>behind</think><answer>D</answer>"]
+    kwargs, columns = _extra_kwargs(2, solution=["C", "C"], question=[QUESTION] * 2, options=[OPTIONS] * 2)
+    out = reward(completions=texts, **kwargs)
+    assert len(columns["reference_answer"]) == 2 and columns["reference_answer"][1] is None
+    assert (out[0] == 1.0) == (columns["reference_answer"][0] == "C")
+
+    kwargs, columns = _extra_kwargs(1, solution=["C"], question=[QUESTION], options=[OPTIONS])
+    reward(completions=["<think>x</think><answer>A</answer>"], **kwargs)  # wrong: nobody asked
+    assert columns == {"reference_answer": [None]}
+
+    kwargs, columns = _extra_kwargs(2, solution=["C", "C"], question=[QUESTION] * 2, options=[OPTIONS] * 2)
+    assert make_consistency_reward(Raising())(completions=texts, **kwargs) == [None, None]
+    assert columns == {"reference_answer": [None, None]}
+
+
+def test_numeric_agreement_is_within_five_percent() -> None:
+    from embodied_r.rewards import _agrees
+
+    assert _agrees(3.1, 3.0, "number") and not _agrees(3.3, 3.0, "number")
+    assert _agrees("B", "B", "choice") and not _agrees("B", "C", "choice")
+    assert not _agrees(None, "C", "choice")

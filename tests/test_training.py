@@ -11,7 +11,14 @@ import pytest
 from embodied_r.backends import BackendConfig
 from embodied_r.io import partial_path
 from embodied_r.records import RecordsConfig, run_records
-from embodied_r.training import GRPOStageConfig, TrainingConfig, run_training_stage
+from embodied_r.training import (
+    PROJECT_ROOT,
+    GRPOStageConfig,
+    LoraSettings,
+    TrainingConfig,
+    VLLMRollouts,
+    run_training_stage,
+)
 from test_records import VIDEO, catalog_row, write_inputs
 
 
@@ -31,7 +38,7 @@ def tiny_cfg(stages: list[GRPOStageConfig], reference: str = "tiny:lm", **kw: ob
         reference=BackendConfig(model=reference, device="cpu", max_new_tokens=4),
         num_generations=2, per_device_train_batch_size=4, gradient_accumulation_steps=1,
         max_completion_length=16, max_steps_per_stage=2, use_cpu=True, gradient_checkpointing=False,
-        learning_rate=1e-4, save_steps=50, stages=stages,
+        learning_rate=1e-4, save_steps=50, stages=stages, completion_table_rows=2, completion_table_steps=50,
     )
     base.update(kw)
     return TrainingConfig(**base)
@@ -52,6 +59,48 @@ def test_bad_configs_fail_at_once() -> None:
         GRPOStageConfig(name="x")
     with pytest.raises(ValueError):
         TrainingConfig(learning_rat=1e-6)
+
+
+def test_config_refuses_what_it_would_silently_ignore(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="use the typed training fields"):
+        TrainingConfig(grpo_args={"use_vllm": True})
+    with pytest.raises(ValueError, match="launcher: accelerate"):
+        TrainingConfig(accelerate_config="infra/training/accelerate-zero3-8gpu.yaml")
+    with pytest.raises(ValueError, match="not found"):
+        TrainingConfig(launcher="accelerate", accelerate_config=str(tmp_path / "missing.yaml"))
+    with pytest.raises(ValueError, match="need a GPU"):
+        TrainingConfig(use_cpu=True, vllm=VLLMRollouts())
+    with pytest.raises(ValueError, match="ZeRO-3"):
+        TrainingConfig(launcher="accelerate", accelerate_config="infra/training/accelerate-zero3-8gpu.yaml",
+                       per_device_train_batch_size=1, lora=LoraSettings())
+    # 8 processes x 1 x 3 = 24 completions: not whole groups of 16.
+    with pytest.raises(ValueError, match="processes x per_device"):
+        TrainingConfig(launcher="accelerate", accelerate_config="infra/training/accelerate-zero3-8gpu.yaml",
+                       per_device_train_batch_size=1, gradient_accumulation_steps=3, num_generations=16)
+
+
+def test_launch_commands(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    spec = tmp_path / "spec.json"
+    assert TrainingConfig().command("embodied_r.train_grpo", spec) == [
+        sys.executable, "-m", "embodied_r.train_grpo", str(spec)]
+    # From any working folder, the accelerate config is found in the checkout, and the
+    # DeepSpeed file it names is passed as an absolute path beside it.
+    monkeypatch.chdir(tmp_path)
+    cfg = TrainingConfig(launcher="accelerate", accelerate_config="infra/training/accelerate-zero3-8gpu.yaml",
+                         per_device_train_batch_size=1)
+    cmd = cfg.command("embodied_r.train_grpo", spec)
+    infra = PROJECT_ROOT / "infra" / "training"
+    assert cmd[:3] == [sys.executable, "-m", "accelerate.commands.launch"]
+    assert cmd[cmd.index("--config_file") + 1] == str(infra / "accelerate-zero3-8gpu.yaml")
+    assert cmd[cmd.index("--deepspeed_config_file") + 1] == str(infra / "deepspeed-zero3.json")
+    assert cmd[-3:] == ["-m", "embodied_r.train_grpo", str(spec)]
+    # A training environment of its own: named, or from the environment.
+    with pytest.raises(FileNotFoundError, match="training interpreter"):
+        TrainingConfig(python=str(tmp_path / "no-env" / "bin" / "python")).command("m", spec)
+    monkeypatch.setenv("EMBODIED_R_TRAIN_PYTHON", sys.executable)
+    assert TrainingConfig().interpreter() == shutil.which(sys.executable)
 
 
 def test_missing_inputs_name_the_fix(records: Path, tmp_path: Path) -> None:
@@ -87,7 +136,8 @@ def test_three_stages_chain_on_cpu(records: Path, tmp_path: Path, monkeypatch: p
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     client = MlflowClient(tracking_uri=uri)
-    run_id = client.create_run(client.create_experiment("t")).info.run_id
+    experiment = client.create_experiment("t", artifact_location=(tmp_path / "artifacts").as_uri())
+    run_id = client.create_run(experiment).info.run_id
 
     stages = [
         GRPOStageConfig(name="stage1", epochs=1, format_weight=0.7, accuracy_weight=0.3),
@@ -117,8 +167,26 @@ def test_three_stages_chain_on_cpu(records: Path, tmp_path: Path, monkeypatch: p
     assert "final_rewards_consistency_reward_mean" in summaries[2]
 
     # The trainer logged its per-step figures into the given run.
-    for name in ("rewards/format_reward/mean", "rewards/accuracy_reward/mean", "kl", "completions/mean_length"):
+    for name in ("rewards/format_reward/mean", "rewards/accuracy_reward/mean", "rewards/format_reward/std",
+                 "kl", "reward", "completions/mean_length", "completions/max_length",
+                 "completions/clipped_ratio", "entropy", "step_time"):
         assert len(client.get_metric_history(run_id, name)) == 2, name
+    # ... and a sample of completions as a table: one per table interval and the last step.
+    table_path = client.download_artifacts(run_id, "completions.json", str(tmp_path / "dl"))
+    table = json.loads(Path(table_path).read_text())
+    columns = table["columns"]
+    for column in ("step", "prompt", "completion", "format_reward", "accuracy_reward", "advantage",
+                   "answer", "solution"):
+        assert column in columns, column
+    rows = [dict(zip(columns, row)) for row in table["data"]]
+    assert [r["step"] for r in rows] == [2, 2]
+    assert all(r["solution"] in "ABCD" and len(r["prompt"]) <= 401 for r in rows)
+    assert "<answer>" in rows[0]["prompt"]  # the excerpt is the prompt's end: question and format
+    assert summaries[0]["completion_tables"] == 1
+    # Time split of the steps, from the trainer's own phases.
+    split = [summaries[0][k] for k in ("seconds_generation", "seconds_reward", "seconds_update")]
+    assert all(v >= 0 for v in split) and split[0] > 0
+    assert sum(split) == pytest.approx(summaries[0]["seconds"], abs=0.01)
 
     # A finished stage is not retrained.
     log = tmp_path / "stage1" / "train.log"

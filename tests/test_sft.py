@@ -1,0 +1,156 @@
+"""The SFT baseline on the CPU with the tiny LM: library stage, recipe baseline and command."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from embodied_r.answers import FORMAT_RE, extract_answer
+from embodied_r.config import load_recipe
+from embodied_r.io import partial_path
+from embodied_r.pipeline import StageError, plan
+from embodied_r.records import RecordsConfig, run_records
+from embodied_r.sft import DEFAULT_THINK, SFTConfig, run_sft, sft_config_for, sft_target
+from embodied_r.training import TrainingConfig
+from test_records import VIDEO, catalog_row, write_inputs
+
+LONG_VIDEO = "\n".join(f"Frame {i}: After move forward, Observe: a street with buildings and trees."
+                       for i in range(400))
+
+
+def _records(folder: Path, tmp: Path, long_one: bool = False) -> Path:
+    rows = [catalog_row(f"urbanvideo:{i}", "train", answer="ABCD"[i % 4]) for i in range(6)]
+    rows += [catalog_row(f"urbanvideo:{i}", "test", answer="ABCD"[i % 4]) for i in range(6, 9)]
+    texts = {r["uid"]: VIDEO for r in rows}
+    if long_one:
+        rows.append(catalog_row("urbanvideo:long", "train"))
+        texts["urbanvideo:long"] = LONG_VIDEO
+    catalog, perception = write_inputs(tmp, rows, texts)
+    run_records(catalog, perception, folder, RecordsConfig())
+    return folder
+
+
+def tiny_sft(**kw: object) -> SFTConfig:
+    base: dict[str, object] = dict(use_cpu=True, gradient_checkpointing=False, learning_rate=1e-3,
+                                   per_device_train_batch_size=2, gradient_accumulation_steps=1,
+                                   max_steps=3, max_length=1024, save_steps=2)
+    base.update(kw)
+    return SFTConfig(**base)
+
+
+def test_target_is_in_the_output_format() -> None:
+    target = sft_target({"solution": "C"})
+    assert FORMAT_RE.match(target) and extract_answer(target) == "C"
+    assert not re.search(r"\b[A-E]\b", DEFAULT_THINK)  # the reasoning line names no option
+    assert sft_target({"solution": "2.5"}, think="t") == "<think>t</think><answer>2.5</answer>"
+
+
+def test_config_follows_the_recipes_training_environment() -> None:
+    demo = load_recipe("demo")
+    cfg = sft_config_for(demo, epochs=1.0)
+    assert cfg.use_cpu and cfg.max_steps == demo.training.max_steps_per_stage and cfg.epochs == 1.0
+    assert cfg.learning_rate == 1e-5  # SFT's own rate, not GRPO's
+    single = sft_config_for(load_recipe("single-gpu"))
+    assert single.lora is not None and single.launcher == "python"
+    with pytest.raises(ValueError):
+        SFTConfig(think="")
+    with pytest.raises(ValueError):
+        SFTConfig(learning_rat=1e-5)
+
+
+def test_run_sft_trains_saves_and_lists_too_long_records(tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    records = _records(tmp_path / "records", tmp_path, long_one=True)
+    out = tmp_path / "sft"
+    summary = run_sft(records, "tiny:lm", out, tiny_sft())
+    assert summary["steps"] == 3 and summary["seconds_per_step"] > 0
+    assert summary["done"] == 6 and summary["failed"] == 1 and summary["failure_reasons"] == {"too_long": 1}
+    failures = pq.read_table(out / "failures.parquet").to_pylist()
+    assert failures == [{"stage": "sft", "item": "urbanvideo:long", "reason": "too_long"}]
+    assert summary["final_loss"] is not None and summary["final_loss"] < summary["first_loss"]
+    AutoModelForCausalLM.from_pretrained(str(out / "model"))
+    assert (out / "model" / "tokenizer.json").is_file() and not (out / "checkpoints").exists()
+    assert json.loads((out / "summary.json").read_text()) == summary
+    # Done once: a second call returns the summary without training.
+    log = out / "train.log"
+    before = log.stat().st_mtime_ns
+    assert run_sft(records, "tiny:lm", out, tiny_sft()) == summary
+    assert log.stat().st_mtime_ns == before
+
+
+def test_run_sft_resumes_from_its_checkpoint(tmp_path: Path) -> None:
+    records = _records(tmp_path / "records", tmp_path)
+    out = tmp_path / "sft"
+    run_sft(records, "tiny:lm", out, tiny_sft(max_steps=2, keep_checkpoints=True))
+    partial = partial_path(out)
+    out.rename(partial)  # as a kill after the step-2 checkpoint leaves it
+    for name in ("summary.json", "train_result.json"):
+        (partial / name).unlink()
+    resumed = run_sft(records, "tiny:lm", out, tiny_sft(max_steps=3))
+    assert resumed["resumed_from_step"] == 2 and resumed["steps"] == 3 and resumed["steps_this_run"] == 1
+
+
+def test_missing_records_name_the_fix(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="convert"):
+        run_sft(tmp_path / "none", "tiny:lm", tmp_path / "out", tiny_sft())
+
+
+def test_sft_command_trains_evaluates_and_tracks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``embodied-r sft --recipe demo`` on the demo recipe's convert folder."""
+    from mlflow import MlflowClient
+
+    from embodied_r import cli_train
+
+    root = tmp_path / "home"
+    monkeypatch.setenv("EMBODIED_R_HOME", str(root))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    parser = argparse.ArgumentParser(prog="embodied-r")
+    cli_train.register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["sft", "--recipe", "demo", "--max-steps", "2"])
+
+    # Before the convert stage has run, the command says which command makes its input.
+    with pytest.raises(StageError, match="embodied-r convert --recipe demo"):
+        args.handler(args)
+
+    recipe = load_recipe("demo")
+    _records(Path(plan(recipe, root)["convert"].out), tmp_path)
+    assert args.handler(args) == 0
+
+    sft_dirs = list((root / "stages" / "sft").iterdir())
+    eval_dirs = list((root / "stages" / "sft_evaluate").iterdir())
+    assert len(sft_dirs) == 1 and len(eval_dirs) == 1
+    sft_summary = json.loads((sft_dirs[0] / "summary.json").read_text())
+    evaluation = json.loads((eval_dirs[0] / "summary.json").read_text())
+    assert sft_summary["steps"] == 2
+    assert evaluation["model"] == str(sft_dirs[0] / "model") and evaluation["items"] == 3
+    assert (eval_dirs[0] / "predictions.parquet").is_file() and (eval_dirs[0] / "report.md").is_file()
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{root / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name(recipe.tracking.experiment)
+    runs = {r.info.run_name: r for r in client.search_runs([experiment.experiment_id])}
+    assert {"demo-sft-baseline", "sft", "sft_evaluate"} <= set(runs)
+    parent = runs["demo-sft-baseline"].info.run_id
+    for name in ("sft", "sft_evaluate"):
+        assert runs[name].data.tags["mlflow.parentRunId"] == parent and runs[name].info.status == "FINISHED"
+    assert "accuracy/overall" in runs["sft_evaluate"].data.metrics
+    assert runs["demo-sft-baseline"].data.metrics["accuracy/overall"] == evaluation["accuracy/overall"]
+    assert "loss" in runs["sft"].data.metrics  # the trainer logged into the sft run
+    assert runs["sft"].data.params["sft.learning_rate"] == "1e-05"
+    assert runs["sft"].data.params["learning_rate"] == "1e-05"  # the trainer's own record
+
+    # Run again: both folders are reused, nothing retrained.
+    before = (sft_dirs[0] / "train.log").stat().st_mtime_ns
+    assert args.handler(args) == 0
+    assert (sft_dirs[0] / "train.log").stat().st_mtime_ns == before
+
+
+def test_training_config_still_validates_with_sft_fields() -> None:
+    # SFT shares the trainer environment with GRPO; GRPO's own checks are untouched.
+    with pytest.raises(ValueError, match="divisible"):
+        TrainingConfig(num_generations=8, per_device_train_batch_size=3, gradient_accumulation_steps=1)
