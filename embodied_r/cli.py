@@ -140,7 +140,7 @@ def _cmd_recipes(_: argparse.Namespace) -> int:
 
 # Modules that add their own sub-commands: each has ``register(subparsers)`` and sets a
 # ``handler(args) -> int`` default on the parsers it adds.
-EXTENSIONS: tuple[str, ...] = ("embodied_r.cli_data", "embodied_r.cli_eval")
+EXTENSIONS: tuple[str, ...] = ("embodied_r.cli_data", "embodied_r.cli_eval", "embodied_r.cli_train")
 
 
 def build_parser() -> argparse.ArgumentParser:

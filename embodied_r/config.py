@@ -18,6 +18,7 @@ from embodied_r.evaluation import EvaluationConfig
 from embodied_r.keyframes import KeyframeConfig
 from embodied_r.perception import PerceptionConfig
 from embodied_r.records import RecordsConfig
+from embodied_r.sft import SFTConfig
 from embodied_r.training import TrainingConfig
 
 RECIPES_DIR = Path(__file__).parent / "recipes"
@@ -49,6 +50,8 @@ class Recipe(BaseModel):
     records: RecordsConfig = Field(default_factory=RecordsConfig)
     training: TrainingConfig = Field(default_factory=TrainingConfig)
     evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
+    # The SFT baseline (`embodied-r sft`); None takes the training environment and step cap.
+    sft: SFTConfig | None = None
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
 
 

@@ -111,13 +111,14 @@ def plan(recipe: Recipe, root: Path | None = None) -> dict[str, StagePlan]:
               recipe.perception.model_dump(mode="json"), {"catalog": catalog_file, "keyframes": kf.out})
     conv = add("convert", "convert", ["preprocess", "perception"], recipe.records.model_dump(mode="json"),
                {"catalog": catalog_file, "perception": per.out})
-    training = recipe.training.model_dump(mode="json", exclude={"stages"})
+    # Which interpreter runs the trainer is where, not what: moving it must not retrain.
+    training = recipe.training.model_dump(mode="json", exclude={"stages", "python"})
     model = recipe.training.policy
     prev: list[str] = []
     for stage in recipe.training.stages:
         sp = add(f"train_{stage.name}", "train", ["convert", *prev],
                  {"stage": stage.model_dump(mode="json"), "training": training},
-                 {"records": conv.out, "init_model": model})
+                 {"records": conv.out, "init_model": model, "python": recipe.training.python or ""})
         model = str(Path(sp.out) / "model")
         prev = [sp.name]
     add("evaluate", "evaluate", ["convert", *prev], recipe.evaluation.model_dump(mode="json"),
@@ -193,7 +194,8 @@ def execute(sp: StagePlan, mlflow_run_id: str | None = None) -> dict[str, Any]:
     if sp.kind == "train":
         from embodied_r.training import GRPOStageConfig, TrainingConfig, run_training_stage
 
-        training = TrainingConfig.model_validate({**cfg["training"], "stages": [cfg["stage"]]})
+        training = TrainingConfig.model_validate({**cfg["training"], "stages": [cfg["stage"]],
+                                                  "python": sp.inputs.get("python") or None})
         return run_training_stage(Path(sp.inputs["records"]), sp.inputs["init_model"], out,
                                   GRPOStageConfig.model_validate(cfg["stage"]), training,
                                   mlflow_run_id=mlflow_run_id)
