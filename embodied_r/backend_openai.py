@@ -34,7 +34,7 @@ from collections import OrderedDict
 from concurrent.futures import Future
 from typing import Any, Callable, Coroutine, Mapping, TypeVar
 
-from embodied_r.backends import BackendConfig, Conversation, Generation
+from embodied_r.backends import BackendConfig, Conversation, Generation, map_image_parts
 
 OnResult = Callable[[int, Generation], None]
 
@@ -131,21 +131,8 @@ def image_data_url(path: str, max_pixels: int) -> str:
 
 def to_openai_messages(conversation: Conversation, max_pixels: int) -> list[dict[str, Any]]:
     """Translate ``{"type": "image", "path": ...}`` parts into JPEG data URLs."""
-    messages = []
-    for message in conversation:
-        content = message["content"]
-        if isinstance(content, str):
-            messages.append(dict(message))
-            continue
-        parts = []
-        for part in content:
-            if part.get("type") == "image":
-                url = image_data_url(part["path"], max_pixels)
-                parts.append({"type": "image_url", "image_url": {"url": url}})
-            else:
-                parts.append(part)
-        messages.append({**message, "content": parts})
-    return messages
+    return map_image_parts(
+        conversation, lambda path: {"type": "image_url", "image_url": {"url": image_data_url(path, max_pixels)}})
 
 
 def has_images(conversation: Conversation) -> bool:

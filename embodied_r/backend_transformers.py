@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from PIL import Image
 
-from embodied_r.backends import BackendConfig, Conversation, Generation
+from embodied_r.backends import BackendConfig, Conversation, Generation, map_image_parts
 from embodied_r.tiny_models import load_vlm_processor, resolve_model
 
 log = logging.getLogger(__name__)
@@ -41,24 +41,17 @@ def split_images(conversation: Conversation, max_pixels: int) -> tuple[Conversat
     """Replace each ``{"type": "image", "path": ...}`` part by a bare image placeholder
     for the chat template, and return the loaded images in order."""
     images: list[Image.Image] = []
-    out: Conversation = []
-    for message in conversation:
-        content = message["content"]
-        if isinstance(content, str):
-            out.append(dict(message))
-            continue
-        parts = []
-        for part in content:
-            if part.get("type") == "image":
-                if "path" not in part:
-                    raise ValueError("image part without a 'path'")
-                images.append(load_image(part["path"], max_pixels))
-                parts.append({"type": "image"})
-            elif part.get("type") == "text":
-                parts.append({"type": "text", "text": part["text"]})
-            else:
-                raise ValueError(f"unsupported content part type {part.get('type')!r}")
-        out.append({**message, "content": parts})
+
+    def placeholder(path: str) -> dict[str, Any]:
+        images.append(load_image(path, max_pixels))
+        return {"type": "image"}
+
+    out = map_image_parts(conversation, placeholder)
+    for message in out:
+        if not isinstance(message["content"], str):
+            for part in message["content"]:
+                if part.get("type") not in ("image", "text"):
+                    raise ValueError(f"unsupported content part type {part.get('type')!r}")
     return out, images
 
 

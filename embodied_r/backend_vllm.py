@@ -15,7 +15,7 @@ import logging
 from typing import Any, Callable
 
 from embodied_r.backend_transformers import load_image
-from embodied_r.backends import BackendConfig, BackendUnavailable, Conversation, Generation
+from embodied_r.backends import BackendConfig, BackendUnavailable, Conversation, Generation, map_image_parts
 from embodied_r.tiny_models import resolve_model
 
 log = logging.getLogger(__name__)
@@ -43,22 +43,8 @@ def import_vllm() -> Any:
 def to_vllm_messages(conversation: Conversation, max_pixels: int) -> list[dict[str, Any]]:
     """``{"type": "image", "path": ...}`` parts become PIL images within the pixel budget,
     in place, so images keep their position before the text."""
-    messages = []
-    for message in conversation:
-        content = message["content"]
-        if isinstance(content, str):
-            messages.append(dict(message))
-            continue
-        parts = []
-        for part in content:
-            if part.get("type") == "image":
-                if "path" not in part:
-                    raise ValueError("image part without a 'path'")
-                parts.append({"type": "image_pil", "image_pil": load_image(part["path"], max_pixels)})
-            else:
-                parts.append(part)
-        messages.append({**message, "content": parts})
-    return messages
+    return map_image_parts(
+        conversation, lambda path: {"type": "image_pil", "image_pil": load_image(path, max_pixels)})
 
 
 def _gpu_count() -> int:

@@ -73,6 +73,27 @@ class Backend(Protocol):
     def close(self) -> None: ...
 
 
+def map_image_parts(conversation: Conversation, image_part: Callable[[str], dict[str, Any]]) -> Conversation:
+    """A copy of ``conversation`` with each ``{"type": "image", "path": ...}`` part replaced by
+    ``image_part(path)``, in place so images keep their position; other parts are kept."""
+    out: Conversation = []
+    for message in conversation:
+        content = message["content"]
+        if isinstance(content, str):
+            out.append(dict(message))
+            continue
+        parts = []
+        for part in content:
+            if part.get("type") == "image":
+                if "path" not in part:
+                    raise ValueError("image part without a 'path'")
+                parts.append(image_part(part["path"]))
+            else:
+                parts.append(part)
+        out.append({**message, "content": parts})
+    return out
+
+
 class BackendUnavailable(RuntimeError):
     """The backend's packages are not installed in this environment."""
 
