@@ -103,21 +103,35 @@ def register_model_folder(
     except MlflowException as exc:
         if "RESOURCE_ALREADY_EXISTS" not in str(exc.error_code) and "ALREADY_EXISTS" not in str(exc.error_code):
             raise
-    all_tags = {"source_folder": str(folder.resolve()), **(tags or {})}
+    all_tags = {"source_folder": str(folder.resolve()), "weights_sha256": weights_digest(folder), **(tags or {})}
     return c.create_model_version(name, source=f"runs:/{run_id}/model", run_id=run_id, tags=all_tags,
                                   description=description)
 
 
+def weights_digest(folder: Path) -> str:
+    """sha256 over a model folder's weight files: the same folder retrained differs."""
+    h = hashlib.sha256()
+    for path in sorted(Path(folder).glob("*.safetensors")) or sorted(Path(folder).glob("*.bin")):
+        h.update(path.name.encode())
+        with open(path, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()
+
+
 def version_of_folder(name: str, folder: Path, tracking_uri: str | None = None) -> Any | None:
-    """The version registered from ``folder``, if any: registering is done once per model."""
+    """The version registered from ``folder`` with the same weights, if any: registering
+    is done once per model."""
     from mlflow.exceptions import MlflowException
 
     wanted = str(Path(folder).resolve())
+    digest = weights_digest(folder)
     try:
         versions = client(tracking_uri).search_model_versions(f"name='{name}'")
     except MlflowException:
         return None
-    return next((v for v in versions if v.tags.get("source_folder") == wanted), None)
+    return next((v for v in versions if v.tags.get("source_folder") == wanted
+                 and v.tags.get("weights_sha256") == digest), None)
 
 
 def alias_version(name: str, alias: str, tracking_uri: str | None = None) -> Any | None:

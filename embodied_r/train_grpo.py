@@ -25,6 +25,7 @@ from embodied_r.answers import completion_text
 from embodied_r.io import read_json, write_json_atomic
 from embodied_r.rewards import accuracy_reward, format_reward, make_consistency_reward
 from embodied_r.training import (
+    progress_callback,
     ADAPTER,
     CHECKPOINTS,
     RESULT_NAME,
@@ -316,7 +317,7 @@ def main(spec_path: str) -> int:
     table = completion_table_callback(cfg.completion_table_rows, cfg.completion_table_steps, run_id, uri)
     trainer = GRPOTrainer(model=spec["init_model"], reward_funcs=funcs, args=args, train_dataset=dataset,
                           peft_config=peft_config(cfg.lora),
-                          callbacks=[table] if cfg.completion_table_rows else None)
+                          callbacks=[progress_callback(), *([table] if cfg.completion_table_rows else [])])
     table.trainer = trainer
     timer = PhaseTimer(trainer)
 

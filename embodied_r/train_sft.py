@@ -27,7 +27,7 @@ from embodied_r.train_grpo import (
     read_records,
     save_trained_model,
 )
-from embodied_r.training import RESULT_NAME
+from embodied_r.training import RESULT_NAME, progress_callback
 
 log = logging.getLogger("embodied_r.train_sft")
 
@@ -99,7 +99,8 @@ def main(spec_path: str) -> int:
     dataset = Dataset.from_list([{k: e[k] for k in ("prompt", "completion")} for e in examples])
     report_to = ["mlflow"] if os.environ.get("MLFLOW_RUN_ID") else []
     trainer = SFTTrainer(model=spec["init_model"], args=sft_args(cfg, work, report_to), train_dataset=dataset,
-                         processing_class=tokenizer, peft_config=peft_config(cfg.lora))
+                         processing_class=tokenizer, peft_config=peft_config(cfg.lora),
+                         callbacks=[progress_callback()])
 
     resume, start_step = last_checkpoint(work)
     if resume:

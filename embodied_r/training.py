@@ -22,6 +22,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from embodied_r import progress
 from embodied_r.backends import BackendConfig
 from embodied_r.io import (
     is_complete,
@@ -316,7 +317,35 @@ def _child_env(mlflow_run_id: str | None, uri: str | None = None) -> dict[str, s
     return env
 
 
-def _stream(cmd: list[str], env: dict[str, str], log_path: Path) -> int:
+# A trainer child prints ``PROGRESS_MARK step total`` after each optimizer step; the parent
+# turns it into progress updates (a CLI bar, a Prefect progress artifact).
+PROGRESS_MARK = "[embodied-r progress]"
+
+
+def progress_callback() -> Any:
+    """A TrainerCallback that prints a progress line after each step (main process only)."""
+    from transformers import TrainerCallback
+
+    class PrintProgress(TrainerCallback):
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if state.is_world_process_zero and state.max_steps:
+                print(f"{PROGRESS_MARK} {state.global_step} {state.max_steps}", flush=True)
+
+    return PrintProgress()
+
+
+def _progress_line(line: str, what: str) -> bool:
+    if not line.startswith(PROGRESS_MARK):
+        return False
+    try:
+        step, total = (int(x) for x in line[len(PROGRESS_MARK):].split()[:2])
+    except ValueError:
+        return False
+    progress.update(what, step, total)
+    return True
+
+
+def _stream(cmd: list[str], env: dict[str, str], log_path: Path, what: str = "train") -> int:
     """Run ``cmd``, copying its output line by line to our stdout and to ``log_path``."""
     with open(log_path, "a", encoding="utf-8") as log_file:
         log_file.write(f"$ {' '.join(cmd)}\n")
@@ -325,6 +354,8 @@ def _stream(cmd: list[str], env: dict[str, str], log_path: Path) -> int:
         try:
             assert proc.stdout is not None
             for line in proc.stdout:
+                if _progress_line(line, what):
+                    continue
                 sys.stdout.write(line)
                 sys.stdout.flush()
                 log_file.write(line)
@@ -350,7 +381,7 @@ def run_child(module: str, spec: dict[str, Any], work: Path, env_cfg: TrainerEnv
     result_path = work / RESULT_NAME
     if result_path.exists():
         result_path.unlink()  # a result left by an attempt whose parent died after it
-    rc = _stream(env_cfg.command(module, spec_path), _child_env(mlflow_run_id, uri), work / LOG_NAME)
+    rc = _stream(env_cfg.command(module, spec_path), _child_env(mlflow_run_id, uri), work / LOG_NAME, what)
     if rc != 0 or not result_path.is_file():
         raise RuntimeError(
             f"{what} failed (exit code {rc}); see {work / LOG_NAME}. "

@@ -114,7 +114,9 @@ def promote_trained(recipe: Recipe, root: Path, stages: dict[str, StagePlan], tr
     known = version_of_folder(recipe.tracking.registered_model, folder, tracker.uri)
     if known is not None:
         return f"{recipe.tracking.registered_model} v{known.version} is this model (registered before)"
-    result = register_and_promote(recipe, root, folder, split=recipe.tracking.promote_split,
+    # The model's files are logged under the pipeline run that made it.
+    result = register_and_promote(recipe, root, folder, run_id=tracker.parent_run_id,
+                                  split=recipe.tracking.promote_split,
                                   metric=recipe.tracking.promote_metric,
                                   tags={"pipeline_run": tracker.parent_run_id or ""})
     get_run_logger().info(result.describe())

@@ -19,3 +19,18 @@ def test_throttled_passes_first_and_last():
     for i in range(1, 6):
         throttled("perception", i, 5)
     assert heard == [("perception", 1, 5), ("perception", 5, 5)]
+
+
+def test_trainer_progress_lines_become_updates_and_stay_out_of_the_output(tmp_path, capsys):
+    import os
+    import sys
+
+    from embodied_r.training import PROGRESS_MARK, _stream
+
+    heard = []
+    script = f"print('{PROGRESS_MARK} 1 4'); print('loss 0.5'); print('{PROGRESS_MARK} 4 4')"
+    with progress.listening(lambda *a: heard.append(a)):
+        rc = _stream([sys.executable, "-c", script], dict(os.environ), tmp_path / "train.log", "stage1")
+    assert rc == 0
+    assert heard == [("stage1", 1, 4), ("stage1", 4, 4)]
+    assert capsys.readouterr().out == "loss 0.5\n"
