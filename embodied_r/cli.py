@@ -51,7 +51,11 @@ def _all_overrides(args: argparse.Namespace) -> dict[str, Any]:
     return merged
 
 
-def _print_outcome(result: dict[str, Any], seconds: float) -> None:
+DEMO_CAVEAT = ("The demo's models are tiny and random: these numbers prove the plumbing, not the "
+               "science. See README, 'Running it for real'.")
+
+
+def _print_outcome(result: dict[str, Any], seconds: float, synthetic: bool = False) -> None:
     from embodied_r.paths import home
 
     print(f"\nDone in {seconds:.1f} s.")
@@ -62,10 +66,17 @@ def _print_outcome(result: dict[str, Any], seconds: float) -> None:
         print(f"  {name:14s} {out}")
     evaluation = result.get("evaluation") or {}
     if "accuracy/overall" in evaluation:
-        print(f"\nTest accuracy: overall {evaluation['accuracy/overall']:.3f}")
+        summary = ", ".join(f"{k} {evaluation[f'accuracy/{k}']:.3f}" for k in ("overall", "macro", "paper_tasks")
+                            if isinstance(evaluation.get(f"accuracy/{k}"), (int, float)))
+        print(f"\nTest accuracy: {summary}")
+        # One line per task; subtypes (e.g. object_rel_direction/easy) are in the report.
         for key, value in sorted(evaluation.items()):
-            if key.startswith("accuracy/") and key != "accuracy/overall" and isinstance(value, (int, float)):
-                print(f"  {key[len('accuracy/'):]:28s} {value:.3f}")
+            task = key[len("accuracy/"):]
+            if (key.startswith("accuracy/") and "/" not in task and task not in ("overall", "macro", "paper_tasks")
+                    and isinstance(value, (int, float))):
+                print(f"  {task:28s} {value:.3f}")
+    if synthetic:
+        print(DEMO_CAVEAT)
     if result.get("promotion"):
         print(f"\nRegistry: {result['promotion']}")
     uri = result.get("tracking_uri", "")
@@ -107,7 +118,10 @@ def _cmd_run(args: argparse.Namespace, stage: str | None = None) -> int:
         else:
             result = STAGE_FLOWS[stage](recipe=args.recipe, refresh=args.refresh_stage,
                                         overrides=_all_overrides(args) or None)
-    _print_outcome(result, time.time() - start)
+    from embodied_r.config import load_recipe
+
+    synthetic = load_recipe(args.recipe, _all_overrides(args) or None).download.source == "synthetic"
+    _print_outcome(result, time.time() - start, synthetic)
     return 0
 
 
