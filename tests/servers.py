@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 import subprocess
+import threading
 import time
 import urllib.request
 from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 
 def free_port() -> int:
@@ -54,3 +58,74 @@ def background(cmd: list[str], log: Path, env: dict[str, str], cwd: Path | None 
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+
+
+@dataclass
+class StubReply:
+    """What a ``ChatStub`` sends back: a JSON payload (or raw text) with a status and
+    headers, or a dropped connection, optionally after a delay."""
+
+    status: int = 200
+    payload: Any = None
+    headers: dict[str, str] = field(default_factory=dict)
+    drop: bool = False
+    delay_s: float = 0.0
+
+
+def completion(model: str, text: str, prompt_tokens: int = 10, completion_tokens: int | None = None) -> dict:
+    """An OpenAI chat-completion body."""
+    completion_tokens = len(text.split()) if completion_tokens is None else completion_tokens
+    return {
+        "id": "x", "object": "chat.completion", "created": 0, "model": model,
+        "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": text}}],
+        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+                  "total_tokens": prompt_tokens + completion_tokens},
+    }
+
+
+class ChatStub:
+    """A threaded OpenAI-compatible stub on 127.0.0.1 for faults and scripted answers that
+    real servers cannot give on demand. Every POSTed body and its Authorization header are
+    recorded; ``handle(body) -> StubReply`` decides the answer."""
+
+    def __init__(self, handle: Callable[[dict[str, Any]], StubReply]):
+        self.bodies: list[dict[str, Any]] = []
+        self.auth: list[str] = []
+        self.lock = threading.Lock()
+        stub = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                with stub.lock:
+                    stub.bodies.append(body)
+                    stub.auth.append(self.headers.get("Authorization", ""))
+                reply = handle(body)
+                if reply.delay_s:
+                    time.sleep(reply.delay_s)
+                if reply.drop:
+                    self.close_connection = True
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                    return
+                payload = reply.payload
+                data = payload.encode() if isinstance(payload, str) else json.dumps(payload).encode()
+                self.send_response(reply.status)
+                for key, value in {"Content-Type": "application/json", **reply.headers}.items():
+                    self.send_header(key, value)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        self.base_url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()

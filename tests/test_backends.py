@@ -5,16 +5,13 @@ from __future__ import annotations
 import asyncio
 import base64
 import io
-import json
 import os
 import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 import urllib.request
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Iterator
 
@@ -25,6 +22,7 @@ from PIL import Image
 from embodied_r.backend_openai import OpenAIBackend, retry_after_seconds
 from embodied_r.backend_transformers import TransformersBackend
 from embodied_r.backends import BackendConfig, make_backend
+from tests.servers import ChatStub, StubReply, completion
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -245,69 +243,31 @@ def test_openai_against_transformers_serve(served_lm: str, tiny_lm_path: Path) -
 # -- OpenAI-compatible: faults ------------------------------------------------------------
 
 
-class FaultServer:
+class FaultServer(ChatStub):
     """An OpenAI-compatible stub whose answers follow a script per model name:
     a list of "429", "500", "drop", "slow", "garbage" or "400" faults before it answers "ok"."""
 
     def __init__(self, scripts: dict[str, list[str]]):
         self.scripts = {k: list(v) for k, v in scripts.items()}
         self.calls: dict[str, int] = {}
-        self.bodies: list[dict] = []
-        self.auth: list[str] = []
-        self.lock = threading.Lock()
-        server = self
+        super().__init__(self._answer)
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args) -> None:
-                pass
-
-            def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                model = body["model"]
-                with server.lock:
-                    server.bodies.append(body)
-                    server.auth.append(self.headers.get("Authorization", ""))
-                    server.calls[model] = server.calls.get(model, 0) + 1
-                    script = server.scripts.setdefault(model, [])
-                    fault = script.pop(0) if script else "ok"
-                if fault == "drop":
-                    self.close_connection = True
-                    self.connection.shutdown(socket.SHUT_RDWR)
-                    return
-                if fault == "slow":
-                    time.sleep(1.5)
-                status, headers, payload = 200, {}, {
-                    "id": "x", "object": "chat.completion", "created": 0, "model": model,
-                    "choices": [{"index": 0, "finish_reason": "stop",
-                                 "message": {"role": "assistant", "content": f"answer from {model}"}}],
-                    "usage": {"prompt_tokens": 11, "completion_tokens": 3, "total_tokens": 14},
-                }
-                if fault == "garbage":  # a proxy's error page with status 200
-                    status, payload = 200, "<html>bad gateway</html>"
-                elif fault == "429":
-                    status, headers, payload = 429, {"Retry-After": "1"}, {"error": {"message": "slow down"}}
-                elif fault in ("500", "400"):
-                    status, payload = int(fault), {"error": {"message": f"fault {fault}"}}
-                data = payload.encode() if isinstance(payload, str) else json.dumps(payload).encode()
-                self.send_response(status)
-                for key, value in headers.items():
-                    self.send_header(key, value)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
-        self.thread.start()
-        self.base_url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-
-    def stop(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+    def _answer(self, body: dict) -> StubReply:
+        model = body["model"]
+        with self.lock:
+            self.calls[model] = self.calls.get(model, 0) + 1
+            script = self.scripts.setdefault(model, [])
+            fault = script.pop(0) if script else "ok"
+        if fault == "drop":
+            return StubReply(drop=True)
+        if fault == "garbage":  # a proxy's error page with status 200
+            return StubReply(payload="<html>bad gateway</html>")
+        if fault == "429":
+            return StubReply(429, {"error": {"message": "slow down"}}, {"Retry-After": "1"})
+        if fault in ("500", "400"):
+            return StubReply(int(fault), {"error": {"message": f"fault {fault}"}})
+        return StubReply(payload=completion(model, f"answer from {model}", 11, 3),
+                         delay_s=1.5 if fault == "slow" else 0.0)
 
 
 @pytest.fixture

@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import re
 import socket
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -20,55 +18,24 @@ from embodied_r.io import ItemLog, partial_path
 from embodied_r.records import RecordsConfig, run_records
 from embodied_r.report import REPORT_FILES, table_rows_from_folder
 from test_records import VIDEO, catalog_row, write_inputs
+from tests.servers import ChatStub, StubReply, completion
 
 Reply = Callable[[str, list[dict[str, Any]]], str]
 
 
-class ScriptedModels:
+class ScriptedModels(ChatStub):
     """An OpenAI-compatible chat server on 127.0.0.1 whose models answer by a script,
     ``reply(model, messages) -> text``: a stand-in for models that write well-formed
     answers, which the random-weight tiny models never do."""
 
     def __init__(self, reply: Reply):
-        self.requests: list[dict[str, Any]] = []
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                server.requests.append(body)
-                text = reply(body["model"], body["messages"])
-                data = json.dumps({
-                    "id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
-                    "choices": [{"index": 0, "finish_reason": "stop",
-                                 "message": {"role": "assistant", "content": text}}],
-                    "usage": {"prompt_tokens": 10, "completion_tokens": len(text.split()),
-                              "total_tokens": 10 + len(text.split())},
-                }).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-        self.base_url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        super().__init__(lambda body: StubReply(
+            payload=completion(body["model"], reply(body["model"], body["messages"]))))
+        self.requests = self.bodies
 
     def backend(self, model: str, **kw: Any) -> BackendConfig:
         return BackendConfig(kind="openai", model=model, base_url=self.base_url, max_retries=0, timeout_s=10.0,
                              api_key_env="EMBODIED_R_TEST_KEY", **kw)
-
-    def stop(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
-
 
 def text_of(messages: list[dict[str, Any]]) -> str:
     parts = []

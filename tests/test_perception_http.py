@@ -9,8 +9,6 @@ import io
 import json
 import os
 import re
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -24,6 +22,7 @@ from embodied_r.backend_openai import OpenAIBackend, image_data_url
 from embodied_r.backends import BackendConfig
 from embodied_r.perception import PerceptionConfig, run_perception
 from test_perception import make_inputs
+from tests.servers import ChatStub, StubReply, completion
 
 Fault = Callable[[dict[str, Any]], tuple[int, str] | None]
 
@@ -50,60 +49,30 @@ def reply_for(body: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-class RecordingServer:
+class RecordingServer(ChatStub):
     """Answers ``/v1/chat/completions``, records every body, and lets a test refuse
     ``response_format`` or inject a fault per request."""
 
     def __init__(self, refuse_structured: bool = False, fault: Fault | None = None):
-        self.bodies: list[dict[str, Any]] = []
         self.usage = {"prompt_tokens": 0, "completion_tokens": 0}
-        self.lock = threading.Lock()
-        server = self
+        self.refuse_structured = refuse_structured
+        self.fault = fault
+        super().__init__(self._answer)
 
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *args: Any) -> None:
-                pass
-
-            def do_POST(self) -> None:
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                with server.lock:
-                    server.bodies.append(body)
-                injected = fault(body) if fault else None
-                if refuse_structured and "response_format" in body:
-                    status, payload = 400, {"error": {"message": "response_format is not supported"}}
-                elif injected:
-                    status, payload = injected[0], {"error": {"message": injected[1]}}
-                else:
-                    text = reply_for(body)
-                    usage = {"prompt_tokens": len(json.dumps(body["messages"])) // 100 + 1,
-                             "completion_tokens": len(text) // 4 + 1}
-                    with server.lock:
-                        for key in server.usage:
-                            server.usage[key] += usage[key]
-                    status, payload = 200, {
-                        "id": "x", "object": "chat.completion", "created": 0, "model": body["model"],
-                        "choices": [{"index": 0, "finish_reason": "stop",
-                                     "message": {"role": "assistant", "content": text}}],
-                        "usage": {**usage, "total_tokens": sum(usage.values())},
-                    }
-                data = json.dumps(payload).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Retry-After", "0")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.httpd.daemon_threads = True
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-        self.base_url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
-
-    def stop(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+    def _answer(self, body: dict[str, Any]) -> StubReply:
+        injected = self.fault(body) if self.fault else None
+        if self.refuse_structured and "response_format" in body:
+            return StubReply(400, {"error": {"message": "response_format is not supported"}}, {"Retry-After": "0"})
+        if injected:
+            return StubReply(injected[0], {"error": {"message": injected[1]}}, {"Retry-After": "0"})
+        text = reply_for(body)
+        usage = {"prompt_tokens": len(json.dumps(body["messages"])) // 100 + 1,
+                 "completion_tokens": len(text) // 4 + 1}
+        with self.lock:
+            for key in self.usage:
+                self.usage[key] += usage[key]
+        return StubReply(payload=completion(body["model"], text, usage["prompt_tokens"], usage["completion_tokens"]),
+                         headers={"Retry-After": "0"})
 
 
 @pytest.fixture
