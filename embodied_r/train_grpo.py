@@ -300,8 +300,6 @@ def last_checkpoint(work: Path) -> tuple[str | None, int]:
 
 
 def main(spec_path: str) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    quiet_known_warnings()
     spec = read_json(Path(spec_path))
     cfg = TrainingConfig.model_validate(spec["training"])
     stage = GRPOStageConfig.model_validate(spec["stage"])
@@ -358,8 +356,15 @@ def main(spec_path: str) -> int:
     return 0
 
 
-if __name__ == "__main__":
+def child_main(main: Callable[[str], int], module: str) -> None:
+    """The command line of a trainer child: ``python -m MODULE SPEC.json``."""
     if len(sys.argv) != 2:
-        print("usage: python -m embodied_r.train_grpo SPEC.json", file=sys.stderr)
+        print(f"usage: python -m {module} SPEC.json", file=sys.stderr)
         sys.exit(2)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    quiet_known_warnings()
     sys.exit(main(sys.argv[1]))
+
+
+if __name__ == "__main__":
+    child_main(main, "embodied_r.train_grpo")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -19,11 +18,11 @@ from typing import Any
 from embodied_r.io import read_json, write_json_atomic
 from embodied_r.sft import SFTConfig, sft_target
 from embodied_r.train_grpo import (
+    child_main,
     common_args,
     conversation,
     last_checkpoint,
     peft_config,
-    quiet_known_warnings,
     read_records,
     save_trained_model,
 )
@@ -79,8 +78,6 @@ def sft_args(cfg: SFTConfig, work: Path, report_to: list[str]) -> Any:
 
 
 def main(spec_path: str) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    quiet_known_warnings()
     spec = read_json(Path(spec_path))
     cfg = SFTConfig.model_validate(spec["sft"])
     work = Path(spec["work"])
@@ -133,7 +130,4 @@ def main(spec_path: str) -> int:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        print("usage: python -m embodied_r.train_sft SPEC.json", file=sys.stderr)
-        sys.exit(2)
-    sys.exit(main(sys.argv[1]))
+    child_main(main, "embodied_r.train_sft")
