@@ -47,14 +47,18 @@ FIRST_FRAME = (
     '"question_info": "<the objects named in the question and where they are>"}'
 )
 
-PAIR = (
+_PAIR_HEAD = (
     "These are two consecutive key frames of the video: the first image is the previous "
     "key frame, the second image is the current one.\n"
     "(1) Which action did the agent take between them? Choose exactly one of: "
     + ", ".join(ACTIONS)
     + ".\n"
     "(2) What spatial information is newly visible in the current frame, relative to the agent?\n"
-    "(3) Which objects related to the question are visible now, and where are they?\n"
+)
+
+PAIR = (
+    _PAIR_HEAD
+    + "(3) Which objects related to the question are visible now, and where are they?\n"
     "Do not answer the question.\n"
     'Reply with a JSON object only: {"action": "<one action from the list>", '
     '"new_info": "<newly seen spatial information>", '
@@ -73,13 +77,8 @@ SCENE = (
 )
 
 VIDEO_PAIR = (
-    "These are two consecutive key frames of the video: the first image is the previous "
-    "key frame, the second image is the current one.\n"
-    "(1) Which action did the agent take between them? Choose exactly one of: "
-    + ", ".join(ACTIONS)
-    + ".\n"
-    "(2) What spatial information is newly visible in the current frame, relative to the agent?\n"
-    'Reply with a JSON object only: {"action": "<one action from the list>", '
+    _PAIR_HEAD
+    + 'Reply with a JSON object only: {"action": "<one action from the list>", '
     '"new_info": "<newly seen spatial information>"}'
 )
 
