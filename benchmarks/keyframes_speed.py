@@ -33,9 +33,9 @@ import cv2
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from embodied_r.download import sha256_file  # noqa: E402
-from embodied_r.keyframes import KeyframeConfig, extract_keyframes  # noqa: E402
-from embodied_r.synthetic import write_motion_video  # noqa: E402
+from embodied_r.io import sha256_file  # noqa: E402
+from embodied_r.keyframes.extract import KeyframeConfig, extract_keyframes  # noqa: E402
+from embodied_r.synthetic.world import write_motion_video  # noqa: E402
 
 # Slow pans, fast turns, flights and still spells: a varied number of key frames per minute.
 PATTERN = [("turn right", 4.0, 15.0), ("fly forward", 3.0, 1.15), ("turn left", 2.0, 70.0),

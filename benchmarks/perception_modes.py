@@ -44,7 +44,7 @@ def main() -> int:
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
         os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
         from embodied_r.config import load_recipe, parse_override
-        from embodied_r.perception import run_perception
+        from embodied_r.perception.stage import run_perception
         from embodied_r.pipeline import execute, plan
 
         overrides: dict = {}

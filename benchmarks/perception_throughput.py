@@ -86,7 +86,7 @@ def start_server(latency_s: float) -> tuple[subprocess.Popen, str]:
 def conversations(n: int, images: int, folder: Path) -> list:
     """``n`` calls; with images, call i shows key frames i (and i + 1), as perception of
     one question would, so each frame is encoded once and sent once or twice."""
-    from embodied_r import prompts
+    from embodied_r.perception import prompts
 
     if not images:
         return [[{"role": "user", "content": f"Describe frame {i}."}] for i in range(n)]
@@ -116,8 +116,9 @@ def measure(base_url: str, concurrency: int, calls: int, images: int, folder: Pa
     """(calls per second, client CPU milliseconds per call) at this concurrency: the best
     of ``repeats`` runs, after a warm-up that opens the connections. The best run is the
     one least disturbed by other load on the machine."""
-    from embodied_r.backend_openai import IMAGES, OpenAIBackend
-    from embodied_r.backends import BackendConfig
+    from embodied_r.backends.images import IMAGES
+    from embodied_r.backends.openai_compat import OpenAIBackend
+    from embodied_r.backends.base import BackendConfig
 
     cfg = BackendConfig(kind="openai", model="bench", base_url=base_url, concurrency=concurrency,
                         max_retries=0, timeout_s=30, api_key_env="EMBODIED_R_BENCH_NO_KEY")

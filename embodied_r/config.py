@@ -12,14 +12,14 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from embodied_r.catalog import CatalogConfig
-from embodied_r.download import DownloadConfig
-from embodied_r.evaluation import EvaluationConfig
-from embodied_r.keyframes import KeyframeConfig
-from embodied_r.perception import PerceptionConfig
-from embodied_r.records import RecordsConfig
-from embodied_r.sft import SFTConfig
-from embodied_r.training import TrainingConfig
+from embodied_r.data.catalog import CatalogConfig
+from embodied_r.data.download import DownloadConfig
+from embodied_r.evaluation.config import EvaluationConfig
+from embodied_r.keyframes.extract import KeyframeConfig
+from embodied_r.perception.stage import PerceptionConfig
+from embodied_r.training.records import RecordsConfig
+from embodied_r.training.config import SFTConfig
+from embodied_r.training.config import TrainingConfig
 
 RECIPES_DIR = Path(__file__).parent / "recipes"
 

@@ -9,6 +9,7 @@ resumes after the last finished item instead of starting again.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -139,3 +140,12 @@ class ItemLog:
 def table_from_records(records: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
     cols = {name: [r.get(name) for r in records] for name in schema.names}
     return pa.table(cols, schema=schema)
+
+
+def sha256_file(path: Path, block: int = 1 << 20) -> str:
+    """sha256 of a file read in blocks, so memory stays flat however large the file."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(block):
+            h.update(chunk)
+    return h.hexdigest()

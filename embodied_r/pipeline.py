@@ -1,40 +1,23 @@
 """The stage graph: what each stage reads, where it writes, and its cache key.
 
 A stage's key hashes its own config, the keys of the stages it reads and the source of
-the library modules it runs, so editing a stage's config or code recomputes that stage
-and everything after it, and nothing before. ``plan`` is pure; ``execute`` runs one stage.
+the library modules it runs (``runners.code_version``), so editing a stage's config or code
+recomputes that stage and everything after it, and nothing before. ``plan`` is pure;
+``execute`` runs one stage through its registered runner.
 """
 
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 from dataclasses import asdict, dataclass, field
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 from embodied_r.config import Recipe
 from embodied_r.io import is_complete
 from embodied_r.paths import home as default_home
-
-# Library modules whose source is part of each stage kind's cache key.
-_COMMON = ["io", "schemas"]
-STAGE_MODULES: dict[str, list[str]] = {
-    "download": ["download", "download_hub", "synthetic", "synthetic_world", "synthetic_urban",
-                 "synthetic_vsi", "benchmarks"],
-    "preprocess": ["catalog", "benchmarks"],
-    "keyframes": ["keyframes", "keyframes_stage", "keyframes_cache", "video"],
-    "perception": ["perception", "perception_modes", "perception_parse", "prompts", "backends",
-                   "backend_transformers", "backend_openai", "backend_vllm", "tiny_models"],
-    "convert": ["records", "answers"],
-    "train": ["training", "train_grpo", "rewards", "answers", "backends", "backend_transformers",
-              "backend_openai", "backend_vllm", "tiny_models"],
-    "evaluate": ["evaluation", "metrics", "answers", "rewards", "report", "registry", "benchmarks",
-                 "backends", "backend_transformers", "backend_openai", "backend_vllm", "tiny_models"],
-}
-
+from embodied_r.runners import code_version, extra_key, runner
 
 class StageError(ValueError):
     """An unknown stage, or a stage asked for before the stages it reads from."""
@@ -43,7 +26,7 @@ class StageError(ValueError):
 @dataclass(frozen=True)
 class StagePlan:
     name: str  # "download", ..., "train_stage1", ..., "evaluate"
-    kind: str  # key of STAGE_MODULES
+    kind: str  # key of runners.STAGE_RUNNERS
     key: str
     out: str
     deps: tuple[str, ...]
@@ -62,21 +45,6 @@ class StagePlan:
         return is_complete(Path(self.out))
 
 
-@lru_cache(maxsize=None)
-def module_version(module: str) -> str:
-    spec = importlib.util.find_spec(f"embodied_r.{module}")
-    if spec is None or not spec.origin:
-        return "absent"
-    return hashlib.sha256(Path(spec.origin).read_bytes()).hexdigest()
-
-
-def code_version(kind: str) -> str:
-    h = hashlib.sha256()
-    for module in sorted(STAGE_MODULES[kind] + _COMMON):
-        h.update(f"{module}={module_version(module)}\n".encode())
-    return h.hexdigest()
-
-
 def _key(kind: str, config: dict[str, Any], upstream: list[str], extra: str = "") -> str:
     payload = json.dumps(
         {"kind": kind, "config": config, "upstream": upstream, "code": code_version(kind), "extra": extra},
@@ -87,8 +55,6 @@ def _key(kind: str, config: dict[str, Any], upstream: list[str], extra: str = ""
 
 def plan(recipe: Recipe, root: Path | None = None) -> dict[str, StagePlan]:
     """Every stage of the pipeline in run order."""
-    from embodied_r.download import source_fingerprint
-
     root = Path(root) if root else default_home()
     stages: dict[str, StagePlan] = {}
 
@@ -100,8 +66,9 @@ def plan(recipe: Recipe, root: Path | None = None) -> dict[str, StagePlan]:
         stages[name] = sp
         return sp
 
-    dl = add("download", "download", [], recipe.download.model_dump(mode="json"),
-             {"sources_root": str(root / "sources")}, extra=source_fingerprint(recipe.download))
+    download = recipe.download.model_dump(mode="json")
+    dl = add("download", "download", [], download, {"sources_root": str(root / "sources")},
+             extra=extra_key("download", download))
     cat = add("preprocess", "preprocess", ["download"], recipe.catalog.model_dump(mode="json"),
               {"raw": dl.out})
     catalog_file = str(Path(cat.out) / "catalog.parquet")
@@ -167,41 +134,4 @@ def training_stage_names(stages: dict[str, StagePlan]) -> list[str]:
 
 def execute(sp: StagePlan, mlflow_run_id: str | None = None) -> dict[str, Any]:
     """Run one stage (a no-op returning its summary when its folder is complete)."""
-    out = Path(sp.out)
-    cfg = sp.config
-    if sp.kind == "download":
-        from embodied_r.download import DownloadConfig, run_download
-
-        return run_download(out, DownloadConfig.model_validate(cfg), Path(sp.inputs["sources_root"]))
-    if sp.kind == "preprocess":
-        from embodied_r.catalog import CatalogConfig, run_catalog
-
-        return run_catalog(Path(sp.inputs["raw"]), out, CatalogConfig.model_validate(cfg))
-    if sp.kind == "keyframes":
-        from embodied_r.keyframes import KeyframeConfig, run_keyframes
-
-        return run_keyframes(Path(sp.inputs["catalog"]), out, KeyframeConfig.model_validate(cfg))
-    if sp.kind == "perception":
-        from embodied_r.perception import PerceptionConfig, run_perception
-
-        return run_perception(Path(sp.inputs["catalog"]), Path(sp.inputs["keyframes"]), out,
-                              PerceptionConfig.model_validate(cfg))
-    if sp.kind == "convert":
-        from embodied_r.records import RecordsConfig, run_records
-
-        return run_records(Path(sp.inputs["catalog"]), Path(sp.inputs["perception"]), out,
-                           RecordsConfig.model_validate(cfg))
-    if sp.kind == "train":
-        from embodied_r.training import GRPOStageConfig, TrainingConfig, run_training_stage
-
-        training = TrainingConfig.model_validate({**cfg["training"], "stages": [cfg["stage"]],
-                                                  "python": sp.inputs.get("python") or None})
-        return run_training_stage(Path(sp.inputs["records"]), sp.inputs["init_model"], out,
-                                  GRPOStageConfig.model_validate(cfg["stage"]), training,
-                                  mlflow_run_id=mlflow_run_id)
-    if sp.kind == "evaluate":
-        from embodied_r.evaluation import EvaluationConfig, run_evaluation
-
-        return run_evaluation(Path(sp.inputs["records"]), sp.inputs["model"], out,
-                              EvaluationConfig.model_validate(cfg))
-    raise ValueError(f"unknown stage kind {sp.kind!r}")
+    return runner(sp.kind)(Path(sp.out), sp.config, sp.inputs, mlflow_run_id)

@@ -10,7 +10,7 @@ from prefect import flow, get_run_logger
 
 from embodied_r import paths
 from embodied_r.config import load_recipe
-from embodied_r.registry import CHAMPION
+from embodied_r.evaluation.registry import CHAMPION
 from embodied_r.tracking import Tracker, record_stage, tracking_uri
 from flows.runner import flow_run_id, scoped_env
 
@@ -23,8 +23,8 @@ def reevaluate(model: str = f"models:/embodied-r-reasoner@{CHAMPION}", recipe: s
     or a folder) on ``split`` of the recipe's converted records; one MLflow run per call."""
     from prefect.artifacts import create_table_artifact
 
-    from embodied_r.evaluation import evaluate_model
-    from embodied_r.report import REPORT_FILES, table_rows_from_folder
+    from embodied_r.lifecycle.models import evaluate_model
+    from embodied_r.evaluation.report import REPORT_FILES, table_rows_from_folder
 
     root = Path(home).expanduser().resolve() if home else paths.home()
     rec = load_recipe(recipe, overrides)

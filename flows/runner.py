@@ -106,7 +106,8 @@ def promote_trained(recipe: Recipe, root: Path, stages: dict[str, StagePlan], tr
     """Register the trained reasoner once and let it take the champion alias if it beats the
     current one on the validation split (``tracking.promote``)."""
     from embodied_r.pipeline import training_stage_names
-    from embodied_r.registry import register_and_promote, version_of_folder
+    from embodied_r.lifecycle.promote import register_and_promote
+    from embodied_r.evaluation.registry import version_of_folder
 
     if not recipe.tracking.promote:
         return ""

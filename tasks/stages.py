@@ -17,7 +17,8 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import INPUTS, TASK_SOURCE, CacheKeyFnPolicy
 
 from embodied_r import progress
-from embodied_r.pipeline import StagePlan, code_version, execute
+from embodied_r.pipeline import StagePlan, execute
+from embodied_r.runners import code_version
 from embodied_r.tracking import Tracker, record_stage
 
 
@@ -73,7 +74,7 @@ def run_stage(stage: dict[str, Any], tracker: Tracker | None = None) -> dict[str
         create_markdown_artifact(_markdown(sp, summary), key=f"{sp.name.replace('_', '-')}-summary",
                                  description=f"{sp.name} summary")
         if sp.kind == "evaluate":
-            from embodied_r.report import table_rows_from_folder
+            from embodied_r.evaluation.report import table_rows_from_folder
 
             create_table_artifact(table=table_rows_from_folder(Path(sp.out)), key="evaluate-accuracy",
                                   description="Accuracy per task beside the paper's Embodied-R (Table 1)")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from embodied_r.answers import (
+from embodied_r.scoring.answers import (
     FORMAT_RE,
     completion_text,
     extract_answer,

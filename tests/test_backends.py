@@ -19,9 +19,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from embodied_r.backend_openai import OpenAIBackend, retry_after_seconds
-from embodied_r.backend_transformers import TransformersBackend
-from embodied_r.backends import BackendConfig, make_backend
+from embodied_r.backends.openai_compat import OpenAIBackend, retry_after_seconds
+from embodied_r.backends.hf_local import TransformersBackend
+from embodied_r.backends.base import BackendConfig
+from embodied_r.backends.factory import make_backend
 from tests.servers import ChatStub, StubReply, completion
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -227,7 +228,7 @@ def test_openai_against_transformers_serve(served_lm: str, tiny_lm_path: Path) -
         assert remote.text == mine.text and remote.text.strip()
     # transformers serve accepts response_format and ignores it (it logs "Ignoring
     # unsupported fields"), so nothing is refused and the reply is read as plain text.
-    from embodied_r.prompts import SCENE_SCHEMA
+    from embodied_r.perception.prompts import SCENE_SCHEMA
 
     structured = backend.generate([text_conv("Describe the scene.")], schemas=[SCENE_SCHEMA])[0]
     assert structured.error is None and not backend.structured_output_refused

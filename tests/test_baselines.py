@@ -11,8 +11,8 @@ import pytest
 from PIL import Image
 
 from embodied_r import schemas
-from embodied_r.backends import BackendConfig
-from embodied_r.baselines import (
+from embodied_r.backends.base import BackendConfig
+from embodied_r.lifecycle.baselines import (
     VLM_CHOICE,
     VLM_NUMBER,
     plan_baselines,
@@ -22,10 +22,10 @@ from embodied_r.baselines import (
     vlm_conversation,
 )
 from embodied_r.config import load_recipe
-from embodied_r.evaluation import EvaluationConfig
+from embodied_r.evaluation.config import EvaluationConfig
 from embodied_r.io import table_from_records, write_parquet_atomic
 from embodied_r.pipeline import StageError
-from embodied_r.records import RecordsConfig, run_records
+from embodied_r.training.records import RecordsConfig, run_records
 from test_evaluation import ScriptedModels
 from test_records import VIDEO, catalog_row, write_inputs
 

@@ -14,9 +14,9 @@ import pytest
 from mlflow import MlflowClient
 
 from embodied_r import benchmarks as bm
-from embodied_r.catalog import CatalogConfig, metric_name, run_catalog
-from embodied_r.cli_data import main as cli_main
-from embodied_r.download import DownloadConfig, run_download
+from embodied_r.data.catalog import CatalogConfig, metric_name, run_catalog
+from embodied_r.apps.cli_data import main as cli_main
+from embodied_r.data.download import DownloadConfig, run_download
 from embodied_r.tracking import Tracker, numeric_metrics
 
 REAL_MCQ = Path(__file__).resolve().parents[2] / "shared" / "benchmarks" / "urbanvideo-bench" / "MCQ.parquet"

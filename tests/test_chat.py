@@ -12,8 +12,8 @@ from typing import Any, Iterator
 import pexpect
 import pytest
 
-from embodied_r.chat import Turn, show_turn
-from embodied_r.synthetic import write_motion_video
+from embodied_r.apps.chat import Turn, show_turn
+from embodied_r.synthetic.world import write_motion_video
 from test_evaluation import ScriptedModels, text_of
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,7 +33,7 @@ def _spawn(args: list[str], home: Path, color: bool = False) -> tuple[pexpect.sp
     env.pop("NO_COLOR", None)
     if not color:
         env["NO_COLOR"] = "1"
-    child = pexpect.spawn(sys.executable, ["-m", "embodied_r.cli_eval", "chat", *args,
+    child = pexpect.spawn(sys.executable, ["-m", "embodied_r.apps.cli_eval", "chat", *args,
                                            "--set", "keyframes.max_frames=4", "--set", "keyframes.workers=1"],
                           env=env, cwd=str(ROOT), encoding="utf-8", timeout=TIMEOUT, dimensions=(50, 200))
     transcript = io.StringIO()

@@ -12,9 +12,11 @@ import pytest
 
 from embodied_r import benchmarks as bm
 from embodied_r import schemas
-from embodied_r.catalog import CatalogConfig, CatalogError, SplitConfig, assign_splits, run_catalog
-from embodied_r.download import DataSourceError, DownloadConfig, run_download, safe_extract, sha256_file
-from embodied_r.synthetic import SyntheticConfig
+from embodied_r.data.catalog import CatalogConfig, CatalogError, SplitConfig, assign_splits, run_catalog
+from embodied_r.benchmarks import DataSourceError
+from embodied_r.data.download import DownloadConfig, run_download, safe_extract
+from embodied_r.io import sha256_file
+from embodied_r.synthetic.config import SyntheticConfig
 
 
 def _mirror(root: Path) -> Path:
@@ -207,7 +209,7 @@ def test_extraction_refuses_links_and_bombs_and_is_idempotent(tmp_path):
 
 
 def test_fetch_and_catalog_commands_fill_the_pipelines_own_stage_folders(tmp_path, capsys):
-    from embodied_r.cli_data import main as cli_main
+    from embodied_r.apps.cli_data import main as cli_main
     from embodied_r.config import load_recipe
     from embodied_r.pipeline import plan
 

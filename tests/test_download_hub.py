@@ -28,8 +28,9 @@ from huggingface_hub.utils import filter_repo_objects
 
 from embodied_r import benchmarks as bm
 from embodied_r import schemas
-from embodied_r.download import DataSourceError, DownloadConfig, run_download
-from embodied_r.download_hub import needed_files
+from embodied_r.benchmarks import DataSourceError
+from embodied_r.data.download import DownloadConfig, run_download
+from embodied_r.data.hub import needed_files
 
 ROOT = Path(__file__).resolve().parents[1]
 SHA = {"EmbodiedCity/UrbanVideo-Bench": "a" * 40, "nyu-visionx/VSI-Bench": "b" * 40}
@@ -62,7 +63,7 @@ def _closed_port() -> int:
 def test_unreachable_hub_says_to_use_a_local_source(tmp_path, env):
     env = {k: v.format(port=_closed_port()) for k, v in env.items()}
     proc = subprocess.run(
-        [sys.executable, "-m", "embodied_r.cli_data", "fetch", "--hub", "--recipe", "paper"],
+        [sys.executable, "-m", "embodied_r.apps.cli_data", "fetch", "--hub", "--recipe", "paper"],
         cwd=ROOT, capture_output=True, text=True, timeout=120,
         env={**os.environ, "EMBODIED_R_HOME": str(tmp_path), "PYTHONPATH": str(ROOT), **env})
     assert proc.returncode == 2, proc.stdout + proc.stderr

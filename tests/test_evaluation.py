@@ -12,11 +12,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from embodied_r import schemas
-from embodied_r.backends import BackendConfig
-from embodied_r.evaluation import EvaluationConfig, run_evaluation
+from embodied_r.backends.base import BackendConfig
+from embodied_r.evaluation.config import EvaluationConfig
+from embodied_r.evaluation.stage import run_evaluation
 from embodied_r.io import ItemLog, partial_path
-from embodied_r.records import RecordsConfig, run_records
-from embodied_r.report import REPORT_FILES, table_rows_from_folder
+from embodied_r.training.records import RecordsConfig, run_records
+from embodied_r.evaluation.report import REPORT_FILES, table_rows_from_folder
 from test_records import VIDEO, catalog_row, write_inputs
 from tests.servers import ChatStub, StubReply, completion
 

@@ -67,7 +67,7 @@ def test_demo_runs_then_is_served_from_cache(harness):
     assert len(history) >= 2
     assert any(k.startswith("accuracy/") for k in children["evaluate"].data.metrics)
 
-    from embodied_r.registry import version_of_folder
+    from embodied_r.evaluation.registry import version_of_folder
 
     model = first["stages"]["train_stage3"] + "/model"
     champion = MlflowClient(tracking_uri=uri).get_model_version_by_alias("embodied-r-reasoner", "champion")

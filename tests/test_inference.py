@@ -9,19 +9,19 @@ from typing import Any, Iterator
 
 import pytest
 
-from embodied_r.backends import BackendConfig
-from embodied_r.cli_eval import main as cli_main
-from embodied_r.inference import (
+from embodied_r.backends.base import BackendConfig
+from embodied_r.apps.cli_eval import main as cli_main
+from embodied_r.apps.inference import (
     InferenceInputError,
     parse_question,
     read_input,
     reasoning_conversation,
     run_inference,
 )
-from embodied_r.keyframes import KeyframeConfig
-from embodied_r.perception import PerceptionConfig
-from embodied_r.records import RecordsConfig
-from embodied_r.synthetic import write_motion_video
+from embodied_r.keyframes.extract import KeyframeConfig
+from embodied_r.perception.stage import PerceptionConfig
+from embodied_r.training.records import RecordsConfig
+from embodied_r.synthetic.world import write_motion_video
 from test_evaluation import ScriptedModels, text_of
 
 DIRECTION = ("Please assume the role of an agent. Question: If I am standing by the sofa and facing the TV, "

@@ -20,11 +20,11 @@ import pytest
 
 from embodied_r import schemas
 from embodied_r.io import table_from_records, write_parquet_atomic
-from embodied_r.keyframes import (KeyframeConfig, _jpeg, extract_keyframes, fill_indices, run_keyframes,
-                                  thin_evenly)
-from embodied_r.keyframes_stage import safe_name
-from embodied_r.synthetic import write_motion_video
-from embodied_r.video import VideoError, read_frames
+from embodied_r.keyframes.extract import KeyframeConfig, _jpeg, extract_keyframes, fill_indices, thin_evenly
+from embodied_r.keyframes.stage import run_keyframes
+from embodied_r.keyframes.stage import safe_name
+from embodied_r.synthetic.world import write_motion_video
+from embodied_r.keyframes.video import VideoError, read_frames
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -156,7 +156,7 @@ def test_bad_files_raise_clear_errors(tmp_path, videos, monkeypatch):
         def __getattr__(self, name):
             return getattr(self.cap, name)
 
-    monkeypatch.setattr("embodied_r.video.cv2.VideoCapture", NoFps)
+    monkeypatch.setattr("embodied_r.keyframes.video.cv2.VideoCapture", NoFps)
     with pytest.raises(VideoError, match="no_fps"):
         extract_keyframes(videos["static"])
 
@@ -219,7 +219,8 @@ def test_killed_run_resumes_without_repeats_or_losses(tmp_path):
     cfg = {"sample_fps": 30.0, "workers": 2}
     script = textwrap.dedent(f"""
         from pathlib import Path
-        from embodied_r.keyframes import KeyframeConfig, run_keyframes
+        from embodied_r.keyframes.extract import KeyframeConfig
+        from embodied_r.keyframes.stage import run_keyframes
         run_keyframes(Path({str(catalog)!r}), Path({str(out)!r}), KeyframeConfig(**{cfg!r}))
     """)
     proc = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, start_new_session=True,

@@ -13,10 +13,11 @@ import pytest
 
 from embodied_r import schemas
 from embodied_r.io import table_from_records, write_parquet_atomic
-from embodied_r.keyframes import KeyframeConfig, run_keyframes
-from embodied_r.keyframes_cache import ENTRY_FILE, cached_keyframes, params_hash
-from embodied_r.synthetic import write_motion_video
-from embodied_r.video import VideoError
+from embodied_r.keyframes.extract import KeyframeConfig
+from embodied_r.keyframes.stage import run_keyframes
+from embodied_r.keyframes.cache import ENTRY_FILE, cached_keyframes, params_hash
+from embodied_r.synthetic.world import write_motion_video
+from embodied_r.keyframes.video import VideoError
 
 
 @pytest.fixture(scope="module")

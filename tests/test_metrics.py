@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from embodied_r.metrics import (
+from embodied_r.scoring.metrics import (
     aggregate,
     category_table,
     mean_relative_accuracy,

@@ -20,11 +20,11 @@ from PIL import Image
 from pydantic import ValidationError
 
 from embodied_r import schemas
-from embodied_r.backends import BackendConfig
+from embodied_r.backends.base import BackendConfig
 from embodied_r.io import table_from_records, write_parquet_atomic
-from embodied_r.perception import PerceptionConfig, run_perception
-from embodied_r.perception_parse import FrameInfo, normalize_action, parse_frame_response, video_text
-from embodied_r.prompts import ACTIONS, first_frame_conversation, pair_conversation
+from embodied_r.perception.stage import PerceptionConfig, run_perception
+from embodied_r.perception.parse import FrameInfo, normalize_action, parse_frame_response, video_text
+from embodied_r.perception.prompts import ACTIONS, first_frame_conversation, pair_conversation
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -260,10 +260,10 @@ def test_per_video_mode_against_per_question(tiny_vlm_path: Path, tmp_path: Path
 
 
 def test_calls_after_a_failed_one_are_not_sent(tiny_vlm_path: Path, tmp_path: Path) -> None:
-    from embodied_r.backends import make_backend
+    from embodied_r.backends.factory import make_backend
     from embodied_r.io import ItemLog
-    from embodied_r.perception import _Runner
-    from embodied_r.perception_modes import PerQuestion, Question
+    from embodied_r.perception.stage import _Runner
+    from embodied_r.perception.modes import PerQuestion, Question
 
     catalog, kf = make_inputs(tmp_path, {"v": 4}, [("u:1", "v")])
     frames = [str(kf / f"frames/v/{i:03d}.jpg") for i in range(4)]
@@ -291,8 +291,8 @@ RUNNER = textwrap.dedent(
     """
     import sys
     from pathlib import Path
-    from embodied_r.backends import BackendConfig
-    from embodied_r.perception import PerceptionConfig, run_perception
+    from embodied_r.backends.base import BackendConfig
+    from embodied_r.perception.stage import PerceptionConfig, run_perception
 
     catalog, kf, out, model, mode = sys.argv[1:6]
     cfg = PerceptionConfig(

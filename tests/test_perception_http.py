@@ -17,10 +17,11 @@ import pyarrow.parquet as pq
 import pytest
 from PIL import Image
 
-from embodied_r import prompts
-from embodied_r.backend_openai import OpenAIBackend, image_data_url
-from embodied_r.backends import BackendConfig
-from embodied_r.perception import PerceptionConfig, run_perception
+from embodied_r.perception import prompts
+from embodied_r.backends.images import image_data_url
+from embodied_r.backends.openai_compat import OpenAIBackend
+from embodied_r.backends.base import BackendConfig
+from embodied_r.perception.stage import PerceptionConfig, run_perception
 from test_perception import make_inputs
 from tests.servers import ChatStub, StubReply, completion
 
@@ -141,14 +142,14 @@ def test_image_request_body(server: RecordingServer, tmp_path: Path) -> None:
 def test_key_frames_are_encoded_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
-    from embodied_r import backend_openai
+    from embodied_r.backends import images as backend_images
 
     path = tmp_path / "f.jpg"
     Image.fromarray(np.full((90, 160, 3), 40, dtype=np.uint8)).save(path)
     encoded: list[str] = []
-    real = backend_openai.encode_image
-    monkeypatch.setattr(backend_openai, "encode_image", lambda p, m: encoded.append(p) or real(p, m))
-    cache = backend_openai.ImageCache(size=2)
+    real = backend_images.encode_image
+    monkeypatch.setattr(backend_images, "encode_image", lambda p, m: encoded.append(p) or real(p, m))
+    cache = backend_images.ImageCache(size=2)
     with ThreadPoolExecutor(8) as pool:
         urls = set(pool.map(lambda _: cache.get(str(path), 50 * 50), range(32)))
     assert len(urls) == 1 and encoded == [str(path)]  # 32 calls at once, one encoding

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from embodied_r import prompts
-from embodied_r.perception_modes import PerQuestion, PerVideo, Question, make_mode, windows
-from embodied_r.perception_parse import parse_frame_response, parse_question_pass
+from embodied_r.perception import prompts
+from embodied_r.perception.modes import PerQuestion, PerVideo, Question, make_mode, windows
+from embodied_r.perception.parse import parse_frame_response, parse_question_pass
 
 
 def questions() -> list[Question]:

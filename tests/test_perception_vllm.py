@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from embodied_r import prompts
-from embodied_r.backend_vllm import INSTALL_HINT, engine_kwargs, to_vllm_messages
-from embodied_r.backends import BackendConfig, BackendUnavailable, make_backend
+from embodied_r.perception import prompts
+from embodied_r.backends.vllm_engine import INSTALL_HINT, engine_kwargs, to_vllm_messages
+from embodied_r.backends.base import BackendConfig, BackendUnavailable
+from embodied_r.backends.factory import make_backend
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 

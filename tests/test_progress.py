@@ -25,7 +25,7 @@ def test_trainer_progress_lines_become_updates_and_stay_out_of_the_output(tmp_pa
     import os
     import sys
 
-    from embodied_r.training import PROGRESS_MARK, _stream
+    from embodied_r.training.environment import PROGRESS_MARK, _stream
 
     heard = []
     script = f"print('{PROGRESS_MARK} 1 4'); print('loss 0.5'); print('{PROGRESS_MARK} 4 4')"

@@ -10,13 +10,8 @@ from typing import Any
 import pytest
 
 from embodied_r.config import load_recipe
-from embodied_r.training import (
-    PROJECT_ROOT,
-    TrainingConfig,
-    deepspeed_file,
-    num_processes,
-    resolve_config_file,
-)
+from embodied_r.training.config import TrainingConfig
+from embodied_r.training.environment import PROJECT_ROOT, deepspeed_file, num_processes, resolve_config_file
 
 GPU_RECIPES = ("paper-8gpu", "paper-5gpu", "single-gpu")
 PAPER_WEIGHTS = [(2, 0.7, 0.3, 0.0), (2, 0.3, 0.7, 0.0), (8, 0.1, 0.7, 0.2)]
@@ -106,12 +101,12 @@ def test_accelerate_configs_parse_and_launch(config: str, tmp_path: Path,
     monkeypatch.chdir(tmp_path)  # a launch from anywhere finds the DeepSpeed file
     cfg = TrainingConfig(launcher="accelerate", accelerate_config=str(path), per_device_train_batch_size=1,
                          gradient_accumulation_steps=8)
-    cmd = cfg.command("embodied_r.train_grpo", tmp_path / "spec.json")
+    cmd = cfg.command("embodied_r.training.grpo", tmp_path / "spec.json")
     args = launch_command_parser().parse_args(cmd[cmd.index("accelerate.commands.launch") + 1:])
     args, _, _ = _validate_launch_command(args)
     assert args.use_deepspeed and args.num_processes == cluster.num_processes
     assert args.deepspeed_config_file == str(ds) and args.zero3_init_flag
-    assert args.module and args.training_script == "embodied_r.train_grpo"
+    assert args.module and args.training_script == "embodied_r.training.grpo"
 
 
 def test_deepspeed_config_is_zero3_with_trainer_filled_values() -> None:
@@ -127,7 +122,7 @@ def test_deepspeed_config_is_zero3_with_trainer_filled_values() -> None:
 def _trl_args(name: str, stage: int = 2) -> Any:
     """TRL's GRPOConfig built from a recipe as the trainer process builds it. This machine
     has one process and no GPU: bf16 is off and the per-process batch is the global one."""
-    from embodied_r.train_grpo import grpo_args, reward_setup
+    from embodied_r.training.grpo import grpo_args, reward_setup
 
     cfg = load_recipe(name).training
     per_step = _completions_per_step(cfg)
@@ -151,7 +146,7 @@ def test_trl_receives_the_vllm_options(name: str) -> None:
 
 def test_trl_receives_the_single_gpu_options() -> None:
     pytest.importorskip("peft")
-    from embodied_r.train_grpo import peft_config
+    from embodied_r.training.grpo import peft_config
 
     args, _ = _trl_args("single-gpu")
     assert args.use_vllm is False and args.learning_rate == 1e-5

@@ -11,7 +11,7 @@ import pytest
 
 from embodied_r import schemas
 from embodied_r.io import table_from_records, write_parquet_atomic
-from embodied_r.records import RecordsConfig, build_record, run_records
+from embodied_r.training.records import RecordsConfig, build_record, run_records
 
 OPTIONS = ["A. left", "B. right", "C. ahead", "D. behind"]
 

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from embodied_r.evaluation import EvaluationConfig, run_evaluation
-from embodied_r.backends import BackendConfig
-from embodied_r.registry import (
+from embodied_r.evaluation.config import EvaluationConfig
+from embodied_r.evaluation.stage import run_evaluation
+from embodied_r.backends.base import BackendConfig
+from embodied_r.evaluation.registry import (
     ModelRef,
     RegistryError,
     alias_version,
@@ -143,7 +144,7 @@ def demo_home(tmp_path: Path, embodied_r_home: Path, tiny_lm_path: Path,
               monkeypatch: pytest.MonkeyPatch) -> Path:
     from embodied_r.config import load_recipe
     from embodied_r.pipeline import plan
-    from embodied_r.records import RecordsConfig, run_records
+    from embodied_r.training.records import RecordsConfig, run_records
     from test_records import VIDEO, catalog_row, write_inputs
 
     home = tmp_path / "home"
@@ -163,7 +164,7 @@ def test_commands_evaluate_register_and_promote(demo_home: Path, tiny_lm_path: P
                                                 capsys: pytest.CaptureFixture[str]) -> None:
     from mlflow import MlflowClient
 
-    from embodied_r.cli_eval import main
+    from embodied_r.apps.cli_eval import main
 
     quick = ["--set", "evaluation.backend.max_new_tokens=6"]
     assert main(["eval-model", "tiny:lm", "--split", "val", *quick]) == 0

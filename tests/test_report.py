@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from embodied_r.metrics import aggregate, category_table
-from embodied_r.report import (
+from embodied_r.scoring.metrics import aggregate, category_table
+from embodied_r.evaluation.report import (
     COLUMN_NAMES,
     PAPER_MODEL,
     PAPER_TABLE1,

@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
-from embodied_r.backends import BackendConfig, Generation, make_backend
-from embodied_r.rewards import (
+from embodied_r.backends.base import BackendConfig, Generation
+from embodied_r.backends.factory import make_backend
+from embodied_r.scoring.rewards import (
     REFERENCE_SYSTEM,
     REFERENCE_TEMPLATE_CHOICE,
     accuracy_reward,
@@ -127,7 +128,7 @@ def test_consistency_against_a_real_tiny_model(tiny_reference: Any) -> None:
     assert recording.conversations[0][0] == {"role": "system", "content": REFERENCE_SYSTEM}
 
     # What the reference says, asked directly: the reward is 1 exactly when it agrees.
-    from embodied_r.answers import parse_choice
+    from embodied_r.scoring.answers import parse_choice
 
     direct = tiny_reference.generate(recording.conversations)
     agrees = [parse_choice(g.text, 4) == "C" for g in direct]
@@ -164,7 +165,7 @@ def test_consistency_unreachable_endpoint_gives_none(caplog: pytest.LogCaptureFi
                    "no format"]
     kwargs = _trl_kwargs(3, solution=["C"] * 3, answer_type=["choice"] * 3, options=[OPTIONS] * 3,
                          question=[QUESTION] * 3)
-    with caplog.at_level(logging.WARNING, logger="embodied_r.rewards"):
+    with caplog.at_level(logging.WARNING, logger="embodied_r.scoring.rewards"):
         out = reward(completions=completions, **kwargs)
     reward.close()
     assert out == [None, None, None]
@@ -184,7 +185,7 @@ class Raising:
 
 def test_consistency_raising_backend_gives_none(caplog: pytest.LogCaptureFixture) -> None:
     reward = make_consistency_reward(Raising())
-    with caplog.at_level(logging.WARNING, logger="embodied_r.rewards"):
+    with caplog.at_level(logging.WARNING, logger="embodied_r.scoring.rewards"):
         out = reward(completions=["<think>a</think><answer>C</answer>"],
                      **_trl_kwargs(1, solution=["C"], question=[QUESTION], options=[OPTIONS]))
     assert out == [None]
@@ -279,7 +280,7 @@ def test_consistency_logs_one_reference_answer_per_completion(tiny_reference: An
 
 
 def test_numeric_agreement_is_within_five_percent() -> None:
-    from embodied_r.rewards import _agrees
+    from embodied_r.scoring.rewards import _agrees
 
     assert _agrees(3.1, 3.0, "number") and not _agrees(3.3, 3.0, "number")
     assert _agrees("B", "B", "choice") and not _agrees("B", "C", "choice")

@@ -10,13 +10,15 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from embodied_r.answers import FORMAT_RE, extract_answer
+from embodied_r.scoring.answers import FORMAT_RE, extract_answer
 from embodied_r.config import load_recipe
 from embodied_r.io import partial_path
 from embodied_r.pipeline import StageError, plan
-from embodied_r.records import RecordsConfig, run_records
-from embodied_r.sft import DEFAULT_THINK, SFTConfig, run_sft, sft_config_for, sft_target
-from embodied_r.training import TrainingConfig
+from embodied_r.training.records import RecordsConfig, run_records
+from embodied_r.lifecycle.sft_baseline import sft_config_for
+from embodied_r.training.config import DEFAULT_THINK, SFTConfig
+from embodied_r.training.sft import run_sft, sft_target
+from embodied_r.training.config import TrainingConfig
 from test_records import VIDEO, catalog_row, write_inputs
 
 LONG_VIDEO = "\n".join(f"Frame {i}: After move forward, Observe: a street with buildings and trees."
@@ -105,7 +107,7 @@ def test_sft_command_trains_evaluates_and_tracks(tmp_path: Path, monkeypatch: py
     """``embodied-r sft --recipe demo`` on the demo recipe's convert folder."""
     from mlflow import MlflowClient
 
-    from embodied_r import cli_train
+    from embodied_r.apps import cli_train
 
     root = tmp_path / "home"
     monkeypatch.setenv("EMBODIED_R_HOME", str(root))

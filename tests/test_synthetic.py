@@ -12,8 +12,11 @@ import pyarrow.parquet as pq
 import pytest
 
 from embodied_r import schemas
-from embodied_r.synthetic import (BGR, PAPER_URBAN_TASKS, VSI_THINGS, Pose, SyntheticConfig, Thing,
-                                  in_view, make_synthetic_benchmark, pose_at, segments_from)
+from embodied_r.synthetic.config import SyntheticConfig
+from embodied_r.synthetic.generate import make_synthetic_benchmark
+from embodied_r.synthetic.urban import PAPER_URBAN_TASKS
+from embodied_r.synthetic.vsi import VSI_THINGS
+from embodied_r.synthetic.world import BGR, Pose, Thing, in_view, pose_at, segments_from
 
 REAL_MCQ = Path("/work/shared/benchmarks/urbanvideo-bench/MCQ.parquet")
 SMALL = dict(urban_videos=5, clips_per_scene=2, vsi_scenes=3, seconds=6.0, width=320, height=180, fps=15.0)

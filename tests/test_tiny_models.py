@@ -12,8 +12,8 @@ import pytest
 import torch
 from PIL import Image
 
-from embodied_r import tiny_models
-from embodied_r.tiny_models import (
+from embodied_r.backends import tiny_models
+from embodied_r.backends.tiny_models import (
     LM_SPECIAL,
     VLM_SPECIAL,
     TinyLMSpec,

@@ -8,17 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from embodied_r.backends import BackendConfig
+from embodied_r.backends.base import BackendConfig
 from embodied_r.io import partial_path
-from embodied_r.records import RecordsConfig, run_records
-from embodied_r.training import (
-    PROJECT_ROOT,
-    GRPOStageConfig,
-    LoraSettings,
-    TrainingConfig,
-    VLLMRollouts,
-    run_training_stage,
-)
+from embodied_r.training.records import RecordsConfig, run_records
+from embodied_r.training.config import GRPOStageConfig, TrainingConfig, VLLMRollouts
+from embodied_r.training.environment import PROJECT_ROOT, LoraSettings
+from embodied_r.training.stage import run_training_stage
 from test_records import VIDEO, catalog_row, write_inputs
 
 
@@ -83,19 +78,19 @@ def test_launch_commands(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
     import sys
 
     spec = tmp_path / "spec.json"
-    assert TrainingConfig().command("embodied_r.train_grpo", spec) == [
-        sys.executable, "-m", "embodied_r.train_grpo", str(spec)]
+    assert TrainingConfig().command("embodied_r.training.grpo", spec) == [
+        sys.executable, "-m", "embodied_r.training.grpo", str(spec)]
     # From any working folder, the accelerate config is found in the checkout, and the
     # DeepSpeed file it names is passed as an absolute path beside it.
     monkeypatch.chdir(tmp_path)
     cfg = TrainingConfig(launcher="accelerate", accelerate_config="infra/training/accelerate-zero3-8gpu.yaml",
                          per_device_train_batch_size=1)
-    cmd = cfg.command("embodied_r.train_grpo", spec)
+    cmd = cfg.command("embodied_r.training.grpo", spec)
     infra = PROJECT_ROOT / "infra" / "training"
     assert cmd[:3] == [sys.executable, "-m", "accelerate.commands.launch"]
     assert cmd[cmd.index("--config_file") + 1] == str(infra / "accelerate-zero3-8gpu.yaml")
     assert cmd[cmd.index("--deepspeed_config_file") + 1] == str(infra / "deepspeed-zero3.json")
-    assert cmd[-3:] == ["-m", "embodied_r.train_grpo", str(spec)]
+    assert cmd[-3:] == ["-m", "embodied_r.training.grpo", str(spec)]
     # A training environment of its own: named, or from the environment.
     with pytest.raises(FileNotFoundError, match="training interpreter"):
         TrainingConfig(python=str(tmp_path / "no-env" / "bin" / "python")).command("m", spec)
@@ -114,7 +109,7 @@ def test_missing_inputs_name_the_fix(records: Path, tmp_path: Path) -> None:
 def test_reward_weights_reach_the_trainer(records: Path, tmp_path: Path, tiny_lm_path: Path) -> None:
     from trl import GRPOTrainer
 
-    from embodied_r.train_grpo import grpo_args, load_dataset, reward_setup
+    from embodied_r.training.grpo import grpo_args, load_dataset, reward_setup
 
     with_ref = GRPOStageConfig(name="s3", format_weight=0.1, accuracy_weight=0.7, consistency_weight=0.2)
     without = GRPOStageConfig(name="s1", format_weight=0.7, accuracy_weight=0.3)

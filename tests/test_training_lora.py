@@ -11,7 +11,9 @@ import pytest
 pytest.importorskip("peft")
 
 from embodied_r.config import load_recipe  # noqa: E402
-from embodied_r.training import GRPOStageConfig, LoraSettings, run_training_stage  # noqa: E402
+from embodied_r.training.config import GRPOStageConfig
+from embodied_r.training.environment import LoraSettings
+from embodied_r.training.stage import run_training_stage  # noqa: E402
 from test_training import records, tiny_cfg  # noqa: E402,F401 - the records fixture is shared
 
 

@@ -1,0 +1,220 @@
+"""The ``embodied-r`` command."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+STAGE_COMMANDS = {
+    "download": "download the benchmarks (or make the synthetic one)",
+    "preprocess": "build the questions catalog with splits",
+    "keyframes": "extract key frames of every video",
+    "perception": "turn key frames into frame-by-frame text with the VLM",
+    "convert": "write GRPO records",
+    "train": "run the GRPO training stages",
+    "evaluate": "evaluate the trained reasoner on the test split",
+}
+
+
+def _setup_env(home: str | None) -> None:
+    if home:
+        os.environ["EMBODIED_R_HOME"] = str(Path(home).expanduser().resolve())
+    # Prefect's telemetry fails offline and leaves "database is locked" tracebacks.
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+
+def _overrides(pairs: list[str]) -> dict[str, Any]:
+    from embodied_r.config import _deep_merge, parse_override
+
+    merged: dict[str, Any] = {}
+    for pair in pairs:
+        merged = _deep_merge(merged, parse_override(pair))
+    return merged
+
+
+def _all_overrides(args: argparse.Namespace) -> dict[str, Any]:
+    """``--set`` pairs, plus ``--source DIR`` as a local mirror of the benchmarks."""
+    from embodied_r.config import _deep_merge
+
+    merged = _overrides(args.set)
+    if getattr(args, "source", None):
+        merged = _deep_merge(merged, {"download": {
+            "source": "local", "source_dir": str(Path(args.source).expanduser().resolve())}})
+    return merged
+
+
+DEMO_CAVEAT = ("The demo's models are tiny and random: these numbers prove the plumbing, not the "
+               "science. See README, 'Running it for real'.")
+
+
+def _print_outcome(result: dict[str, Any], seconds: float, synthetic: bool = False) -> None:
+    from embodied_r.paths import home
+
+    print(f"\nDone in {seconds:.1f} s.")
+    cached = result.get("cached") or []
+    if cached:
+        print(f"Served from cache: {', '.join(cached)}")
+    for name, out in result.get("stages", {}).items():
+        print(f"  {name:14s} {out}")
+    evaluation = result.get("evaluation") or {}
+    if "accuracy/overall" in evaluation:
+        summary = ", ".join(f"{k} {evaluation[f'accuracy/{k}']:.3f}" for k in ("overall", "macro", "paper_tasks")
+                            if isinstance(evaluation.get(f"accuracy/{k}"), (int, float)))
+        print(f"\nTest accuracy: {summary}")
+        # One line per task; subtypes (e.g. object_rel_direction/easy) are in the report.
+        for key, value in sorted(evaluation.items()):
+            task = key[len("accuracy/"):]
+            if (key.startswith("accuracy/") and "/" not in task and task not in ("overall", "macro", "paper_tasks")
+                    and isinstance(value, (int, float))):
+                print(f"  {task:28s} {value:.3f}")
+    if synthetic:
+        print(DEMO_CAVEAT)
+    if result.get("promotion"):
+        print(f"\nRegistry: {result['promotion']}")
+    uri = result.get("tracking_uri", "")
+    print(f"\nMLflow store: {uri}  (parent run {result.get('mlflow_run_id')})")
+    if uri.startswith("sqlite:"):
+        print(f"Open its UI:  mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000"
+              f"  then browse http://127.0.0.1:5000")
+    print(f"Project home: {home()}")
+
+
+def _precheck(args: argparse.Namespace, stage: str | None) -> None:
+    """Catch a bad recipe or a missing input before Prefect starts, with a short message."""
+    from embodied_r.config import load_recipe
+    from embodied_r.pipeline import plan, resolve_stage_name, select_stages, training_stage_names
+
+    recipe = load_recipe(args.recipe, _all_overrides(args) or None)
+    stages = plan(recipe)
+    for name in getattr(args, "refresh", None) or []:
+        resolve_stage_name(stages, name)
+    if stage is not None:
+        select_stages(stages, training_stage_names(stages) if stage == "train" else [stage], recipe.name)
+
+
+def _cmd_run(args: argparse.Namespace, stage: str | None = None) -> int:
+    from flows.pipeline import embodied_r
+    from flows.stages import STAGE_FLOWS
+
+    from contextlib import nullcontext
+
+    from embodied_r import progress
+
+    _precheck(args, stage)
+    start = time.time()
+    bars = progress.listening(progress.TerminalBar()) if sys.stderr.isatty() else nullcontext()
+    with bars:
+        if stage is None:
+            result = embodied_r(recipe=args.recipe, refresh=args.refresh or None,
+                                overrides=_all_overrides(args) or None)
+        else:
+            result = STAGE_FLOWS[stage](recipe=args.recipe, refresh=args.refresh_stage,
+                                        overrides=_all_overrides(args) or None)
+    from embodied_r.config import load_recipe
+
+    synthetic = load_recipe(args.recipe, _all_overrides(args) or None).download.source == "synthetic"
+    _print_outcome(result, time.time() - start, synthetic)
+    return 0
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    from embodied_r.config import load_recipe
+    from embodied_r.pipeline import plan
+
+    stages = plan(load_recipe(args.recipe, _all_overrides(args) or None))
+    for name, sp in stages.items():
+        state = "done" if sp.complete else ("partial" if Path(sp.out + ".partial").exists() else "to do")
+        print(f"{name:14s} {state:8s} {sp.out}")
+    return 0
+
+
+def _cmd_validate(args: argparse.Namespace) -> int:
+    from embodied_r.config import load_recipe
+
+    recipe = load_recipe(args.recipe, _all_overrides(args) or None)
+    print(json.dumps(recipe.model_dump(mode="json"), indent=2) if args.show else f"{recipe.name}: valid")
+    return 0
+
+
+def _cmd_recipes(_: argparse.Namespace) -> int:
+    from embodied_r.config import available_recipes, load_recipe
+
+    for name in available_recipes():
+        print(f"{name:12s} {load_recipe(name).description}")
+    return 0
+
+
+# Modules that add their own sub-commands: each has ``register(subparsers)`` and sets a
+# ``handler(args) -> int`` default on the parsers it adds.
+EXTENSIONS: tuple[str, ...] = ("embodied_r.apps.cli_data", "embodied_r.apps.cli_eval", "embodied_r.apps.cli_train")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="embodied-r", description=__doc__)
+    parser.add_argument("--home", help="project home (default $EMBODIED_R_HOME or ~/.embodied-r)")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def recipe_args(p: argparse.ArgumentParser, default: str = "demo") -> None:
+        p.add_argument("--recipe", default=default, help="recipe name or YAML path (default %(default)s)")
+        p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                       help="override a recipe value, e.g. --set training.learning_rate=1e-6")
+        p.add_argument("--source", metavar="DIR",
+                       help="take the benchmarks from a local mirror laid out like the hub repos")
+
+    demo = sub.add_parser("demo", help="run the whole pipeline on the embedded default (CPU, offline)")
+    demo.set_defaults(recipe="demo", set=[], refresh=[])
+    demo.add_argument("--refresh", action="append", default=[], metavar="STAGE")
+    run = sub.add_parser("run", help="run the whole pipeline with a recipe")
+    recipe_args(run)
+    run.add_argument("--refresh", action="append", default=[], metavar="STAGE",
+                     help="recompute STAGE and every stage after it (repeatable)")
+    for name, text in STAGE_COMMANDS.items():
+        p = sub.add_parser(name, help=text)
+        recipe_args(p)
+        p.add_argument("--refresh", dest="refresh_stage", action="store_true",
+                       help="recompute this stage (and discard what depends on it)")
+        p.set_defaults(stage=name)
+    plan_p = sub.add_parser("plan", help="list the stages, their output folders and whether they are done")
+    recipe_args(plan_p)
+    val = sub.add_parser("validate", help="check a recipe")
+    recipe_args(val)
+    val.add_argument("--show", action="store_true", help="print the full resolved recipe")
+    sub.add_parser("recipes", help="list the recipes shipped with the package")
+    import importlib
+
+    for module in EXTENSIONS:
+        importlib.import_module(module).register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    _setup_env(args.home)
+    from embodied_r.data.catalog import CatalogError
+    from embodied_r.config import RecipeError
+    from embodied_r.benchmarks import DataSourceError
+    from embodied_r.pipeline import StageError
+
+    try:
+        if getattr(args, "handler", None) is not None:
+            return args.handler(args)
+        if args.command in ("demo", "run"):
+            return _cmd_run(args)
+        if args.command in STAGE_COMMANDS:
+            return _cmd_run(args, stage=args.stage)
+        return {"plan": _cmd_plan, "validate": _cmd_validate, "recipes": _cmd_recipes}[args.command](args)
+    except (RecipeError, DataSourceError, CatalogError, StageError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

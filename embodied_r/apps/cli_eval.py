@@ -1,0 +1,282 @@
+"""Sub-commands for evaluation, baselines, the model registry, batch inference and chat.
+
+``register(subparsers)`` adds them to the ``embodied-r`` command; ``python -m
+embodied_r.apps.cli_eval`` runs them alone. Models are given as a checkpoint folder, a hub id,
+``tiny:lm``, or a registry URI (``models:/embodied-r-reasoner@champion``); without one,
+the recipe's last trained stage is used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+CHAMPION_URI = "models:/embodied-r-reasoner@champion"
+
+
+# -- shared helpers ------------------------------------------------------------------------
+
+
+def _recipe(args: argparse.Namespace) -> Any:
+    from embodied_r.config import load_recipe, parse_override
+
+    merged: dict[str, Any] = {}
+    for pair in args.set:
+        merged = _merge(merged, parse_override(pair))
+    return load_recipe(args.recipe, merged or None)
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def _root() -> Path:
+    from embodied_r.paths import home
+
+    return home()
+
+
+def _store(recipe: Any) -> str:
+    from embodied_r.tracking import tracking_uri
+
+    return tracking_uri(recipe.tracking.tracking_uri, _root())
+
+
+def _stages(recipe: Any) -> dict[str, Any]:
+    from embodied_r.pipeline import plan
+
+    return plan(recipe, _root())
+
+
+def resolve_reasoner(ref: str | None, recipe: Any) -> Any:
+    from embodied_r.lifecycle.models import resolve_reasoner as resolve
+
+    return resolve(ref, recipe, _root())
+
+
+def _reasoner_backend(recipe: Any, model: str, max_new_tokens: int | None = None,
+                      temperature: float | None = None) -> Any:
+    cfg = recipe.evaluation
+    update: dict[str, Any] = {"model": model,
+                              "max_new_tokens": max_new_tokens or cfg.max_new_tokens or cfg.backend.max_new_tokens}
+    if temperature is not None:
+        update["temperature"] = temperature
+    return cfg.backend.model_copy(update=update)
+
+
+def _guard(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """Expected failures (a missing input, a bad file, an unknown model) as one line, exit 2."""
+
+    def run(args: argparse.Namespace) -> int:
+        from embodied_r.config import RecipeError
+        from embodied_r.pipeline import StageError
+        from embodied_r.keyframes.video import VideoError
+
+        try:
+            return handler(args)
+        except (FileNotFoundError, RecipeError, StageError, VideoError, ValueError) as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+
+    return run
+
+
+# -- commands ------------------------------------------------------------------------------
+
+
+def cmd_infer(args: argparse.Namespace) -> int:
+    from embodied_r.apps.inference import read_input, run_inference, work_folder, write_output
+
+    recipe = _recipe(args)
+    records = read_input(Path(args.input))
+    needs_video = any(str(r["question"]).lstrip().startswith("<video>") for r in records)
+    model = resolve_reasoner(args.model, recipe).path
+    reasoner = _reasoner_backend(recipe, model, args.max_new_tokens)
+    work = work_folder(_root(), records, reasoner, recipe.perception if needs_video else reasoner,
+                       recipe.keyframes, recipe.records)
+    print(f"Answering {len(records)} records with {model} (work folder {work}) ...", flush=True)
+    out = run_inference(records, reasoner=reasoner, perception=recipe.perception, keyframes=recipe.keyframes,
+                        records_cfg=recipe.records, work=work, base=Path(args.input).resolve().parent,
+                        with_video_text=args.with_video_text)
+    write_output(Path(args.output), out)
+    failed = [i for i, r in enumerate(out) if r.get("error")]
+    print(f"Wrote {len(out)} records to {args.output}" + (f"; {len(failed)} failed (see their 'error')" if failed else ""))
+    return 1 if failed else 0
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    from embodied_r.apps.chat import ChatSession, chat_loop, default_history_path
+
+    recipe = _recipe(args)
+    video = Path(args.video)
+    if not video.is_file():
+        raise FileNotFoundError(f"chat: video {video} does not exist")
+    model = resolve_reasoner(args.model, recipe).path
+    session = ChatSession(
+        video=video, reasoner=_reasoner_backend(recipe, model, args.max_new_tokens, args.temperature),
+        perception=recipe.perception, keyframes=recipe.keyframes, records_cfg=recipe.records,
+        work=_root() / "chat-work", max_history=args.max_history, focus=args.focus)
+    history = Path(args.save) if args.save else default_history_path(_root(), video)
+    return chat_loop(session, history)
+
+
+def _track(recipe: Any, name: str, out: Path, summary: dict[str, Any], params: dict[str, Any]) -> str:
+    from embodied_r.evaluation.report import REPORT_FILES
+    from embodied_r.tracking import Tracker, record_stage
+
+    tracker = Tracker.open(recipe.tracking.experiment, _store(recipe), _root())
+    run_id = tracker.start_stage(name, params, tags={"output": str(out)})
+    record_stage(tracker, run_id, out, summary)
+    tracker.log_artifacts(run_id, [out / f for f in REPORT_FILES if f != "report.md"])
+    tracker.finish(run_id)
+    return run_id
+
+
+def cmd_eval_model(args: argparse.Namespace) -> int:
+    from embodied_r.lifecycle.models import evaluate_model
+
+    recipe = _recipe(args)
+    out, summary = evaluate_model(recipe, args.model, args.split, _root(), Path(args.out) if args.out else None)
+    print(f"{args.model} on the {args.split} split: overall {summary.get('accuracy/overall', 0.0):.3f}, "
+          f"macro {summary.get('accuracy/macro', 0.0):.3f} ({summary['done']} answered, {summary['failed']} failed)")
+    print(f"Report: {out / 'report.md'}")
+    if not args.no_track:
+        run_id = _track(recipe, "eval-model", out, summary, {"model": args.model, "split": args.split})
+        print(f"MLflow run {run_id} in {_store(recipe)}")
+    return 0
+
+
+def cmd_baselines(args: argparse.Namespace) -> int:
+    from embodied_r.lifecycle.baselines import LABELS, run_baselines
+    from embodied_r.evaluation.report import render_comparison
+
+    recipe = _recipe(args)
+    results = run_baselines(recipe, _root(), only=args.only or None)
+    runs: dict[str, dict[str, float]] = {}
+    evaluate = _stages(recipe)["evaluate"]
+    if evaluate.complete:
+        runs["trained reasoner"] = json.loads((Path(evaluate.out) / "metrics.json").read_text())["metrics"]
+    for name, summary in results.items():
+        runs[LABELS[name]] = json.loads((Path(summary["out"]) / "metrics.json").read_text())["metrics"]
+        print(f"{LABELS[name]}: overall {summary.get('accuracy/overall', 0.0):.3f}  ({summary['out']})")
+        if not args.no_track:
+            _track(recipe, f"baseline-{name}", Path(summary["out"]), summary, {"baseline": name})
+    if args.report:
+        Path(args.report).write_text(render_comparison(runs, split=recipe.evaluation.split), encoding="utf-8")
+        print(f"Comparison: {args.report}")
+    return 0
+
+
+def cmd_register(args: argparse.Namespace) -> int:
+    from embodied_r.lifecycle.models import trained_model
+    from embodied_r.evaluation.registry import register_model_folder, set_alias
+
+    recipe = _recipe(args)
+    folder = Path(args.folder or trained_model(recipe, _root()))
+    version = register_model_folder(folder, args.name or recipe.tracking.registered_model,
+                                    tracking_uri=_store(recipe), experiment=recipe.tracking.experiment,
+                                    tags={"recipe": recipe.name})
+    print(f"Registered {folder} as {version.name} version {version.version} in {_store(recipe)}")
+    if args.alias:
+        set_alias(version.name, args.alias, version.version, _store(recipe))
+        print(f"models:/{version.name}@{args.alias} -> version {version.version}")
+    return 0
+
+
+def cmd_promote(args: argparse.Namespace) -> int:
+    from embodied_r.lifecycle.promote import register_and_promote
+
+    recipe = _recipe(args)
+    if args.name:
+        recipe = recipe.model_copy(update={"tracking": recipe.tracking.model_copy(
+            update={"registered_model": args.name})})
+    result = register_and_promote(recipe, _root(), Path(args.folder) if args.folder else None,
+                                  version=args.version, split=args.split, metric=args.metric, alias=args.alias)
+    print(result.describe())
+    return 0
+
+
+# -- wiring --------------------------------------------------------------------------------
+
+
+def _recipe_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--recipe", default="demo", help="recipe name or YAML path (default %(default)s)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a recipe value")
+
+
+def register(sub: Any) -> None:
+    """Add infer, chat, eval-model, baselines, register-model and promote to ``sub``."""
+    model_help = (f"checkpoint folder, hub id, tiny:lm or registry URI such as {CHAMPION_URI} "
+                  "(default: the recipe's last trained stage)")
+    p = sub.add_parser("infer", help="answer a JSON list of text and <video> questions")
+    _recipe_args(p)
+    p.add_argument("--input", required=True, help="JSON list of records with 'question' (and 'videos')")
+    p.add_argument("--output", required=True, help="where to write the records with 'content' added")
+    p.add_argument("--model", help=model_help)
+    p.add_argument("--max-new-tokens", type=int)
+    p.add_argument("--with-video-text", action="store_true", help="also add the perception text of video records")
+    p.set_defaults(handler=_guard(cmd_infer))
+
+    p = sub.add_parser("chat", help="ask questions about one video in a terminal")
+    _recipe_args(p)
+    p.add_argument("video", help="video file")
+    p.add_argument("--model", help=model_help)
+    p.add_argument("--focus", help="what the VLM should look for (default: the first question)")
+    p.add_argument("--save", help="history file (default: <home>/chats/chat-<video>-<time>.json)")
+    p.add_argument("--max-history", type=int, default=4, help="earlier turns kept as context (default 4)")
+    p.add_argument("--max-new-tokens", type=int)
+    p.add_argument("--temperature", type=float, help="sampling temperature (default: the recipe's, greedy)")
+    p.set_defaults(handler=_guard(cmd_chat))
+
+    p = sub.add_parser("eval-model", help="evaluate a checkpoint or registry model on a split of the records")
+    _recipe_args(p)
+    p.add_argument("model", help=model_help.replace(" (default: the recipe's last trained stage)", ""))
+    p.add_argument("--split", default="test", choices=["train", "val", "test"])
+    p.add_argument("--out", help="output folder (default: <home>/evaluations/model/<hash>)")
+    p.add_argument("--no-track", action="store_true", help="do not log to MLflow")
+    p.set_defaults(handler=_guard(cmd_eval_model))
+
+    p = sub.add_parser("baselines", help="the paper's baselines: untrained reasoner, VLM on the key frames")
+    _recipe_args(p)
+    p.add_argument("--only", action="append", choices=["policy", "vlm"], help="run only this baseline")
+    p.add_argument("--report", help="write a Markdown comparison with the trained reasoner here")
+    p.add_argument("--no-track", action="store_true", help="do not log to MLflow")
+    p.set_defaults(handler=_guard(cmd_baselines))
+
+    p = sub.add_parser("register-model", help="register a trained reasoner folder in the MLflow registry")
+    _recipe_args(p)
+    p.add_argument("folder", nargs="?", help="model folder (default: the recipe's last trained stage)")
+    p.add_argument("--name", help="registered model name (default: the recipe's tracking.registered_model)")
+    p.add_argument("--alias", help="also point this alias at the new version")
+    p.set_defaults(handler=_guard(cmd_register))
+
+    p = sub.add_parser("promote", help="give @champion to a model version that beats it on the validation split")
+    _recipe_args(p)
+    p.add_argument("folder", nargs="?", help="model folder to register first (default: the recipe's last trained stage)")
+    p.add_argument("--version", help="an already registered version instead of a folder")
+    p.add_argument("--name", help="registered model name (default: the recipe's tracking.registered_model)")
+    p.add_argument("--alias", default="champion")
+    p.add_argument("--split", default="val", choices=["train", "val", "test"])
+    p.add_argument("--metric", default="accuracy/overall", help="summary metric compared (default %(default)s)")
+    p.set_defaults(handler=_guard(cmd_promote))
+
+
+def main(argv: list[str] | None = None) -> int:
+    import os
+
+    parser = argparse.ArgumentParser(prog="embodied-r", description=__doc__)
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    return args.handler(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

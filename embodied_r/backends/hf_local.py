@@ -1,0 +1,215 @@
+"""The ``transformers`` backend: a text LM or a Qwen2.5-VL model in this process.
+
+Used for the tiny CPU models and for real checkpoints (Qwen2.5-3B, Qwen2.5-VL-3B/7B)
+on a GPU. Prompts are batched with left padding; an item that fails (an unreadable
+image, a prompt too long for memory) comes back with ``error`` set and the others go on.
+transformers has no structured output of its own: reply schemas are accepted and not
+enforced, and the caller reads plain text.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+from PIL import Image
+
+from embodied_r.backends.base import BackendConfig, Conversation, Generation, map_image_parts
+from embodied_r.backends.images import load_image
+from embodied_r.backends.tiny_models import load_vlm_processor, resolve_model
+
+log = logging.getLogger(__name__)
+
+VLM_TYPES = {"qwen2_5_vl"}
+
+
+def split_images(conversation: Conversation, max_pixels: int) -> tuple[Conversation, list[Image.Image]]:
+    """Replace each ``{"type": "image", "path": ...}`` part by a bare image placeholder
+    for the chat template, and return the loaded images in order."""
+    images: list[Image.Image] = []
+
+    def placeholder(path: str) -> dict[str, Any]:
+        images.append(load_image(path, max_pixels))
+        return {"type": "image"}
+
+    out = map_image_parts(conversation, placeholder)
+    for message in out:
+        if not isinstance(message["content"], str):
+            for part in message["content"]:
+                if part.get("type") not in ("image", "text"):
+                    raise ValueError(f"unsupported content part type {part.get('type')!r}")
+    return out, images
+
+
+class TransformersBackend:
+    def __init__(self, cfg: BackendConfig):
+        # torch is imported here, not at module level, so code that only talks HTTP
+        # can import this module's image functions cheaply.
+        import torch
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+        if not cfg.model:
+            raise ValueError("backend 'transformers' needs `model`: a local folder, a hub id or tiny:lm / tiny:vlm")
+        self.cfg = cfg
+        self.path = resolve_model(cfg.model)
+        config = AutoConfig.from_pretrained(self.path)
+        self.is_vlm = config.model_type in VLM_TYPES
+        if not self.is_vlm and hasattr(config, "vision_config"):
+            raise ValueError(
+                f"{self.path}: vision-language model type {config.model_type!r} is not supported "
+                f"by the transformers backend (supported: {sorted(VLM_TYPES)}); use the openai "
+                "or vllm backend for it"
+            )
+
+        if cfg.device == "auto":
+            self.device = "cuda" if torch.cuda.is_available() else "cpu"
+        else:
+            self.device = cfg.device
+        on_gpu = self.device.startswith("cuda")
+        dtype = torch.bfloat16 if on_gpu else torch.float32
+        # "auto" on a GPU spreads a model too big for one device over all of them.
+        load_kwargs: dict[str, Any] = {"dtype": dtype}
+        if cfg.device == "auto" and on_gpu:
+            load_kwargs["device_map"] = "auto"
+
+        if self.is_vlm:
+            from transformers import Qwen2_5_VLForConditionalGeneration
+
+            self.processor = load_vlm_processor(self.path)
+            self.tokenizer = self.processor.tokenizer
+            self.model = Qwen2_5_VLForConditionalGeneration.from_pretrained(self.path, **load_kwargs)
+        else:
+            self.processor = None
+            self.tokenizer = AutoTokenizer.from_pretrained(self.path)
+            self.model = AutoModelForCausalLM.from_pretrained(self.path, **load_kwargs)
+        if "device_map" not in load_kwargs:
+            self.model.to(self.device)
+        self.model.eval()
+
+        self.tokenizer.padding_side = "left"
+        if self.tokenizer.pad_token is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self.stop_ids = self._stop_ids()
+        self._batches = 0
+
+    def _stop_ids(self) -> set[int]:
+        ids = self.model.generation_config.eos_token_id
+        ids = [ids] if isinstance(ids, int) else list(ids or [])
+        if self.tokenizer.eos_token_id is not None:
+            ids.append(self.tokenizer.eos_token_id)
+        return set(ids)
+
+    # -- preparation -------------------------------------------------------------------
+
+    def _prepare(self, conversation: Conversation) -> tuple[str, list[Image.Image]]:
+        messages, images = split_images(conversation, self.cfg.max_pixels)
+        if images and not self.is_vlm:
+            raise ValueError(f"{self.path} is a text model; it cannot take images")
+        template_owner = self.processor if self.is_vlm else self.tokenizer
+        text = template_owner.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return text, images
+
+    def _encode(self, items: list[tuple[str, list[Image.Image]]]) -> Any:
+        texts = [text for text, _ in items]
+        if self.is_vlm:
+            images = [img for _, imgs in items for img in imgs]
+            # The processor rounds sizes to whole patches; with the budget it rounds down.
+            extra = {}
+            if images:
+                floor = self.processor.image_processor.size.get("shortest_edge", 28 * 28)
+                extra["size"] = {"longest_edge": self.cfg.max_pixels, "shortest_edge": min(floor, self.cfg.max_pixels)}
+            return self.processor(
+                text=texts, images=images or None, return_tensors="pt", padding=True, **extra
+            )
+        return self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+
+    # -- generation --------------------------------------------------------------------
+
+    def _run_batch(self, items: list[tuple[str, list[Image.Image]]], max_new_tokens: int) -> list[Generation]:
+        import torch
+
+        batch = self._encode(items).to(self.model.device)
+        sampling = self.cfg.temperature > 0
+        kwargs: dict[str, Any] = {
+            "max_new_tokens": max_new_tokens,
+            "do_sample": sampling,
+            "pad_token_id": self.tokenizer.pad_token_id,
+        }
+        if sampling:
+            kwargs.update(temperature=self.cfg.temperature, top_p=self.cfg.top_p)
+            # Seeded per batch, so a rerun with the same inputs draws the same samples.
+            torch.manual_seed(self.cfg.seed + self._batches)
+        else:
+            # Sampling settings in a model's generation config would only raise warnings.
+            kwargs.update(temperature=None, top_p=None, top_k=None)
+        self._batches += 1
+        with torch.inference_mode():
+            out = self.model.generate(**batch, **kwargs)
+        prompt_len = batch["input_ids"].shape[1]
+        prompt_tokens = batch["attention_mask"].sum(dim=1).tolist()
+        results = []
+        for row, n_prompt in zip(out[:, prompt_len:].tolist(), prompt_tokens):
+            stop = next((i + 1 for i, tok in enumerate(row) if tok in self.stop_ids), len(row))
+            text = self.tokenizer.decode(row[:stop], skip_special_tokens=True)
+            results.append(Generation(text=text, prompt_tokens=int(n_prompt), completion_tokens=stop))
+        return results
+
+    def generate(
+        self,
+        conversations: list[Conversation],
+        *,
+        schemas: list[dict[str, Any] | None] | None = None,
+        max_new_tokens: int | None = None,
+        on_result: Callable[[int, Generation], None] | None = None,
+    ) -> list[Generation]:
+        """One generation per conversation, in order; ``on_result(index, generation)`` is
+        called as each batch finishes. ``schemas`` are not enforced (see the module doc)."""
+        budget = max_new_tokens or self.cfg.max_new_tokens
+        results: list[Generation | None] = [None] * len(conversations)
+
+        def finish(i: int, gen: Generation) -> None:
+            results[i] = gen
+            if on_result is not None:
+                on_result(i, gen)
+
+        ready: list[tuple[int, tuple[str, list[Image.Image]]]] = []
+        for i, conversation in enumerate(conversations):
+            try:
+                ready.append((i, self._prepare(conversation)))
+            except Exception as exc:  # one bad item must not sink the batch
+                finish(i, Generation(text="", error=f"prepare: {type(exc).__name__}: {exc}"))
+        # Similar lengths together waste less compute on padding.
+        ready.sort(key=lambda item: len(item[1][0]))
+        size = self.cfg.batch_size
+        for start in range(0, len(ready), size):
+            chunk = ready[start : start + size]
+            try:
+                outs = self._run_batch([item for _, item in chunk], budget)
+            except Exception as exc:
+                if len(chunk) == 1:
+                    finish(chunk[0][0], Generation(text="", error=f"generate: {type(exc).__name__}: {exc}"))
+                    continue
+                # Retry one by one so only the culprit fails (e.g. out of memory).
+                log.warning("batch of %d failed (%s); retrying items singly", len(chunk), exc)
+                outs = []
+                for _, item in chunk:
+                    try:
+                        outs.extend(self._run_batch([item], budget))
+                    except Exception as one_exc:
+                        outs.append(Generation(text="", error=f"generate: {type(one_exc).__name__}: {one_exc}"))
+            for (i, _), gen in zip(chunk, outs):
+                finish(i, gen)
+        return [r if r is not None else Generation(text="", error="not generated") for r in results]
+
+    def close(self) -> None:
+        on_gpu = self.device.startswith("cuda")
+        self.model = None
+        self.processor = None
+        if on_gpu:
+            import gc
+
+            import torch
+
+            # Perception, reward and evaluation models share one GPU in turn.
+            gc.collect()
+            torch.cuda.empty_cache()

@@ -1,0 +1,87 @@
+"""Images as the backends send them: scaled to a pixel budget, and for HTTP encoded once
+as JPEG data URLs and kept in a small cache shared by every call of the process."""
+
+from __future__ import annotations
+
+import base64
+import io
+import math
+import os
+import threading
+from collections import OrderedDict
+from concurrent.futures import Future
+from pathlib import Path
+
+from PIL import Image
+
+
+def load_image(path: str | Path, max_pixels: int) -> Image.Image:
+    """An RGB image scaled down (never up) to at most ``max_pixels`` pixels."""
+    with Image.open(path) as img:
+        img = img.convert("RGB")
+    w, h = img.size
+    if w * h > max_pixels:
+        scale = math.sqrt(max_pixels / (w * h))
+        # Pillow's bilinear resize is antialiased (its support grows with the scale); bicubic
+        # costs about 1.6x the CPU, which is most of what sending a key frame costs.
+        img = img.resize((max(1, int(w * scale)), max(1, int(h * scale))), Image.BILINEAR)
+    return img
+
+
+
+def encode_image(path: str, max_pixels: int) -> str:
+    """The image scaled to the pixel budget, as a JPEG data URL."""
+    img = load_image(path, max_pixels)
+    buf = io.BytesIO()
+    img.save(buf, format="JPEG", quality=90)
+    return "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+class ImageCache:
+    """Encoded key frames, most recently used kept, each encoded once even when many
+    calls ask for it at the same moment.
+
+    Perception sends each key frame many times: per_question shows it in two calls of
+    every question about its video and sends a video's questions side by side, so up to
+    ``concurrency`` calls want the same frame at once. A file rewritten in place is
+    encoded again (its mtime and size are part of the key).
+    """
+
+    def __init__(self, size: int = 256):  # about 256 x 50 kB
+        self.size = size
+        self._lock = threading.Lock()
+        self._items: OrderedDict[tuple[str, int, int, int], Future[str]] = OrderedDict()
+
+    def get(self, path: str, max_pixels: int) -> str:
+        stat = os.stat(path)
+        key = (str(path), stat.st_mtime_ns, stat.st_size, max_pixels)
+        with self._lock:
+            future = self._items.get(key)
+            owner = future is None
+            if owner:
+                future = self._items[key] = Future()
+                while len(self._items) > self.size:
+                    self._items.popitem(last=False)
+            else:
+                self._items.move_to_end(key)
+        if owner:
+            try:
+                future.set_result(encode_image(path, max_pixels))
+            except BaseException as exc:
+                future.set_exception(exc)
+                with self._lock:
+                    if self._items.get(key) is future:
+                        del self._items[key]  # a later call tries again
+        return future.result()
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+
+
+IMAGES = ImageCache()
+
+
+def image_data_url(path: str, max_pixels: int) -> str:
+    """The image scaled to the pixel budget, as a JPEG data URL (cached)."""
+    return IMAGES.get(path, max_pixels)

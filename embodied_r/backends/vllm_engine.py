@@ -1,0 +1,189 @@
+"""The ``vllm`` backend: vLLM's offline engine in this process (GPU).
+
+vLLM pins its own torch and transformers, so it cannot share the base environment; this
+module imports it only when a backend is built and otherwise says how to install it.
+Conversations go through ``LLM.chat`` with each image as a PIL frame scaled to the pixel
+budget; one ``chat`` call hands vLLM's scheduler the whole list, which batches it
+continuously. Reply schemas are enforced with vLLM's structured outputs.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib
+import logging
+from typing import Any, Callable
+
+from embodied_r.backends.base import BackendConfig, BackendUnavailable, Conversation, Generation, map_image_parts
+from embodied_r.backends.images import load_image
+from embodied_r.backends.tiny_models import resolve_model
+
+log = logging.getLogger(__name__)
+
+INSTALL_HINT = (
+    "backend 'vllm' needs the vllm package, which pins its own torch and transformers and "
+    "so cannot share the base environment. Make a separate environment for it (README, "
+    "'vLLM in process'): install vllm first, then this package with `pip install --no-deps "
+    "-e .` and its other requirements; or serve the model with `vllm serve MODEL --host "
+    "127.0.0.1` and use backend kind 'openai' with its base_url."
+)
+# Images one prompt may carry: a per_video question pass shows a whole window of key
+# frames (at most 32 after key-frame selection), plus headroom.
+MAX_IMAGES_PER_PROMPT = 40
+
+
+def import_vllm() -> Any:
+    try:
+        import vllm
+    except ImportError as exc:
+        raise BackendUnavailable(INSTALL_HINT) from exc
+    return vllm
+
+
+def to_vllm_messages(conversation: Conversation, max_pixels: int) -> list[dict[str, Any]]:
+    """``{"type": "image", "path": ...}`` parts become PIL images within the pixel budget,
+    in place, so images keep their position before the text."""
+    return map_image_parts(
+        conversation, lambda path: {"type": "image_pil", "image_pil": load_image(path, max_pixels)})
+
+
+def _gpu_count() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def engine_kwargs(cfg: BackendConfig, gpus: int) -> dict[str, Any]:
+    """Arguments of ``vllm.LLM`` for a config. Tensor parallelism spans the largest power
+    of two of the visible GPUs (attention heads divide evenly); ``engine_kwargs`` in the
+    config, where present, overrides any of them."""
+    tp = 1
+    while tp * 2 <= gpus:
+        tp *= 2
+    kwargs: dict[str, Any] = {
+        "model": resolve_model(cfg.model),
+        "seed": cfg.seed,
+        "tensor_parallel_size": tp,
+        "limit_mm_per_prompt": {"image": MAX_IMAGES_PER_PROMPT},
+        # The processor's own budget matches ours, so vLLM's memory profiling does not
+        # reserve room for images far larger than any it will be sent.
+        "mm_processor_kwargs": {"max_pixels": cfg.max_pixels},
+    }
+    kwargs.update(getattr(cfg, "engine_kwargs", None) or {})
+    return kwargs
+
+
+class VLLMBackend:
+    def __init__(self, cfg: BackendConfig):
+        vllm = import_vllm()
+        if not cfg.model:
+            raise ValueError("backend 'vllm' needs `model`: a local folder or a hub id")
+        self.cfg = cfg
+        self._vllm = vllm
+        kwargs = engine_kwargs(cfg, _gpu_count())
+        self.path = kwargs["model"]
+        self.llm = vllm.LLM(**kwargs)
+        self.retry_log: list[tuple[str, float]] = []  # vLLM in process never retries
+        self._requests = 0
+
+    def _sampling(self, index: int, schema: dict[str, Any] | None, max_new_tokens: int) -> Any:
+        kwargs: dict[str, Any] = {"max_tokens": max_new_tokens, "temperature": self.cfg.temperature}
+        if self.cfg.temperature > 0:
+            # A seed per request: a rerun of the same calls draws the same samples
+            # whatever the batch, and two equal prompts still draw different ones.
+            kwargs.update(top_p=self.cfg.top_p, seed=self.cfg.seed + self._requests + index)
+        if schema is not None:
+            kwargs.update(structured_kwargs(self._vllm, schema))
+        return self._vllm.SamplingParams(**kwargs)
+
+    def _chat(self, messages: list[list[dict[str, Any]]], params: list[Any]) -> list[Generation]:
+        outputs = self.llm.chat(messages, sampling_params=params, use_tqdm=False)
+        return [generation_from_output(out) for out in outputs]
+
+    def generate(
+        self,
+        conversations: list[Conversation],
+        *,
+        schemas: list[dict[str, Any] | None] | None = None,
+        max_new_tokens: int | None = None,
+        on_result: Callable[[int, Generation], None] | None = None,
+    ) -> list[Generation]:
+        """One generation per conversation, in order; ``on_result(index, generation)`` is
+        called for each once vLLM returns the batch."""
+        budget = max_new_tokens or self.cfg.max_new_tokens
+        schemas = list(schemas) if schemas is not None else [None] * len(conversations)
+        results: list[Generation | None] = [None] * len(conversations)
+        ready: list[tuple[int, list[dict[str, Any]], Any]] = []
+        for i, conversation in enumerate(conversations):
+            try:
+                messages = to_vllm_messages(conversation, self.cfg.max_pixels)
+                ready.append((i, messages, self._sampling(i, schemas[i], budget)))
+            except Exception as exc:  # one bad item must not sink the batch
+                results[i] = Generation(text="", error=f"prepare: {type(exc).__name__}: {exc}")
+        self._requests += len(conversations)
+        if ready:
+            try:
+                outs = self._chat([m for _, m, _ in ready], [p for _, _, p in ready])
+            except Exception as exc:
+                # vLLM rejects a whole request list for one bad prompt (e.g. one longer
+                # than the model's context): retry singly so only the culprit fails.
+                log.warning("vLLM batch of %d failed (%s); retrying items singly", len(ready), exc)
+                outs = []
+                for _, messages, params in ready:
+                    try:
+                        outs.extend(self._chat([messages], [params]))
+                    except Exception as one_exc:
+                        outs.append(Generation(text="", error=f"generate: {type(one_exc).__name__}: {one_exc}"))
+            for (i, _, _), gen in zip(ready, outs):
+                results[i] = gen
+        final = [r if r is not None else Generation(text="", error="not generated") for r in results]
+        if on_result is not None:
+            for i, gen in enumerate(final):
+                on_result(i, gen)
+        return final
+
+    def close(self) -> None:
+        if getattr(self, "llm", None) is None:
+            return
+        shutdown = getattr(self.llm.llm_engine, "shutdown", None)
+        self.llm = None
+        if callable(shutdown):
+            try:
+                shutdown()
+            except Exception as exc:  # pragma: no cover - best effort
+                log.warning("vLLM engine shutdown failed: %s", exc)
+        gc.collect()
+        import torch
+
+        if torch.cuda.is_available():
+            # Perception, reward and evaluation models share the GPU in turn.
+            torch.cuda.empty_cache()
+
+
+def structured_kwargs(vllm: Any, schema: dict[str, Any]) -> dict[str, Any]:
+    """SamplingParams arguments that hold the reply to ``schema``: ``structured_outputs``
+    in current vLLM, ``guided_decoding`` in releases before 0.12."""
+    try:
+        params = importlib.import_module("vllm.sampling_params")
+    except ImportError:
+        params = getattr(vllm, "sampling_params", None)
+    structured = getattr(params, "StructuredOutputsParams", None)
+    if structured is not None:
+        return {"structured_outputs": structured(json=schema)}
+    guided = getattr(params, "GuidedDecodingParams", None)
+    if guided is not None:
+        return {"guided_decoding": guided(json=schema)}
+    log.warning("this vLLM has no structured outputs; replies are read as plain text")
+    return {}
+
+
+def generation_from_output(out: Any) -> Generation:
+    """A ``Generation`` from one ``vllm.RequestOutput``."""
+    if not out.outputs:
+        return Generation(text="", error="vLLM returned no completion")
+    first = out.outputs[0]
+    return Generation(
+        text=first.text,
+        prompt_tokens=len(out.prompt_token_ids or []),
+        completion_tokens=len(first.token_ids or []),
+    )

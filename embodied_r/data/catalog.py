@@ -1,0 +1,266 @@
+"""Preprocess stage: both benchmarks into one questions table, with seeded scene-disjoint splits."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any, Literal
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from embodied_r import benchmarks as bm
+from embodied_r import schemas
+from embodied_r.io import (
+    is_complete,
+    read_summary,
+    stage_folder,
+    table_from_records,
+    write_parquet_atomic,
+    write_summary,
+)
+
+
+class SplitConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    train: float = 0.75
+    val: float = 0.05
+    test: float = 0.20
+    seed: int = 0
+    folds: int = Field(5, ge=1)
+
+    @model_validator(mode="after")
+    def _sums_to_one(self) -> "SplitConfig":
+        if abs(self.train + self.val + self.test - 1.0) > 1e-6:
+            raise ValueError(f"split fractions must sum to 1, got {self.train}+{self.val}+{self.test}")
+        return self
+
+
+class CatalogConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    tasks: Literal["paper", "all"] | list[str] = "paper"
+    split: SplitConfig = Field(default_factory=SplitConfig)
+    max_questions_per_task: int | None = None  # a cap for small runs; None keeps all
+
+
+class CatalogError(ValueError):
+    """A source file without the benchmark's schema, or a task the source does not have."""
+
+
+def _read_checked(path: Path, expected: pa.Schema) -> list[dict]:
+    if not path.is_file():
+        raise CatalogError(f"{path} not found: run the download stage first (embodied-r download)")
+    table = pq.read_table(path)
+    missing = [n for n in expected.names if n not in table.column_names]
+    if missing:
+        raise CatalogError(f"{path}: missing column(s) {', '.join(missing)}; expected {expected.names}")
+    return table.select(expected.names).to_pylist()
+
+
+def _urbanvideo_rows(root: Path, failures: list[dict]) -> list[dict]:
+    base = root / bm.URBANVIDEO_DIR
+    rows = []
+    for r in _read_checked(base / bm.URBANVIDEO_FILE, schemas.URBANVIDEO_MCQ):
+        uid = f"{bm.URBANVIDEO}:{r['Question_id']}"
+        stem, options = bm.split_urbanvideo_question(r["question"] or "")
+        answer = (r["answer"] or "").strip().upper()
+        if answer not in [o[0] for o in options]:
+            failures.append({"stage": "preprocess", "item": uid, "reason": f"answer_not_an_option: "
+                             f"answer {r['answer']!r} is not one of the parsed options {[o[0] for o in options]}"})
+            continue
+        rows.append({
+            "uid": uid, "benchmark": bm.URBANVIDEO, "original_id": str(r["Question_id"]),
+            "video_id": r["video_id"], "video_path": str((base / "videos" / r["video_id"]).resolve()),
+            "scene": bm.urbanvideo_scene(r["video_id"]), "category": r["question_category"],
+            "question": stem, "options": options, "answer": answer, "answer_type": "choice",
+        })
+    return rows
+
+
+def _vsibench_rows(root: Path, failures: list[dict]) -> list[dict]:
+    base = root / bm.VSIBENCH_DIR
+    rows = []
+    for r in _read_checked(base / bm.VSIBENCH_FILE, schemas.VSIBENCH):
+        uid = f"{bm.VSIBENCH}:{r['id']}"
+        numeric = r["question_type"] in bm.VSIBENCH_NUMERIC or not r["options"]
+        options = [] if numeric else bm.normalise_vsibench_options(r["options"])
+        answer = str(r["ground_truth"]).strip()
+        if not numeric and answer.upper()[:1] not in [o[0] for o in options]:
+            failures.append({"stage": "preprocess", "item": uid, "reason": f"answer_not_an_option: "
+                             f"ground_truth {answer!r} is not one of the options {[o[0] for o in options]}"})
+            continue
+        video_id = f"{r['dataset']}/{r['scene_name']}"
+        rows.append({
+            "uid": uid, "benchmark": bm.VSIBENCH, "original_id": str(r["id"]), "video_id": video_id,
+            "video_path": str((base / "videos" / f"{video_id}.mp4").resolve()),
+            "scene": f"{r['dataset']}/{r['scene_name']}",
+            "category": bm.vsibench_category(r["question_type"]),
+            "question": " ".join(str(r["question"]).split()), "options": options,
+            "answer": answer if numeric else answer.upper()[:1],
+            "answer_type": "number" if numeric else "choice",
+        })
+    return rows
+
+
+def _wanted(rows: list[dict], tasks: Literal["paper", "all"] | list[str]) -> list[dict]:
+    if tasks == "all":
+        return rows
+    if tasks == "paper":
+        keep = set(bm.PAPER_TASKS[bm.URBANVIDEO] + bm.PAPER_TASKS[bm.VSIBENCH])
+        return [r for r in rows if r["category"] in keep]
+    # Named tasks match as written in the source or in their metric form ("start_end_position").
+    known = {metric_name(r["category"]) for r in rows}
+    unknown = [t for t in tasks if metric_name(t) not in known]
+    if unknown:
+        names = sorted({r["category"] for r in rows})
+        raise CatalogError(f"unknown task(s) {', '.join(map(repr, unknown))}; the source has: {', '.join(names)}")
+    keep = {metric_name(t) for t in tasks}
+    return [r for r in rows if metric_name(r["category"]) in keep]
+
+
+def _stable_rank(seed: int, key: str) -> str:
+    # sha256, not hash(): the same split on every machine and Python version.
+    return hashlib.sha256(f"{seed}\0{key}".encode()).hexdigest()
+
+
+def assign_splits(rows: list[dict], cfg: SplitConfig) -> None:
+    """Scene-disjoint split per benchmark: scenes in a seeded order fill train, val, test
+    by question count; folds deal scenes round-robin in the same order."""
+    by_bench: dict[str, Counter] = {}
+    for r in rows:
+        by_bench.setdefault(r["benchmark"], Counter())[r["scene"]] += 1
+    split_of: dict[tuple[str, str], tuple[str, int]] = {}
+    for bench, counts in by_bench.items():
+        scenes = sorted(counts, key=lambda s: _stable_rank(cfg.seed, f"{bench}/{s}"))
+        total = sum(counts.values())
+        bounds = [("train", cfg.train * total), ("val", (cfg.train + cfg.val) * total)]
+        seen = 0
+        for i, scene in enumerate(scenes):
+            split = next((name for name, bound in bounds if seen < bound), "test")
+            # A tiny benchmark still gets a test scene: the last scene is never trained on.
+            if i == len(scenes) - 1 and len(scenes) > 1 and cfg.test > 0:
+                split = "test"
+            split_of[(bench, scene)] = (split, i % cfg.folds)
+            seen += counts[scene]
+    for r in rows:
+        r["split"], r["fold"] = split_of[(r["benchmark"], r["scene"])]
+
+
+def _cap(rows: list[dict], cap: int | None, seed: int) -> list[dict]:
+    if cap is None:
+        return rows
+    kept: Counter = Counter()
+    out = []
+    for r in sorted(rows, key=lambda r: _stable_rank(seed, r["uid"])):
+        if kept[(r["benchmark"], r["category"])] < cap:
+            kept[(r["benchmark"], r["category"])] += 1
+            out.append(r)
+    return sorted(out, key=lambda r: (r["benchmark"], r["uid"]))
+
+
+def build_catalog(raw: Path, cfg: CatalogConfig) -> tuple[list[dict], list[dict]]:
+    """Rows of the catalog and the rows left out with their reasons."""
+    raw = Path(raw)
+    failures: list[dict] = []
+    rows: list[dict] = []
+    if (raw / bm.URBANVIDEO_DIR).exists():
+        rows += _urbanvideo_rows(raw, failures)
+    if (raw / bm.VSIBENCH_DIR).exists():
+        rows += _vsibench_rows(raw, failures)
+    if not rows and not failures:
+        raise CatalogError(f"{raw} holds neither {bm.URBANVIDEO_DIR}/ nor {bm.VSIBENCH_DIR}/: run the download stage")
+    rows = _wanted(rows, cfg.tasks)
+    present = []
+    for r in rows:
+        if Path(r["video_path"]).is_file():
+            present.append(r)
+        else:
+            failures.append({"stage": "preprocess", "item": r["uid"],
+                             "reason": f"video_missing: {r['video_id']} (expected at {r['video_path']})"})
+    present = _cap(present, cfg.max_questions_per_task, cfg.split.seed)
+    assign_splits(present, cfg.split)
+    return present, failures
+
+
+SPLITS = ("train", "val", "test")
+
+
+def split_counts(rows: list[dict]) -> dict[str, dict[str, dict[str, int]]]:
+    """Questions per benchmark, task (as the source names it) and split."""
+    out: dict[str, dict[str, dict[str, int]]] = {}
+    for r in rows:
+        per_split = out.setdefault(r["benchmark"], {}).setdefault(r["category"], dict.fromkeys(SPLITS, 0))
+        per_split[r["split"]] += 1
+    return out
+
+
+def metric_name(task: str) -> str:
+    """A task name as one segment of an MLflow metric name: ``Start/End Position`` becomes
+    ``start_end_position`` (a '/' would add a level, and MLflow refuses most punctuation)."""
+    return re.sub(r"[^a-z0-9]+", "_", task.lower()).strip("_") or "unnamed"
+
+
+def metric_counts(rows: list[dict]) -> dict[str, dict[str, dict[str, int]]]:
+    """``split_counts`` keyed by metric-safe task names; the flow logs it as
+    ``counts/<benchmark>/<task>/<split>``."""
+    out: dict[str, dict[str, dict[str, int]]] = {}
+    for bench, tasks in split_counts(rows).items():
+        for task, per_split in tasks.items():
+            merged = out.setdefault(bench, {}).setdefault(metric_name(task), dict.fromkeys(SPLITS, 0))
+            for split, n in per_split.items():
+                merged[split] += n
+    return out
+
+
+_VIEWS = {
+    "counts": "SELECT benchmark, category, split, count(*) AS n FROM questions GROUP BY ALL ORDER BY ALL",
+    "videos": "SELECT DISTINCT benchmark, video_id, video_path, scene, split FROM questions",
+    "splits": "SELECT split, count(*) AS n, count(DISTINCT scene) AS scenes FROM questions GROUP BY ALL",
+}
+
+
+def run_catalog(raw: Path, out: Path, cfg: CatalogConfig) -> dict:
+    out = Path(out)
+    if is_complete(out):
+        return read_summary(out)
+    start = time.time()
+    rows, failures = build_catalog(raw, cfg)
+    with stage_folder(out) as work:
+        write_parquet_atomic(table_from_records(rows, schemas.CATALOG), work / "catalog.parquet")
+        write_parquet_atomic(table_from_records(failures, schemas.FAILURES), work / "failures.parquet")
+        db = work / "catalog.duckdb"
+        db.unlink(missing_ok=True)
+        with duckdb.connect(str(db)) as con:
+            # The table is copied in rather than read from the Parquet file by path, so the
+            # database stays valid when the stage folder is renamed or moved.
+            con.execute("CREATE TABLE questions AS SELECT * FROM read_parquet(?)",
+                        [str(work / "catalog.parquet")])
+            for name, sql in _VIEWS.items():
+                con.execute(f"CREATE VIEW {name} AS {sql}")
+        summary: dict = {
+            "questions": len(rows),
+            "videos": len({r["video_path"] for r in rows}),
+            "failed": len(failures),
+            "failure_reasons": dict(Counter(f["reason"].split(":")[0] for f in failures)),
+            "seconds": round(time.time() - start, 3),
+        }
+        for split in SPLITS:
+            summary[f"n_{split}"] = sum(1 for r in rows if r["split"] == split)
+        summary["splits"] = {b: {s: sum(n[s] for n in tasks.values()) for s in SPLITS}
+                             for b, tasks in split_counts(rows).items()}
+        summary["counts"] = metric_counts(rows)
+        write_summary(work, summary)
+    return summary
+
+
+def run_stage(out: Path, config: dict[str, Any], inputs: dict[str, str],
+              mlflow_run_id: str | None = None) -> dict[str, Any]:
+    """The pipeline's entry point: the catalog of the downloaded benchmarks."""
+    return run_catalog(Path(inputs["raw"]), out, CatalogConfig.model_validate(config))

@@ -1,0 +1,220 @@
+"""Download stage: bring the benchmark files into a stage folder, never touching the source.
+
+Sources: ``synthetic`` (a small benchmark generated on the spot in the real layouts),
+``local`` (an offline mirror laid out like the hub repos) and ``hub`` (Hugging Face Hub at a
+pinned revision, see ``download_hub``). Every source brings only the files a benchmark needs
+(``benchmarks.ALLOW_PATTERNS``). The manifest records where they came from (repo ids, the
+revision asked for and the commit it resolved to) and each file's size and sha256. VSI-Bench's
+video zips are then extracted inside the stage folder, safely.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import time
+import zipfile
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from embodied_r import benchmarks as bm
+from embodied_r.data import hub as download_hub
+from embodied_r.benchmarks import DataSourceError
+from embodied_r.data.hub import HubConfig
+from embodied_r.io import is_complete, sha256_file, read_summary, stage_folder, write_json_atomic, write_summary
+from embodied_r.synthetic.config import SyntheticConfig
+from embodied_r.synthetic.generate import make_synthetic_benchmark
+
+__all__ = ["DataSourceError", "DownloadConfig", "HubConfig", "run_download", "safe_extract", "source_fingerprint"]
+
+
+class DownloadConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    source: Literal["synthetic", "local", "hub"] = "hub"
+    source_dir: str | None = None  # local: folder holding UrbanVideo-Bench/ and VSI-Bench/
+    benchmarks: list[Literal["urbanvideo", "vsibench"]] = Field(
+        default_factory=lambda: ["urbanvideo", "vsibench"]
+    )
+    synthetic: SyntheticConfig = Field(default_factory=SyntheticConfig)
+    hub: HubConfig = Field(default_factory=HubConfig)
+    max_zip_bytes: int = 200 * 1024**3  # refuse archives that would expand past this
+
+
+def _needed(root: Path, benchmark: str) -> list[str]:
+    """Paths (relative to the benchmark's folder) of the files the benchmark needs."""
+    base = root / bm.BENCHMARK_DIRS[benchmark]
+    names = [p.relative_to(base).as_posix() for p in base.rglob("*") if p.is_file()] if base.is_dir() else []
+    return download_hub.needed_files(names, benchmark)
+
+
+def source_fingerprint(cfg: DownloadConfig) -> str:
+    """What identifies the source's content, for the stage's cache key.
+
+    A local mirror is fingerprinted by the needed files' names, sizes and modification times
+    (a stat walk, cheap even for large mirrors); synthetic and hub sources by their config.
+    """
+    if cfg.source != "local":
+        return cfg.model_dump_json()
+    root = _check_local(cfg)
+    h = hashlib.sha256()
+    for benchmark in cfg.benchmarks:
+        for name in _needed(root, benchmark):
+            st = (root / bm.BENCHMARK_DIRS[benchmark] / name).stat()
+            h.update(f"{benchmark}/{name}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()
+
+
+def _check_local(cfg: DownloadConfig) -> Path:
+    if not cfg.source_dir:
+        raise DataSourceError("download.source is 'local' but source_dir is not set: point it at "
+                              "the folder holding UrbanVideo-Bench/ and VSI-Bench/")
+    root = Path(cfg.source_dir).expanduser().resolve()
+    for benchmark in cfg.benchmarks:
+        sub, name = bm.BENCHMARK_DIRS[benchmark], bm.QUESTION_FILES[benchmark]
+        if not (root / sub / name).is_file():
+            raise DataSourceError(
+                f"{root / sub / name} not found: a local source must be laid out like the hub repos "
+                f"({sub}/{name}); fix download.source_dir (--source) or drop the benchmark from "
+                "download.benchmarks"
+            )
+    return root
+
+
+def _mirror_revision(root: Path, benchmark: str) -> str | None:
+    """The commit a mirror was fetched at, when it was made by ``hf download --local-dir``
+    (which notes the commit beside each file); None otherwise."""
+    note = (root / bm.BENCHMARK_DIRS[benchmark] / ".cache" / "huggingface" / "download"
+            / f"{bm.QUESTION_FILES[benchmark]}.metadata")
+    try:
+        first = note.read_text(encoding="utf-8").splitlines()[0].strip()
+    except (OSError, IndexError):
+        return None
+    return first if len(first) == 40 and all(c in "0123456789abcdef" for c in first) else None
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    if dst.exists() and dst.stat().st_size == src.stat().st_size:
+        return
+    tmp = dst.with_name(dst.name + ".tmp")
+    tmp.unlink(missing_ok=True)
+    try:
+        # No second copy of the videos when on the same filesystem. Later stages only read
+        # these files, so the shared inode never sees a write.
+        os.link(src, tmp)
+    except OSError:
+        shutil.copy2(src, tmp)
+    os.replace(tmp, dst)
+
+
+def safe_extract(archive: Path, dest: Path, max_bytes: int) -> int:
+    """Extract a zip, refusing absolute paths, ``..``, links and oversized expansion.
+
+    Idempotent: an entry already present with the right size is skipped. Returns the
+    number of files written.
+    """
+    dest = dest.resolve()
+    written = 0
+    with zipfile.ZipFile(archive) as zf:
+        infos = [i for i in zf.infolist() if not i.is_dir()]
+        total = sum(i.file_size for i in infos)
+        if total > max_bytes:
+            raise DataSourceError(f"{archive}: expands to {total} bytes, over the bound {max_bytes}")
+        for info in infos:
+            name = info.filename
+            mode = (info.external_attr >> 16) & 0o170000
+            if mode == 0o120000:
+                raise DataSourceError(f"{archive}: entry {name!r} is a link; refusing to extract")
+            target = (dest / name).resolve()
+            if Path(name).is_absolute() or ".." in Path(name).parts or dest not in target.parents:
+                raise DataSourceError(f"{archive}: entry {name!r} escapes the target folder")
+            if target.exists() and target.stat().st_size == info.file_size:
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp = target.with_name(target.name + ".tmp")
+            with zf.open(info) as src, open(tmp, "wb") as out:
+                shutil.copyfileobj(src, out, 1 << 20)
+            os.replace(tmp, target)
+            written += 1
+    return written
+
+
+def _from_folder(root: Path, cfg: DownloadConfig, work: Path) -> dict[str, dict]:
+    """Link the needed files of a folder laid out like the hub repos into the stage folder."""
+    origin: dict[str, dict] = {}
+    for benchmark in cfg.benchmarks:
+        sub = bm.BENCHMARK_DIRS[benchmark]
+        for name in _needed(root, benchmark):
+            _link_or_copy(root / sub / name, work / sub / name)
+        repo, _ = cfg.hub.repo(benchmark)
+        origin[benchmark] = {"repo": repo, "requested_revision": None, "revision": _mirror_revision(root, benchmark),
+                             "allow_patterns": bm.ALLOW_PATTERNS[benchmark], "source_dir": str(root)}
+    return origin
+
+
+def _synthetic_root(cfg: DownloadConfig, sources_root: Path) -> Path:
+    root = Path(sources_root) / ("synthetic-" + hashlib.sha256(cfg.synthetic.model_dump_json().encode()).hexdigest()[:12])
+    if not (root / ".complete").exists():
+        make_synthetic_benchmark(root, cfg.synthetic)
+        (root / ".complete").touch()
+    return root
+
+
+def run_download(out: Path, cfg: DownloadConfig, sources_root: Path) -> dict:
+    """Fill ``out`` with ``UrbanVideo-Bench/`` and ``VSI-Bench/`` (videos extracted) and a manifest."""
+    out = Path(out)
+    if is_complete(out):
+        return read_summary(out)
+    start = time.time()
+    with stage_folder(out) as work:
+        if cfg.source == "hub":
+            origin = download_hub.fetch(cfg.hub, cfg.benchmarks, work)
+        else:
+            root = _synthetic_root(cfg, sources_root) if cfg.source == "synthetic" else _check_local(cfg)
+            origin = _from_folder(root, cfg, work)
+        hash_start = time.time()
+        files: dict[str, dict] = {}
+        for benchmark in cfg.benchmarks:
+            sub = bm.BENCHMARK_DIRS[benchmark]
+            for name in _needed(work, benchmark):
+                path = work / sub / name
+                files[f"{sub}/{name}"] = {"size": path.stat().st_size, "sha256": sha256_file(path)}
+            if cfg.source == "hub":
+                download_hub.verify(work, benchmark, origin[benchmark].pop("expected"), files)
+            mine = [f for k, f in files.items() if k.startswith(sub + "/")]
+            origin[benchmark].update(files=len(mine), bytes=sum(f["size"] for f in mine))
+        hash_seconds = time.time() - hash_start
+        extracted = 0
+        if bm.VSIBENCH in cfg.benchmarks:
+            for name in bm.VSIBENCH_ZIPS:
+                archive = work / bm.VSIBENCH_DIR / name
+                if archive.exists():
+                    extracted += safe_extract(archive, work / bm.VSIBENCH_DIR / "videos", cfg.max_zip_bytes)
+        write_json_atomic(work / "manifest.json", {"source": cfg.source, "benchmarks": origin, "files": files})
+        summary = {
+            "source": cfg.source,
+            "files": len(files),
+            "bytes": sum(f["size"] for f in files.values()),
+            "videos": sum(1 for _ in work.rglob("*.mp4")),
+            "extracted": extracted,
+            "revisions": {b: o["revision"] or "" for b, o in origin.items()},
+            "hash_seconds": round(hash_seconds, 3),
+            "seconds": round(time.time() - start, 3),
+        }
+        write_summary(work, summary)
+    return summary
+
+
+def fingerprint(config: dict[str, Any]) -> str:
+    """``source_fingerprint`` of a stage plan's config dict (the pipeline's extra key)."""
+    return source_fingerprint(DownloadConfig.model_validate(config))
+
+
+def run_stage(out: Path, config: dict[str, Any], inputs: dict[str, str],
+              mlflow_run_id: str | None = None) -> dict[str, Any]:
+    """The pipeline's entry point: the benchmark files, from the configured source."""
+    return run_download(out, DownloadConfig.model_validate(config), Path(inputs["sources_root"]))

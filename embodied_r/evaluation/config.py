@@ -1,0 +1,32 @@
+"""The evaluation stage's configuration."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from embodied_r.backends.base import BackendConfig
+from embodied_r.scoring.metrics import NumberParsing
+
+
+def _greedy_backend() -> BackendConfig:
+    return BackendConfig(temperature=0.0, max_new_tokens=2048)
+
+
+class EvaluationConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    # Greedy decoding; ``model`` is filled in with the checkpoint folder by the pipeline.
+    backend: BackendConfig = Field(default_factory=_greedy_backend)
+    split: str = "test"
+    # None keeps the backend's own limit.
+    max_new_tokens: int | None = Field(None, ge=1)
+    # The judge of logical consistency: given the question and the model's <think> text
+    # only (no video text), does it reach the model's answer? The share of answers where
+    # it does is the paper's "logically consistent" ratio (judged there by GPT-4o; here
+    # any backend: a hosted API over `openai`, or a local model). None: not measured.
+    consistency_judge: BackendConfig | None = None
+    # How numeric answers are read: "official" as VSI-Bench's scorer (the text up to the
+    # first space must be a number), "lenient" as the training reward ("about 3 m" is 3).
+    number_parsing: NumberParsing = "official"
+    # Questions per generate call, and so between progress records.
+    chunk_size: int = Field(32, ge=1)

@@ -1,0 +1,280 @@
+"""The MLflow model registry: trained reasoners as model versions, aliases, promotion.
+
+A trained reasoner is a plain transformers checkpoint folder. It is logged as the
+artifacts of a run (under ``model/``) and registered with
+``MlflowClient.create_model_version(name, source="runs:/<run>/model", run_id=<run>)``:
+no ``MLmodel`` flavour file is needed, the source stays inside the run's artifacts (which
+an MLflow server requires) and ``models:/<name>@<alias>`` downloads back to the same
+folder, loadable with ``AutoModelForCausalLM.from_pretrained``.
+
+Registry URIs resolve to a local folder cached per store and version; versions are
+immutable, so a cached folder never goes stale. An alias is read once and turned into
+its version before anything is downloaded or evaluated.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import uuid
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+MODEL_NAME = "embodied-r-reasoner"
+CHAMPION = "champion"
+_URI_RE = re.compile(r"^models:/(?P<name>[^/@]+)(?:@(?P<alias>[^/]+)|/(?P<version>\d+))/?$")
+
+
+class RegistryError(ValueError):
+    """A registry URI, model or alias that does not exist; the message names the fix."""
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    name: str
+    alias: str | None = None
+    version: str | None = None
+
+    @property
+    def uri(self) -> str:
+        return f"models:/{self.name}@{self.alias}" if self.alias else f"models:/{self.name}/{self.version}"
+
+
+def parse_model_uri(uri: str) -> ModelRef:
+    """``models:/name@alias`` or ``models:/name/<version>``."""
+    match = _URI_RE.match(uri.strip())
+    if not match:
+        raise RegistryError(f"{uri!r} is not a registry URI; use models:/<name>@<alias> or models:/<name>/<version>")
+    return ModelRef(match["name"], match["alias"], match["version"])
+
+
+def _uri(tracking_uri: str | None) -> str:
+    from embodied_r.tracking import tracking_uri as default_uri
+
+    return default_uri(tracking_uri)
+
+
+def client(tracking_uri: str | None = None) -> Any:
+    from mlflow import MlflowClient
+
+    uri = _uri(tracking_uri)
+    return MlflowClient(tracking_uri=uri, registry_uri=uri)
+
+
+def _not_found(exc: Exception) -> bool:
+    return "RESOURCE_DOES_NOT_EXIST" in str(getattr(exc, "error_code", "")) or "not found" in str(exc).lower()
+
+
+def register_model_folder(
+    folder: Path,
+    name: str = MODEL_NAME,
+    *,
+    tracking_uri: str | None = None,
+    run_id: str | None = None,
+    experiment: str = "embodied-r",
+    tags: dict[str, str] | None = None,
+    description: str | None = None,
+) -> Any:
+    """Log ``folder`` (a checkpoint with ``config.json``) as ``model/`` of ``run_id`` (a new
+    run in ``experiment`` when None) and register it as a new version of ``name``."""
+    from mlflow.exceptions import MlflowException
+
+    folder = Path(folder)
+    if not (folder / "config.json").is_file():
+        raise RegistryError(f"{folder} is not a model folder (no config.json); give a trained stage's model/ folder")
+    uri = _uri(tracking_uri)
+    c = client(uri)
+    if run_id is None:
+        from embodied_r.tracking import Tracker
+
+        tracker = Tracker.open(experiment, uri)
+        run_id = c.create_run(tracker.experiment_id, run_name=f"register-{name}",
+                              tags={"source_folder": str(folder.resolve())}).info.run_id
+        c.log_artifacts(run_id, str(folder), "model")
+        c.set_terminated(run_id)
+    else:
+        c.log_artifacts(run_id, str(folder), "model")
+    try:
+        c.create_registered_model(name)
+    except MlflowException as exc:
+        if "RESOURCE_ALREADY_EXISTS" not in str(exc.error_code) and "ALREADY_EXISTS" not in str(exc.error_code):
+            raise
+    all_tags = {"source_folder": str(folder.resolve()), "weights_sha256": weights_digest(folder), **(tags or {})}
+    return c.create_model_version(name, source=f"runs:/{run_id}/model", run_id=run_id, tags=all_tags,
+                                  description=description)
+
+
+def weights_digest(folder: Path) -> str:
+    """sha256 over a model folder's weight files: the same folder retrained differs."""
+    h = hashlib.sha256()
+    for path in sorted(Path(folder).glob("*.safetensors")) or sorted(Path(folder).glob("*.bin")):
+        h.update(path.name.encode())
+        with open(path, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                h.update(block)
+    return h.hexdigest()
+
+
+def version_of_folder(name: str, folder: Path, tracking_uri: str | None = None) -> Any | None:
+    """The version registered from ``folder`` with the same weights, if any: registering
+    is done once per model."""
+    from mlflow.exceptions import MlflowException
+
+    wanted = str(Path(folder).resolve())
+    digest = weights_digest(folder)
+    try:
+        versions = client(tracking_uri).search_model_versions(f"name='{name}'")
+    except MlflowException:
+        return None
+    return next((v for v in versions if v.tags.get("source_folder") == wanted
+                 and v.tags.get("weights_sha256") == digest), None)
+
+
+def alias_version(name: str, alias: str, tracking_uri: str | None = None) -> Any | None:
+    """The model version ``alias`` points at, or None when the alias (or model) is unset."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return client(tracking_uri).get_model_version_by_alias(name, alias)
+    except MlflowException as exc:
+        if _not_found(exc):
+            return None
+        raise
+
+
+def set_alias(name: str, alias: str, version: str | int, tracking_uri: str | None = None) -> None:
+    client(tracking_uri).set_registered_model_alias(name, alias, str(version))
+
+
+def resolve_version(uri: str, tracking_uri: str | None = None) -> ModelRef:
+    """The immutable ``ModelRef(name, version=...)`` a registry URI points at now."""
+    ref = parse_model_uri(uri)
+    if ref.version is not None:
+        return ref
+    found = alias_version(ref.name, ref.alias or "", tracking_uri)
+    if found is None:
+        raise RegistryError(
+            f"{uri}: model {ref.name!r} has no alias {ref.alias!r} in {_uri(tracking_uri)}; register a model "
+            f"(`embodied-r register-model`) and promote it (`embodied-r promote`), or set MLFLOW_TRACKING_URI"
+        )
+    return ModelRef(ref.name, version=str(found.version))
+
+
+def _cache_root(tracking_uri: str) -> Path:
+    from embodied_r.paths import home
+
+    store = hashlib.sha256(tracking_uri.encode()).hexdigest()[:10]
+    return home() / "models" / "registry" / store
+
+
+def _download(ref: ModelRef, store: str, dest: Path) -> None:
+    """The version's files into ``dest``. A ``runs:/`` source is fetched through a client
+    bound to ``store``: resolving ``models:/`` URIs in MLflow's helpers falls back to the
+    process-wide tracking URI for the run, which may be another store."""
+    import mlflow
+
+    c = client(store)
+    version = c.get_model_version(ref.name, str(ref.version))
+    source = str(version.source)
+    dest.mkdir(parents=True, exist_ok=True)
+    if source.startswith("runs:/"):
+        run_id, _, path = source[len("runs:/"):].partition("/")
+        c.download_artifacts(run_id, path, str(dest))
+        nested = dest / path
+        if path and nested.is_dir():  # the client keeps the artifact path: lift its files up
+            for item in list(nested.iterdir()):
+                os.replace(item, dest / item.name)
+            for empty in [nested, *nested.parents]:
+                if empty == dest:
+                    break
+                empty.rmdir()
+        return
+    mlflow.artifacts.download_artifacts(artifact_uri=c.get_model_version_download_uri(ref.name, str(ref.version)),
+                                        dst_path=str(dest), tracking_uri=store, registry_uri=store)
+
+
+def resolve_model_uri(uri: str, tracking_uri: str | None = None, cache_root: Path | None = None) -> str:
+    """A local folder holding the model ``uri`` (``models:/name@alias`` or ``/version``)
+    names now; downloaded once per store and version, atomically."""
+    store = _uri(tracking_uri)
+    ref = resolve_version(uri, store)
+    dest = Path(cache_root or _cache_root(store)) / re.sub(r"[^\w.-]+", "_", ref.name) / f"v{ref.version}"
+    if dest.is_dir():
+        return str(dest)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex[:8]}.partial")
+    try:
+        _download(ref, store, tmp)
+        if not (tmp / "config.json").is_file():
+            raise RegistryError(f"{ref.uri} holds no model folder (no config.json); register a checkpoint folder")
+        try:
+            os.replace(tmp, dest)
+        except OSError:
+            if not dest.is_dir():  # another process finished first otherwise
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return str(dest)
+
+
+# -- promotion ---------------------------------------------------------------------------
+
+
+@dataclass
+class Promotion:
+    name: str
+    alias: str
+    metric: str
+    candidate_version: str
+    candidate_score: float
+    champion_version: str | None
+    champion_score: float | None
+    promoted: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def describe(self) -> str:
+        against = ("no current champion" if self.champion_version is None else
+                   f"champion v{self.champion_version} scores {self.champion_score:.4f}")
+        verdict = "promoted" if self.promoted else "not promoted"
+        return (f"{self.name} v{self.candidate_version} scores {self.candidate_score:.4f} on {self.metric} "
+                f"({against}): {verdict} to @{self.alias}")
+
+
+def promote_if_better(
+    name: str,
+    candidate_version: str | int,
+    score: Callable[[str], float],
+    *,
+    alias: str = CHAMPION,
+    metric: str = "accuracy/overall",
+    tracking_uri: str | None = None,
+) -> Promotion:
+    """Give ``alias`` to the candidate when it scores strictly higher than the version the
+    alias holds now, or when the alias is unset. ``score(uri)`` evaluates an immutable
+    ``models:/name/<version>`` URI, so both sides are measured by the same code on the
+    same data; each version's score is kept as a version tag."""
+    c = client(tracking_uri)
+    candidate = str(candidate_version)
+    current = alias_version(name, alias, tracking_uri)
+    cand_score = float(score(ModelRef(name, version=candidate).uri))
+    c.set_model_version_tag(name, candidate, f"score/{metric}", json.dumps(cand_score))
+    champ_version = None if current is None else str(current.version)
+    champ_score = None
+    if champ_version is not None and champ_version != candidate:
+        champ_score = float(score(ModelRef(name, version=champ_version).uri))
+        c.set_model_version_tag(name, champ_version, f"score/{metric}", json.dumps(champ_score))
+    elif champ_version == candidate:
+        champ_score = cand_score
+    if champ_version is None:
+        promoted = True
+    else:
+        promoted = champ_version != candidate and champ_score is not None and cand_score > champ_score
+    if promoted:
+        set_alias(name, alias, candidate, tracking_uri)
+    return Promotion(name, alias, metric, candidate, cand_score, champ_version, champ_score, promoted)

@@ -1,0 +1,218 @@
+"""The evaluation report: a Markdown summary, a per-task bar chart and a table beside the
+paper's published numbers (Table 1 of arXiv 2504.12680).
+
+``write_report`` writes the files named in ``REPORT_FILES`` into an evaluation folder;
+``table_rows`` gives the per-task rows for a Prefect table artifact.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from embodied_r.io import read_json
+from embodied_r.scoring.metrics import REL_DIRECTION, category_slug
+
+REPORT_MD = "report.md"
+CHART_PNG = "accuracy_by_task.png"
+PAPER_CSV = "paper_comparison.csv"
+REPORT_FILES = (REPORT_MD, CHART_PNG, PAPER_CSV)
+
+# Table 1's columns, with the catalog's (benchmark, category) of each task.
+PAPER_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("LP", "urbanvideo", "Landmark Position"),
+    ("CF", "urbanvideo", "Counterfactual"),
+    ("PE", "urbanvideo", "Progress Evaluation"),
+    ("AG", "urbanvideo", "Action Generation"),
+    ("RDist", "vsibench", "object_rel_distance"),
+    ("RDir", "vsibench", REL_DIRECTION),
+    ("RP", "vsibench", "route_planning"),
+    ("AO", "vsibench", "obj_appearance_order"),
+)
+COLUMN_NAMES = ("avg",) + tuple(c for c, _, _ in PAPER_COLUMNS)
+
+# Accuracy (%) on the test split; "avg" weighs every question once (it matches the
+# question-weighted mean of the columns, not their plain mean).
+PAPER_TABLE1: dict[str, tuple[float, ...]] = {
+    "Random": (24.0, 19.7, 25.0, 21.8, 16.4, 25.0, 36.1, 28.3, 25.0),
+    "GPT-4o": (35.7, 36.8, 44.7, 34.2, 33.8, 37.0, 41.3, 31.5, 28.5),
+    "Gemini-1.5-Pro": (39.7, 37.4, 46.2, 38.8, 31.9, 51.3, 46.3, 36.0, 34.6),
+    "OpenAI-o1": (37.2, 34.6, 53.3, 39.1, 28.0, 39.7, 35.8, 52.9, 39.8),
+    "Gemini-2.5-Pro": (40.8, 40.0, 75.0, 38.7, 23.5, 42.0, 34.5, 52.4, 63.6),
+    "Qwen2.5-VL-3B": (33.1, 32.1, 47.8, 34.0, 31.0, 27.9, 32.6, 39.0, 38.9),
+    "Qwen2.5-VL-72B": (34.9, 34.7, 34.8, 26.4, 37.7, 40.8, 29.0, 32.5, 43.9),
+    "SFT Qwen2.5-VL-3B": (41.7, 47.7, 33.4, 34.8, 39.2, 42.6, 42.3, 41.2, 43.9),
+    "SFT Qwen2.5-VL-7B": (45.4, 40.2, 53.4, 38.0, 40.8, 47.8, 46.3, 44.1, 56.1),
+    "Embodied-R (72B perceiver + 3B reasoner)": (51.1, 55.1, 59.9, 39.7, 47.6, 50.0, 44.3, 36.8, 72.0),
+}
+PAPER_MODEL = "Embodied-R (72B perceiver + 3B reasoner)"
+# Embodied-R's accuracy (%) by the catalog's category names.
+PAPER_ACCURACY: dict[str, float] = {
+    cat: PAPER_TABLE1[PAPER_MODEL][i + 1] for i, (_, _, cat) in enumerate(PAPER_COLUMNS)
+}
+PAPER_AVERAGE = PAPER_TABLE1[PAPER_MODEL][0]
+
+NOTE = (
+    "Choice questions score 1 or 0; numeric ones VSI-Bench's mean relative accuracy. "
+    "Unreadable answers count as wrong. The relative-direction task is the mean of its three "
+    "subtypes, as VSI-Bench scores it. The paper's figures are its Table 1 on its own test "
+    "split; figures from the tiny demo models only prove the plumbing."
+)
+
+
+def _pct(value: float | None) -> str:
+    return "" if value is None else f"{100 * value:.1f}"
+
+
+def run_row(metrics: Mapping[str, float]) -> tuple[float | None, ...]:
+    """One evaluation's Table 1 row, as fractions: (avg, LP, ..., AO); None where absent."""
+    values: list[float | None] = [metrics.get("accuracy/paper_tasks")]
+    values += [metrics.get(f"accuracy/{category_slug(cat)}") for _, _, cat in PAPER_COLUMNS]
+    return tuple(values)
+
+
+def comparison_rows(runs: Mapping[str, Mapping[str, float]]) -> list[dict[str, Any]]:
+    """Table 1 with this project's runs appended: one dict per model, values in %."""
+    rows: list[dict[str, Any]] = []
+    for model, values in PAPER_TABLE1.items():
+        rows.append({"model": model, "source": "paper", **dict(zip(COLUMN_NAMES, values))})
+    for label, metrics in runs.items():
+        values = run_row(metrics)
+        rows.append({"model": label, "source": "this run",
+                     **{c: (None if v is None else round(100 * v, 1)) for c, v in zip(COLUMN_NAMES, values)}})
+    return rows
+
+
+def table_rows(categories: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Per-task rows for a Prefect table artifact (``create_table_artifact(table=rows)``):
+    ``[{"benchmark", "task", "questions", "accuracy_pct", "paper_pct"}]``, ``paper_pct``
+    None for tasks the paper does not report."""
+    return [
+        {
+            "benchmark": c["benchmark"],
+            "task": c["category"],
+            "questions": int(c["count"]),
+            "accuracy_pct": round(100 * float(c["accuracy"]), 1),
+            "paper_pct": PAPER_ACCURACY.get(c["category"]),
+        }
+        for c in categories
+    ]
+
+
+def table_rows_from_folder(folder: Path) -> list[dict[str, Any]]:
+    """``table_rows`` of a finished evaluation folder (reads its ``metrics.json``)."""
+    return table_rows(read_json(Path(folder) / "metrics.json")["categories"])
+
+
+def render_markdown(categories: Sequence[Mapping[str, Any]], metrics: Mapping[str, float], *,
+                    model: str, split: str, title: str = "Evaluation",
+                    others: Mapping[str, Mapping[str, float]] | None = None) -> str:
+    """The Markdown report: headline figures, per-task accuracy, the paper's Table 1
+    with this run (and ``others``, e.g. baselines) beside it."""
+    n = int(metrics.get("count/overall", 0))
+    lines = [f"# {title}", "", f"- model: `{model}`", f"- split: `{split}`, {n} questions"]
+    if "parsed/overall" in metrics:
+        lines.append(f"- answers that could be read: {_pct(metrics['parsed/overall'])} %")
+    if "consistency/ratio" in metrics:
+        lines.append(f"- logically consistent answers (judge model): {_pct(metrics['consistency/ratio'])} % "
+                     f"of {int(metrics.get('consistency/judged', 0))} judged")
+    if "response_tokens/mean" in metrics:
+        lines.append(f"- response length: mean {metrics['response_tokens/mean']:.0f} tokens, "
+                     f"median {metrics['response_tokens/median']:.0f}, max {metrics['response_tokens/max']:.0f}")
+    lines += ["", "## Accuracy per task", "",
+              "| benchmark | task | questions | accuracy % | paper (Embodied-R) % |",
+              "|---|---|---:|---:|---:|"]
+    for c in categories:
+        paper = PAPER_ACCURACY.get(c["category"])
+        lines.append(f"| {c['benchmark']} | {c['category']} | {c['count']} | {_pct(c['accuracy'])} | "
+                     f"{'' if paper is None else f'{paper:.1f}'} |")
+        for sub, s in (c.get("subtasks") or {}).items():
+            lines.append(f"| | &nbsp;&nbsp;{sub} | {s['count']} | {_pct(s['accuracy'])} | |")
+    if n:
+        if "accuracy/paper_tasks" in metrics:
+            lines.append(f"| all | the paper's eight tasks (per question) | {int(metrics['count/paper_tasks'])} | "
+                         f"{_pct(metrics['accuracy/paper_tasks'])} | {PAPER_AVERAGE:.1f} |")
+        lines.append(f"| all | every question (micro) | {n} | {_pct(metrics['accuracy/overall'])} | |")
+        lines.append(f"| all | mean over tasks (macro) | {n} | {_pct(metrics['accuracy/macro'])} | |")
+    lines += ["", "## Beside the paper's Table 1", ""]
+    lines += _table1_lines({"this evaluation": metrics, **(others or {})})
+    lines += ["", NOTE, ""]
+    return "\n".join(lines)
+
+
+def _table1_lines(runs: Mapping[str, Mapping[str, float]]) -> list[str]:
+    lines = ["| model | " + " | ".join(COLUMN_NAMES) + " |", "|---|" + "---:|" * len(COLUMN_NAMES)]
+    for row in comparison_rows(runs):
+        name = row["model"] if row["source"] == "paper" else f"**{row['model']}**"
+        cells = ["" if row[c] is None else f"{row[c]:.1f}" for c in COLUMN_NAMES]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def render_comparison(runs: Mapping[str, Mapping[str, float]], split: str,
+                      title: str = "This project's runs beside the paper's Table 1") -> str:
+    """Several evaluations (e.g. the trained reasoner and its baselines) in one Table 1."""
+    lines = [f"# {title}", "", f"Split: `{split}`. Accuracy %; avg weighs every question of the paper's "
+             "eight tasks once.", ""]
+    lines += _table1_lines(runs)
+    lines += ["", NOTE, ""]
+    return "\n".join(lines)
+
+
+def plot_accuracy(categories: Sequence[Mapping[str, Any]], path: Path, title: str = "Accuracy per task") -> Path:
+    """A horizontal bar per task (this run), with the paper's Embodied-R figure marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display: files only
+    import matplotlib.pyplot as plt
+
+    names = [f"{c['category']} ({c['benchmark']}, n={c['count']})" for c in categories]
+    ours = [100 * float(c["accuracy"]) for c in categories]
+    fig, ax = plt.subplots(figsize=(8, 0.45 * max(len(names), 2) + 1.4), dpi=100)
+    try:
+        ys = list(range(len(names)))
+        ax.barh(ys, ours, color="#4C72B0", label="this evaluation")
+        marked = [(y, PAPER_ACCURACY[c["category"]]) for y, c in zip(ys, categories) if c["category"] in PAPER_ACCURACY]
+        if marked:
+            ax.scatter([v for _, v in marked], [y for y, _ in marked], marker="|", s=300, color="#C44E52",
+                       zorder=3, label="paper (Embodied-R)")
+        for y, value in zip(ys, ours):
+            ax.text(value + 1, y, f"{value:.1f}", va="center", fontsize=8)
+        ax.set_yticks(ys, names, fontsize=8)
+        ax.invert_yaxis()
+        ax.set_xlim(0, 105)
+        ax.set_xlabel("accuracy %")
+        ax.set_title(title)
+        if categories:
+            ax.legend(loc="lower right", fontsize=8)
+        fig.tight_layout()
+        path = Path(path)
+        fig.savefig(path, format="png")
+    finally:
+        plt.close(fig)
+    return path
+
+
+def comparison_csv(runs: Mapping[str, Mapping[str, float]]) -> str:
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=["model", "source", *COLUMN_NAMES], lineterminator="\n")
+    writer.writeheader()
+    for row in comparison_rows(runs):
+        writer.writerow({k: ("" if v is None else v) for k, v in row.items()})
+    return buf.getvalue()
+
+
+def write_report(folder: Path, categories: Sequence[Mapping[str, Any]], metrics: Mapping[str, float], *,
+                 model: str, split: str, title: str = "Evaluation",
+                 others: Mapping[str, Mapping[str, float]] | None = None) -> list[Path]:
+    """Write ``REPORT_FILES`` into ``folder``; returns their paths."""
+    folder = Path(folder)
+    md = folder / REPORT_MD
+    md.write_text(render_markdown(categories, metrics, model=model, split=split, title=title, others=others),
+                  encoding="utf-8")
+    chart = plot_accuracy(categories, folder / CHART_PNG, title=f"{title}: {split} split")
+    table = folder / PAPER_CSV
+    table.write_text(comparison_csv({"this evaluation": metrics, **(others or {})}), encoding="utf-8")
+    return [md, chart, table]

@@ -1,0 +1,201 @@
+"""Evaluation: answer every record of a split with a model and score it.
+
+Generation goes through the shared backends (in process, an OpenAI-compatible server,
+or vLLM), greedy by default. Progress is logged per question, so an interrupted
+evaluation resumes where it stopped. A question whose generation failed (the backend's
+error, after its retries) is recorded as a failure and left out of the accuracy; an
+answer that cannot be parsed is a wrong answer and counts.
+
+The model is a checkpoint folder, a hub id, ``tiny:lm``, or a registry URI such as
+``models:/embodied-r-reasoner@champion`` (resolved to a local folder first).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any, Callable, Literal
+
+import pyarrow.parquet as pq
+
+from embodied_r import progress, schemas
+from embodied_r.backends.base import Backend, BackendConfig, Conversation
+from embodied_r.backends.factory import make_backend
+from embodied_r.io import (
+    ItemLog,
+    is_complete,
+    read_summary,
+    stage_folder,
+    table_from_records,
+    write_json_atomic,
+    write_parquet_atomic,
+    write_summary,
+)
+from embodied_r.scoring.metrics import NumberParsing, aggregate, category_table, score_answer, subtask_of
+from embodied_r.evaluation.config import EvaluationConfig
+from embodied_r.evaluation.report import write_report
+
+def _conversation(record: dict[str, Any]) -> Conversation:
+    return [{"role": "system", "content": record["system"]}, {"role": "user", "content": record["prompt"]}]
+
+
+def score_row(record: dict[str, Any], text: str, completion_tokens: int,
+              number_parsing: NumberParsing = "official",
+              answer_from: Literal["tag", "reply"] = "tag") -> dict[str, Any]:
+    """The scored row of one record's completion. ``answer_from="reply"`` reads a reply
+    without an ``<answer>`` block as the answer itself (models asked to answer directly)."""
+    scored_text = text
+    if answer_from == "reply" and "<answer>" not in (text or ""):
+        scored_text = f"<answer>{text}</answer>"
+    options = list(record.get("options") or [])
+    prediction, score = score_answer(scored_text, record["solution"], record["answer_type"],
+                                     len(options) or None, number_parsing=number_parsing)
+    return {
+        "uid": record["uid"],
+        "benchmark": record["benchmark"],
+        "category": record["category"],
+        "subtask": subtask_of(record["category"], options),
+        "solution": record["solution"],
+        "answer_type": record["answer_type"],
+        "completion": text,
+        "prediction": prediction,
+        "score": float(score),
+        "completion_tokens": int(completion_tokens),
+    }
+
+
+def _judge(judge: Backend, records: list[dict[str, Any]], texts: list[str]) -> list[bool | None]:
+    from embodied_r.scoring.rewards import consistency_ratio
+
+    _, verdicts = consistency_ratio(
+        judge, texts, [r["question"] for r in records], [r["answer_type"] for r in records],
+        [r.get("options") or None for r in records],
+    )
+    return verdicts
+
+
+def resolve_model_ref(model: str) -> str:
+    """A local folder (or hub id) for ``model``: registry URIs and ``tiny:*`` are resolved."""
+    if not model:
+        raise ValueError("evaluation: no model given; pass a checkpoint folder, a hub id, tiny:lm "
+                         "or a registry URI such as models:/embodied-r-reasoner@champion")
+    if model.startswith("models:/"):
+        from embodied_r.evaluation.registry import resolve_model_uri
+
+        return resolve_model_uri(model)
+    from embodied_r.backends.tiny_models import resolve_model
+
+    return resolve_model(model)
+
+
+def read_split(records: Path, split: str) -> list[dict[str, Any]]:
+    split_file = Path(records) / f"{split}.parquet"
+    if not split_file.is_file():
+        raise FileNotFoundError(f"evaluation: {split_file} does not exist (run the convert stage first)")
+    return pq.read_table(split_file).to_pylist()
+
+
+def evaluate_records(
+    all_records: list[dict[str, Any]],
+    out: Path,
+    backend_cfg: BackendConfig,
+    cfg: EvaluationConfig,
+    *,
+    model_label: str,
+    conversation: Callable[[dict[str, Any]], Conversation] = _conversation,
+    answer_from: Literal["tag", "reply"] = "tag",
+    title: str = "Evaluation",
+    extra_summary: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Answer ``all_records`` with ``backend_cfg``, score, and write the stage folder ``out``:
+    ``predictions.parquet``, ``failures.parquet``, ``metrics.json``, the report files
+    (``report.REPORT_FILES``) and ``summary.json``. Resumes from its per-question log."""
+    out = Path(out)
+    if is_complete(out):
+        return read_summary(out)
+    started = time.monotonic()
+    with stage_folder(out) as work:
+        log = ItemLog(work / "items.jsonl", key="uid")
+        done = log.done_ids()
+        pending = [r for r in all_records if r["uid"] not in done]
+        failures: list[dict[str, str]] = []
+        backend = make_backend(backend_cfg) if pending else None
+        judge = make_backend(cfg.consistency_judge) if (pending and cfg.consistency_judge is not None) else None
+        try:
+            for start in range(0, len(pending), cfg.chunk_size):
+                chunk = pending[start : start + cfg.chunk_size]
+                assert backend is not None
+                generations = backend.generate([conversation(r) for r in chunk])
+                ok = [(r, g) for r, g in zip(chunk, generations) if not g.error]
+                failures += [
+                    {"stage": "evaluate", "item": r["uid"], "reason": f"generation_error: {g.error}"}
+                    for r, g in zip(chunk, generations) if g.error
+                ]
+                verdicts: list[bool | None] = [None] * len(ok)
+                if judge is not None and ok:
+                    verdicts = _judge(judge, [r for r, _ in ok], [g.text for _, g in ok])
+                for (record, generation), verdict in zip(ok, verdicts):
+                    row = score_row(record, generation.text, generation.completion_tokens,
+                                    cfg.number_parsing, answer_from)
+                    row["consistent"] = verdict
+                    log.append(row)
+                progress.update("evaluate", len(done) + start + len(chunk), len(all_records))
+        finally:
+            for b in (backend, judge):
+                if b is not None:
+                    b.close()
+
+        order = {r["uid"]: i for i, r in enumerate(all_records)}
+        rows = sorted((r for r in log.read() if r["uid"] in order), key=lambda r: order[r["uid"]])
+        write_parquet_atomic(table_from_records(rows, schemas.PREDICTIONS), work / "predictions.parquet")
+        write_parquet_atomic(table_from_records(failures, schemas.FAILURES), work / "failures.parquet")
+
+        metrics = aggregate(rows)
+        judged = [r["consistent"] for r in rows if r.get("consistent") is not None]
+        if judged:
+            metrics["consistency/ratio"] = sum(judged) / len(judged)
+            metrics["consistency/judged"] = float(len(judged))
+        categories = category_table(rows)
+        write_json_atomic(work / "metrics.json", {"metrics": metrics, "categories": categories})
+        write_report(work, categories, metrics, model=model_label, split=cfg.split, title=title)
+        seconds = time.monotonic() - started
+        summary: dict[str, Any] = {
+            "model": model_label,
+            "split": cfg.split,
+            "items": len(all_records),
+            "done": len(rows),
+            "failed": len(failures),
+            "failure_reasons": dict(Counter(f["reason"].split(":", 1)[0] for f in failures)),
+            "seconds": round(seconds, 3),
+            "seconds_per_item": round(seconds / len(pending), 4) if pending else None,
+            **(extra_summary or {}),
+            **metrics,
+        }
+        write_summary(work, summary)
+    return summary
+
+
+def run_evaluation(records: Path, model: str, out: Path, cfg: EvaluationConfig,
+                   title: str = "Evaluation", model_ref: str | None = None) -> dict[str, Any]:
+    """Answer and score every record of ``cfg.split`` with ``model``; write predictions,
+    metrics and the report into ``out``. ``model_ref`` names the model in the report when
+    ``model`` is a folder it was resolved to (e.g. a registry URI)."""
+    out = Path(out)
+    if is_complete(out):
+        return read_summary(out)
+    all_records = read_split(records, cfg.split)
+    resolved = resolve_model_ref(model)
+    update: dict[str, Any] = {"model": resolved}
+    if cfg.max_new_tokens is not None:
+        update["max_new_tokens"] = cfg.max_new_tokens
+    ref = model_ref or (model if model != resolved else None)
+    return evaluate_records(all_records, out, cfg.backend.model_copy(update=update), cfg,
+                            model_label=f"{ref} ({resolved})" if ref else resolved, title=title,
+                            extra_summary={"model": resolved, "model_ref": ref} if ref else None)
+
+
+def run_stage(out: Path, config: dict[str, Any], inputs: dict[str, str],
+              mlflow_run_id: str | None = None) -> dict[str, Any]:
+    """The pipeline's entry point: the trained reasoner on the converted records."""
+    return run_evaluation(Path(inputs["records"]), inputs["model"], out, EvaluationConfig.model_validate(config))

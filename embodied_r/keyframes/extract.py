@@ -1,0 +1,273 @@
+"""Key frames by view overlap (the Embodied-R rule).
+
+Frames are sampled at about 1 fps. Each sample is matched to the last key frame with ORB
+features (Hamming distance, ratio test), a homography is fitted by RANSAC, and the sample
+becomes a key frame when the last key frame's view, warped by that homography, covers less than
+half of it, or when no homography can be found. The first and last frames are always kept;
+fewer than ``min_frames`` are topped up with evenly spaced frames and more than ``max_frames``
+are thinned evenly, first and last kept.
+
+Speed: unused frames are only grabbed, matching runs at ``match_width`` pixels (the overlap is
+a ratio of areas, so it does not depend on scale) and the overlap is the area of the
+intersection of two convex polygons, not of two full-size masks. Memory does not grow with
+the video: only the last key frame's features are held, and the JPEGs of candidate frames go
+to a temporary file until the final choice is made. The few frames a top-up may need are
+planned from the container's frame count and encoded on the way; only when that count is
+wrong are they decoded again in a second pass.
+
+The stage that runs this over a catalog's videos is in ``keyframes_stage``, its per-video
+cache in ``keyframes_cache``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import cv2
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from embodied_r.keyframes.video import FrameSampler, VideoError, read_frames
+
+REASONS = ("first", "last", "low_overlap", "match_failed", "fill")
+
+
+class KeyframeConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    sample_fps: float = Field(1.0, gt=0, le=120, description="frames examined per second of video")
+    overlap_threshold: float = Field(0.5, gt=0, lt=1, description="keep a frame below this overlap")
+    min_frames: int = Field(4, ge=2)
+    max_frames: int = Field(32, ge=2)
+    orb_features: int = Field(500, ge=50)
+    ratio_test: float = Field(0.75, gt=0, le=1, description="Lowe's ratio for knn matches")
+    cross_check: bool = Field(False, description="match by cross-check, as the official code")
+    min_matches: int = Field(10, ge=4)
+    min_inliers: int = Field(8, ge=4, description="fewer RANSAC inliers count as a failed match")
+    ransac_reproj_threshold: float = Field(5.0, gt=0, description="pixels of the source frame")
+    match_width: int = Field(320, ge=0, description="match at this width; 0 = source width")
+    jpeg_max_side: int = Field(640, ge=0, description="longest side of saved frames; 0 = source")
+    jpeg_quality: int = Field(90, ge=1, le=100)
+    workers: int = Field(0, ge=0, description="video processes; 0 = one per core")
+    cv_threads: int = Field(0, ge=0, description="OpenCV threads per process; 0 = cores/workers")
+    cache: bool = Field(True, description="reuse key frames of a video with the same content and parameters")
+    cache_dir: str | None = Field(None, description="default: $EMBODIED_R_HOME/cache/keyframes")
+
+    @model_validator(mode="after")
+    def _bounds(self) -> "KeyframeConfig":
+        if self.max_frames < self.min_frames:
+            raise ValueError(f"max_frames ({self.max_frames}) must be >= min_frames ({self.min_frames})")
+        return self
+
+    def output_params(self) -> dict[str, Any]:
+        """The settings that decide which frames are kept and how they are saved (not how
+        the work is spread over processes, nor where the cache lives)."""
+        return self.model_dump(exclude={"workers", "cv_threads", "cache", "cache_dir"})
+
+
+@dataclass
+class KeyframeResult:
+    video_path: str
+    fps: float
+    n_frames: int  # frames actually decoded
+    width: int
+    height: int
+    sample_step: int
+    n_samples: int
+    indices: list[int]
+    timestamps: list[float]
+    overlaps: list[float]  # NaN where not measured (first, failed match, fill)
+    reasons: list[str]
+    images: list[bytes] | None = None  # JPEG bytes, one per kept frame
+    seconds: float = 0.0
+    passes: int = 1  # decoding passes: more than 1 only for containers that miscount their frames
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+
+@dataclass
+class _Features:
+    points: np.ndarray  # (N, 2) float32 at matching resolution
+    descriptors: np.ndarray | None
+    size: tuple[int, int]
+
+
+class _OverlapMatcher:
+    def __init__(self, cfg: KeyframeConfig, width: int, height: int):
+        self.cfg = cfg
+        self.scale = min(1.0, cfg.match_width / width) if cfg.match_width and width > 0 else 1.0
+        self.size = (max(1, round(width * self.scale)), max(1, round(height * self.scale)))
+        self.threshold = max(1.0, cfg.ransac_reproj_threshold * self.scale)
+        self.orb = cv2.ORB_create(nfeatures=cfg.orb_features)
+        self.bf = cv2.BFMatcher(cv2.NORM_HAMMING, crossCheck=cfg.cross_check)
+        w, h = self.size
+        self.rect = np.float32([[0, 0], [w, 0], [w, h], [0, h]])
+
+    def features(self, image: np.ndarray) -> _Features:
+        gray = cv2.cvtColor(image, cv2.COLOR_BGR2GRAY) if image.ndim == 3 else image
+        if self.scale < 1.0:
+            gray = cv2.resize(gray, self.size, interpolation=cv2.INTER_AREA)
+        keypoints, descriptors = self.orb.detectAndCompute(gray, None)
+        points = np.float32([k.pt for k in keypoints]).reshape(-1, 2)
+        return _Features(points, descriptors, self.size)
+
+    def overlap(self, ref: _Features, cur: _Features) -> float | None:
+        """Share of the reference view covered by the current one; None when matching fails."""
+        if ref.descriptors is None or cur.descriptors is None or len(ref.points) < 4 or len(cur.points) < 4:
+            return None
+        if self.cfg.cross_check:
+            pairs = [(m.queryIdx, m.trainIdx) for m in self.bf.match(cur.descriptors, ref.descriptors)]
+        else:
+            pairs = [(m[0].queryIdx, m[0].trainIdx)
+                     for m in self.bf.knnMatch(cur.descriptors, ref.descriptors, k=2)
+                     if len(m) == 2 and m[0].distance < self.cfg.ratio_test * m[1].distance]
+        if len(pairs) < self.cfg.min_matches:
+            return None
+        q, t = np.array(pairs).T
+        homography, mask = cv2.findHomography(cur.points[q], ref.points[t], cv2.RANSAC, self.threshold)
+        if homography is None or mask is None or int(mask.sum()) < self.cfg.min_inliers:
+            return None
+        quad = cv2.perspectiveTransform(self.rect.reshape(-1, 1, 2), homography).reshape(-1, 2)
+        # A mirrored or folded quad is a degenerate fit, not a view.
+        if not np.isfinite(quad).all() or _signed_area(quad) <= 0 or not cv2.isContourConvex(quad):
+            return None
+        area, _ = cv2.intersectConvexConvex(self.rect, quad.astype(np.float32))
+        return float(area) / (self.size[0] * self.size[1])
+
+
+def _signed_area(poly: np.ndarray) -> float:
+    x, y = poly[:, 0].astype(np.float64), poly[:, 1].astype(np.float64)
+    return 0.5 * float(np.dot(x, np.roll(y, -1)) - np.dot(y, np.roll(x, -1)))
+
+
+def _jpeg(image: np.ndarray, cfg: KeyframeConfig) -> bytes:
+    h, w = image.shape[:2]
+    if cfg.jpeg_max_side and max(h, w) > cfg.jpeg_max_side:
+        s = cfg.jpeg_max_side / max(h, w)
+        image = cv2.resize(image, (max(1, round(w * s)), max(1, round(h * s))), interpolation=cv2.INTER_AREA)
+    ok, buf = cv2.imencode(".jpg", image, [cv2.IMWRITE_JPEG_QUALITY, cfg.jpeg_quality])
+    if not ok:
+        raise VideoError("encode_failed", "", "JPEG encoding failed")
+    return buf.tobytes()
+
+
+def fill_spots(n_frames: int, target: int, step: int = 1) -> list[int]:
+    """``target`` evenly spaced frames, moved to the nearest sampled frame (a multiple of step)."""
+    spots = (min(n_frames - 1, round(x / step) * step) for x in np.linspace(0, n_frames - 1, target))
+    return list(dict.fromkeys(spots))
+
+
+def fill_indices(kept: Sequence[int], n_frames: int, target: int, step: int = 1) -> list[int]:
+    """Evenly spaced frames to add so that ``target`` frames are kept (as many as exist)."""
+    chosen = set(kept)
+    want = min(target, n_frames)
+    spots = [c for c in fill_spots(n_frames, target, step) if c not in chosen]
+
+    def gap(c: int) -> int:
+        return min((abs(c - e) for e in chosen), default=n_frames)
+
+    while len(chosen) < want:
+        pool = spots or [c for c in range(n_frames) if c not in chosen]
+        best = max(pool, key=gap)
+        chosen.add(best)
+        if best in spots:
+            spots.remove(best)
+    return sorted(chosen - set(kept))
+
+
+def thin_evenly(items: Sequence, m: int) -> list:
+    """Keep m evenly spaced items, first and last included.
+
+    The official formula (``round(i * (n-2)/(m-2)) + 1``) always keeps the second item and so
+    leans towards the start; evenly spaced positions do not.
+    """
+    n = len(items)
+    if n <= m:
+        return list(items)
+    return [items[round(x)] for x in np.linspace(0, n - 1, m)]
+
+
+class _Spool:
+    """JPEG bytes kept in a temporary file, so memory does not grow with the number of frames."""
+
+    def __init__(self) -> None:
+        self.file = tempfile.TemporaryFile()
+        self.where: dict[int, tuple[int, int]] = {}
+
+    def put(self, index: int, data: bytes) -> None:
+        self.file.seek(0, os.SEEK_END)
+        self.where[index] = (self.file.tell(), len(data))
+        self.file.write(data)
+
+    def get(self, index: int) -> bytes:
+        offset, size = self.where[index]
+        self.file.seek(offset)
+        return self.file.read(size)
+
+    def close(self) -> None:
+        self.file.close()
+
+
+def extract_keyframes(video_path: str | Path, config: KeyframeConfig | None = None, *,
+                      keep_images: bool = True) -> KeyframeResult:
+    """Key frames of one video; raises ``VideoError`` for a missing, empty, corrupt or 0-fps file."""
+    cfg = config or KeyframeConfig()
+    start = time.perf_counter()
+    spool = _Spool() if keep_images else None
+    try:
+        with FrameSampler(video_path, cfg.sample_fps) as sampler:
+            info, step = sampler.info, sampler.step
+            planned = set(fill_spots(info.frame_count, cfg.min_frames, step)) if info.frame_count else set()
+            matcher: _OverlapMatcher | None = None
+            ref: _Features | None = None
+            kept: list[tuple[int, float, str]] = []
+            n_samples = 0
+            for index, image, is_last in sampler:
+                n_samples += 1
+                if matcher is None:
+                    matcher = _OverlapMatcher(cfg, image.shape[1], image.shape[0])
+                feats = matcher.features(image)
+                overlap: float | None = None
+                if ref is None:
+                    reason: str | None = "first"
+                else:
+                    overlap = matcher.overlap(ref, feats)
+                    reason = ("match_failed" if overlap is None else
+                              "low_overlap" if overlap < cfg.overlap_threshold else None)
+                    reason = "last" if is_last else reason
+                if reason is not None:
+                    ref = feats
+                    kept.append((index, math.nan if overlap is None else overlap, reason))
+                if spool is not None and (reason is not None or index in planned):
+                    spool.put(index, _jpeg(image, cfg))
+            n_frames, passes = sampler.frames_read, sampler.passes
+        if len(kept) < cfg.min_frames:
+            fills = fill_indices([k[0] for k in kept], n_frames, cfg.min_frames, step)
+            kept = sorted(kept + [(i, math.nan, "fill") for i in fills])
+        kept = thin_evenly(kept, cfg.max_frames)
+        images = None
+        if spool is not None:
+            missing = [k[0] for k in kept if k[0] not in spool.where]
+            if missing:  # top-up frames that were not planned (a miscounted container): decode again
+                passes += 1
+                frames = read_frames(video_path, missing)
+                for i in missing:
+                    if i not in frames:
+                        raise VideoError("unreadable", video_path, f"frame {i} could not be decoded again")
+                    spool.put(i, _jpeg(frames[i], cfg))
+            images = [spool.get(k[0]) for k in kept]
+    finally:
+        if spool is not None:
+            spool.close()
+    return KeyframeResult(
+        video_path=str(video_path), fps=info.fps, n_frames=n_frames, width=info.width, height=info.height,
+        sample_step=step, n_samples=n_samples, indices=[k[0] for k in kept],
+        timestamps=[k[0] / info.fps for k in kept], overlaps=[k[1] for k in kept],
+        reasons=[k[2] for k in kept], images=images, seconds=time.perf_counter() - start, passes=passes)

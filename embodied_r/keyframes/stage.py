@@ -1,0 +1,194 @@
+"""The key-frame stage: key frames of every distinct video of a catalog.
+
+One process per video across a pool (OpenCV's own threads set so the pool fits the cores),
+each finished video recorded in the stage's item log as it completes, so a killed run resumes
+at the next video. Videos go through the content-addressed cache (``keyframes_cache``): frames
+already extracted from the same bytes with the same parameters are linked, not recomputed. A
+corrupt, empty or zero-fps video is recorded as failed with its reason and the others go on.
+The stage writes ``keyframes.parquet`` (one row per kept frame), ``failures.parquet``, JPEGs
+under ``frames/<video>/`` and ``montage.jpg`` (one video's key frames, logged to MLflow).
+"""
+
+from __future__ import annotations
+
+import math
+import multiprocessing
+import os
+import re
+import shutil
+import time
+from collections import Counter
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from hashlib import sha1
+from pathlib import Path
+from typing import Any, Iterator, Sequence
+
+import cv2
+import numpy as np
+import pyarrow.parquet as pq
+
+from embodied_r import schemas
+from embodied_r import progress
+from embodied_r.io import (ItemLog, is_complete, read_summary, stage_folder, table_from_records,
+                           write_parquet_atomic, write_summary)
+from embodied_r.keyframes.extract import KeyframeConfig, extract_keyframes
+from embodied_r.keyframes.cache import cache_root, cached_keyframes, link_files, write_entry
+from embodied_r.keyframes.video import VideoError
+
+
+def safe_name(video_id: str) -> str:
+    """A folder name for a video id; ids that had to change get a short hash against clashes."""
+    name = re.sub(r"[^A-Za-z0-9._-]", "_", video_id).strip("._") or "video"
+    return name if name == video_id else f"{name[:120]}-{sha1(video_id.encode()).hexdigest()[:8]}"
+
+
+def make_montage(image_paths: Sequence[str | Path], out_path: str | Path, *, labels: Sequence[str] | None = None,
+                 columns: int = 0, tile_width: int = 320) -> Path:
+    """A grid of images (one video's key frames), written as JPEG."""
+    images = [(i, cv2.imread(str(p))) for i, p in enumerate(image_paths)]
+    images = [(i, im) for i, im in images if im is not None]
+    if not images:
+        raise ValueError(f"no readable image among {len(image_paths)} paths")
+    cols = columns or math.ceil(math.sqrt(len(images)))
+    rows = math.ceil(len(images) / cols)
+    h0, w0 = images[0][1].shape[:2]
+    th = max(1, round(tile_width * h0 / w0))
+    canvas = np.full((rows * th, cols * tile_width, 3), 32, np.uint8)
+    for n, (i, im) in enumerate(images):
+        tile = cv2.resize(im, (tile_width, th), interpolation=cv2.INTER_AREA)
+        text = labels[i] if labels else str(i)
+        cv2.putText(tile, text, (6, 20), cv2.FONT_HERSHEY_SIMPLEX, 0.5, (0, 0, 0), 3, cv2.LINE_AA)
+        cv2.putText(tile, text, (6, 20), cv2.FONT_HERSHEY_SIMPLEX, 0.5, (255, 255, 255), 1, cv2.LINE_AA)
+        r, c = divmod(n, cols)
+        canvas[r * th:(r + 1) * th, c * tile_width:(c + 1) * tile_width] = tile
+    out = Path(out_path)
+    if not cv2.imwrite(str(out), canvas, [cv2.IMWRITE_JPEG_QUALITY, 85]):
+        raise OSError(f"cannot write {out}")
+    return out
+
+
+def _catalog_videos(catalog: Path) -> list[tuple[str, str]]:
+    path = Path(catalog)
+    if path.is_dir():
+        path = path / "catalog.parquet"
+    if not path.is_file():
+        raise FileNotFoundError(f"catalog {path} not found: run the preprocess stage first, or pass "
+                                "the catalog Parquet file (or its folder)")
+    missing = {"video_id", "video_path"} - set(pq.read_schema(path).names)
+    if missing:
+        raise ValueError(f"catalog {path} lacks columns {sorted(missing)}: it must follow schemas.CATALOG")
+    table = pq.read_table(path, columns=["video_id", "video_path"])
+    videos: dict[str, str] = {}
+    for vid, vpath in zip(table.column("video_id").to_pylist(), table.column("video_path").to_pylist()):
+        if vid is not None and vid not in videos:
+            p = Path(vpath or "")
+            videos[vid] = str(p if p.is_absolute() else path.parent / p)
+    return list(videos.items())
+
+
+def _process_video(video_id: str, video_path: str, work: str, cfg: KeyframeConfig, cache: str | None) -> dict:
+    rel = Path("frames") / safe_name(video_id)
+    folder = Path(work) / rel
+    hit, hash_seconds = False, 0.0
+    try:
+        if cache is not None:
+            got = cached_keyframes(video_path, cfg, Path(cache))
+            link_files(got.folder, [f["file"] for f in got.meta["frames"]], folder)
+            meta, hit, hash_seconds, seconds = got.meta, got.hit, got.hash_seconds, got.extract_seconds
+        else:
+            res = extract_keyframes(video_path, cfg)
+            shutil.rmtree(folder, ignore_errors=True)  # leftovers of an attempt killed mid-video
+            meta, seconds = write_entry(folder, res), res.seconds
+    except VideoError as e:
+        return {"video_id": video_id, "status": "failed", "code": e.code, "reason": str(e)}
+    except cv2.error as e:
+        return {"video_id": video_id, "status": "failed", "code": "opencv_error",
+                "reason": f"opencv_error: {video_path}: {str(e).strip()}"}
+    (folder / "entry.json").unlink(missing_ok=True)  # the stage's own index is keyframes.parquet
+    rows = [{"video_id": video_id, "rank": f["rank"], "frame_index": f["frame_index"], "timestamp": f["timestamp"],
+             "overlap": f["overlap"], "reason": f["reason"], "image_path": (rel / f["file"]).as_posix()}
+            for f in meta["frames"]]
+    return {"video_id": video_id, "status": "done", "rows": rows, "fps": meta["fps"], "n_frames": meta["n_frames"],
+            "n_samples": meta["n_samples"], "passes": meta["passes"], "seconds": round(seconds, 4),
+            "cache_hit": hit, "hash_seconds": round(hash_seconds, 4)}
+
+
+def _init_worker(threads: int) -> None:
+    cv2.setNumThreads(threads)
+
+
+def _process_all(todo: list[tuple[str, str]], work: Path, cfg: KeyframeConfig, cache: str | None, workers: int,
+                 threads: int) -> Iterator[dict]:
+    if workers <= 1:
+        before = cv2.getNumThreads()
+        cv2.setNumThreads(threads)
+        try:
+            for vid, path in todo:
+                yield _process_video(vid, path, str(work), cfg, cache)
+        finally:
+            cv2.setNumThreads(before)
+        return
+    # spawn: a forked child would inherit OpenCV's and FFmpeg's thread pools in a broken state.
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker,
+                             initargs=(threads,)) as pool:
+        futures = [pool.submit(_process_video, vid, path, str(work), cfg, cache) for vid, path in todo]
+        for fut in as_completed(futures):
+            yield fut.result()
+
+
+def run_keyframes(catalog: Path, out: Path, cfg: KeyframeConfig | None = None) -> dict:
+    """Key frames for every distinct video of the catalog, resumable per video."""
+    out = Path(out)
+    if is_complete(out):
+        return read_summary(out)
+    cfg = cfg or KeyframeConfig()
+    videos = _catalog_videos(catalog)
+    cache = str(cache_root(cfg)) if cfg.cache else None
+    start = time.perf_counter()
+    with stage_folder(out) as work:
+        log = ItemLog(work / "items.jsonl", key="video_id")
+        done = log.done_ids()
+        todo = [(v, p) for v, p in videos if v not in done]
+        cores = os.cpu_count() or 1
+        workers = max(1, min(cfg.workers or cores, len(todo)))
+        threads = cfg.cv_threads or max(1, cores // workers)
+        for n, record in enumerate(_process_all(todo, work, cfg, cache, workers, threads), start=1):
+            log.append(record)
+            progress.update("keyframes", len(done) + n, len(videos))
+        records = {r["video_id"]: r for r in log.read()}
+        finished = [records[v] for v, _ in videos if v in records]
+        ok = [r for r in finished if r["status"] == "done"]
+        bad = [r for r in finished if r["status"] != "done"]
+        rows = [row for r in ok for row in r["rows"]]
+        write_parquet_atomic(table_from_records(rows, schemas.KEYFRAMES), work / "keyframes.parquet")
+        write_parquet_atomic(table_from_records(
+            [{"stage": "keyframes", "item": r["video_id"], "reason": r["reason"]} for r in bad],
+            schemas.FAILURES), work / "failures.parquet")
+        shown = next((r for r in ok if r["rows"]), None)
+        if shown is not None:
+            make_montage([work / row["image_path"] for row in shown["rows"]], work / "montage.jpg",
+                         labels=[f"{row['rank']} f{row['frame_index']} {row['reason']}" for row in shown["rows"]])
+        counts = [len(r["rows"]) for r in ok]
+        summary = {
+            "videos": len(videos), "done": len(ok), "failed": len(bad),
+            "failure_reasons": dict(Counter(r["code"] for r in bad)),
+            "keyframes_total": sum(counts),
+            "keyframes_mean": round(sum(counts) / len(counts), 3) if counts else 0.0,
+            "keyframes_min": min(counts, default=0), "keyframes_max": max(counts, default=0),
+            "frames_decoded": sum(r["n_frames"] for r in ok if not r.get("cache_hit")),
+            "video_seconds": round(sum(r["n_frames"] / r["fps"] for r in ok), 3),
+            "cache_hits": sum(1 for r in ok if r.get("cache_hit")),
+            "hash_seconds": round(sum(r.get("hash_seconds", 0.0) for r in ok), 3),
+            "processing_seconds": round(sum(r["seconds"] for r in ok), 3),
+            "montage_video": shown["video_id"] if shown else "",
+            "workers": workers, "seconds": round(time.perf_counter() - start, 3),
+        }
+        write_summary(work, summary)
+    return summary
+
+
+def run_stage(out: Path, config: dict[str, Any], inputs: dict[str, str],
+              mlflow_run_id: str | None = None) -> dict[str, Any]:
+    """The pipeline's entry point: key frames of every video in the catalog."""
+    return run_keyframes(Path(inputs["catalog"]), out, KeyframeConfig.model_validate(config))

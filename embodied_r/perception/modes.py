@@ -1,0 +1,173 @@
+"""The two perception modes: which VLM calls a catalog needs, and how their replies make
+each question's frames.
+
+``per_question`` (the paper): every question gets its own pass, one call per key frame
+(frame 0 alone, then each pair of consecutive key frames), with the question in each.
+
+``per_video``: the scene (frame 0) and each pair's action and new information are asked
+once per video, without a question, and shared by all of the video's questions; each
+question then gets one question pass over all its key frames (in windows of
+``question_window`` frames) for what bears on it. A video with Q questions and F key
+frames costs F + Q calls instead of Q x F.
+
+Call keys name the lines of the stage's item log, so they must stay stable across runs:
+a resumed run skips every key already logged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from embodied_r.perception import prompts
+from embodied_r.backends.base import Conversation
+from embodied_r.perception.parse import FrameInfo, parse_frame_response, parse_question_pass
+
+Mode = Literal["per_question", "per_video"]
+# Calls of one phase share a token budget; per_video's question passes run after the
+# video passes, with a budget that covers a reply for every frame of a window.
+QUESTION_PHASE = "question"
+
+
+@dataclass
+class Question:
+    uid: str
+    video_id: str
+    text: str  # the question with its option lines
+    frames: list[str] = field(default_factory=list)  # absolute key-frame paths, in order
+
+
+@dataclass(frozen=True)
+class Call:
+    key: str
+    kind: str  # per_question: "frame"; per_video: "scene", "pair" or "question"
+    conversation: Conversation
+    schema: dict[str, Any] | None  # the reply's JSON schema, for structured output
+    # Calls this one is worth nothing without: if one of them failed, it is not sent.
+    needs: tuple[str, ...] = ()
+
+
+@dataclass
+class Assembled:
+    """One question's frames and the logged calls they were built from."""
+
+    infos: list[FrameInfo]
+    raws: list[str]  # the reply each frame's action and observation were read from
+    keys: list[str]
+
+
+def windows(n_frames: int, size: int) -> list[range]:
+    """Consecutive frame ranges of at most ``size``; a lone last frame joins the one
+    before it, so no question pass shows a single frame out of context."""
+    spans = [range(s, min(s + size, n_frames)) for s in range(0, n_frames, size)]
+    if len(spans) > 1 and len(spans[-1]) == 1:
+        last = spans.pop()
+        spans[-1] = range(spans[-1].start, last.stop)
+    return spans
+
+
+class PerQuestion:
+    name: Mode = "per_question"
+
+    @staticmethod
+    def key(uid: str, frame: int) -> str:
+        return f"{uid}:{frame}"
+
+    def calls(self, questions: list[Question]) -> list[Call]:
+        out = []
+        for q in questions:
+            for f in range(len(q.frames)):
+                if f == 0:
+                    conv = prompts.first_frame_conversation(q.frames[0], q.text)
+                    schema = prompts.FIRST_FRAME_SCHEMA
+                else:
+                    conv = prompts.pair_conversation(q.frames[f - 1], q.frames[f], q.text)
+                    schema = prompts.PAIR_SCHEMA
+                # Each frame needs the one before: once a question's call has failed, its
+                # later rounds are not sent.
+                needs = (self.key(q.uid, f - 1),) if f else ()
+                out.append((f, q.video_id, q.uid, Call(self.key(q.uid, f), "frame", conv, schema, needs)))
+        # Round by round, and within a round video by video: batches of similar length,
+        # and questions about the same frames side by side for a server's prefix cache.
+        out.sort(key=lambda item: item[:3])
+        return [item[3] for item in out]
+
+    def assemble(self, q: Question, done: dict[str, dict[str, Any]]) -> Assembled | str:
+        """The question's frames, or the key of the first call it still lacks."""
+        keys = [self.key(q.uid, f) for f in range(len(q.frames))]
+        missing = next((k for k in keys if k not in done), None)
+        if missing is not None:
+            return missing
+        raws = [done[k]["raw"] for k in keys]
+        infos = [parse_frame_response(raw, first=f == 0) for f, raw in enumerate(raws)]
+        return Assembled(infos, raws, keys)
+
+
+class PerVideo:
+    name: Mode = "per_video"
+
+    def __init__(self, question_window: int):
+        self.window = question_window
+
+    @staticmethod
+    def video_key(video_id: str, frame: int) -> str:
+        return f"video:{video_id}:{frame}"
+
+    @staticmethod
+    def question_key(uid: str, start: int) -> str:
+        return f"question:{uid}:{start}"
+
+    def calls(self, questions: list[Question]) -> list[Call]:
+        videos: dict[str, list[str]] = {}
+        for q in questions:
+            videos.setdefault(q.video_id, q.frames)
+        video_calls = []
+        for vid, frames in videos.items():
+            for f in range(len(frames)):
+                if f == 0:
+                    call = Call(self.video_key(vid, 0), "scene",
+                                prompts.scene_conversation(frames[0]), prompts.SCENE_SCHEMA)
+                else:
+                    call = Call(self.video_key(vid, f), "pair",
+                                prompts.video_pair_conversation(frames[f - 1], frames[f]),
+                                prompts.VIDEO_PAIR_SCHEMA)
+                video_calls.append((f, vid, call))
+        video_calls.sort(key=lambda item: item[:2])
+        question_calls = []
+        # Questions of one video together: they share the image prefix of every pass.
+        for q in sorted(questions, key=lambda q: (q.video_id, q.uid)):
+            for span in windows(len(q.frames), self.window):
+                conv = prompts.question_pass_conversation(
+                    q.frames[span.start : span.stop], span.start, q.text
+                )
+                question_calls.append(
+                    Call(self.question_key(q.uid, span.start), QUESTION_PHASE, conv,
+                         prompts.question_pass_schema(span),
+                         needs=tuple(self.video_key(q.video_id, f) for f in range(len(q.frames))))
+                )
+        return [c for *_, c in video_calls] + question_calls
+
+    def assemble(self, q: Question, done: dict[str, dict[str, Any]]) -> Assembled | str:
+        spans = windows(len(q.frames), self.window)
+        video_keys = [self.video_key(q.video_id, f) for f in range(len(q.frames))]
+        question_keys = [self.question_key(q.uid, s.start) for s in spans]
+        missing = next((k for k in video_keys + question_keys if k not in done), None)
+        if missing is not None:
+            return missing
+        related: dict[int, str] = {}
+        for span, key in zip(spans, question_keys):
+            related.update(parse_question_pass(done[key]["raw"], span)[0])
+        raws = [done[k]["raw"] for k in video_keys]
+        infos = []
+        for f, raw in enumerate(raws):
+            seen = parse_frame_response(raw, first=f == 0)
+            infos.append(FrameInfo(seen.action, seen.new_info, related.get(f, ""), seen.parsed_as))
+        return Assembled(infos, raws, video_keys + question_keys)
+
+
+def make_mode(mode: Mode, question_window: int) -> PerQuestion | PerVideo:
+    if mode == "per_question":
+        return PerQuestion()
+    if mode == "per_video":
+        return PerVideo(question_window)
+    raise ValueError(f"unknown perception mode {mode!r} (per_question or per_video)")

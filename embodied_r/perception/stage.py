@@ -1,0 +1,323 @@
+"""The perception stage: a large VLM turns each question's key frames into text.
+
+Two modes (see ``perception_modes``): ``per_question``, the paper's, gives each question
+its own pass over its key frames; ``per_video`` asks each video's scene and actions once
+and adds one question pass per question. Calls are sent in batches ordered for the
+backend's batching and a server's prefix cache. Every finished call is logged the moment
+it finishes, so a killed run resumes without repeating a finished call or losing one.
+
+A call that still fails after the backend's retries is counted and its question listed in
+``failures.parquet`` with the reason; such a question has no row in ``perception.parquet``,
+so the convert stage leaves it out (reason ``no_perception``) instead of training on a
+partial text. The summary counts calls, failed calls, retries and tokens; its numbers
+become MLflow metrics. Per-question rows count the calls a question's text rests on
+(in ``per_video`` these include its video's shared calls); the summary counts each call
+once.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import Counter, defaultdict
+from pathlib import Path
+from typing import Any, Literal
+
+import pyarrow.parquet as pq
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from embodied_r import progress, schemas
+from embodied_r.perception import prompts
+from embodied_r.backends.base import Backend, BackendConfig, Generation
+from embodied_r.backends.factory import make_backend
+from embodied_r.io import (
+    ItemLog,
+    is_complete,
+    read_summary,
+    stage_folder,
+    table_from_records,
+    write_parquet_atomic,
+    write_summary,
+)
+from embodied_r.perception.modes import QUESTION_PHASE, Assembled, Call, Question, make_mode
+from embodied_r.perception.parse import video_text
+
+log = logging.getLogger(__name__)
+
+STAGE = "perception"
+SUPPORTED_PROMPT_VERSIONS = {prompts.PROMPT_VERSION}
+
+
+def _paper_perceiver() -> BackendConfig:
+    # The paper's perceiver, a 72B VLM, is served (e.g. `vllm serve`) rather than loaded
+    # in process; recipes point base_url elsewhere or swap the backend.
+    return BackendConfig(
+        kind="openai",
+        model="Qwen/Qwen2.5-VL-72B-Instruct",
+        base_url="http://127.0.0.1:8000/v1",
+        max_new_tokens=512,
+    )
+
+
+class PerceptionConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    backend: BackendConfig = Field(default_factory=_paper_perceiver)
+    mode: Literal["per_question", "per_video"] = "per_question"
+    # Reply budget of one call about a frame or a pair of frames.
+    max_new_tokens: int = Field(512, ge=1)
+    # per_video: key frames shown in one question pass, and that pass's reply budget
+    # (it answers for every frame it shows).
+    question_window: int = Field(32, ge=2)
+    question_max_new_tokens: int = Field(1024, ge=1)
+    # Hold replies to a JSON schema where the backend can (openai: response_format,
+    # falling back to plain text when the server refuses it; vllm: structured outputs).
+    # The transformers backend has no such option and is always read as plain text.
+    structured_output: bool = True
+    prompt_version: str = prompts.PROMPT_VERSION
+
+    @field_validator("prompt_version")
+    @classmethod
+    def _known_version(cls, value: str) -> str:
+        if value not in SUPPORTED_PROMPT_VERSIONS:
+            raise ValueError(
+                f"prompt_version {value!r} is not available in this code "
+                f"(available: {sorted(SUPPORTED_PROMPT_VERSIONS)})"
+            )
+        return value
+
+
+def _read_inputs(catalog: Path, keyframes: Path) -> tuple[list[Question], dict[str, list[str]]]:
+    catalog, keyframes = Path(catalog), Path(keyframes)
+    if not catalog.is_file():
+        raise FileNotFoundError(f"catalog {catalog} not found: run the preprocess stage first")
+    kf_file = keyframes / "keyframes.parquet"
+    if not kf_file.is_file():
+        raise FileNotFoundError(
+            f"{kf_file} not found: point `keyframes` at a finished key-frame stage folder "
+            "(run the keyframes stage first)"
+        )
+    cat = pq.read_table(catalog, columns=["uid", "video_id", "question", "options"]).to_pylist()
+    rows = pq.read_table(kf_file, columns=["video_id", "rank", "image_path"]).to_pylist()
+    by_video: dict[str, list[tuple[int, str]]] = defaultdict(list)
+    for row in rows:
+        by_video[row["video_id"]].append((row["rank"], str(keyframes / row["image_path"])))
+    frames = {vid: [p for _, p in sorted(items)] for vid, items in by_video.items()}
+    questions = [
+        Question(
+            uid=r["uid"],
+            video_id=r["video_id"],
+            text=prompts.question_with_options(r["question"], r["options"]),
+        )
+        for r in cat
+    ]
+    if len({q.uid for q in questions}) != len(questions):
+        raise ValueError(f"catalog {catalog} has duplicate uids: rebuild it with the preprocess stage")
+    return questions, frames
+
+
+def _chunk_size(cfg: BackendConfig) -> int:
+    # Enough calls per generate() to fill a batch in process and keep every connection
+    # busy over HTTP; results are logged one by one as they finish, so a larger chunk
+    # only bounds how much is prepared at once.
+    return max(cfg.batch_size, 16 * cfg.concurrency)
+
+
+class _Runner:
+    """Sends calls through a backend and logs each one the moment it finishes."""
+
+    def __init__(self, backend: Backend, item_log: ItemLog, done: dict[str, dict[str, Any]],
+                 structured: bool):
+        self.backend = backend
+        self.item_log = item_log
+        self.done = done
+        self.structured = structured
+        self.errors: dict[str, str] = {}
+        self.made = 0
+        self.failed = 0
+        self.skipped = 0
+        self.total = 0  # calls of the whole stage, for progress
+        self._lock = threading.Lock()
+
+    def _record(self, call: Call, gen: Generation) -> None:
+        with self._lock:
+            self.made += 1
+            if gen.error is not None:
+                # Not logged: a later run of an unfinished stage tries the call again.
+                self.failed += 1
+                self.errors[call.key] = gen.error
+                return
+        rec = {
+            "key": call.key,
+            "kind": call.kind,
+            "raw": gen.text,
+            "prompt_tokens": gen.prompt_tokens,
+            "completion_tokens": gen.completion_tokens,
+        }
+        self.item_log.append(rec)
+        with self._lock:
+            self.done[call.key] = rec
+            finished = len(self.done)
+        progress.update("perception", finished, self.total)
+
+    def _skipped(self, call: Call) -> bool:
+        """Whether a call is not worth sending: one it needs failed (or was skipped)
+        earlier in this run, so its question cannot be completed anyway."""
+        failed = next((k for k in call.needs if k in self.errors), None)
+        if failed is None:
+            return False
+        self.errors[call.key] = f"not sent: {failed} failed"
+        self.skipped += 1
+        return True
+
+    def run(self, calls: list[Call], size: int, max_new_tokens: int) -> None:
+        for start in range(0, len(calls), size):
+            chunk = [c for c in calls[start : start + size] if not self._skipped(c)]
+            if not chunk:
+                continue
+            reported: set[int] = set()
+
+            def on_result(i: int, gen: Generation, chunk: list[Call] = chunk) -> None:
+                reported.add(i)
+                self._record(chunk[i], gen)
+
+            gens = self.backend.generate(
+                [c.conversation for c in chunk],
+                schemas=[c.schema for c in chunk] if self.structured else None,
+                max_new_tokens=max_new_tokens,
+                on_result=on_result,
+            )
+            for i, gen in enumerate(gens):
+                if i not in reported:
+                    self._record(chunk[i], gen)
+            log.info("perception: %d/%d calls", start + len(chunk), len(calls))
+
+
+def run_perception(catalog: Path, keyframes: Path, out: Path, cfg: PerceptionConfig) -> dict[str, Any]:
+    out = Path(out)
+    if is_complete(out):
+        return read_summary(out)
+    questions, frames = _read_inputs(catalog, keyframes)
+    mode = make_mode(cfg.mode, cfg.question_window)
+
+    with stage_folder(out) as work:
+        item_log = ItemLog(work / "items.jsonl", key="key")
+        done = {rec["key"]: rec for rec in item_log.read()}
+        failures: dict[str, str] = {}
+        ready: list[Question] = []
+        for q in questions:
+            q.frames = frames.get(q.video_id, [])
+            if not q.frames:
+                failures[q.uid] = f"no key frames for video {q.video_id}"
+            else:
+                ready.append(q)
+
+        calls = mode.calls(ready)
+        pending = [c for c in calls if c.key not in done]
+        stats: dict[str, Any] = {"calls_made": 0, "calls_failed": 0, "calls_skipped": 0, "retries": 0,
+                                 "structured_output_refused": 0}
+        errors: dict[str, str] = {}
+        if pending:
+            backend_cfg = cfg.backend.model_copy(update={"max_new_tokens": cfg.max_new_tokens})
+            backend: Backend = make_backend(backend_cfg)
+            try:
+                runner = _Runner(backend, item_log, done, cfg.structured_output)
+                runner.total = len(calls)
+                size = _chunk_size(backend_cfg)
+                runner.run([c for c in pending if c.kind != QUESTION_PHASE], size, cfg.max_new_tokens)
+                runner.run([c for c in pending if c.kind == QUESTION_PHASE], size,
+                           cfg.question_max_new_tokens)
+            finally:
+                backend.close()
+            errors = runner.errors
+            stats.update(
+                calls_made=runner.made,
+                calls_failed=runner.failed,
+                calls_skipped=runner.skipped,
+                retries=len(getattr(backend, "retry_log", [])),
+                structured_output_refused=int(bool(getattr(backend, "structured_output_refused", False))),
+            )
+
+        summary = _write_outputs(work, mode, ready, calls, done, errors, failures, len(questions))
+        summary.update(stats)
+        summary["structured_output"] = cfg.structured_output
+        write_summary(work, summary)
+    return summary
+
+
+def _reason_kind(reason: str) -> str:
+    return "no_keyframes" if reason.startswith("no key frames") else "call_failed"
+
+
+def _write_outputs(
+    work: Path,
+    mode: Any,
+    ready: list[Question],
+    calls: list[Call],
+    done: dict[str, dict[str, Any]],
+    errors: dict[str, str],
+    failures: dict[str, str],
+    n_questions: int,
+) -> dict[str, Any]:
+    rows, frame_rows = [], []
+    parsed_as: Counter[str] = Counter()
+    for q in ready:
+        built: Assembled | str = mode.assemble(q, done)
+        if isinstance(built, str):
+            why = errors.get(built, "no result")
+            failures[q.uid] = f"call {built} failed after retries: {why}"[:600]
+            continue
+        for f, (info, raw) in enumerate(zip(built.infos, built.raws)):
+            parsed_as[info.parsed_as] += 1
+            frame_rows.append(
+                {"uid": q.uid, "frame": f, "action": info.action, "new_info": info.new_info,
+                 "question_info": info.question_info, "raw": raw}
+            )
+        recs = [done[k] for k in built.keys]
+        rows.append(
+            {
+                "uid": q.uid,
+                "video_text": video_text(built.infos),
+                "n_frames": len(built.infos),
+                "n_calls": len(recs),
+                "prompt_tokens": sum(int(r["prompt_tokens"]) for r in recs),
+                "completion_tokens": sum(int(r["completion_tokens"]) for r in recs),
+            }
+        )
+    write_parquet_atomic(table_from_records(rows, schemas.PERCEPTION), work / "perception.parquet")
+    write_parquet_atomic(
+        table_from_records(frame_rows, schemas.PERCEPTION_FRAMES), work / "perception_frames.parquet"
+    )
+    fail_rows = [{"stage": STAGE, "item": uid, "reason": why} for uid, why in sorted(failures.items())]
+    write_parquet_atomic(table_from_records(fail_rows, schemas.FAILURES), work / "failures.parquet")
+
+    # Every logged call this catalog needs, once, whichever run made it: what it cost.
+    logged = [(c, done[c.key]) for c in calls if c.key in done]
+    unknown = sum(1 for r in frame_rows if r["frame"] > 0 and r["action"] == prompts.UNKNOWN_ACTION)
+    later = sum(1 for r in frame_rows if r["frame"] > 0)
+    return {
+        "stage": STAGE,
+        "mode": mode.name,
+        "prompt_version": prompts.PROMPT_VERSION,
+        "items": n_questions,
+        "questions": n_questions,
+        "done": len(rows),
+        "failed": len(failures),
+        "reasons": dict(Counter(_reason_kind(r) for r in failures.values())),
+        "calls": len(logged),
+        "calls_needed": len(calls),
+        "calls_by_kind": dict(Counter(c.kind for c, _ in logged)),
+        "calls_per_question": len(logged) / n_questions if n_questions else 0.0,
+        "prompt_tokens": sum(int(r["prompt_tokens"]) for _, r in logged),
+        "completion_tokens": sum(int(r["completion_tokens"]) for _, r in logged),
+        "mean_frames": (sum(r["n_frames"] for r in rows) / len(rows)) if rows else 0.0,
+        "unknown_action_rate": (unknown / later) if later else 0.0,
+        "parsed_as": dict(parsed_as),
+    }
+
+
+def run_stage(out: Path, config: dict[str, Any], inputs: dict[str, str],
+              mlflow_run_id: str | None = None) -> dict[str, Any]:
+    """The pipeline's entry point: the perceiver's text for every question."""
+    return run_perception(Path(inputs["catalog"]), Path(inputs["keyframes"]), out,
+                          PerceptionConfig.model_validate(config))

@@ -1,0 +1,153 @@
+"""The registry of stage runners, and each stage's code version.
+
+The pipeline reaches a stage only through this table: a stage kind names the function
+that runs it, as ``module:function``, imported when the stage runs. No stage package is
+imported to plan a run, and adding a stage is one row here plus its package.
+
+A runner takes ``(out, config, inputs, mlflow_run_id)``: the stage folder, the stage's own
+config as a dict, its named inputs (paths or model references) and the MLflow run it may
+log into; it returns the stage's summary.
+
+A stage's code version hashes the source of every library module its runner imports,
+directly or through other modules, at module level or inside a function. The set is read
+from the code's own imports, so a module that a stage starts using joins its key without
+anyone keeping a list.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import importlib
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Callable
+
+PACKAGE = "embodied_r"
+
+STAGE_RUNNERS: dict[str, str] = {
+    "download": "embodied_r.data.download:run_stage",
+    "preprocess": "embodied_r.data.catalog:run_stage",
+    "keyframes": "embodied_r.keyframes.stage:run_stage",
+    "perception": "embodied_r.perception.stage:run_stage",
+    "convert": "embodied_r.training.records:run_stage",
+    "train": "embodied_r.training.stage:run_stage",
+    "evaluate": "embodied_r.evaluation.stage:run_stage",
+}
+
+# Stages whose key also depends on something outside the recipe: the download stage reads
+# a local mirror whose content must key it (``module:function`` of the stage's config dict).
+STAGE_EXTRA_KEYS: dict[str, str] = {
+    "download": "embodied_r.data.download:fingerprint",
+}
+
+Runner = Callable[[Path, dict[str, Any], dict[str, str], "str | None"], dict[str, Any]]
+
+
+def runner(kind: str) -> Runner:
+    if kind not in STAGE_RUNNERS:
+        raise ValueError(f"unknown stage kind {kind!r}; kinds are {', '.join(STAGE_RUNNERS)}")
+    module, function = STAGE_RUNNERS[kind].split(":")
+    return getattr(importlib.import_module(module), function)
+
+
+ROOT = Path(__file__).resolve().parent
+
+
+def extra_key(kind: str, config: dict[str, Any]) -> str:
+    """What keys a stage beyond its config and code ("" for most stages)."""
+    if kind not in STAGE_EXTRA_KEYS:
+        return ""
+    module, function = STAGE_EXTRA_KEYS[kind].split(":")
+    return getattr(importlib.import_module(module), function)(config)
+
+
+@lru_cache(maxsize=None)
+def _source(module: str) -> Path | None:
+    """The file of a library module, found on disk: nothing is imported to hash a stage."""
+    if module != PACKAGE and not module.startswith(PACKAGE + "."):
+        return None
+    base = ROOT.joinpath(*module.split(".")[1:])
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _is_module(name: str) -> bool:
+    return _source(name) is not None
+
+
+@lru_cache(maxsize=None)
+def imports_of(module: str) -> frozenset[str]:
+    """The library modules ``module`` imports itself, anywhere in its source."""
+    path = _source(module)
+    if path is None:
+        return frozenset()
+    found: set[str] = set()
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
+            # ``from pkg import mod`` imports a module; ``from mod import name`` does not.
+            names = [base] + [f"{base}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        for name in names:
+            if (name == PACKAGE or name.startswith(PACKAGE + ".")) and _is_module(name):
+                found.add(name)
+    # Importing a module runs its packages' __init__ files too.
+    parts = module.split(".")
+    found.update(".".join(parts[:i]) for i in range(1, len(parts)))
+    found.discard(module)
+    return frozenset(found)
+
+
+@lru_cache(maxsize=None)
+def closure(module: str) -> tuple[str, ...]:
+    """``module`` and every library module it reaches through imports, sorted."""
+    seen = {module}
+    todo = [module]
+    while todo:
+        for dep in imports_of(todo.pop()):
+            if dep not in seen:
+                seen.add(dep)
+                todo.append(dep)
+    return tuple(sorted(seen))
+
+
+@lru_cache(maxsize=None)
+def module_version(module: str) -> str:
+    """sha256 of one module's source (``module`` dotted, with or without the package)."""
+    name = module if module.startswith(PACKAGE) else f"{PACKAGE}.{module}"
+    path = _source(name)
+    return hashlib.sha256(path.read_bytes()).hexdigest() if path else "absent"
+
+
+def modules_version(modules: tuple[str, ...] | list[str]) -> str:
+    h = hashlib.sha256()
+    for name in sorted(modules):
+        h.update(f"{name}={module_version(name)}\n".encode())
+    return h.hexdigest()
+
+
+def stage_modules(kind: str) -> tuple[str, ...]:
+    """The library modules a stage kind runs."""
+    if kind not in STAGE_RUNNERS:
+        raise ValueError(f"unknown stage kind {kind!r}; kinds are {', '.join(STAGE_RUNNERS)}")
+    return closure(STAGE_RUNNERS[kind].split(":")[0])
+
+
+def code_version(kind: str) -> str:
+    return modules_version(stage_modules(kind))
+
+
+def clear_caches() -> None:
+    """Forget hashed sources (for a process that edits the library while it runs)."""
+    for cached in (_source, imports_of, closure, module_version):
+        cached.cache_clear()

@@ -1,0 +1,234 @@
+"""Scoring answers and summarising scores per task, as the benchmarks score them.
+
+Multiple-choice answers score 1 or 0; numeric answers score VSI-Bench's mean relative
+accuracy. An answer that cannot be parsed scores 0 and stays in the denominator: dropping
+it, as the original evaluation did, inflates accuracy.
+
+VSI-Bench's official aggregation averages its three relative-direction subtypes (easy:
+two options, medium: three, hard: four) as one task: the task's score is the mean of the
+three subtype accuracies, not the accuracy over their pooled questions. The catalog keeps
+one ``object_rel_direction`` category; the subtype is recovered from the option count.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import statistics
+from collections import defaultdict
+from typing import Any, Iterable, Literal, Mapping
+
+import numpy as np
+
+from embodied_r.scoring.answers import extract_answer, format_number, parse_choice, parse_number
+from embodied_r.benchmarks import PAPER_TASKS
+
+# VSI-Bench's thresholds: 0.50, 0.55, ..., 0.95 (its scorer builds the same array).
+MRA_THRESHOLDS = np.linspace(0.5, 0.95, 10)
+
+ANSWER_TYPES = ("choice", "number")
+NumberParsing = Literal["official", "lenient"]
+
+REL_DIRECTION = "object_rel_direction"
+# VSI-Bench's relative-direction subtypes, told apart by their option count.
+REL_DIRECTION_SUBTASKS = {2: "easy", 3: "medium", 4: "hard"}
+
+# Summary keys a category slug must not take.
+_RESERVED = {"overall", "macro", "paper_tasks"}
+_PAPER_CATEGORIES = {c for cats in PAPER_TASKS.values() for c in cats}
+
+
+def parse_official_number(text: Any) -> float | None:
+    """A prediction read as VSI-Bench's scorer reads it: the text up to the first space,
+    trailing dots removed, through Python's ``float``; None when that fails or is not finite.
+
+    Stricter than ``answers.parse_number``: "about 3", "3m" and "three" are not numbers here.
+    """
+    if text is None or isinstance(text, bool):
+        return None
+    if isinstance(text, (int, float, np.integer, np.floating)):
+        value = float(text)
+    else:
+        token = str(text).split(" ")[0].rstrip(".").strip()
+        try:
+            value = float(token)
+        except ValueError:
+            return None
+    return value if math.isfinite(value) else None
+
+
+def mean_relative_accuracy(prediction: Any, truth: Any) -> float:
+    """VSI-Bench's mean relative accuracy of a numeric prediction, in [0, 1].
+
+    A threshold t in 0.50..0.95 counts when ``|pred - truth| / |truth| <= 1 - t``; the
+    score is the fraction of thresholds met, computed in the same floating-point steps as
+    the official scorer, so boundary cases (an error of exactly 5 % or 50 %) agree. A
+    string prediction is read as the official scorer reads it (``parse_official_number``);
+    one that is not a finite number scores 0, the official worst case. Where the official
+    code is undefined this follows the metric's intent: a truth of 0 (a division by zero
+    there) scores 1 for an exact 0 and 0 otherwise; a negative truth is compared by magnitude.
+    Raises ValueError when ``truth`` is not a number: that is bad data, not a bad answer.
+    """
+    truth_value = parse_official_number(truth.strip() if isinstance(truth, str) else truth)
+    if truth_value is None:
+        raise ValueError(f"ground truth {truth!r} is not a finite number")
+    pred_value = parse_official_number(prediction)
+    if pred_value is None:
+        return 0.0
+    if truth_value == 0.0:
+        return 1.0 if pred_value == 0.0 else 0.0
+    relative_error = abs(pred_value - truth_value) / abs(truth_value)
+    return float(np.mean(relative_error <= 1.0 - MRA_THRESHOLDS))
+
+
+def score_answer(
+    completion: str, solution: str, answer_type: str, n_options: int | None = None,
+    number_parsing: NumberParsing = "lenient",
+) -> tuple[str, float]:
+    """(parsed prediction or "", score) for one completion.
+
+    The answer is read only inside the last ``<answer>`` block. Choice: 1.0 when the
+    letter equals the solution's. Number: mean relative accuracy, the answer read by
+    ``answers.parse_number`` ("lenient", what the rewards use) or as VSI-Bench's scorer
+    reads it ("official", what evaluation uses by default).
+    """
+    if answer_type not in ANSWER_TYPES:
+        raise ValueError(f"answer_type must be one of {ANSWER_TYPES}, got {answer_type!r}")
+    answer = extract_answer(completion or "")
+    if answer_type == "choice":
+        letter = parse_choice(answer, n_options)
+        if letter is None:
+            return "", 0.0
+        return letter, 1.0 if letter == str(solution).strip().upper() else 0.0
+    if number_parsing == "official":
+        value = parse_official_number(answer)
+    elif number_parsing == "lenient":
+        value = parse_number(answer)
+    else:
+        raise ValueError(f"number_parsing must be 'official' or 'lenient', got {number_parsing!r}")
+    if value is None:
+        return "", 0.0
+    return format_number(value), mean_relative_accuracy(value, solution)
+
+
+def subtask_of(category: str, options: Iterable[str] | None) -> str | None:
+    """The VSI-Bench relative-direction subtype of a question, or None for other tasks."""
+    if category != REL_DIRECTION:
+        return None
+    return REL_DIRECTION_SUBTASKS.get(len(list(options or [])))
+
+
+def slug(name: str) -> str:
+    """A category or benchmark name as a metric-name component: lower case, ``_`` separated."""
+    text = re.sub(r"[^0-9a-zA-Z]+", "_", str(name)).strip("_").lower()
+    return text or "unknown"
+
+
+def category_slug(name: str) -> str:
+    """``slug`` kept clear of the summary keys (``overall``, ``macro``, ``paper_tasks``)."""
+    text = slug(name)
+    return f"category_{text}" if text in _RESERVED else text
+
+
+def _length_stats(prefix: str, values: list[float]) -> dict[str, float]:
+    if not values:
+        return {}
+    ordered = sorted(values)
+    return {
+        f"{prefix}/mean": float(statistics.fmean(values)),
+        f"{prefix}/median": float(statistics.median(values)),
+        f"{prefix}/p90": float(ordered[min(len(ordered) - 1, math.ceil(0.9 * len(ordered)) - 1)]),
+        f"{prefix}/max": float(ordered[-1]),
+        f"{prefix}/min": float(ordered[0]),
+    }
+
+
+def task_score(scores_by_subtask: Mapping[str | None, list[float]]) -> float:
+    """A task's score: the mean of its subtypes' means (one group: the plain mean)."""
+    return float(statistics.fmean(statistics.fmean(s) for s in scores_by_subtask.values() if s))
+
+
+def _groups(rows: list[Mapping[str, Any]]) -> dict[tuple[str, str], dict[str | None, list[float]]]:
+    groups: dict[tuple[str, str], dict[str | None, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for row in rows:
+        key = (str(row.get("benchmark", "")), str(row.get("category", "")))
+        groups[key][row.get("subtask") or None].append(float(row["score"]))
+    return groups
+
+
+def aggregate(rows: Iterable[Mapping[str, Any]]) -> dict[str, float]:
+    """Flat metrics over scored rows (keys: benchmark, category, score; optional subtask,
+    prediction, completion, completion_tokens). Every key is a valid MLflow metric name.
+
+    - ``accuracy/overall``: every question counts once (micro). The paper's "avg" is this
+      figure over its eight tasks: ``accuracy/paper_tasks``.
+    - ``accuracy/<category>``: the task's score (relative direction: mean of its subtypes,
+      each also reported as ``accuracy/object_rel_direction/<subtype>``).
+    - ``accuracy/macro``: mean of the task scores (VSI-Bench's "overall" when all its tasks
+      are there); ``macro_by_benchmark/<benchmark>`` the same within one benchmark.
+    - ``accuracy_by_benchmark/<benchmark>``: micro within one benchmark.
+    - ``count/...``, ``parsed/overall`` (share of answers that could be read), and
+      response length statistics in tokens and characters.
+    """
+    rows = list(rows)
+    out: dict[str, float] = {"count/overall": float(len(rows))}
+    if not rows:
+        return out
+    out["accuracy/overall"] = float(statistics.fmean(float(r["score"]) for r in rows))
+
+    task_scores: dict[str, float] = {}
+    by_benchmark: dict[str, list[float]] = defaultdict(list)
+    tasks_by_benchmark: dict[str, list[float]] = defaultdict(list)
+    for (bench, cat), subtasks in sorted(_groups(rows).items()):
+        name = category_slug(cat)
+        score = task_score(subtasks)
+        task_scores[name] = score
+        out[f"accuracy/{name}"] = score
+        out[f"count/{name}"] = float(sum(len(s) for s in subtasks.values()))
+        named = {k: v for k, v in subtasks.items() if k}
+        if named:
+            for sub, scores in sorted(named.items()):
+                out[f"accuracy/{name}/{slug(sub)}"] = float(statistics.fmean(scores))
+                out[f"count/{name}/{slug(sub)}"] = float(len(scores))
+        tasks_by_benchmark[slug(bench)].append(score)
+    for row in rows:
+        by_benchmark[slug(row.get("benchmark", "unknown"))].append(float(row["score"]))
+    out["accuracy/macro"] = float(statistics.fmean(task_scores.values()))
+    for name, scores in sorted(by_benchmark.items()):
+        out[f"accuracy_by_benchmark/{name}"] = float(statistics.fmean(scores))
+        out[f"macro_by_benchmark/{name}"] = float(statistics.fmean(tasks_by_benchmark[name]))
+        out[f"count_by_benchmark/{name}"] = float(len(scores))
+
+    paper = [float(r["score"]) for r in rows if r.get("category") in _PAPER_CATEGORIES]
+    if paper:
+        out["accuracy/paper_tasks"] = float(statistics.fmean(paper))
+        out["count/paper_tasks"] = float(len(paper))
+    if all("prediction" in r for r in rows):
+        out["parsed/overall"] = float(statistics.fmean(1.0 if r["prediction"] else 0.0 for r in rows))
+    tokens = [float(r["completion_tokens"]) for r in rows if r.get("completion_tokens") is not None]
+    out.update(_length_stats("response_tokens", tokens))
+    chars = [float(len(r["completion"])) for r in rows if isinstance(r.get("completion"), str)]
+    out.update(_length_stats("response_chars", chars))
+    return out
+
+
+def category_table(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (benchmark, category): count, correct-equivalent sum, the task's score
+    (``accuracy``) and, for tasks with subtypes, ``subtasks``: {name: {count, accuracy}}."""
+    table = []
+    for (bench, cat), subtasks in sorted(_groups(list(rows)).items()):
+        scores = [s for group in subtasks.values() for s in group]
+        entry: dict[str, Any] = {
+            "benchmark": bench,
+            "category": cat,
+            "count": len(scores),
+            "score_sum": float(sum(scores)),
+            "accuracy": task_score(subtasks),
+        }
+        named = {k: v for k, v in subtasks.items() if k}
+        if named:
+            entry["subtasks"] = {
+                k: {"count": len(v), "accuracy": float(statistics.fmean(v))} for k, v in sorted(named.items())
+            }
+        table.append(entry)
+    return table

@@ -1,0 +1,265 @@
+"""GRPO reward functions, in TRL's calling convention.
+
+TRL calls each reward as ``f(prompts=..., completions=..., completion_ids=..., **columns,
+trainer_state=..., log_metric=..., log_extra=...)`` with one list entry per completion
+and expects one float (or None, "not scored") per completion. Completions are strings or,
+for conversational prompts, lists of chat messages.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable, Sequence
+
+from embodied_r.scoring.answers import (
+    FORMAT_RE,
+    completion_text,
+    extract_answer,
+    extract_think,
+    parse_choice,
+    parse_number,
+)
+from embodied_r.backends.base import Backend, BackendConfig
+from embodied_r.backends.factory import make_backend
+from embodied_r.scoring.metrics import mean_relative_accuracy, score_answer
+
+log = logging.getLogger(__name__)
+
+REFERENCE_SYSTEM = "You are a careful assistant who answers multiple-choice questions."
+REFERENCE_TEMPLATE_CHOICE = (
+    "This is a multiple-choice question. Based only on the question and the reasoning "
+    "below, choose the one option the reasoning supports.\n\n"
+    "Question:\n{question}\n\nReasoning:\n{think}\n\n"
+    "Answer with the option's letter only, without explanation."
+)
+REFERENCE_TEMPLATE_NUMBER = (
+    "Based only on the question and the reasoning below, give the number the reasoning "
+    "arrives at.\n\nQuestion:\n{question}\n\nReasoning:\n{think}\n\n"
+    "Answer with the number only, without explanation."
+)
+
+
+def _column(kwargs: dict[str, Any], name: str, n: int, default: Any = None) -> list[Any]:
+    values = kwargs.get(name)
+    if values is None:
+        return [default] * n
+    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
+        return [values] * n
+    if len(values) != n:
+        raise ValueError(f"column {name!r} has {len(values)} values for {n} completions")
+    return list(values)
+
+
+def _n_options(options: Any) -> int | None:
+    if options is None:
+        return None
+    try:
+        n = len(options)
+    except TypeError:
+        return None
+    return n or None
+
+
+def format_reward(completions: list[Any], **kwargs: Any) -> list[float]:
+    """1.0 when the whole completion is ``<think>...</think><answer>...</answer>``, else 0.0."""
+    return [1.0 if FORMAT_RE.match(completion_text(c)) else 0.0 for c in completions]
+
+
+def accuracy_reward(completions: list[Any], solution: list[str], **kwargs: Any) -> list[float]:
+    """Score of the answer inside the last ``<answer>``: 0/1 by letter, or mean relative accuracy."""
+    n = len(completions)
+    solutions = _column({"solution": solution}, "solution", n)
+    answer_types = _column(kwargs, "answer_type", n, "choice")
+    options = _column(kwargs, "options", n)
+    scored = [
+        score_answer(completion_text(c), s, t or "choice", _n_options(o))
+        for c, s, t, o in zip(completions, solutions, answer_types, options)
+    ]
+    log_extra: Callable[[str, list[Any]], None] | None = kwargs.get("log_extra")
+    if log_extra is not None:
+        # Columns of the trainer's completions table: what was read, and what was right.
+        log_extra("answer", [prediction for prediction, _ in scored])
+        log_extra("solution", [str(s) for s in solutions])
+    return [score for _, score in scored]
+
+
+def _policy_answer(text: str, answer_type: str, n_options: int | None) -> str | float | None:
+    answer = extract_answer(text)
+    if answer_type == "number":
+        return parse_number(answer)
+    return parse_choice(answer, n_options)
+
+
+def _reference_answer(text: str, answer_type: str, n_options: int | None) -> str | float | None:
+    # A chatty reference may still wrap its reply in tags; read inside them when it does.
+    inner = extract_answer(text)
+    reply = inner if inner is not None else text
+    if answer_type == "number":
+        return parse_number(reply)
+    return parse_choice(reply, n_options)
+
+
+def _agrees(reference: str | float | None, policy: str | float, answer_type: str) -> bool:
+    if reference is None:
+        return False
+    if answer_type == "number":
+        # The same number up to VSI-Bench's strictest threshold (5 % relative error).
+        return mean_relative_accuracy(reference, policy) == 1.0
+    return reference == policy
+
+
+class ConsistencyReward:
+    """Logical consistency: does a reference model, reading only the question and the
+    policy's ``<think>`` text (no video text), reach the policy's answer?
+
+    1.0 when it does (and, with ``require_correct``, the policy's answer is correct);
+    0.0 when it does not, when the policy gave no reasoning or no readable answer, or
+    when ``require_correct`` and the answer is wrong (the reference is then not asked).
+    None for every completion of a step whose reference could not be reached: an
+    unknown reward must not look like a bad one. The reference is its own frozen model
+    behind a backend; the policy under training never grades its own reasoning.
+    """
+
+    def __init__(self, backend: Backend | BackendConfig, require_correct: bool = True):
+        self.__name__ = "consistency_reward"  # TRL names the logged metrics after it
+        self.require_correct = require_correct
+        self._cfg = backend if isinstance(backend, BackendConfig) else None
+        self._backend: Backend | None = None if isinstance(backend, BackendConfig) else backend
+        self.calls = 0  # generate calls made, one per step at most
+
+    @property
+    def backend(self) -> Backend:
+        # Built on first use: stages that never ask the reference never load it.
+        if self._backend is None:
+            assert self._cfg is not None
+            self._backend = make_backend(self._cfg)
+        return self._backend
+
+    def close(self) -> None:
+        if self._backend is not None and self._cfg is not None:
+            self._backend.close()
+            self._backend = None
+
+    def __call__(self, completions: list[Any], solution: list[str], **kwargs: Any) -> list[float | None]:
+        n = len(completions)
+        solutions = _column({"solution": solution}, "solution", n)
+        if kwargs.get("question") is None:
+            raise ValueError(
+                "consistency_reward needs the dataset column 'question' (question with its "
+                "options, without the video text); rebuild the records with embodied_r.training.records"
+            )
+        questions = _column(kwargs, "question", n)
+        answer_types = [t or "choice" for t in _column(kwargs, "answer_type", n, "choice")]
+        options = _column(kwargs, "options", n)
+        log_metric: Callable[[str, float], None] | None = kwargs.get("log_metric")
+        rewards, replies = self._score([completion_text(c) for c in completions], solutions, questions,
+                                       answer_types, options, log_metric)
+        log_extra: Callable[[str, list[Any]], None] | None = kwargs.get("log_extra")
+        if log_extra is not None:
+            # One value per completion on every call keeps the trainer's table rows aligned.
+            log_extra("reference_answer", replies)
+        return rewards
+
+    def _score(self, texts: list[str], solutions: list[Any], questions: list[Any], answer_types: list[str],
+               options: list[Any], log_metric: Callable[[str, float], None] | None,
+               ) -> tuple[list[float | None], list[str | None]]:
+        """Rewards and the reference's parsed answers (None where it was not asked)."""
+        n = len(texts)
+        rewards: list[float | None] = [0.0] * n
+        replies: list[str | None] = [None] * n
+        asked: list[int] = []
+        conversations: list[list[dict[str, str]]] = []
+        policy_answers: dict[int, str | float] = {}
+        for i, text in enumerate(texts):
+            think = extract_think(text)
+            answer = _policy_answer(text, answer_types[i], _n_options(options[i]))
+            if not think or answer is None:
+                continue
+            if self.require_correct:
+                _, score = score_answer(text, solutions[i], answer_types[i], _n_options(options[i]))
+                if score < 1.0:
+                    continue
+            template = REFERENCE_TEMPLATE_NUMBER if answer_types[i] == "number" else REFERENCE_TEMPLATE_CHOICE
+            conversations.append(
+                [
+                    {"role": "system", "content": REFERENCE_SYSTEM},
+                    {"role": "user", "content": template.format(question=questions[i], think=think)},
+                ]
+            )
+            asked.append(i)
+            policy_answers[i] = answer
+
+        if log_metric is not None:
+            log_metric("consistency/asked", float(len(asked)))
+        if not asked:
+            return rewards, replies
+
+        backend = self.backend  # construction errors are config errors: let them raise
+        try:
+            self.calls += 1
+            # The whole step in one call: the backend batches or runs it concurrently.
+            generations = backend.generate(conversations)
+        except Exception as exc:  # noqa: BLE001 - any failure of the reference is "unknown"
+            log.warning("consistency reward: reference model failed (%s); rewards left unscored", exc)
+            return self._unreachable(n, log_metric), replies
+        if len(generations) != len(asked) or all(g.error for g in generations):
+            first = next((g.error for g in generations if g.error), "wrong number of replies")
+            log.warning("consistency reward: reference model unreachable (%s); rewards left unscored", first)
+            return self._unreachable(n, log_metric), replies
+
+        failed = 0
+        for i, generation in zip(asked, generations):
+            if generation.error:
+                rewards[i] = None
+                failed += 1
+                continue
+            reference = _reference_answer(generation.text, answer_types[i], _n_options(options[i]))
+            replies[i] = None if reference is None else str(reference)
+            rewards[i] = 1.0 if _agrees(reference, policy_answers[i], answer_types[i]) else 0.0
+        if failed:
+            log.warning("consistency reward: %d of %d reference calls failed; left unscored", failed, len(asked))
+        if log_metric is not None:
+            log_metric("consistency/reference_failed", float(failed))
+        return rewards, replies
+
+    @staticmethod
+    def _unreachable(n: int, log_metric: Callable[[str, float], None] | None) -> list[float | None]:
+        # Unknown, not wrong: a made-up 0 would punish the policy for the reference's outage,
+        # and falling back to the policy itself would let it grade its own reasoning.
+        if log_metric is not None:
+            log_metric("consistency/reference_unreachable", 1.0)
+        return [None] * n
+
+
+def make_consistency_reward(
+    backend_or_cfg: Backend | BackendConfig, require_correct: bool = True
+) -> ConsistencyReward:
+    """The consistency reward over a backend, or over a config whose backend is built lazily."""
+    return ConsistencyReward(backend_or_cfg, require_correct=require_correct)
+
+
+def consistency_ratio(
+    backend: Backend, completions: list[str], questions: list[str], answer_types: list[str],
+    options: list[Any] | None = None,
+) -> tuple[float | None, list[bool | None]]:
+    """Share of readable answers a reference model reproduces from the reasoning alone.
+
+    The paper's "logically consistent" share, for evaluation: correctness is not required.
+    Returns (ratio or None when nothing could be judged, per-item verdicts or None).
+    """
+    reward = ConsistencyReward(backend, require_correct=False)
+    n = len(completions)
+    scored = reward(
+        completions,
+        solution=[""] * n,
+        question=questions,
+        answer_type=answer_types,
+        options=options if options is not None else [None] * n,
+    )
+    verdicts: list[bool | None] = []
+    for text, value, kind, opts in zip(completions, scored, answer_types, options or [None] * n):
+        judged = extract_think(text) and _policy_answer(text, kind, _n_options(opts)) is not None
+        verdicts.append(None if (value is None or not judged) else value == 1.0)
+    judged_values = [v for v in verdicts if v is not None]
+    ratio = sum(judged_values) / len(judged_values) if judged_values else None
+    return ratio, verdicts

@@ -1,0 +1,244 @@
+"""UrbanVideo-Bench-style flights: outdoor clips cut from one flight, and their questions.
+
+A flight is a random plan of turns, climbs and straight flights; several clips of one flight
+(its prefixes) share a scene, as the real benchmark's clips do. Answers come from the plan and
+from per-frame visibility, and questions are written in the real ``MCQ.parquet`` text shapes.
+"""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from embodied_r import schemas
+from embodied_r.io import table_from_records, write_parquet_atomic
+from embodied_r.synthetic.config import SyntheticConfig
+from embodied_r.synthetic.world import (
+    HFOV,
+    LETTERS,
+    Segment,
+    Thing,
+    draw_thing,
+    panorama,
+    pose_at,
+    render,
+    shuffled_options,
+    wrap180,
+)
+
+
+URBAN_DIR = "UrbanVideo-Bench"
+PAPER_URBAN_TASKS = ("Landmark Position", "Counterfactual", "Progress Evaluation", "Action Generation")
+URBAN_THINGS = [("red", "cube"), ("blue", "cylinder"), ("green", "sphere"), ("yellow", "cone"),
+                ("purple", "cube"), ("orange", "cylinder"), ("white", "sphere"), ("cyan", "cone")]
+AG_OPTION = {"rise": "I rise.", "descend": "I descend.", "fly forward": "I fly forward.",
+             "fly backward": "I fly backward.", "turn left": "I turn left.", "turn right": "I turn right."}
+AG_DISTRACTORS = ["I rotate the camera upward.", "I rotate the camera downward."]
+ACTION_NOUN = {"rise": "ascent", "descend": "descent", "fly forward": "forward flight",
+               "fly backward": "backward flight", "turn left": "turn to the left",
+               "turn right": "turn to the right"}
+
+
+def _mcq(question: str, options: Sequence[str], header: str) -> str:
+    """The two shapes real MCQ.parquet rows use: navigation tasks say 'choose:'."""
+    body = "".join(f"{LETTERS[i]}. {o}  \n" for i, o in enumerate(options)).rstrip("\n")
+    if header == "choose":
+        return f"Question: {question}  \nchoose:  \n{body}"
+    return f"Question: {question}\n\nChoices:  \n{body}"
+
+
+def _flight_plan(rng: np.random.Generator, seconds: float, clips: int) -> list[Segment]:
+    shortest = max(2.0, 0.4 * seconds)
+    base = ["fly forward", "turn left", "turn right", "rise", "descend", "fly backward"]
+    order: list[str] = []
+    segs: list[Segment] = []
+    t = 0.0
+    while t < seconds + 2.5 or sum(1 for s in segs[:-1] if s.end >= shortest) < clips:
+        if not order:
+            order = [base[i] for i in rng.permutation(len(base))]
+            if not segs and not {"turn left", "turn right"} & set(order[:2]):
+                turn = next(i for i, a in enumerate(order) if a.startswith("turn"))
+                order[1], order[turn] = order[turn], order[1]
+            if segs and order[0] == segs[-1].action:
+                order.append(order.pop(0))
+        action = order.pop(0)
+        duration = float(rng.choice([1.0, 1.5, 2.0, 2.5]))
+        if action.startswith("turn"):
+            rate = float(rng.uniform(12, 25) if rng.random() < 0.5 else rng.uniform(60, 100))
+        elif action in ("rise", "descend"):
+            rate = float(rng.uniform(3, 5))
+        else:
+            rate = float(rng.uniform(1.12, 1.25) if action == "fly forward" else rng.uniform(1.08, 1.15))
+        segs.append(Segment(action, t, duration, rate))
+        t += duration
+    return segs
+
+
+def _clip_ends(segs: list[Segment], seconds: float, clips: int) -> list[int]:
+    """Indices of the segments each clip ends with; clips end on segment boundaries."""
+    cands = [i for i, s in enumerate(segs[:-1]) if s.end >= max(2.0, 0.4 * seconds)]
+    within = [i for i in cands if segs[i].end <= seconds + 1e-9] or cands[:1]
+    last = cands.index(within[-1])
+    pool = cands[: last + 1] if last + 1 >= clips else cands[:clips]
+    picks = np.linspace(0, len(pool) - 1, clips).round().astype(int)
+    return [pool[i] for i in picks]
+
+
+def _step_phrases(segs: list[Segment], landmark: dict[int, Thing]) -> list[str]:
+    seen: dict[str, int] = {}
+    out = []
+    for i, s in enumerate(segs):
+        k = seen.get(s.action, 0)
+        seen[s.action] = k + 1
+        text = AG_OPTION[s.action][2:-1]
+        if i in landmark:
+            text += f" toward the {landmark[i].name}"
+        elif s.action.startswith("turn"):
+            text += " quickly" if s.rate > 45 else " slowly"
+        text += ["", " again", " a third time", " a fourth time"][min(k, 3)]
+        out.append(f"I {text}.")
+    return out
+
+
+def _urban_scene(rng: np.random.Generator, cfg: "SyntheticConfig", prefix: str, clips: int,
+                 root: Path, qid: int) -> list[dict]:
+    segs = _flight_plan(rng, cfg.seconds, clips)
+    pose = lambda t: pose_at(segs, t)  # noqa: E731
+    names = [URBAN_THINGS[i] for i in rng.permutation(len(URBAN_THINGS))]
+    things: list[Thing] = []
+    landmark: dict[int, Thing] = {}
+
+    def free(az: float) -> bool:
+        return all(abs(wrap180(az - o.azimuth)) >= 22 for o in things)
+
+    for i, s in enumerate(segs):
+        end = pose(s.end)
+        if s.action.startswith("turn") and free(end.yaw) and len(things) < 5:
+            colour, shape = names[len(things)]
+            thing = Thing(f"{colour} {shape}", colour, shape, end.yaw,
+                          end.pitch + float(rng.uniform(-3, 3)), float(rng.uniform(8, 12)))
+            things.append(thing)
+            landmark[i] = thing
+    for _ in range(200):
+        if len(things) >= 6:
+            break
+        az = float(rng.uniform(0, 360))
+        if free(az):
+            colour, shape = names[len(things)]
+            things.append(Thing(f"{colour} {shape}", colour, shape, az,
+                                float(rng.uniform(-8, 8)), float(rng.uniform(7, 11))))
+    target = landmark[max(landmark)] if landmark else things[0]
+    ends = _clip_ends(segs, cfg.seconds, clips)
+    vids = [f"{prefix}.mp4"] if clips == 1 else [f"{prefix}_{k}.mp4" for k in range(clips)]
+    n_frames = [max(2, round(segs[e].end * cfg.fps)) for e in ends]
+    pano = panorama(rng, cfg.width, indoor=False)
+    for t in things:
+        draw_thing(pano, t, cfg.width / HFOV)
+    seen_at, glimpsed_at = render(pano, things, pose, [(root / "videos" / v, n) for v, n in zip(vids, n_frames)],
+                                  cfg.fps, cfg.width, cfg.height)
+    steps = _step_phrases(segs, landmark)
+    rows: list[dict] = []
+    for vid, end, n in zip(vids, ends, n_frames):
+        seen = [t.name for t, f in zip(things, seen_at) if f is not None and f < n]
+        glimpsed_names = {t.name for t, f in zip(things, glimpsed_at) if f is not None and f < n}
+        for cat, question, options, answer, header in _urban_questions(
+                rng, cfg, segs, end, things, seen, glimpsed_names, landmark, target, steps):
+            rows.append({"Question_id": qid + len(rows), "video_id": vid, "question_category": cat,
+                         "question": _mcq(question, options, header), "answer": answer})
+    return rows
+
+
+def _urban_questions(rng: np.random.Generator, cfg: "SyntheticConfig", segs: list[Segment], end: int,
+                     things: list[Thing], seen: list[str], glimpsed_names: set[str],
+                     landmark: dict[int, Thing], target: Thing, steps: list[str]
+                     ) -> Iterator[tuple[str, str, list[str], str, str]]:
+    """Yield (category, question, options, answer letter, header) for the clip ending with segment ``end``."""
+    k = cfg.questions_per_category
+    done = segs[: end + 1]
+    yaw = pose_at(segs, segs[end].end).yaw
+    goal = f"At the initial position, you are asked to navigate to the {target.name}."
+    # Action Generation: the clip stops on a segment boundary; the next move is the next segment.
+    nxt = AG_OPTION[segs[end + 1].action]
+    others = [o for o in AG_OPTION.values() if o != nxt] + AG_DISTRACTORS
+    opts, ans = shuffled_options(rng, nxt, [others[i] for i in rng.permutation(len(others))[:6]])
+    yield ("Action Generation", f"{goal} What is your next move, given the target location for "
+           "your next move?", opts, ans, "choose")
+    # Landmark Position: bearing of a landmark at the end of the clip.
+    for thing in [target, *[t for t in things if t is not target]][:k]:
+        rel = wrap180(thing.azimuth - yaw)
+        side = ("ahead of me" if abs(rel) <= 30 else "behind me" if abs(rel) > 135
+                else "on my right" if rel > 0 else "on my left")
+        all_sides = ["ahead of me", "on my left", "on my right", "behind me"]
+        opts, ans = shuffled_options(rng, f"The {thing.name} is {side}.",
+                             [f"The {thing.name} is {s}." for s in all_sides if s != side])
+        yield ("Landmark Position", f"At the initial position, you are asked to navigate to the "
+               f"{thing.name}. When you reach the current location, what is the direction to the "
+               "destination?", opts, ans, "choose")
+    # Progress Evaluation: which instruction step the last frames belong to.
+    instruction = " ".join(s[2].lower() + s[3:] for s in steps)
+    wrong = [steps[i] for i in rng.permutation(len(steps)) if i != end][:4]
+    opts, ans = shuffled_options(rng, steps[end], wrong)
+    yield ("Progress Evaluation", f"Navigation Instruction given at initial position: [{instruction}]. "
+           "You move according to a series of movement instructions. What are you doing now?",
+           opts, ans, "choose")
+    # Counterfactual: turning the other way also reaches the landmark; longer or shorter?
+    turns = [i for i in range(end + 1) if i in landmark and abs(segs[i].rate * segs[i].duration - 180) > 15]
+    for i in turns[:k]:
+        s, lm = segs[i], landmark[i].name
+        d, other = s.action.split()[1], "right" if s.action == "turn left" else "left"
+        angle = s.rate * s.duration
+        pre = f"If I turn {other} instead, I"
+        longer = f"{pre} can still face the {lm}, but the alternative turn takes longer."
+        shorter = f"{pre} can still face the {lm}, and the alternative turn is shorter."
+        never = f"{pre} cannot face the {lm}, because it stays out of my view."
+        correct = longer if 360 - angle > angle else shorter
+        opts, ans = shuffled_options(rng, correct, [o for o in (longer, shorter, never) if o != correct])
+        yield ("Counterfactual", f"Instead of turning {d} toward the {lm}, if you choose to turn "
+               f"{other}, can you still face the {lm}, and how is the alternative route?",
+               opts, ans, "choices")
+    # Object Recall: clearly seen (centre in view) against never glimpsed; half-seen ones are no option.
+    unseen = [f"{c} {s}" for c, s in URBAN_THINGS if f"{c} {s}" not in glimpsed_names]
+    for name in [seen[i] for i in rng.permutation(len(seen))][:k]:
+        art = lambda n: ("An " if n[0] in "aeiou" else "A ") + n + "."  # noqa: E731
+        opts, ans = shuffled_options(rng, art(name), [art(unseen[i]) for i in rng.permutation(len(unseen))[:4]])
+        yield ("Object Recall", "Which of the following objects do you see during the flight?",
+               opts, ans, "choices")
+    # Duration: two movements that occur once each in the clip.
+    counts: dict[str, int] = {}
+    for s in done:
+        counts[s.action] = counts.get(s.action, 0) + 1
+    single = [s for s in done if counts[s.action] == 1]
+    pairs = list(itertools.combinations(single, 2))
+    for j in rng.permutation(len(pairs))[:k].tolist():
+        a, b = pairs[j]
+        na, nb = ACTION_NOUN[a.action], ACTION_NOUN[b.action]
+        first_longer = f"My {na} takes longer than my {nb}."
+        second_longer = f"My {nb} takes longer than my {na}."
+        same = f"My {na} takes the same time as my {nb}."
+        correct = same if a.duration == b.duration else first_longer if a.duration > b.duration else second_longer
+        opts, ans = shuffled_options(rng, correct, [o for o in (first_longer, second_longer, same) if o != correct])
+        yield ("Duration", f"Which takes longer, your {na} or your {nb}?", opts, ans, "choices")
+
+
+def write_urban_bench(root: Path, cfg: "SyntheticConfig") -> dict:
+    """Write ``root/UrbanVideo-Bench`` (``videos/`` and ``MCQ.parquet``) as the hub repo lays it out."""
+    top = np.random.default_rng([cfg.seed, 7])
+    rows: list[dict] = []
+    families = ["EmbodiedCity", "AerialVLN", "RealWorld"]
+    numbers = (1 + top.permutation(120)).tolist()
+    left, scene = cfg.urban_videos, 0
+    while left > 0:
+        clips = min(cfg.clips_per_scene, left)
+        family = families[scene % 3]
+        prefix = f"{family}_{numbers[scene % 120]}"
+        if family == "AerialVLN":
+            prefix += "_" + "".join(top.choice(list("ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"), 30))
+        rng = np.random.default_rng([cfg.seed, 1, scene])
+        rows += _urban_scene(rng, cfg, prefix, clips, root / URBAN_DIR, len(rows))
+        left -= clips
+        scene += 1
+    write_parquet_atomic(table_from_records(rows, schemas.URBANVIDEO_MCQ), root / URBAN_DIR / "MCQ.parquet")
+    return {"urban_videos": cfg.urban_videos, "urban_scenes": scene, "urban_questions": len(rows)}

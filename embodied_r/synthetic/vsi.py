@@ -1,0 +1,241 @@
+"""VSI-Bench-style room scans: one indoor video per scene, and its questions.
+
+A room holds furniture at known floor positions around a camera that turns about once on the
+spot, with short flights and tilts between. Distances, directions, routes and the order in
+which objects first show are computed from the layout and from per-frame visibility.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+import shutil
+import zipfile
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+
+from embodied_r import schemas
+from embodied_r.io import table_from_records, write_parquet_atomic
+from embodied_r.synthetic.config import SyntheticConfig
+from embodied_r.synthetic.world import (
+    EXTENT,
+    HFOV,
+    LETTERS,
+    Pose,
+    Segment,
+    Thing,
+    draw_thing,
+    panorama,
+    pose_at,
+    render,
+    segments_from,
+    shuffled_options,
+    wrap180,
+)
+
+
+VSI_DIR = "VSI-Bench"
+VSI_DATASETS = ("arkitscenes", "scannet", "scannetpp")
+# VSI-style categories: (name, colour, shape, typical longest dimension in cm)
+VSI_THINGS = [("chair", "red", "cube", (75, 100)), ("table", "pink", "box", (120, 180)),
+              ("sofa", "blue", "box", (180, 240)), ("tv", "black", "panel", (90, 140)),
+              ("bed", "white", "box", (190, 210)), ("lamp", "yellow", "cone", (40, 160)),
+              ("plant", "green", "sphere", (40, 120)), ("door", "orange", "panel", (200, 210)),
+              ("cabinet", "purple", "cube", (80, 200)), ("toilet", "cyan", "cylinder", (65, 75))]
+
+
+def _room(rng: np.random.Generator) -> tuple[float, float, tuple[float, float], list[Thing]]:
+    length, width = round(float(rng.uniform(4, 8)), 1), round(float(rng.uniform(3, 6)), 1)
+    cam = (length / 2 + float(rng.uniform(-0.4, 0.4)), width / 2 + float(rng.uniform(-0.4, 0.4)))
+    pool = [VSI_THINGS[0]] * int(rng.integers(2, 5)) + [VSI_THINGS[i] for i in 1 + rng.permutation(9)[:6]]
+    things: list[Thing] = []
+    for name, colour, shape, (lo, hi) in pool:
+        for _ in range(300):
+            x, y = float(rng.uniform(0.3, length - 0.3)), float(rng.uniform(0.3, width - 0.3))
+            d = math.hypot(x - cam[0], y - cam[1])
+            az = math.degrees(math.atan2(x - cam[0], y - cam[1])) % 360
+            size = min(13.0, max(6.0, 16.0 / d))
+            # Apart on the panorama too, so no object hides another.
+            if d >= 1.0 and all(math.hypot(x - o.x, y - o.y) >= 0.7 and abs(wrap180(az - o.azimuth))
+                                >= EXTENT[shape][0] * size + EXTENT[o.shape][0] * o.size + 2 for o in things):
+                things.append(Thing(name, colour, shape, az, float(rng.uniform(-9, 4)), size, x, y,
+                                    int(rng.integers(lo, hi + 1))))
+                break
+    return length, width, cam, things
+
+
+def _room_scan(rng: np.random.Generator, seconds: float) -> list[Segment]:
+    """A full turn (about 380 degrees) at uneven speeds, broken by short flights and tilts."""
+    others = [("fly forward", 1.2), ("fly backward", 1.15), ("rise", 4.0), ("descend", 4.0), ("hover", 0.0)]
+    breaks = [others[i] for i in rng.permutation(len(others))[:3]]
+    still = [round(float(rng.uniform(0.08, 0.12)) * seconds, 1) for _ in breaks]
+    turn_time = seconds - sum(still)
+    shares = rng.dirichlet(np.ones(4)) * 0.6 + 0.1
+    durations = shares / shares.sum() * turn_time
+    weights = durations * rng.uniform(0.4, 2.0, 4)
+    angles = weights / weights.sum() * 380.0
+    action = "turn right" if rng.random() < 0.5 else "turn left"
+    motions: list[tuple[str, float, float]] = []
+    for i in range(4):
+        motions.append((action, float(durations[i]), float(angles[i] / durations[i])))
+        if i < 3:
+            motions.append((breaks[i][0], still[i], breaks[i][1]))
+    return segments_from(motions)
+
+
+def _turn_class(rel: float) -> str:
+    return "Turn Back" if abs(rel) > 135 else "Turn Right" if rel > 0 else "Turn Left"
+
+
+def _vsi_questions(rng: np.random.Generator, cfg: "SyntheticConfig", dims: tuple[float, float],
+                   things: list[Thing], glimpsed_at: list[int | None]
+                   ) -> Iterator[tuple[str, str, list[str] | None, str]]:
+    """Yield (question_type, question, options or None, ground_truth)."""
+    length, width = dims
+    k = cfg.questions_per_category
+    single = [t for t in things if sum(o.name == t.name for o in things) == 1]
+    dist = lambda a, b: math.hypot(a.x - b.x, a.y - b.y)  # noqa: E731
+    bearing = lambda a, b: math.degrees(math.atan2(b.x - a.x, b.y - a.y))  # noqa: E731
+    rel = lambda a, b, c: wrap180(bearing(a, c) - bearing(a, b))  # noqa: E731
+    # The repeated category first, so counting is not always "1".
+    names = sorted({t.name for t in things}, key=lambda n: (-sum(t.name == n for t in things), n))
+    for name in names[:1] + [names[1:][i] for i in rng.permutation(len(names) - 1)][: k - 1]:
+        yield "object_counting", f"How many {name}(s) are in this room?", None, str(sum(t.name == name for t in things))
+    # Random draws of four distinct single-instance objects; questions keep the clear-cut ones.
+    trios = [tuple(single[i] for i in rng.permutation(len(single))[:4]) for _ in range(40)] if len(single) >= 4 else []
+    for a, b, *_ in trios[:k]:
+        yield ("object_abs_distance", "Measuring from the closest point of each object, what is the "
+               f"direct distance between the {a.name} and the {b.name} (in meters)?", None, f"{dist(a, b):.1f}")
+    for a, *_ in trios[:k]:
+        yield ("object_size_estimation", "What is the length of the longest dimension (length, width, "
+               f"or height) of the {a.name}, measured in centimeters?", None, str(a.size_cm))
+    yield ("room_size_estimation", "What is the size of this room (in square meters)? If multiple rooms "
+           "are shown, estimate the size of the combined space.", None, f"{length * width:.1f}")
+    made = dict.fromkeys(["object_rel_distance", "object_rel_direction_easy", "object_rel_direction_medium",
+                          "object_rel_direction_hard", "route_planning"], 0)
+    for a, b, c, d in trios:
+        cands = [b, c, d] + [t for t in single if t not in (a, b, c, d)][:1]
+        ds = sorted(dist(a, t) for t in cands)
+        if made["object_rel_distance"] < k and len(cands) == 4 and ds[1] - ds[0] >= 0.3:
+            made["object_rel_distance"] += 1
+            best = min(cands, key=lambda t: dist(a, t))
+            yield ("object_rel_distance", "Measuring from the closest point of each object, which of these "
+                   f"objects ({', '.join(t.name for t in cands)}) is the closest to the {a.name}?",
+                   [f"{LETTERS[i]}. {t.name}" for i, t in enumerate(cands)], LETTERS[cands.index(best)])
+        r = rel(a, b, c)
+        stand = f"If I am standing by the {a.name} and facing the {b.name}, "
+        if made["object_rel_direction_easy"] < k and 20 <= abs(r) <= 160:
+            made["object_rel_direction_easy"] += 1
+            opts, ans = shuffled_options(rng, "right" if r > 0 else "left", ["left" if r > 0 else "right"])
+            yield ("object_rel_direction_easy", stand + f"is the {c.name} to the left or the right of the "
+                   f"{b.name}?", [f"{LETTERS[i]}. {o}" for i, o in enumerate(opts)], ans)
+        if made["object_rel_direction_medium"] < k and 20 <= abs(r) and abs(abs(r) - 135) >= 10:
+            made["object_rel_direction_medium"] += 1
+            side = "back" if abs(r) > 135 else "right" if r > 0 else "left"
+            opts, ans = shuffled_options(rng, side, [s for s in ("left", "right", "back") if s != side])
+            yield ("object_rel_direction_medium", stand + f"is the {c.name} to my left, right, or back? An "
+                   "object is to my back if I would have to turn at least 135 degrees in order to face it.",
+                   [f"{LETTERS[i]}. {o}" for i, o in enumerate(opts)], ans)
+        if made["object_rel_direction_hard"] < k and min(abs(r), 180 - abs(r), abs(abs(r) - 90)) >= 10:
+            made["object_rel_direction_hard"] += 1
+            quad = ("front" if abs(r) < 90 else "back") + ("-right" if r > 0 else "-left")
+            opts, ans = shuffled_options(rng, quad, [q for q in ("front-left", "front-right", "back-left", "back-right")
+                                             if q != quad])
+            yield ("object_rel_direction_hard", stand + f"is the {c.name} to my front-left, front-right, "
+                   "back-left, or back-right? The directions refer to the quadrants of a Cartesian plane (if "
+                   "I am standing at the origin and facing along the positive y-axis).",
+                   [f"{LETTERS[i]}. {o}" for i, o in enumerate(opts)], ans)
+        r1, r2 = rel(a, b, c), wrap180(bearing(c, d) - bearing(a, c))
+        clear = lambda x: 35 <= abs(x) <= 125 or abs(x) >= 150  # noqa: E731
+        if made["route_planning"] < k and clear(r1) and clear(r2):
+            made["route_planning"] += 1
+            right = f"{_turn_class(r1)}, {_turn_class(r2)}"
+            combos = [f"{p}, {q}" for p in ("Turn Left", "Turn Right", "Turn Back")
+                      for q in ("Turn Left", "Turn Right", "Turn Back") if f"{p}, {q}" != right]
+            opts, ans = shuffled_options(rng, right, [combos[i] for i in rng.permutation(len(combos))[:3]])
+            yield ("route_planning", f"You are a robot beginning at the {a.name} facing the {b.name}. You "
+                   f"want to navigate to the {d.name}. You will perform the following actions (Note: for each "
+                   "[please fill in], choose either 'turn back,' 'turn left,' or 'turn right.'): 1. [please "
+                   f"fill in]. 2. Go forward until the {c.name}. 3. [please fill in]. 4. Go forward until the "
+                   f"{d.name}. You have reached the final destination.",
+                   [f"{LETTERS[i]}. {o}" for i, o in enumerate(opts)], ans)
+    # Appearance order: when any part first shows, for objects that show at clearly different moments.
+    order = sorted((f, t.name) for t, f in zip(things, glimpsed_at) if t in single and f is not None)
+    spaced = [order[0]] if order else []
+    for f, name in order[1:]:
+        if f - spaced[-1][0] >= 0.3 * cfg.fps:
+            spaced.append((f, name))
+    for _ in range(k if len(spaced) >= 4 else 0):
+        pick = sorted(spaced[i] for i in rng.permutation(len(spaced))[:4])
+        right = [n for _, n in pick]
+        perms = [list(p) for p in itertools.permutations(right) if list(p) != right]
+        wrong = [", ".join(perms[i]) for i in rng.permutation(len(perms))[:3]]
+        opts, ans = shuffled_options(rng, ", ".join(right), wrong)
+        listed = [right[i] for i in rng.permutation(4)]
+        yield ("obj_appearance_order", "What will be the first-time appearance order of the following "
+               f"categories in the video: {', '.join(listed)}?",
+               [f"{LETTERS[i]}. {o}" for i, o in enumerate(opts)], ans)
+
+
+def _scene_name(rng: np.random.Generator, dataset: str) -> str:
+    if dataset == "arkitscenes":
+        return str(41000000 + int(rng.integers(0, 999999)))
+    if dataset == "scannet":
+        return f"scene{int(rng.integers(0, 800)):04d}_{int(rng.integers(0, 3)):02d}"
+    return "".join(rng.choice(list("0123456789abcdef"), 10))
+
+
+def _zip_add(zf: zipfile.ZipFile, path: Path, arcname: str) -> None:
+    """Add a file with a fixed date, so the same seed gives byte-identical archives."""
+    info = zipfile.ZipInfo(arcname, date_time=(1980, 1, 1, 0, 0, 0))
+    info.compress_type = zipfile.ZIP_STORED
+    info.external_attr = 0o644 << 16
+    with open(path, "rb") as src, zf.open(info, "w") as dst:
+        shutil.copyfileobj(src, dst, 1 << 20)
+
+
+def write_vsi_bench(root: Path, cfg: "SyntheticConfig") -> dict:
+    """Write ``root/VSI-Bench``: the three video zips and the questions Parquet, as on the hub."""
+    rows: list[dict] = []
+    vsi = root / VSI_DIR
+    tmp = vsi / ".render"
+    vsi.mkdir(parents=True, exist_ok=True)
+    zips = {d: zipfile.ZipFile(vsi / f"{d}.zip.tmp", "w", zipfile.ZIP_STORED) for d in VSI_DATASETS}
+    used: set[str] = set()
+    try:
+        for i in range(cfg.vsi_scenes):
+            rng = np.random.default_rng([cfg.seed, 2, i])
+            dataset = VSI_DATASETS[i % 3]
+            name = _scene_name(rng, dataset)
+            while name in used:
+                name = _scene_name(rng, dataset)
+            used.add(name)
+            length, width, _, things = _room(rng)
+            segs = _room_scan(rng, cfg.seconds)
+            start_pose = Pose(float(rng.uniform(0, 360)), 0.0, 1.0)
+            pano = panorama(rng, cfg.width, indoor=True)
+            for t in things:
+                draw_thing(pano, t, cfg.width / HFOV)
+            video = tmp / f"{dataset}_{name}.mp4"
+            _, glimpsed_at = render(pano, things, lambda t: pose_at(segs, t, start_pose),
+                                    [(video, round(cfg.seconds * cfg.fps))], cfg.fps, cfg.width, cfg.height)
+            _zip_add(zips[dataset], video, f"{dataset}/{name}.mp4")
+            video.unlink()
+            for qtype, question, options, truth in _vsi_questions(rng, cfg, (length, width), things, glimpsed_at):
+                rows.append({"id": len(rows), "dataset": dataset, "scene_name": name,
+                             "question_type": qtype, "question": question, "options": options,
+                             "ground_truth": truth})
+    finally:
+        for z in zips.values():
+            z.close()
+        if tmp.exists():
+            for f in tmp.iterdir():
+                f.unlink()
+            tmp.rmdir()
+    for d in VSI_DATASETS:
+        os.replace(vsi / f"{d}.zip.tmp", vsi / f"{d}.zip")
+    write_parquet_atomic(table_from_records(rows, schemas.VSIBENCH), vsi / "test-00000-of-00001.parquet")
+    return {"vsi_scenes": cfg.vsi_scenes, "vsi_questions": len(rows)}

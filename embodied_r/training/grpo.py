@@ -1,0 +1,369 @@
+"""The trainer process of one GRPO stage: ``python -m embodied_r.training.grpo SPEC``.
+
+SPEC is the JSON written by ``training.run_training_stage``. This process builds TRL's
+``GRPOTrainer`` on the stage's records, resumes from the last checkpoint in the stage's
+work folder if there is one, saves the final model and tokenizer to ``work/model`` and
+writes ``work/train_result.json`` for the parent. Its helpers (dataset, LoRA, saving,
+the completions table, timing) serve the SFT trainer process too.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import sys
+import time
+import warnings
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Callable
+
+import pyarrow.parquet as pq
+
+from embodied_r.scoring.answers import completion_text
+from embodied_r.io import read_json, write_json_atomic
+from embodied_r.scoring.rewards import accuracy_reward, format_reward, make_consistency_reward
+from embodied_r.training.config import GRPOStageConfig, TrainingConfig
+from embodied_r.training.environment import (
+    progress_callback,
+    ADAPTER,
+    CHECKPOINTS,
+    RESULT_NAME,
+    LoraSettings,
+    TrainerEnvironment,
+)
+
+log = logging.getLogger("embodied_r.training.grpo")
+
+# Columns the reward functions read; TRL hands every non-prompt column to them.
+REWARD_COLUMNS = ("uid", "category", "solution", "answer_type", "question", "options")
+TABLE_FILE = "completions.json"
+PROMPT_EXCERPT = 400  # characters of the prompt's end (the question) shown in the table
+COMPLETION_MAX = 8000
+
+
+def read_records(records: Path) -> list[dict[str, Any]]:
+    rows = pq.read_table(Path(records) / "train.parquet").to_pylist()
+    if not rows:
+        raise ValueError(f"{records}/train.parquet holds no records; nothing to train on")
+    return rows
+
+
+def conversation(record: dict[str, Any]) -> list[dict[str, str]]:
+    return [{"role": "system", "content": record["system"]}, {"role": "user", "content": record["prompt"]}]
+
+
+def load_dataset(records: Path) -> Any:
+    """``train.parquet`` as a conversational dataset: prompt = system + user turns."""
+    from datasets import Dataset
+
+    data = [{"prompt": conversation(r), **{c: r[c] for c in REWARD_COLUMNS}} for r in read_records(records)]
+    return Dataset.from_list(data)
+
+
+def reward_setup(stage: GRPOStageConfig, cfg: TrainingConfig) -> tuple[list[Any], list[float]]:
+    """Reward functions and weights of a stage. A zero-weight consistency reward is left
+    out altogether, so its reference model is never loaded or asked."""
+    funcs: list[Any] = [format_reward, accuracy_reward]
+    weights = [stage.format_weight, stage.accuracy_weight]
+    if stage.consistency_weight > 0:
+        funcs.append(make_consistency_reward(cfg.reference, require_correct=cfg.consistency_requires_correct))
+        weights.append(stage.consistency_weight)
+    return funcs, weights
+
+
+def use_bf16(env: TrainerEnvironment) -> bool:
+    if env.bf16 is not None:
+        return env.bf16
+    import torch
+
+    return not env.use_cpu and torch.cuda.is_available()
+
+
+def common_args(env: TrainerEnvironment, work: Path, run_name: str, report_to: list[str]) -> dict[str, Any]:
+    """Trainer arguments shared by GRPO and SFT."""
+    bf16 = use_bf16(env)
+    kwargs: dict[str, Any] = {
+        "output_dir": str(work / CHECKPOINTS),
+        "run_name": run_name,
+        "use_cpu": env.use_cpu,
+        "bf16": bf16,
+        # The current name; TRL's default for the deprecated gradient_checkpointing is True.
+        "activation_checkpointing": env.gradient_checkpointing,
+        "seed": env.seed,
+        "logging_steps": env.logging_steps,
+        "save_steps": env.save_steps,
+        "save_total_limit": env.save_total_limit,
+        "report_to": report_to,
+        "disable_tqdm": True,  # the parent streams our output into logs; bars only clutter them
+    }
+    if bf16:
+        # Weights in bfloat16 as the original trained them; TRL would load float32.
+        kwargs["model_init_kwargs"] = {"dtype": "bfloat16"}
+    return kwargs
+
+
+def grpo_args(stage: GRPOStageConfig, cfg: TrainingConfig, work: Path, weights: list[float],
+              report_to: list[str]) -> Any:
+    from trl import GRPOConfig
+
+    kwargs = common_args(cfg, work, stage.name, report_to)
+    kwargs.update({
+        "num_train_epochs": stage.epochs,
+        "max_steps": cfg.max_steps_per_stage or -1,
+        "learning_rate": cfg.learning_rate,
+        "warmup_steps": cfg.warmup_ratio,  # a float below 1 is a share of all steps
+        "beta": cfg.beta,
+        "num_generations": cfg.num_generations,
+        "max_completion_length": cfg.max_completion_length,
+        "per_device_train_batch_size": cfg.per_device_train_batch_size,
+        "gradient_accumulation_steps": cfg.gradient_accumulation_steps,
+        "temperature": cfg.temperature,
+        "reward_weights": weights,
+        "log_completions": cfg.log_completions,
+    })
+    if cfg.vllm is not None:
+        kwargs.update(cfg.vllm.grpo_kwargs())
+    kwargs.update(cfg.grpo_args)
+    return GRPOConfig(**kwargs)
+
+
+def peft_config(lora: LoraSettings | None) -> Any:
+    if lora is None:
+        return None
+    from peft import LoraConfig
+
+    return LoraConfig(task_type="CAUSAL_LM", r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                      target_modules=lora.target_modules, init_lora_weights=lora.init_lora_weights)
+
+
+def save_trained_model(trainer: Any, work: Path, lora: bool) -> None:
+    """Full weights and tokenizer in ``work/model``, loadable by the next stage and by
+    evaluation as they are. With LoRA the adapter goes to ``work/adapter`` and its
+    merge with the base weights to ``work/model``."""
+    model_dir = work / "model"
+    tokenizer = trainer.processing_class
+    if not lora:
+        trainer.save_model(str(model_dir))  # every process takes part (ZeRO-3 gathers weights)
+        if trainer.accelerator.is_main_process and tokenizer is not None:
+            tokenizer.save_pretrained(str(model_dir))
+        return
+    trainer.save_model(str(work / ADAPTER))
+    if trainer.accelerator.is_main_process:
+        merged = trainer.accelerator.unwrap_model(trainer.model).merge_and_unload()
+        merged.save_pretrained(str(model_dir))
+        if tokenizer is not None:
+            tokenizer.save_pretrained(str(model_dir))
+    trainer.accelerator.wait_for_everyone()
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None  # a reward left unscored (None) arrives as NaN
+    return value
+
+
+def _excerpt(prompt: Any) -> str:
+    if isinstance(prompt, list):
+        users = [m.get("content") for m in prompt if isinstance(m, dict) and m.get("role") == "user"]
+        prompt = users[-1] if users else ""
+    text = str(prompt or "")
+    # The question and options sit at the end; the frame-by-frame text before them is long.
+    return text if len(text) <= PROMPT_EXCERPT else "…" + text[-PROMPT_EXCERPT:]
+
+
+def completion_sample(logs: dict[str, Any], rows: int, step: int) -> dict[str, list[Any]]:
+    """The first ``rows`` completions of the latest generation batch (a whole group of
+    one prompt when ``rows`` equals the number of generations), with each reward, the
+    advantage and the columns rewards logged (parsed answer, solution, reference answer)."""
+    prompts = list(logs.get("prompt", []))
+    n = min(rows, len(prompts))
+    if n <= 0:
+        return {}
+    table: dict[str, list[Any]] = {
+        "step": [step] * n,
+        "prompt": [_excerpt(p) for p in prompts[:n]],
+        "completion": [completion_text(c)[:COMPLETION_MAX] for c in list(logs["completion"])[:n]],
+    }
+    for name, values in logs.get("rewards", {}).items():
+        table[name] = [_json_value(float(v)) for v in list(values)[:n]]
+    if logs.get("advantages"):
+        table["advantage"] = [_json_value(float(v)) for v in list(logs["advantages"])[:n]]
+    for column, values in logs.get("extra", {}).items():
+        table.setdefault(column, [_json_value(v) for v in list(values)[:n]])
+    return table
+
+
+def completion_table_callback(rows: int, every: int, run_id: str | None, uri: str | None) -> Any:
+    """A callback logging ``completion_sample`` into MLflow run ``run_id``, every ``every``
+    steps and at the last one. Its ``trainer`` is set once the trainer exists."""
+    from transformers import TrainerCallback
+
+    class CompletionTable(TrainerCallback):
+        def __init__(self) -> None:
+            self.trainer: Any = None
+            self.logged_step = -1
+            self.tables = 0
+
+        def on_log(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if self.trainer is None or not run_id or not state.is_world_process_zero:
+                return
+            step = state.global_step
+            last = state.max_steps > 0 and step >= state.max_steps
+            if step == self.logged_step or not (last or step % every == 0):
+                return
+            table = completion_sample(getattr(self.trainer, "_logs", {}), rows, step)
+            if not table:
+                return
+            self.logged_step = step
+            try:
+                from mlflow import MlflowClient
+
+                MlflowClient(tracking_uri=uri).log_table(run_id, data=table, artifact_file=TABLE_FILE)
+                self.tables += 1
+            except Exception as exc:  # noqa: BLE001 - a lost table must not stop training
+                log.warning("could not log the completions table at step %d: %s", step, exc)
+
+    return CompletionTable()
+
+
+class PhaseTimer:
+    """Seconds spent generating and scoring, from TRL's ``_generate`` and
+    ``_calculate_rewards``; the rest of a step is the update (forward, backward, step)."""
+
+    PHASES = {"_generate": "generation", "_calculate_rewards": "reward"}
+
+    def __init__(self, trainer: Any):
+        self.seconds: dict[str, float] = defaultdict(float)
+        for method, phase in self.PHASES.items():
+            original = getattr(trainer, method, None)
+            if original is not None:
+                setattr(trainer, method, self._timed(original, phase))
+
+    def _timed(self, func: Callable[..., Any], phase: str) -> Callable[..., Any]:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return func(*args, **kwargs)
+            finally:
+                self.seconds[phase] += time.perf_counter() - started
+
+        return wrapper
+
+    def split(self, total: float) -> dict[str, float]:
+        out = {f"seconds_{phase}": round(self.seconds.get(phase, 0.0), 3) for phase in self.PHASES.values()}
+        out["seconds_update"] = round(max(total - sum(self.seconds.values()), 0.0), 3)
+        return out
+
+
+def _last(history: list[dict[str, Any]], key: str) -> float | None:
+    for entry in reversed(history):
+        value = entry.get(key)
+        if isinstance(value, (int, float)) and math.isfinite(value):
+            return float(value)
+    return None
+
+
+def _mean(history: list[dict[str, Any]], key: str) -> float | None:
+    values = [float(e[key]) for e in history if isinstance(e.get(key), (int, float)) and math.isfinite(e[key])]
+    return sum(values) / len(values) if values else None
+
+
+def result_figures(history: list[dict[str, Any]], reward_names: list[str]) -> dict[str, Any]:
+    """Final and stage-mean figures from the trainer's log history."""
+    out: dict[str, Any] = {}
+    keys = ["reward", "kl", "loss", "completions/mean_length", "completions/clipped_ratio"]
+    keys += [f"rewards/{name}/mean" for name in reward_names]
+    for key in keys:
+        name = key.replace("/", "_")
+        last, mean = _last(history, key), _mean(history, key)
+        if last is not None:
+            out[f"final_{name}"] = last
+        if mean is not None:
+            out[f"mean_{name}"] = mean
+    return out
+
+
+def quiet_known_warnings() -> None:
+    # TRL reads this deprecated property at every generation: one line per step in train.log.
+    warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+
+
+def last_checkpoint(work: Path) -> tuple[str | None, int]:
+    from transformers.trainer_utils import get_last_checkpoint
+
+    checkpoints = work / CHECKPOINTS
+    resume = get_last_checkpoint(str(checkpoints)) if checkpoints.is_dir() else None
+    return resume, int(resume.rsplit("-", 1)[-1]) if resume else 0
+
+
+def main(spec_path: str) -> int:
+    spec = read_json(Path(spec_path))
+    cfg = TrainingConfig.model_validate(spec["training"])
+    stage = GRPOStageConfig.model_validate(spec["stage"])
+    work = Path(spec["work"])
+
+    from trl import GRPOTrainer
+
+    dataset = load_dataset(Path(spec["records"]))
+    funcs, weights = reward_setup(stage, cfg)
+    # Read now: MLflow removes MLFLOW_RUN_ID from the environment when the trainer resumes the run.
+    run_id, uri = os.environ.get("MLFLOW_RUN_ID"), os.environ.get("MLFLOW_TRACKING_URI")
+    args = grpo_args(stage, cfg, work, weights, ["mlflow"] if run_id else [])
+    table = completion_table_callback(cfg.completion_table_rows, cfg.completion_table_steps, run_id, uri)
+    trainer = GRPOTrainer(model=spec["init_model"], reward_funcs=funcs, args=args, train_dataset=dataset,
+                          peft_config=peft_config(cfg.lora),
+                          callbacks=[progress_callback(), *([table] if cfg.completion_table_rows else [])])
+    table.trainer = trainer
+    timer = PhaseTimer(trainer)
+
+    resume, start_step = last_checkpoint(work)
+    if resume:
+        log.info("resuming stage %s from %s", stage.name, resume)
+    started = time.monotonic()
+    trainer.train(resume_from_checkpoint=resume)
+    seconds = time.monotonic() - started
+    save_trained_model(trainer, work, lora=cfg.lora is not None)
+    for func in funcs:
+        close = getattr(func, "close", None)
+        if close is not None:
+            close()
+
+    steps = int(trainer.state.global_step)
+    steps_here = max(steps - start_step, 0)
+    reward_names = [getattr(f, "__name__", type(f).__name__) for f in funcs]
+    result = {
+        "steps": steps,
+        "steps_this_run": steps_here,
+        "resumed_from_step": start_step,
+        "seconds": round(seconds, 3),
+        "seconds_per_step": round(seconds / steps_here, 4) if steps_here else None,
+        **timer.split(seconds),
+        "train_records": len(dataset),
+        "epochs": stage.epochs,
+        "reward_funcs": reward_names,
+        "reward_weights": weights,
+        "lora": cfg.lora is not None,
+        "vllm_rollouts": cfg.vllm is not None,
+        "completion_tables": table.tables,
+        **result_figures(trainer.state.log_history, reward_names),
+    }
+    # Only the main process reports; the others of a multi-GPU launch just exit.
+    if trainer.accelerator.is_main_process:
+        write_json_atomic(work / RESULT_NAME, result)
+    return 0
+
+
+def child_main(main: Callable[[str], int], module: str) -> None:
+    """The command line of a trainer child: ``python -m MODULE SPEC.json``."""
+    if len(sys.argv) != 2:
+        print(f"usage: python -m {module} SPEC.json", file=sys.stderr)
+        sys.exit(2)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    quiet_known_warnings()
+    sys.exit(main(sys.argv[1]))
+
+
+if __name__ == "__main__":
+    child_main(main, "embodied_r.training.grpo")

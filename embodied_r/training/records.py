@@ -1,0 +1,213 @@
+"""GRPO records: the reasoning prompt built from the perception text of each question.
+
+One record per catalog question that has a perception text. The user turn holds the
+video as text (frame-by-frame observations), the question, its options and the format
+instruction; ``question`` holds the question and options alone, for the consistency
+reference, which must not see the video text.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+from pydantic import BaseModel, ConfigDict
+
+from embodied_r import schemas
+from embodied_r.scoring.answers import parse_choice, parse_number
+from embodied_r.io import (
+    is_complete,
+    read_summary,
+    stage_folder,
+    table_from_records,
+    write_parquet_atomic,
+    write_summary,
+)
+
+SPLITS = ("train", "val", "test")
+
+# The official training script's system prompt, kept word for word so that a policy
+# trained here sees what the published one saw.
+DEFAULT_SYSTEM = (
+    "A conversation between User and Assistant. The user asks a question, and the Assistant "
+    "solves it. The assistant first thinks about the reasoning process in the mind and then "
+    "provides the user with the answer. The reasoning process and answer are enclosed within "
+    "<think> </think> and <answer> </answer> tags, respectively, i.e., <think> reasoning "
+    "process here </think> \n<answer> answer here </answer>. Ensure that your answer is "
+    "consistent with and directly derived from your thinking process, maintaining logical "
+    "coherence between the two sections."
+)
+
+DEFAULT_VIDEO_PREAMBLE = (
+    "The content of the video will be described in the form of text. The 0th frame is the "
+    "initial frame, which includes the scene that the agent observes at the initial position. "
+    "The agent keeps moving, thus constantly obtaining new visual observations (frames). The "
+    "last frame is the visual observation at the current position."
+)
+
+DEFAULT_TEMPLATE = (
+    "Please assume the role of an agent. You are given frame-by-frame observations of an "
+    "egocentric video, from the past to the present.\n"
+    "Video content:\n<\n{preamble}\n{video_text}\n>\n"
+    "Question: {question}\n"
+    "{instruction}"
+)
+
+DEFAULT_CHOICE_INSTRUCTION = (
+    "Think about the question inside <think> </think>, then give only the letter of the "
+    "one correct option inside <answer> </answer>."
+)
+DEFAULT_NUMBER_INSTRUCTION = (
+    "Think about the question inside <think> </think>, then give only the number inside "
+    "<answer> </answer>."
+)
+
+
+class RecordsConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    system_prompt: str = DEFAULT_SYSTEM
+    video_preamble: str = DEFAULT_VIDEO_PREAMBLE
+    # Fields: {preamble}, {video_text}, {question} (question with options), {instruction}.
+    template: str = DEFAULT_TEMPLATE
+    choice_instruction: str = DEFAULT_CHOICE_INSTRUCTION
+    number_instruction: str = DEFAULT_NUMBER_INSTRUCTION
+
+
+def question_with_options(question: str, options: list[str] | None) -> str:
+    """The question followed by its option lines ("A. ...")."""
+    question = (question or "").strip()
+    if not options:
+        return question
+    return question + "\nOptions:\n" + "\n".join(str(o).strip() for o in options)
+
+
+def solution_problem(row: dict[str, Any]) -> str | None:
+    """Why a catalog row's answer cannot be scored, or None when it can."""
+    answer = str(row.get("answer") or "").strip()
+    kind = row.get("answer_type")
+    options = list(row.get("options") or [])
+    if kind == "choice":
+        if not options:
+            return "choice_without_options"
+        if parse_choice(answer, len(options)) != answer.upper() or len(answer) != 1:
+            return "answer_not_an_option"
+        return None
+    if kind == "number":
+        return None if parse_number(answer) is not None else "answer_not_a_number"
+    return "unknown_answer_type"
+
+
+def build_record(row: dict[str, Any], video_text: str, cfg: RecordsConfig) -> dict[str, Any]:
+    """One GRPO record (schema ``RECORDS``) from a catalog row and its perception text."""
+    options = [str(o) for o in (row.get("options") or [])]
+    question = question_with_options(row["question"], options)
+    instruction = cfg.number_instruction if row["answer_type"] == "number" else cfg.choice_instruction
+    prompt = cfg.template.format(
+        preamble=cfg.video_preamble,
+        video_text=video_text.strip(),
+        question=question,
+        instruction=instruction,
+    )
+    return {
+        "uid": row["uid"],
+        "benchmark": row["benchmark"],
+        "category": row["category"],
+        "split": row["split"],
+        "system": cfg.system_prompt,
+        "prompt": prompt,
+        "question": question,
+        "solution": str(row["answer"]).strip().upper() if row["answer_type"] == "choice" else str(row["answer"]).strip(),
+        "answer_type": row["answer_type"],
+        "options": options,
+    }
+
+
+def _table_path(path: Path, default_name: str) -> Path:
+    path = Path(path)
+    return path / default_name if path.is_dir() else path
+
+
+def run_records(catalog: Path, perception: Path, out: Path, cfg: RecordsConfig) -> dict[str, Any]:
+    """Write ``train/val/test.parquet`` (schema ``RECORDS``) into ``out``; return the summary.
+
+    ``catalog`` is the catalog Parquet file or the folder holding ``catalog.parquet``;
+    ``perception`` the perception stage folder (``perception.parquet``) or the file.
+    Questions without a usable perception text or with an unscorable answer are left out
+    and listed in ``failures.parquet`` with their reason.
+    """
+    out = Path(out)
+    if is_complete(out):
+        return read_summary(out)
+    catalog_file = _table_path(catalog, "catalog.parquet")
+    perception_file = _table_path(perception, "perception.parquet")
+    for name, path, fix in (
+        ("catalog", catalog_file, "run the preprocess stage first"),
+        ("perception", perception_file, "run the perception stage first"),
+    ):
+        if not path.is_file():
+            raise FileNotFoundError(f"records: {name} table {path} does not exist ({fix})")
+    # Built before any work so a broken template fails at once, not per item.
+    try:
+        cfg.template.format(preamble="", video_text="", question="", instruction="")
+    except (KeyError, IndexError) as exc:
+        raise ValueError(
+            f"records: template names an unknown field {exc}; use {{preamble}}, {{video_text}}, "
+            "{question}, {instruction}"
+        ) from exc
+
+    started = time.monotonic()
+    rows = pq.read_table(catalog_file).to_pylist()
+    texts: dict[str, str] = {}
+    for p in pq.read_table(perception_file, columns=["uid", "video_text"]).to_pylist():
+        texts[str(p["uid"])] = p["video_text"] or ""
+
+    # A pure, in-memory pass over the catalog: it takes a second, so it is redone whole
+    # after a crash rather than logged item by item.
+    records: dict[str, list[dict[str, Any]]] = {s: [] for s in SPLITS}
+    failures: list[dict[str, str]] = []
+    for row in rows:
+        uid = str(row["uid"])
+        if uid not in texts:
+            reason = "no_perception"
+        elif not texts[uid].strip():
+            reason = "empty_video_text"
+        elif row.get("split") not in SPLITS:
+            reason = "unknown_split"
+        else:
+            reason = solution_problem(row)
+        if reason is not None:
+            failures.append({"stage": "records", "item": uid, "reason": reason})
+            continue
+        records[row["split"]].append(build_record(row, texts[uid], cfg))
+
+    with stage_folder(out) as work:
+        for split in SPLITS:
+            write_parquet_atomic(table_from_records(records[split], schemas.RECORDS), work / f"{split}.parquet")
+        write_parquet_atomic(table_from_records(failures, schemas.FAILURES), work / "failures.parquet")
+        done = sum(len(v) for v in records.values())
+        all_records = [r for v in records.values() for r in v]
+        summary: dict[str, Any] = {
+            "items": len(rows),
+            "done": done,
+            "failed": len(failures),
+            "failure_reasons": dict(Counter(f["reason"] for f in failures)),
+            "records_train": len(records["train"]),
+            "records_val": len(records["val"]),
+            "records_test": len(records["test"]),
+            "categories": dict(Counter(r["category"] for r in all_records)),
+            "prompt_chars_mean": (sum(len(r["prompt"]) for r in all_records) / done) if done else 0.0,
+            "seconds": round(time.monotonic() - started, 3),
+        }
+        write_summary(work, summary)
+    return summary
+
+
+def run_stage(out: Path, config: dict[str, Any], inputs: dict[str, str],
+              mlflow_run_id: str | None = None) -> dict[str, Any]:
+    """The pipeline's entry point: GRPO records from the catalog and the perception text."""
+    return run_records(Path(inputs["catalog"]), Path(inputs["perception"]), out,
+                       RecordsConfig.model_validate(config))

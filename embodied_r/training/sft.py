@@ -1,0 +1,81 @@
+"""The SFT baseline: supervised fine-tuning on the same GRPO records, evaluated the same way.
+
+The paper sets RL against SFT (Table 1, "SFT Qwen2.5-VL-3B/7B"). Its SFT models learn the
+ground-truth answers of the training questions; the benchmarks hold no reasoning, so
+there is none to imitate. Here the reasoner LM learns, from the same prompt the policy
+sees (system + user turn with the video as text), the target
+``<think>{think}</think><answer>{solution}</answer>``: the answer supervised, wrapped in
+the output format so evaluation reads it as it reads the policy's, and a fixed neutral
+``think`` line that does not give the answer away (so the consistency measure is not
+handed a free pass).
+
+``run_sft`` follows the stage convention and trains in a child process
+(``python -m embodied_r.training.sft_child SPEC``, or under ``accelerate launch``), like GRPO.
+``embodied_r.lifecycle.sft_baseline`` trains it on a recipe's converted records and evaluates it.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from embodied_r import schemas
+from embodied_r.io import (
+    is_complete,
+    read_summary,
+    stage_folder,
+    table_from_records,
+    write_parquet_atomic,
+    write_summary,
+)
+from embodied_r.training.config import DEFAULT_THINK, SFTConfig
+from embodied_r.training.environment import CHECKPOINTS, run_child
+from embodied_r.training.stage import check_inputs, local_model
+
+
+def sft_target(record: dict[str, Any], think: str = DEFAULT_THINK) -> str:
+    """The completion SFT teaches for one record."""
+    return f"<think>{think}</think><answer>{record['solution']}</answer>"
+
+
+def run_sft(records: Path, init_model: str, out: Path, cfg: SFTConfig,
+            mlflow_run_id: str | None = None, tracking_uri: str | None = None) -> dict[str, Any]:
+    """Fine-tune ``init_model`` on ``records/train.parquet`` into ``out/model``.
+
+    Writes ``out/model/`` (full weights and tokenizer, LoRA merged in), ``train.log``,
+    ``failures.parquet`` (records too long for ``max_length``) and ``summary.json``. A
+    finished run is not redone; a crashed one resumes from its last checkpoint.
+    """
+    out = Path(out)
+    if is_complete(out):
+        return read_summary(out)
+    init_model = local_model(init_model)
+    check_inputs(records, init_model, stage="sft")
+    started = time.monotonic()
+    with stage_folder(out) as work:
+        spec = {
+            "records": str(Path(records).resolve()),
+            "init_model": init_model,
+            "work": str(work.resolve()),
+            "sft": cfg.model_dump(mode="json"),
+        }
+        result = run_child("embodied_r.training.sft_child", spec, work, cfg, mlflow_run_id, "SFT", uri=tracking_uri)
+        if not cfg.keep_checkpoints:
+            shutil.rmtree(work / CHECKPOINTS, ignore_errors=True)
+        failures = [{"stage": "sft", "item": uid, "reason": "too_long"} for uid in result.pop("too_long", [])]
+        write_parquet_atomic(table_from_records(failures, schemas.FAILURES), work / "failures.parquet")
+        summary = {
+            "stage": "sft",
+            "init_model": init_model,
+            "model": str(out / "model"),
+            "items": result.get("train_records", 0) + len(failures),
+            "done": result.get("train_records", 0),
+            "failed": len(failures),
+            "failure_reasons": {"too_long": len(failures)} if failures else {},
+            "parent_seconds": round(time.monotonic() - started, 3),
+            **result,
+        }
+        write_summary(work, summary)
+    return summary

@@ -1,0 +1,134 @@
+"""The trainer process of the SFT baseline: ``python -m embodied_r.training.sft_child SPEC``.
+
+SPEC is the JSON written by ``sft.run_sft``. This process builds TRL's ``SFTTrainer`` on
+the records as prompt/completion conversations (loss on the completion only), leaves
+out records longer than ``max_length`` (truncation would cut the answer off), resumes
+from the last checkpoint, saves the model to ``work/model`` and writes
+``work/train_result.json`` for the parent.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from embodied_r.io import read_json, write_json_atomic
+from embodied_r.training.config import SFTConfig
+from embodied_r.training.sft import sft_target
+from embodied_r.training.grpo import (
+    child_main,
+    common_args,
+    conversation,
+    last_checkpoint,
+    peft_config,
+    read_records,
+    save_trained_model,
+)
+from embodied_r.training.environment import RESULT_NAME, progress_callback
+
+log = logging.getLogger("embodied_r.training.sft_child")
+
+
+def sft_examples(records: list[dict[str, Any]], think: str) -> list[dict[str, Any]]:
+    """Conversational prompt/completion pairs: the policy's prompt, the target answer."""
+    return [
+        {
+            "uid": r["uid"],
+            "prompt": conversation(r),
+            "completion": [{"role": "assistant", "content": sft_target(r, think)}],
+        }
+        for r in records
+    ]
+
+
+def split_by_length(examples: list[dict[str, Any]], tokenizer: Any, max_length: int
+                    ) -> tuple[list[dict[str, Any]], list[str]]:
+    """Examples whose chat-formatted prompt and completion fit ``max_length`` tokens, and
+    the uids of those that do not."""
+    kept, too_long = [], []
+    for example in examples:
+        ids = tokenizer.apply_chat_template(example["prompt"] + example["completion"], tokenize=True)
+        if hasattr(ids, "keys"):  # a BatchEncoding in recent transformers
+            ids = ids["input_ids"]
+        if len(ids) <= max_length:
+            kept.append(example)
+        else:
+            too_long.append(example["uid"])
+    return kept, too_long
+
+
+def sft_args(cfg: SFTConfig, work: Path, report_to: list[str]) -> Any:
+    from trl import SFTConfig as TRLSFTConfig
+
+    kwargs = common_args(cfg, work, "sft", report_to)
+    kwargs.update({
+        "num_train_epochs": cfg.epochs,
+        "max_steps": cfg.max_steps or -1,
+        "learning_rate": cfg.learning_rate,
+        "warmup_steps": cfg.warmup_ratio,  # a float below 1 is a share of all steps
+        "per_device_train_batch_size": cfg.per_device_train_batch_size,
+        "gradient_accumulation_steps": cfg.gradient_accumulation_steps,
+        "max_length": cfg.max_length,
+        "completion_only_loss": True,
+    })
+    kwargs.update(cfg.sft_args)
+    return TRLSFTConfig(**kwargs)
+
+
+def main(spec_path: str) -> int:
+    spec = read_json(Path(spec_path))
+    cfg = SFTConfig.model_validate(spec["sft"])
+    work = Path(spec["work"])
+
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+    from trl import SFTTrainer
+
+    tokenizer = AutoTokenizer.from_pretrained(spec["init_model"])
+    examples, too_long = split_by_length(sft_examples(read_records(Path(spec["records"])), cfg.think),
+                                         tokenizer, cfg.max_length)
+    if too_long:
+        log.warning("%d records longer than max_length=%d left out", len(too_long), cfg.max_length)
+    if not examples:
+        raise ValueError(f"no record fits max_length={cfg.max_length} tokens; raise sft max_length")
+    dataset = Dataset.from_list([{k: e[k] for k in ("prompt", "completion")} for e in examples])
+    report_to = ["mlflow"] if os.environ.get("MLFLOW_RUN_ID") else []
+    trainer = SFTTrainer(model=spec["init_model"], args=sft_args(cfg, work, report_to), train_dataset=dataset,
+                         processing_class=tokenizer, peft_config=peft_config(cfg.lora),
+                         callbacks=[progress_callback()])
+
+    resume, start_step = last_checkpoint(work)
+    if resume:
+        log.info("resuming SFT from %s", resume)
+    started = time.monotonic()
+    output = trainer.train(resume_from_checkpoint=resume)
+    seconds = time.monotonic() - started
+    save_trained_model(trainer, work, lora=cfg.lora is not None)
+
+    steps = int(trainer.state.global_step)
+    steps_here = max(steps - start_step, 0)
+    losses = [e["loss"] for e in trainer.state.log_history if isinstance(e.get("loss"), (int, float))]
+    result = {
+        "steps": steps,
+        "steps_this_run": steps_here,
+        "resumed_from_step": start_step,
+        "seconds": round(seconds, 3),
+        "seconds_per_step": round(seconds / steps_here, 4) if steps_here else None,
+        "train_records": len(examples),
+        "too_long": too_long,
+        "epochs": cfg.epochs,
+        "lora": cfg.lora is not None,
+        "final_loss": float(losses[-1]) if losses else None,
+        "first_loss": float(losses[0]) if losses else None,
+        "train_loss": float(output.training_loss),
+    }
+    if trainer.accelerator.is_main_process:
+        write_json_atomic(work / RESULT_NAME, result)
+    return 0
+
+
+if __name__ == "__main__":
+    child_main(main, "embodied_r.training.sft_child")

@@ -1,0 +1,96 @@
+"""The GRPO training stage: the parent side that launches one stage's trainer.
+
+The child (``python -m embodied_r.training.grpo SPEC``) resumes from the last checkpoint in
+the stage's partial folder, so a killed stage picks up where it stopped.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from embodied_r.io import is_complete, read_summary, stage_folder, write_summary
+from embodied_r.training.config import GRPOStageConfig, TrainingConfig
+from embodied_r.training.environment import CHECKPOINTS, run_child
+
+def stage_spec(records: Path, init_model: str, work: Path, stage: GRPOStageConfig,
+               cfg: TrainingConfig) -> dict[str, Any]:
+    return {
+        "records": str(Path(records).resolve()),
+        "init_model": init_model,
+        "work": str(Path(work).resolve()),
+        "stage": stage.model_dump(mode="json"),
+        "training": cfg.model_dump(mode="json"),
+    }
+
+
+def check_inputs(records: Path, init_model: str, stage: str = "training") -> None:
+    train_file = Path(records) / "train.parquet"
+    if not train_file.is_file():
+        raise FileNotFoundError(f"{stage}: {train_file} does not exist (run the convert stage first)")
+    path = Path(init_model).expanduser()
+    if path.exists() or init_model.startswith((".", "/", "~")):
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(
+                f"{stage}: initial model {init_model} is not a model folder (no config.json); "
+                "give a finished earlier stage's model/ folder, a hub id, or tiny:lm"
+            )
+
+
+def local_model(init_model: str) -> str:
+    """``tiny:*`` built, and a local folder made absolute (the child runs elsewhere)."""
+    from embodied_r.backends.tiny_models import resolve_model
+
+    resolved = resolve_model(init_model)
+    path = Path(resolved).expanduser()
+    return str(path.resolve()) if path.exists() else resolved
+
+
+def run_training_stage(records: Path, init_model: str, out: Path, stage: GRPOStageConfig,
+                       cfg: TrainingConfig, mlflow_run_id: str | None = None) -> dict[str, Any]:
+    """Train one GRPO stage from ``init_model`` on ``records/train.parquet`` into ``out``.
+
+    Writes ``out/model/`` (full weights and tokenizer, LoRA merged in; with LoRA the
+    adapter alone also goes to ``out/adapter/``), ``train.log`` and ``summary.json``
+    (steps, seconds, seconds per step, final reward means, KL). A finished stage is not
+    retrained; a crashed one resumes from its last checkpoint. With ``mlflow_run_id`` the
+    trainer logs its per-step metrics and a completions table into that run.
+    """
+    out = Path(out)
+    if is_complete(out):
+        return read_summary(out)
+    init_model = local_model(init_model)
+    check_inputs(records, init_model)
+    started = time.monotonic()
+    with stage_folder(out) as work:
+        result = run_child("embodied_r.training.grpo", stage_spec(records, init_model, work, stage, cfg),
+                           work, cfg, mlflow_run_id, f"training stage {stage.name!r}")
+        if not cfg.keep_checkpoints:
+            shutil.rmtree(work / CHECKPOINTS, ignore_errors=True)
+        summary = {
+            "stage": stage.name,
+            "init_model": init_model,
+            "model": str(out / "model"),
+            "items": result.get("train_records", 0),
+            "done": result.get("train_records", 0),
+            "failed": 0,
+            "failure_reasons": {},
+            "parent_seconds": round(time.monotonic() - started, 3),
+            **result,
+        }
+        write_summary(work, summary)
+    return summary
+
+
+
+
+def run_stage(out: Path, config: dict[str, Any], inputs: dict[str, str],
+              mlflow_run_id: str | None = None) -> dict[str, Any]:
+    """The pipeline's entry point: one stage of the schedule, from its plan's config."""
+    training = TrainingConfig.model_validate({**config["training"], "stages": [config["stage"]],
+                                              "python": inputs.get("python") or None})
+    return run_training_stage(Path(inputs["records"]), inputs["init_model"], out,
+                              GRPOStageConfig.model_validate(config["stage"]), training,
+                              mlflow_run_id=mlflow_run_id)

@@ -1,0 +1,151 @@
+"""The package graph, read from the code's own imports (module level and inside functions):
+no import circles, and each sub-package imports only what its ``__init__`` says it may."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from embodied_r.runners import ROOT, imports_of
+
+# Modules at the top of the package that every stage may use.
+FOUNDATION = {"io", "paths", "progress", "schemas", "benchmarks", "tracking", "runners"}
+# What each sub-package (or top-level module) may import besides itself and the foundation.
+ALLOWED: dict[str, set[str]] = {
+    "backends": set(),
+    "synthetic": set(),
+    "keyframes": set(),
+    "data": {"synthetic"},
+    "perception": {"backends"},
+    "scoring": {"backends"},
+    "training": {"backends", "scoring"},
+    "evaluation": {"backends", "scoring"},
+    "config": {"data", "synthetic", "keyframes", "perception", "backends", "training", "evaluation"},
+    "pipeline": {"config"},
+    "lifecycle": {"config", "pipeline", "data", "synthetic", "keyframes", "perception", "backends", "scoring",
+                  "training", "evaluation"},
+    "apps": {"*"},
+}
+
+
+def library_modules() -> list[str]:
+    names = []
+    for path in sorted(ROOT.rglob("*.py")):
+        parts = path.relative_to(ROOT.parent).with_suffix("").parts
+        names.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    return names
+
+
+def owner(module: str) -> str:
+    """The unit a module belongs to: its sub-package, or itself at the top."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "embodied_r"
+
+
+def graph() -> dict[str, set[str]]:
+    return {m: {d for d in imports_of(m) if d != "embodied_r"} for m in library_modules()}
+
+
+def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(edges):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_every_subpackage_says_what_it_owns():
+    for init in sorted(ROOT.glob("*/__init__.py")):
+        doc = init.read_text().strip()
+        assert doc.startswith('"""') and "May import" in doc, f"{init} must say what it owns and may import"
+
+
+def test_no_import_circles_between_modules():
+    cycle = find_cycle(graph())
+    assert cycle is None, "import circle: " + " -> ".join(cycle)
+
+
+def test_no_import_circles_between_packages():
+    edges: dict[str, set[str]] = {}
+    for module, deps in graph().items():
+        unit = owner(module)
+        edges.setdefault(unit, set()).update(owner(d) for d in deps if owner(d) != unit)
+    cycle = find_cycle(edges)
+    assert cycle is None, "package circle: " + " -> ".join(cycle)
+
+
+def test_packages_import_only_what_they_may():
+    wrong = []
+    for module, deps in graph().items():
+        parts = module.split(".")
+        unit = parts[1] if len(parts) > 1 else None
+        if unit is None or unit in FOUNDATION:
+            if unit in FOUNDATION:
+                bad = [d for d in deps if d.split(".")[1] not in FOUNDATION]
+                wrong += [f"{module} -> {d}" for d in bad]
+            continue
+        allowed = ALLOWED.get(unit)
+        if allowed is None:
+            wrong.append(f"{module}: sub-package {unit!r} has no rule in this test")
+            continue
+        if "*" in allowed:
+            continue
+        for dep in deps:
+            target = dep.split(".")[1]
+            if target != unit and target not in FOUNDATION and target not in allowed:
+                wrong.append(f"{module} -> {dep}")
+    assert not wrong, "imports across the layout's rules:\n" + "\n".join(sorted(wrong))
+
+
+def _top_imports(path: Path) -> set[str]:
+    import ast
+
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module)
+    return found
+
+
+def test_data_flows_one_way_from_flows_to_tasks_to_the_library():
+    """flows -> tasks -> library; only the apps (the CLI starts flows) sit above the flows."""
+    wrong = []
+    for path in ROOT.rglob("*.py"):
+        if path.relative_to(ROOT).parts[0] == "apps":
+            continue
+        wrong += [f"{path.relative_to(ROOT.parent)} -> {m}" for m in _top_imports(path)
+                  if m.split(".")[0] in {"flows", "tasks"}]
+    for folder in ("flows", "tasks"):
+        for path in (ROOT.parent / folder).glob("*.py"):
+            wrong += [f"{folder}/{path.name} -> {m}" for m in _top_imports(path)
+                      if m.startswith("embodied_r.apps") or (folder == "tasks" and m.startswith("flows"))]
+    assert not wrong, "imports against the flow of data:\n" + "\n".join(sorted(wrong))
+
+
+@pytest.mark.parametrize("limit", [400])
+def test_modules_stay_readable(limit):
+    long = [f"{p.relative_to(ROOT.parent)}: {n}" for p in ROOT.rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > limit]
+    assert not long, f"modules above {limit} lines: {long}"
+
+
+def test_the_checks_see_a_planted_circle(tmp_path: Path):
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
