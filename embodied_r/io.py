@@ -42,10 +42,15 @@ def stage_folder(final: Path) -> Iterator[Path]:
     work = partial_path(final)
     work.mkdir(parents=True, exist_ok=True)
     yield work
-    if final.exists():
+    if is_complete(final):
         # A concurrent run finished first; its output is equivalent.
         shutil.rmtree(work, ignore_errors=True)
         return
+    if final.is_dir() and not any(final.iterdir()):
+        final.rmdir()  # a folder made ahead of time (``mkdir out`` before ``--out out``)
+    elif final.exists():
+        raise FileExistsError(f"{final} exists and holds files that are not a finished stage's output: "
+                              f"move them away or choose another folder (the finished work is in {work})")
     os.replace(work, final)
 
 

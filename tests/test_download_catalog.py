@@ -226,3 +226,30 @@ def test_fetch_and_catalog_commands_fill_the_pipelines_own_stage_folders(tmp_pat
                                         "catalog": {"tasks": "all"}}))
     assert stages["download"].complete and stages["preprocess"].complete
     assert str(stages["preprocess"].out) in printed
+
+
+def test_catalog_out_may_be_an_empty_folder_made_ahead(tmp_path, capsys):
+    from embodied_r.apps.cli_data import main as cli_main
+
+    src = _mirror(tmp_path / "mirror")
+    out = tmp_path / "made-first"
+    out.mkdir()
+    assert cli_main(["catalog", "--source", str(src), "--out", str(out)]) == 0
+    assert (out / "catalog.parquet").is_file() and (out / "summary.json").is_file()
+    capsys.readouterr()
+    # A finished catalog is not overwritten without --force, and the error names the flag.
+    assert cli_main(["catalog", "--source", str(src), "--out", str(out)]) == 2
+    assert "--force" in capsys.readouterr().err
+    assert cli_main(["catalog", "--source", str(src), "--out", str(out), "--force"]) == 0
+    # An empty folder with --force is written into as well.
+    other = tmp_path / "empty-forced"
+    other.mkdir()
+    assert cli_main(["catalog", "--source", str(src), "--out", str(other), "--force"]) == 0
+    assert (other / "catalog.parquet").is_file()
+    # A folder holding someone else's files is never deleted, --force or not.
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
+    assert cli_main(["catalog", "--source", str(src), "--out", str(foreign), "--force"]) == 2
+    assert (foreign / "notes.txt").read_text() == "mine"
+    assert "not an empty folder" in capsys.readouterr().err

@@ -139,6 +139,9 @@ def _fresh_out(out: Path, force: bool) -> None:
         if not force:
             raise CatalogError(f"{out} already holds a catalog: pass --force to rebuild it, or choose another --out")
         shutil.rmtree(out)
+    elif out.is_file() or (out.is_dir() and any(out.iterdir())):
+        # Never delete a folder this command did not write, --force or not.
+        raise CatalogError(f"--out {out} exists and is not an empty folder or a catalog: choose another --out")
 
 
 def cmd_catalog(args: argparse.Namespace) -> int:
