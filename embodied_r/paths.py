@@ -2,8 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import os
+import uuid
 from pathlib import Path
+
+# Written into a home on first use: where it was then. Stage outputs and the MLflow store
+# record absolute paths (the catalog's video paths, artifact locations), so a home that has
+# been copied or moved must have them rewritten before it is used again.
+HOME_MARKER = ".embodied-r-home.json"
+
+
+class HomeMovedError(RuntimeError):
+    """The home was created elsewhere; the message says how to relocate it."""
 
 
 def home() -> Path:
@@ -26,3 +37,23 @@ def artifacts_root(root: Path | None = None) -> Path:
 
 def prefect_results(root: Path | None = None) -> Path:
     return (root or home()) / "prefect-results"
+
+
+def claim_home(root: Path | None = None) -> Path:
+    """Record where the home lives on first use; refuse one that has moved since."""
+    root = Path(root or home())
+    marker = root / HOME_MARKER
+    try:
+        recorded = json.loads(marker.read_text())["path"]
+    except FileNotFoundError:
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = marker.with_name(f".{marker.name}.{uuid.uuid4().hex}.tmp")
+        tmp.write_text(json.dumps({"path": str(root)}))
+        os.replace(tmp, marker)
+        return root
+    if Path(recorded) != root:
+        raise HomeMovedError(
+            f"the project home {root} was created at {recorded}; the paths it records still point "
+            f"there. Run `embodied-r relocate --home {root}` to rewrite them, or use it at {recorded}"
+        )
+    return root

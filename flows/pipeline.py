@@ -109,7 +109,7 @@ def embodied_r(recipe: str = "demo", refresh: list[str] | None = None,
     server is configured and the stage deployments exist, else runs here (the embedded
     default).
     """
-    root = Path(home).expanduser().resolve() if home else paths.home()
+    root = paths.claim_home(Path(home).expanduser().resolve() if home else paths.home())
     rec = load_recipe(recipe, overrides)
     use_pools = dispatch == "pools" or (dispatch == "auto" and stage_deployments_available())
     if use_pools:

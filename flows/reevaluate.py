@@ -26,7 +26,7 @@ def reevaluate(model: str = f"models:/embodied-r-reasoner@{CHAMPION}", recipe: s
     from embodied_r.lifecycle.models import evaluate_model
     from embodied_r.evaluation.report import REPORT_FILES, table_rows_from_folder
 
-    root = Path(home).expanduser().resolve() if home else paths.home()
+    root = paths.claim_home(Path(home).expanduser().resolve() if home else paths.home())
     rec = load_recipe(recipe, overrides)
     uri = tracking_uri(rec.tracking.tracking_uri, root)
     with scoped_env(EMBODIED_R_HOME=str(root), MLFLOW_TRACKING_URI=uri):

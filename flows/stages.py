@@ -36,7 +36,7 @@ def deployment_name(kind: str) -> str:
 
 def run_stage_kind(kind: str, recipe: str, refresh: bool, overrides: dict[str, Any] | None,
                    home: str | None, mlflow_parent_run_id: str | None) -> dict[str, Any]:
-    root = Path(home).expanduser().resolve() if home else paths.home()
+    root = paths.claim_home(Path(home).expanduser().resolve() if home else paths.home())
     rec = load_recipe(recipe, overrides)
     names = training_stage_names(plan(rec, root)) if kind == "train" else [kind]
     return run_in_process(rec, root, refresh=[names[0]] if refresh else None, only=names,

@@ -188,11 +188,23 @@ def build_parser() -> argparse.ArgumentParser:
     recipe_args(val)
     val.add_argument("--show", action="store_true", help="print the full resolved recipe")
     sub.add_parser("recipes", help="list the recipes shipped with the package")
+    sub.add_parser("relocate", help="rewrite the paths a copied or moved project home records (--home)")
     import importlib
 
     for module in EXTENSIONS:
         importlib.import_module(module).register(sub)
     return parser
+
+
+def _cmd_relocate(args: argparse.Namespace) -> int:
+    from embodied_r.lifecycle.relocate import relocate_home
+    from embodied_r.paths import home
+
+    counts = relocate_home(home())
+    print(f"home {counts['to']} (was {counts['from']}): rewrote {counts['parquet']} Parquet files, "
+          f"{counts['text']} JSON files, {counts['duckdb']} DuckDB values and {counts['sqlite']} "
+          "MLflow store values")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -201,9 +213,14 @@ def main(argv: list[str] | None = None) -> int:
     from embodied_r.data.catalog import CatalogError
     from embodied_r.config import RecipeError
     from embodied_r.benchmarks import DataSourceError
+    from embodied_r.paths import HomeMovedError, claim_home
     from embodied_r.pipeline import StageError
 
     try:
+        if args.command == "relocate":
+            return _cmd_relocate(args)
+        if args.command not in ("recipes", "validate"):
+            claim_home()
         if getattr(args, "handler", None) is not None:
             return args.handler(args)
         if args.command in ("demo", "run"):
@@ -211,7 +228,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command in STAGE_COMMANDS:
             return _cmd_run(args, stage=args.stage)
         return {"plan": _cmd_plan, "validate": _cmd_validate, "recipes": _cmd_recipes}[args.command](args)
-    except (RecipeError, DataSourceError, CatalogError, StageError) as exc:
+    except (RecipeError, DataSourceError, CatalogError, StageError, HomeMovedError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 

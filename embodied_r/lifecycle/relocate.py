@@ -1,0 +1,138 @@
+"""Relocate a project home that was copied or moved: rewrite the absolute paths it records.
+
+A home records where it lives in several places: the catalog's video paths and the stage
+summaries (Parquet, JSON and JSON-lines files under the home, the catalog's DuckDB copy),
+and the MLflow store's artifact locations (the SQLite store under the home). Each text
+value that names the old home, alone or as a prefix of a path inside it (plain or as a
+``file://`` URI), is rewritten to the new one; nothing else changes. The home's marker is
+updated last, so an interrupted relocation can simply be run again.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import uuid
+from pathlib import Path
+from typing import Any, Callable
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from embodied_r.paths import HOME_MARKER
+
+TEXT_SUFFIXES = {".json", ".jsonl"}
+
+
+def _replacer(old: str, new: str) -> Callable[[str], str]:
+    pairs = [(f"file://{old}/", f"file://{new}/"), (f"{old}/", f"{new}/")]
+
+    def replace(text: str) -> str:
+        if text == old:
+            return new
+        if text == f"file://{old}":
+            return f"file://{new}"
+        for a, b in pairs:
+            text = text.replace(a, b)
+        return text
+
+    return replace
+
+
+def _rewrite_array(array: pa.Array, replace: Callable[[str], str]) -> pa.Array:
+    if pa.types.is_string(array.type) or pa.types.is_large_string(array.type):
+        return pa.array([None if v is None else replace(v) for v in array.to_pylist()], type=array.type)
+    if pa.types.is_list(array.type) and pa.types.is_string(array.type.value_type):
+        return pa.array([None if v is None else [None if x is None else replace(x) for x in v]
+                         for v in array.to_pylist()], type=array.type)
+    return array
+
+
+def _rewrite_parquet(path: Path, replace: Callable[[str], str]) -> bool:
+    table = pq.read_table(path)
+    columns = [_rewrite_array(col.combine_chunks(), replace) for col in table.columns]
+    new = pa.Table.from_arrays(columns, schema=table.schema)
+    if new.equals(table):
+        return False
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    pq.write_table(new, tmp)
+    os.replace(tmp, path)
+    return True
+
+
+def _rewrite_text(path: Path, old: str, new: str) -> bool:
+    text = path.read_text(encoding="utf-8")
+    if old not in text:
+        return False
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    # JSON values hold the path as written, so a plain prefix rewrite keeps them valid.
+    tmp.write_text(text.replace(f"{old}/", f"{new}/").replace(f'"{old}"', f'"{new}"'), encoding="utf-8")
+    os.replace(tmp, path)
+    return True
+
+
+def _rewrite_sqlite(path: Path, old: str, new: str) -> int:
+    """Every TEXT value of every table that names the old home (the MLflow store)."""
+    changed = 0
+    with sqlite3.connect(path) as con:
+        tables = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+        for table in tables:
+            columns = [r[1] for r in con.execute(f'PRAGMA table_info("{table}")')
+                       if (r[2] or "").upper().startswith(("TEXT", "VARCHAR", "CHAR"))]
+            for column in columns:
+                cur = con.execute(
+                    f'UPDATE "{table}" SET "{column}" = replace("{column}", ?, ?) WHERE instr("{column}", ?) > 0',
+                    (f"{old}/", f"{new}/", f"{old}/"))
+                changed += cur.rowcount
+                for a, b in ((old, new), (f"file://{old}", f"file://{new}")):
+                    changed += con.execute(f'UPDATE "{table}" SET "{column}" = ? WHERE "{column}" = ?',
+                                           (b, a)).rowcount
+    return changed
+
+
+def _rewrite_duckdb(path: Path, replace: Callable[[str], str]) -> int:
+    import duckdb
+
+    changed = 0
+    with duckdb.connect(str(path)) as con:
+        tables = con.execute("SELECT table_name FROM information_schema.tables "
+                             "WHERE table_type = 'BASE TABLE'").fetchall()
+        for (table,) in tables:
+            cols = con.execute("SELECT column_name FROM information_schema.columns WHERE table_name = ? "
+                               "AND data_type = 'VARCHAR'", [table]).fetchall()
+            for (col,) in cols:
+                values = con.execute(f'SELECT DISTINCT "{col}" FROM "{table}" WHERE "{col}" IS NOT NULL').fetchall()
+                for (value,) in values:
+                    if (fixed := replace(value)) != value:
+                        con.execute(f'UPDATE "{table}" SET "{col}" = ? WHERE "{col}" = ?', [fixed, value])
+                        changed += 1
+    return changed
+
+
+def relocate_home(root: Path) -> dict[str, Any]:
+    """Rewrite the paths a copied or moved home records from its old place to ``root``."""
+    root = Path(root).resolve()
+    marker = root / HOME_MARKER
+    if not marker.is_file():
+        raise FileNotFoundError(f"{root} has no {HOME_MARKER}: it is not a project home, or was never used")
+    old = json.loads(marker.read_text())["path"]
+    new = str(root)
+    counts = {"from": old, "to": new, "parquet": 0, "text": 0, "duckdb": 0, "sqlite": 0}
+    if old != new:
+        replace = _replacer(old, new)
+        for path in sorted(root.rglob("*")):
+            if not path.is_file() or path.name.startswith("."):
+                continue
+            if path.suffix == ".parquet":
+                counts["parquet"] += _rewrite_parquet(path, replace)
+            elif path.suffix in TEXT_SUFFIXES:
+                counts["text"] += _rewrite_text(path, old, new)
+            elif path.suffix == ".duckdb":
+                counts["duckdb"] += _rewrite_duckdb(path, replace)
+            elif path.suffix == ".db":
+                counts["sqlite"] += _rewrite_sqlite(path, old, new)
+    tmp = marker.with_name(f".{marker.name}.{uuid.uuid4().hex}.tmp")
+    tmp.write_text(json.dumps({"path": new}))
+    os.replace(tmp, marker)
+    return counts
