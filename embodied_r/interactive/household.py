@@ -175,7 +175,7 @@ class HouseholdEnvironment:
             small = thing.pickupable
             x0, y1 = int(i * slot + 2), int(h * (0.6 if small else 0.9))
             y0 = int(y1 - h * (0.18 if small else 0.5))
-            draw.rectangle([x0, y0, int(x0 + slot - 4), y1], fill=_colour(kind),
+            draw.rectangle([x0, y0, max(x0 + 1, int(x0 + slot - 4)), y1], fill=_colour(kind),
                            outline=(255, 255, 255) if kind == self.at else (0, 0, 0))
             state = " open" if thing.openable and thing.is_open else " on" if thing.toggleable and thing.is_on else ""
             draw.text((x0 + 1, y0 + 1), kind[:10] + state, fill=(0, 0, 0))
