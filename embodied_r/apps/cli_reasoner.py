@@ -55,10 +55,12 @@ def _print_metrics(summary: dict[str, Any]) -> None:
 
 def cmd_reasoner(args: argparse.Namespace) -> int:
     from embodied_r import paths
-    from embodied_r.interactive.recipe import load
+    from embodied_r.interactive.recipe import load, plan
     from flows.reasoner import embodied_reasoner
 
-    load(args.recipe, _overrides(args.set))  # a bad recipe fails before Prefect starts
+    # A bad recipe fails before Prefect starts; planning here also hashes the code once,
+    # before Prefect's threads run (CPython 3.11's ast.parse is not safe beside them).
+    plan(load(args.recipe, _overrides(args.set)), paths.home())
     started = time.time()
     result = embodied_reasoner(recipe=args.recipe, only=args.only, refresh=args.refresh,
                                overrides=_overrides(args.set) or None, home=str(paths.home()))
