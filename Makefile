@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: env demo test test-fast lint clean-home
+.PHONY: env demo demo-reasoner test test-fast lint clean-home
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -18,6 +18,10 @@ env: $(STAMP)
 
 demo: env
 	$(VENV)/bin/embodied-r demo
+
+# Embodied-Reasoner on the CPU: synthetic data, tiny VLM, built-in household environment.
+demo-reasoner: env
+	$(VENV)/bin/embodied-r reasoner --recipe reasoner-demo
 
 test: env
 	$(PY) -m pytest -q

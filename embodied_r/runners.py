@@ -33,6 +33,11 @@ STAGE_RUNNERS: dict[str, str] = {
     "convert": "embodied_r.training.records:run_stage",
     "train": "embodied_r.training.stage:run_stage",
     "evaluate": "embodied_r.evaluation.stage:run_stage",
+    # The embodied-reasoner pipeline (embodied_r.interactive.recipe.plan).
+    "reasoner_data": "embodied_r.interactive.download:run_data_stage",
+    "reasoner_sft": "embodied_r.interactive.stages:run_sft_stage",
+    "reasoner_explore": "embodied_r.interactive.stages:run_explore_stage",
+    "reasoner_evaluate": "embodied_r.interactive.stages:run_evaluate_stage",
 }
 
 # Stages whose key also depends on something outside the recipe: the download stage reads

@@ -21,6 +21,7 @@ ALLOWED: dict[str, set[str]] = {
     "scoring": {"backends"},
     "training": {"backends", "scoring"},
     "evaluation": {"backends", "scoring"},
+    "interactive": {"backends", "training"},
     "config": {"data", "synthetic", "keyframes", "perception", "backends", "training", "evaluation"},
     "pipeline": {"config"},
     "lifecycle": {"config", "pipeline", "data", "synthetic", "keyframes", "perception", "backends", "scoring",

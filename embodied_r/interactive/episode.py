@@ -1,0 +1,162 @@
+"""The evaluation episode loop, as the original runs it, for many episodes at once.
+
+Each iteration: stop a (verb, object) proposed a fourth time in a row with a failed
+``end``; give a reply with no known verb an "invalid" turn without acting; otherwise act in
+the environment (every action, successful or not, is a step, ``init`` included) and answer
+with the new image, or with a ``<|feedback|>`` turn when the action was illegal; then ask the
+model. The episode ends when the model says ``end``, at the task type's step limit, or after
+``max_idle_calls`` replies in a row that did not act. On those exits a successful ``end``
+step is appended, as the original always does; ``always_append_end=False`` appends it only
+when the model itself said ``end``.
+
+Episodes advance in lockstep so one batched ``generate`` call serves all that are running.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from embodied_r.interactive import prompts
+from embodied_r.interactive.actions import Decision, parse_decision
+from embodied_r.interactive.environment import Environment
+from embodied_r.interactive.metrics import episode_metrics
+from embodied_r.interactive.tasks import key_actions, step_limit
+
+
+class EpisodeConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    max_same_action: int = Field(3, ge=1)  # executions of one (verb, object) in a row
+    max_idle_calls: int = Field(3, ge=1)  # replies in a row that did not act
+    always_append_end: bool = True  # the original's behaviour
+    match_threshold: float = Field(0.6, ge=0, le=1)
+    step_limit: int | None = None  # None: the task type's limit (22/24/30/36)
+
+
+@dataclass
+class Episode:
+    task: dict[str, Any]
+    env: Environment
+    out: Path
+    cfg: EpisodeConfig
+    messages: list[dict[str, str]] = field(default_factory=list)
+    images: list[str] = field(default_factory=list)
+    trajectory: list[dict[str, Any]] = field(default_factory=list)
+    decision: Decision = Decision("init", "init", None)
+    previous: tuple[str, str | None] = ("init", None)
+    same: int = 0
+    steps: int = 0
+    idle_calls: int = 0
+    steps_before: int = 0
+    stop: str = ""
+    legal: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.messages = [{"role": "system", "content": prompts.SYSTEM}]
+        self.limit = self.cfg.step_limit or step_limit(self.task["tasktype"])
+
+    @property
+    def done(self) -> bool:
+        return bool(self.stop)
+
+    def advance(self) -> bool:
+        """Act on the last decision; False when the episode has ended instead."""
+        d = self.decision
+        if d.verb == "end":
+            return self._finish("end")
+        if self.steps >= self.limit:
+            return self._finish("step_limit")
+        if self.idle_calls >= self.cfg.max_idle_calls:
+            return self._finish("no_progress")
+        if (d.verb, d.obj) == self.previous:
+            self.same += 1
+            if self.same == self.cfg.max_same_action:
+                self.trajectory.append({"action": "end", "object": None, "legal_objects": [], "success": 0})
+                self.stop = "repeated_action"
+                return False
+        else:
+            self.same, self.previous = 0, (d.verb, d.obj)
+        self.steps_before = self.steps
+        if d.verb == "error":
+            self.trajectory.append({"action": "error", "object": None, "legal_objects": [], "success": 0})
+            self.messages.append({"role": "user", "content": prompts.INVALID})
+            return True
+        result = self.env.reset(self.task, self.out) if d.verb == "init" else self.env.step(d.verb, d.obj)
+        self.steps += 1
+        self.legal = result.legal_objects
+        self.trajectory.append({"action": d.verb, "object": d.obj, "legal_objects": result.legal_objects,
+                                "success": int(result.success), "images": result.images})
+        if not result.success:
+            self.messages.append({"role": "user", "content": prompts.after_failure(
+                d.raw or d.verb, result.feedback, unmatched=d.unmatched is not None)})
+            return True
+        self.images += result.images
+        n = len(result.images)
+        text = (prompts.first_turn(self.task["taskquery"], n) if d.verb == "init"
+                else prompts.after_action(" ".join(x for x in (d.verb, d.obj) if x), n))
+        self.messages.append({"role": "user", "content": text})
+        return True
+
+    def feed(self, response: str) -> None:
+        """Take the model's reply to the turn ``advance`` added."""
+        self.idle_calls = 0 if self.steps != self.steps_before else self.idle_calls + 1
+        self.decision = parse_decision(response, self.env.object_types(), self.cfg.match_threshold)
+        self.messages.append({"role": "assistant", "content": response})
+
+    def _finish(self, why: str) -> bool:
+        self.stop = why
+        if self.cfg.always_append_end or why == "end":
+            self.trajectory.append({"action": "end", "object": None, "legal_objects": self.legal, "success": 1})
+        return False
+
+    def result(self) -> dict[str, Any]:
+        keys = key_actions(self.task)
+        scored = [{k: v for k, v in s.items() if k != "images"} for s in self.trajectory]
+        return {"identity": self.task["identity"], "tasktype": self.task["tasktype"], "scene": self.task["scene"],
+                "stop": self.stop, "steps": self.steps, "key_actions": keys, "trajectory": scored,
+                **episode_metrics(self.task, scored, keys)}
+
+
+def conversation(messages: list[dict[str, str]], images: list[str]) -> list[dict[str, Any]]:
+    """ShareGPT messages with ``<image>`` markers -> the backends' chat format: in each turn
+    its images first, then its text (as the original sends them)."""
+    out, queue = [], list(images)
+    for m in messages:
+        n = m["content"].count(prompts.IMAGE)
+        if not n:
+            out.append({"role": m["role"], "content": m["content"]})
+            continue
+        parts = [{"type": "image", "path": queue.pop(0)} for _ in range(n)]
+        parts.append({"type": "text", "text": m["content"].replace(prompts.IMAGE, "")})
+        out.append({"role": m["role"], "content": parts})
+    return out
+
+
+Generate = Callable[[list[list[dict[str, Any]]]], list[str]]
+
+
+def run_episodes(tasks: list[dict[str, Any]], make_env: Callable[[], Environment], generate: Generate,
+                 out: Path, cfg: EpisodeConfig, on_done: Callable[[Episode], None] | None = None,
+                 batch: int = 8) -> list[Episode]:
+    """Run every task's episode, ``batch`` at a time in lockstep; ``on_done`` fires per episode."""
+    finished: list[Episode] = []
+    for start in range(0, len(tasks), batch):
+        running = [Episode(t, make_env(), Path(out) / str(t["identity"]), cfg) for t in tasks[start:start + batch]]
+        while running:
+            active = [e for e in running if e.advance()]
+            for e in running:
+                if e.done:
+                    e.env.close()
+                    finished.append(e)
+                    if on_done:
+                        on_done(e)
+            running = active
+            if active:
+                replies = generate([conversation(e.messages, e.images) for e in active])
+                for e, reply in zip(active, replies):
+                    e.feed(reply)
+    return finished

@@ -1,0 +1,54 @@
+"""What the agent is told, in this project's words, with the original's structure: a system
+prompt, a first turn with the task and the action list, a turn after each successful action
+(its image first), a ``<|feedback|>`` turn after an illegal one, and a turn for a reply
+with no usable action. The same texts build the synthetic training conversations, so what
+a model learns and what it is evaluated with agree."""
+
+from __future__ import annotations
+
+FEEDBACK = "<|feedback|>"
+IMAGE = "<image>"
+
+SYSTEM = ("You are a household robot in a room. Carry out the person's instruction by choosing one action "
+          "at each step from the available actions, each explained below.")
+
+ACTIONS = (
+    '"navigate to <object>": go to the object.\n'
+    '"pickup <object>": pick the object up.\n'
+    '"put <object>": place what you hold into or onto the object.\n'
+    '"toggle <object>": switch the object on or off.\n'
+    '"open <object>": open the object (a container) to see inside.\n'
+    '"close <object>": close the object.\n'
+    '"observe": look to your left, behind you and to your right.\n'
+    '"move forward": step forward to see more closely.\n'
+    '"end": say this once the task is done.'
+)
+
+FORMAT = ("Give exactly one action in the form <DecisionMaking>your action</DecisionMaking>, "
+          "for example <DecisionMaking>observe</DecisionMaking>.")
+
+THINK = "Think step by step first, then choose your next action from the available actions."
+
+
+def first_turn(task: str, n_images: int = 1) -> str:
+    return (IMAGE * n_images + "This is the view in front of you. Choose an action from the available actions "
+            f"and name its object.\nTask: \"{task}\"\nAvailable actions:\n{ACTIONS}\n"
+            f"You may think, plan and reflect before deciding.\n{FORMAT}")
+
+
+def after_action(action: str, n_images: int = 1) -> str:
+    hint = '\nTo look at larger objects nearby, use "navigate to <object>".' if action == "move forward" else ""
+    return IMAGE * n_images + f'You did "{action}"; the image above is what you see now.{hint}\n{THINK}\n{FORMAT}'
+
+
+def after_failure(action: str, reason: str, unmatched: bool = False) -> str:
+    if unmatched:
+        why = (f'"{action}" is not possible: the object named does not match anything in this room. '
+               "Act on another object, or navigate to another object first.")
+    else:
+        why = (f'"{action}" is not possible now: {reason} You may "move forward" to get closer, or '
+               '"navigate to <object>" to reach a larger object nearby.')
+    return f"{FEEDBACK}{why}\n{THINK}\n{FORMAT}"
+
+
+INVALID = f"That reply holds no available action.\n{THINK}\n{FORMAT}"

@@ -1,0 +1,125 @@
+"""The ``embodied-reasoner`` recipes and their stage graph.
+
+Recipes live in ``embodied_r/recipes/reasoner/`` (apart from the Embodied-R recipes, whose
+schema differs). Stages, each a hashed folder under ``$EMBODIED_R_HOME/stages``:
+
+  reasoner_data -> reasoner_sft_imitation -> reasoner_explore -> reasoner_sft_exploration
+                -> reasoner_sft_correction -> reasoner_evaluate
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+from embodied_r.backends.base import BackendConfig
+from embodied_r.interactive.download import ReasonerDataConfig, fingerprint
+from embodied_r.interactive.episode import EpisodeConfig
+from embodied_r.interactive.sft_config import ReasonerSFTConfig
+from embodied_r.paths import home as default_home
+from embodied_r.runners import code_version
+
+RECIPES = Path(__file__).resolve().parents[1] / "recipes" / "reasoner"
+POOLS = {"reasoner_data": "cpu", "reasoner_sft": "gpu-train", "reasoner_explore": "gpu-infer",
+         "reasoner_evaluate": "gpu-infer"}
+
+
+class ExploreConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    # dataset: the catalog's stage-2 trajectories; rollouts: the stage-1 model's successful
+    # episodes in the environment (rejection sampling); both: the union.
+    source: Literal["dataset", "rollouts", "both"] = "dataset"
+    tasks: int = Field(33, ge=1)  # fresh training tasks in the built-in house
+    samples_per_task: int = Field(2, ge=1)
+    seed: int = 1
+
+
+class EvaluateConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    environment: Literal["builtin", "ai2thor"] = "builtin"
+    limit: int | None = Field(None, ge=1)  # the first N test cases; None: all
+    batch: int = Field(8, ge=1)
+    episode: EpisodeConfig = Field(default_factory=EpisodeConfig)
+
+
+class ReasonerRecipe(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    description: str = ""
+    base_model: str = "tiny:vlm"
+    data: ReasonerDataConfig = Field(default_factory=ReasonerDataConfig)
+    sft: ReasonerSFTConfig = Field(default_factory=ReasonerSFTConfig)
+    # Per-stage changes to ``sft`` (keys imitation, exploration, correction).
+    sft_stages: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    explore: ExploreConfig = Field(default_factory=ExploreConfig)
+    backend: BackendConfig = Field(default_factory=BackendConfig)  # sampling for rollouts and evaluation
+    evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig)
+    experiment: str = "embodied-reasoner"
+    tracking_uri: str | None = None
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def load(name_or_path: str, overrides: dict[str, Any] | None = None) -> ReasonerRecipe:
+    path = Path(name_or_path)
+    if not path.is_file():
+        path = RECIPES / f"{name_or_path}.yaml"
+    if not path.is_file():
+        names = ", ".join(sorted(p.stem for p in RECIPES.glob("*.yaml")))
+        raise ValueError(f"no reasoner recipe {name_or_path!r}; choose one of {names} or give a YAML path")
+    data = yaml.safe_load(path.read_text()) or {}
+    data.setdefault("name", path.stem)
+    return ReasonerRecipe.model_validate(_merge(data, overrides or {}))
+
+
+SFT_STAGES = ("imitation", "exploration", "correction")
+
+
+def plan(recipe: ReasonerRecipe, root: Path | None = None) -> dict[str, dict[str, Any]]:
+    """Every stage in run order as a plan dict (``name, kind, key, out, deps, inputs, config``),
+    the same shape as ``embodied_r.pipeline.StagePlan`` so the shared Prefect task runs it."""
+    root = Path(root) if root else default_home()
+    stages: dict[str, dict[str, Any]] = {}
+
+    def add(name: str, kind: str, deps: list[str], config: dict[str, Any], inputs: dict[str, str],
+            extra: str = "") -> dict[str, Any]:
+        payload = json.dumps({"kind": kind, "config": config, "upstream": [stages[d]["key"] for d in deps],
+                              "code": code_version(kind), "extra": extra}, sort_keys=True, default=str)
+        key = hashlib.sha256(payload.encode()).hexdigest()[:16]
+        stages[name] = {"name": name, "kind": kind, "key": key, "out": str(root / "stages" / name / key),
+                        "deps": tuple(deps), "inputs": inputs, "config": config}
+        return stages[name]
+
+    data_cfg = {"data": recipe.data.model_dump(mode="json")}
+    data = add("reasoner_data", "reasoner_data", [], data_cfg, {}, extra=fingerprint(data_cfg))
+    backend = recipe.backend.model_dump(mode="json")
+    model, prev = recipe.base_model, "reasoner_data"
+    for i, stage in enumerate(SFT_STAGES, start=1):
+        sft = _merge(recipe.sft.model_dump(mode="json"), recipe.sft_stages.get(stage, {}))
+        inputs = {"catalog": data["out"], "init_model": model, "python": recipe.sft.python or ""}
+        deps = [prev] if prev == "reasoner_data" else ["reasoner_data", prev]
+        if stage == "exploration":
+            explore = add("reasoner_explore", "reasoner_explore", ["reasoner_data", prev],
+                          {"explore": recipe.explore.model_dump(mode="json"), "backend": backend},
+                          {"catalog": data["out"], "model": model})
+            inputs["trajectories"] = explore["out"]
+            deps = ["reasoner_data", "reasoner_explore"]
+        sp = add(f"reasoner_sft_{stage}", "reasoner_sft", deps, {"stage": i, "name": stage, "sft": sft}, inputs)
+        model, prev = str(Path(sp["out"]) / "model"), sp["name"]
+    add("reasoner_evaluate", "reasoner_evaluate", ["reasoner_data", prev],
+        {"evaluate": recipe.evaluate.model_dump(mode="json"), "backend": backend},
+        {"catalog": data["out"], "model": model})
+    return stages

@@ -1,0 +1,146 @@
+"""Stage runners of the ``embodied-reasoner`` pipeline (registered in ``embodied_r.runners``):
+the three SFT stages, self-exploration by rejection sampling, and evaluation.
+
+Each follows the stage convention: ``(out, config, inputs, mlflow_run_id) -> summary``,
+written aside and renamed into place (``io.stage_folder``); a finished folder is reused.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from embodied_r.backends.base import BackendConfig
+from embodied_r.backends.tiny_models import resolve_model
+from embodied_r.interactive.catalog import read_test_cases, read_trajectories
+from embodied_r.interactive.episode import EpisodeConfig, run_episodes
+from embodied_r.interactive.metrics import aggregate, flat_metrics, table2
+from embodied_r.interactive.sft_config import ReasonerSFTConfig
+from embodied_r.io import is_complete, read_summary, stage_folder, write_json_atomic, write_summary
+from embodied_r.training.environment import run_child
+
+
+def _generator(backend_cfg: dict[str, Any], model: str):
+    from embodied_r.backends.factory import make_backend
+
+    cfg = BackendConfig.model_validate({**backend_cfg, "model": backend_cfg.get("model") or model})
+    if cfg.kind == "transformers":
+        cfg = cfg.model_copy(update={"model": resolve_model(cfg.model)})
+    backend = make_backend(cfg)
+
+    def generate(conversations: list[list[dict[str, Any]]]) -> list[str]:
+        return [g.text for g in backend.generate(conversations)]
+
+    return backend, generate
+
+
+def _environment(kind: str):
+    from embodied_r.interactive.env_factory import make_environment
+
+    if kind == "ai2thor":
+        shared = make_environment("ai2thor")  # one controller serves every episode
+        return lambda: shared
+    return lambda: make_environment("builtin")
+
+
+def run_sft_stage(out: Path, config: dict[str, Any], inputs: dict[str, str],
+                  mlflow_run_id: str | None = None) -> dict[str, Any]:
+    """One SFT stage in a trainer child: stage 1 on the catalog's stage-1 trajectories, stage 2
+    on the exploration stage's kept trajectories, stage 3 on the stage-3 trajectories."""
+    out = Path(out)
+    if is_complete(out):
+        return read_summary(out)
+    cfg = ReasonerSFTConfig.model_validate(config["sft"])
+    stage = int(config["stage"])
+    if stage == 2:
+        data = json.loads((Path(inputs["trajectories"]) / "trajectories.json").read_text())
+    else:
+        data = read_trajectories(Path(inputs["catalog"]), stage)
+    if not data:
+        raise ValueError(f"SFT stage {stage} ({config['name']}) has no trajectories to learn from")
+    init = resolve_model(inputs["init_model"])
+    with stage_folder(out) as work:
+        write_json_atomic(work / "data.json", data)
+        spec = {"init_model": init, "work": str(work.resolve()), "data": str((work / "data.json").resolve()),
+                "sft": cfg.model_dump(mode="json"), "name": f"reasoner-sft-{config['name']}"}
+        result = run_child("embodied_r.interactive.sft_child", spec, work, cfg, mlflow_run_id,
+                           f"SFT {config['name']}")
+        if not cfg.keep_checkpoints:
+            shutil.rmtree(work / "checkpoints", ignore_errors=True)
+        summary = {"stage": f"reasoner_sft_{config['name']}", "init_model": init, "model": str(out / "model"),
+                   "conversations": len(data), **result}
+        write_summary(work, summary)
+    return summary
+
+
+def run_explore_stage(out: Path, config: dict[str, Any], inputs: dict[str, str],
+                      mlflow_run_id: str | None = None) -> dict[str, Any]:
+    """Self-exploration data: the dataset's stage-2 trajectories and/or the stage-1 model's own
+    successful episodes on fresh tasks in the built-in house (rejection sampling)."""
+    from embodied_r.interactive.synthetic import make_test_cases
+
+    out = Path(out)
+    if is_complete(out):
+        return read_summary(out)
+    explore = config["explore"]
+    kept: list[dict[str, Any]] = []
+    counts: dict[str, Any] = {"stage": "reasoner_explore", "source": explore["source"]}
+    if explore["source"] in ("dataset", "both"):
+        dataset = read_trajectories(Path(inputs["catalog"]), 2)
+        kept += dataset
+        counts["dataset_trajectories"] = len(dataset)
+    with stage_folder(out) as work:
+        if explore["source"] in ("rollouts", "both"):
+            started = time.monotonic()
+            tasks = make_test_cases(explore["tasks"], seed=explore["seed"], start=20_001)
+            tries = [{**t, "identity": f"{t['identity']}-{k}"} for t in tasks for k in range(explore["samples_per_task"])]
+            backend, generate = _generator(config["backend"], inputs["model"])
+            try:
+                episodes = run_episodes(tries, _environment("builtin"), generate, work / "rollouts", EpisodeConfig())
+            finally:
+                backend.close()
+            good = [e for e in episodes if e.result()["success"] == 1]
+            kept += [{"id": f"rollout-{e.task['identity']}", "messages": e.messages, "images": e.images} for e in good]
+            counts.update(rollouts=len(episodes), rollouts_kept=len(good),
+                          acceptance=len(good) / len(episodes) if episodes else 0.0,
+                          rollout_seconds=round(time.monotonic() - started, 2))
+        write_json_atomic(work / "trajectories.json", kept)
+        summary = {**counts, "trajectories": len(kept)}
+        write_summary(work, summary)
+    return summary
+
+
+def run_evaluate_stage(out: Path, config: dict[str, Any], inputs: dict[str, str],
+                       mlflow_run_id: str | None = None) -> dict[str, Any]:
+    """Episodes on the catalog's test cases; metrics per group and task type beside Table 2."""
+    out = Path(out)
+    if is_complete(out):
+        return read_summary(out)
+    ev = config["evaluate"]
+    cases = read_test_cases(Path(inputs["catalog"]))[: ev.get("limit") or None]
+    started = time.monotonic()
+    with stage_folder(out) as work:
+        backend, generate = _generator(config["backend"], inputs["model"])
+        try:
+            episodes = run_episodes(cases, _environment(ev["environment"]), generate, work / "episodes",
+                                    EpisodeConfig.model_validate(ev["episode"]), batch=ev["batch"])
+        finally:
+            backend.close()
+        results = [e.result() for e in episodes]
+        with open(work / "results.jsonl", "w", encoding="utf-8") as fh:
+            for r, e in zip(results, episodes):
+                fh.write(json.dumps({**r, "messages": e.messages}) + "\n")
+        agg = aggregate(results)
+        write_json_atomic(work / "metrics.json", agg)
+        (work / "report.md").write_text(f"# Embodied-Reasoner evaluation ({ev['environment']} environment)\n\n"
+                                        f"Model: `{inputs['model']}`\n\n" + table2(agg))
+        stops: dict[str, int] = {}
+        for r in results:
+            stops[r["stop"]] = stops.get(r["stop"], 0) + 1
+        summary = {"stage": "reasoner_evaluate", "episodes": len(results), "environment": ev["environment"],
+                   "stops": stops, "seconds": round(time.monotonic() - started, 2), "metrics": flat_metrics(agg)}
+        write_summary(work, summary)
+    return summary

@@ -1,0 +1,61 @@
+"""The embodied-reasoner recipes and stage graph, the SFT labels, and the whole demo
+pipeline end to end (slow: the tiny VLM trains three times and is evaluated)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from embodied_r.interactive.recipe import SFT_STAGES, load, plan
+from embodied_r.interactive.sft_child import assistant_spans, labels_for, supervised_turns
+from embodied_r.interactive.prompts import FEEDBACK
+
+
+def test_recipes_load_and_plan_six_stages(tmp_path):
+    paper = load("reasoner-paper")
+    assert paper.sft.learning_rate == 1e-5 and paper.sft.max_pixels == 180000 and paper.sft.freeze_vision
+    assert paper.backend.temperature == 0.6 and paper.evaluate.environment == "ai2thor"
+    stages = plan(load("reasoner-demo"), tmp_path)
+    assert list(stages) == ["reasoner_data", "reasoner_sft_imitation", "reasoner_explore",
+                            "reasoner_sft_exploration", "reasoner_sft_correction", "reasoner_evaluate"]
+    assert stages["reasoner_sft_exploration"]["inputs"]["init_model"].startswith(stages["reasoner_sft_imitation"]["out"])
+    changed = plan(load("reasoner-demo", {"evaluate": {"limit": 3}}), tmp_path)
+    assert [n for n in stages if stages[n]["key"] != changed[n]["key"]] == ["reasoner_evaluate"]
+    assert len(SFT_STAGES) == 3
+
+
+def test_loss_on_assistant_turns_after_the_first_feedback_only():
+    msgs = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"},
+            {"role": "assistant", "content": "wrong"}, {"role": "user", "content": FEEDBACK + "no"},
+            {"role": "assistant", "content": "fixed"}, {"role": "user", "content": FEEDBACK + "again"},
+            {"role": "assistant", "content": "done"}]
+    assert supervised_turns(msgs) == [False, True, True]
+    assert supervised_turns([m for m in msgs if FEEDBACK not in m["content"]]) == [True, True, True]
+    start, end = [7, 8], 9
+    ids = [1, 2, 7, 8, 50, 51, 9, 3, 7, 8, 60, 9, 4, 7, 8, 70, 9]
+    assert assistant_spans(ids, start, end) == [(4, 7), (10, 12), (15, 17)]
+    labels = labels_for(ids, msgs, start, end)
+    assert [x for x in labels if x != -100] == [60, 9, 70, 9]
+
+
+@pytest.mark.slow
+def test_reasoner_demo_end_to_end(tmp_path, monkeypatch):
+    from mlflow import MlflowClient
+
+    from embodied_r.apps.cli import main
+
+    monkeypatch.setenv("EMBODIED_R_HOME", str(tmp_path))
+    assert main(["reasoner", "--recipe", "reasoner-demo"]) == 0
+    evaluation = json.loads(next((tmp_path / "stages" / "reasoner_evaluate").glob("*/summary.json")).read_text())
+    assert evaluation["episodes"] == 11
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("embodied-reasoner")
+    runs = client.search_runs([exp.experiment_id])
+    parent = next(r for r in runs if "mlflow.parentRunId" not in r.data.tags)
+    children = {r.data.tags["stage"] for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id}
+    assert children == {"reasoner_data", "reasoner_sft_imitation", "reasoner_explore", "reasoner_sft_exploration",
+                        "reasoner_sft_correction", "reasoner_evaluate"}
+    for metric in ("success", "efficiency", "completeness"):
+        for group in ("search", "manipulation", "transport", "composite"):
+            assert f"{metric}/{group}" in parent.data.metrics
