@@ -19,6 +19,7 @@ from __future__ import annotations
 import ast
 import hashlib
 import importlib
+import threading
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable
@@ -83,6 +84,16 @@ def _is_module(name: str) -> bool:
     return _source(name) is not None
 
 
+# CPython 3.11's parser is not safe to enter from several threads at once (Prefect runs
+# tasks and its own services in threads), so sources are parsed one at a time.
+_PARSE_LOCK = threading.Lock()
+
+
+def _parse(path: Path) -> ast.Module:
+    with _PARSE_LOCK:
+        return ast.parse(path.read_text(), str(path))
+
+
 @lru_cache(maxsize=None)
 def imports_of(module: str) -> frozenset[str]:
     """The library modules ``module`` imports itself, anywhere in its source."""
@@ -91,7 +102,7 @@ def imports_of(module: str) -> frozenset[str]:
         return frozenset()
     found: set[str] = set()
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    for node in ast.walk(_parse(path)):
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
