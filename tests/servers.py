@@ -129,3 +129,28 @@ class ChatStub:
     def stop(self) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
+
+
+class ScriptedReference(ChatStub):
+    """A consistency reference that answers what the reasoning says after ``REF=``: a
+    letter or number, ``FAIL`` for a refused call (HTTP 400, never retried), or, with no
+    ``REF=`` at all, ``default``."""
+
+    def __init__(self, default: str = "?"):
+        self.default = default
+        super().__init__(self._reply)
+
+    def _reply(self, body: dict[str, Any]) -> StubReply:
+        import re
+
+        found = re.search(r"REF=([\w.]+)", body["messages"][-1]["content"])
+        said = found.group(1) if found else self.default
+        if said == "FAIL":
+            return StubReply(status=400, payload={"error": {"message": "the reference refused this one"}})
+        return StubReply(payload=completion(body["model"], said))
+
+    def backend(self) -> Any:
+        from embodied_r.backends.base import BackendConfig
+
+        return BackendConfig(kind="openai", model="reference", base_url=self.base_url, max_retries=0,
+                             timeout_s=120.0, api_key_env="EMBODIED_R_TEST_KEY")

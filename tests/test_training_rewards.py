@@ -3,39 +3,18 @@ with the consistency reference a real OpenAI-compatible server on 127.0.0.1."""
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
 
-from embodied_r.backends.base import BackendConfig
 from embodied_r.training.config import GRPOStageConfig
 from embodied_r.training.records import RecordsConfig, run_records
 from test_records import VIDEO, catalog_row, write_inputs
 from test_training import tiny_cfg
-from tests.servers import ChatStub, StubReply, completion
+from tests.servers import ScriptedReference as Reference
 
 GENERATIONS = 4
-
-
-class Reference(ChatStub):
-    """A reference model that answers what the reasoning says after ``REF=``: a letter, or
-    ``FAIL`` for a refused call (HTTP 400, not retried)."""
-
-    def __init__(self) -> None:
-        super().__init__(self._reply)
-
-    @staticmethod
-    def _reply(body: dict[str, Any]) -> StubReply:
-        said = re.search(r"REF=(\w+)", body["messages"][-1]["content"]).group(1)
-        if said == "FAIL":
-            return StubReply(status=400, payload={"error": {"message": "the reference refused this one"}})
-        return StubReply(payload=completion(body["model"], said))
-
-    def backend(self) -> BackendConfig:
-        return BackendConfig(kind="openai", model="reference", base_url=self.base_url, max_retries=0,
-                             timeout_s=120.0, api_key_env="EMBODIED_R_TEST_KEY")
 
 
 @pytest.fixture()
