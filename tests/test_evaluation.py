@@ -224,3 +224,71 @@ def test_lenient_number_parsing_is_a_choice(scripted: ScriptedModels, scripted_r
     m = run_evaluation(scripted_records, "policy", tmp_path / "eval", cfg)
     assert m["accuracy/object_abs_distance"] == pytest.approx(1.0)  # "about 2.5" read as 2.5
     assert "consistency/ratio" not in m
+
+
+# -- mixed failures: 2 of 6 calls fail ----------------------------------------------------
+
+# uid -> (answer, category, what the policy writes; FAIL: the call is refused)
+MIXED = {
+    "urbanvideo:0": ("A", "Landmark Position", "<think>x</think><answer>A</answer>"),  # right
+    "urbanvideo:1": ("B", "Landmark Position", "FAIL"),
+    "urbanvideo:2": ("C", "Landmark Position", "<think>x</think><answer>A</answer>"),  # wrong
+    "urbanvideo:3": ("D", "Counterfactual", "<think>x</think><answer>D</answer>"),  # right
+    "urbanvideo:4": ("A", "Counterfactual", "FAIL"),
+    "urbanvideo:5": ("B", "Counterfactual", "<think>x</think><answer>B</answer>"),  # right
+}
+
+
+@pytest.fixture()
+def mixed(tmp_path: Path) -> Iterator[tuple[ChatStub, Path]]:
+    def reply(body: dict[str, Any]) -> StubReply:
+        uid = re.search(r"\((\w+:\d+)\)", text_of(body["messages"])).group(1)
+        text = MIXED[uid][2]
+        if text == "FAIL":
+            return StubReply(status=400, payload={"error": {"message": f"refused {uid}"}})
+        return StubReply(payload=completion(body["model"], text))
+
+    rows = [catalog_row(uid, "test", answer=answer, category=category) for uid, (answer, category, _) in MIXED.items()]
+    catalog, perception = write_inputs(tmp_path, rows, {r["uid"]: VIDEO for r in rows})
+    run_records(catalog, perception, tmp_path / "records", RecordsConfig())
+    server = ChatStub(reply)
+    yield server, tmp_path / "records"
+    server.stop()
+
+
+def _mixed_cfg(server: ChatStub) -> EvaluationConfig:
+    return EvaluationConfig(backend=BackendConfig(kind="openai", model="policy", base_url=server.base_url,
+                                                  max_retries=0, timeout_s=120.0, api_key_env="EMBODIED_R_TEST_KEY"),
+                            chunk_size=4)
+
+
+def test_evaluation_with_two_of_six_calls_failing_records_both(mixed: tuple[ChatStub, Path],
+                                                               tmp_path: Path) -> None:
+    server, records = mixed
+    out = tmp_path / "eval"
+    m = run_evaluation(records, "policy", out, _mixed_cfg(server))
+    assert len(server.bodies) == 6  # each question asked once: a refusal is not retried
+    assert m["items"] == 6 and m["failed"] == 2
+    assert m["failure_reasons"] == {"generation_error": 2}
+    failures = pq.read_table(out / "failures.parquet").to_pylist()
+    assert sorted(f["item"] for f in failures) == ["urbanvideo:1", "urbanvideo:4"]
+    assert all(f["stage"] == "evaluate" and f["reason"].startswith("generation_error:") for f in failures)
+    assert any("refused urbanvideo:1" in f["reason"] for f in failures)
+    preds = {p["uid"]: p for p in pq.read_table(out / "predictions.parquet").to_pylist()}
+    for uid in ("urbanvideo:0", "urbanvideo:3", "urbanvideo:5"):
+        assert preds[uid]["score"] == 1.0
+    assert preds["urbanvideo:2"]["score"] == 0.0 and preds["urbanvideo:2"]["prediction"] == "A"
+
+
+@pytest.mark.xfail(strict=True, reason="issue 15")
+def test_a_question_whose_call_failed_scores_zero_and_counts_as_failed(mixed: tuple[ChatStub, Path],
+                                                                       tmp_path: Path) -> None:
+    """Issue 15's rule: the denominator is every question asked, so a model whose calls
+    fail cannot look better than one that answers them wrongly."""
+    server, records = mixed
+    m = run_evaluation(records, "policy", tmp_path / "eval", _mixed_cfg(server))
+    assert m["failed"] == 2
+    assert m["accuracy/overall"] == pytest.approx(3 / 6)
+    assert m["accuracy/landmark_position"] == pytest.approx(1 / 3)
+    assert m["accuracy/counterfactual"] == pytest.approx(2 / 3)
+    assert m["count/overall"] == 6.0
