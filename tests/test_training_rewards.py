@@ -4,7 +4,7 @@ with the consistency reference a real OpenAI-compatible server on 127.0.0.1."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
 import pytest
 
