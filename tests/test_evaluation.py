@@ -298,3 +298,69 @@ def test_a_question_whose_call_failed_scores_zero_and_counts_as_failed(mixed: tu
     assert m["accuracy/landmark_position"] == pytest.approx(1 / 3)
     assert m["accuracy/counterfactual"] == pytest.approx(2 / 3)
     assert m["count/overall"] == 6.0
+
+
+# -- a real SIGKILL mid-evaluation, then a rerun -------------------------------------------
+
+
+@pytest.mark.slow
+def test_killed_evaluation_resumes_to_the_uninterrupted_result(tmp_path: Path) -> None:
+    """The policy server answers two questions, then holds every further call until the
+    test lets it go: the evaluation is SIGKILLed (its whole process group) at a point it is
+    known to have reached, never in a race with its own end."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    gate = threading.Event()
+    answered = []
+
+    def reply(body: dict[str, Any]) -> StubReply:
+        uid = re.search(r"\((\w+:\d+)\)", text_of(body["messages"])).group(1)
+        if len(answered) >= 2 and not gate.is_set():
+            gate.wait(300)
+        answered.append(uid)
+        return StubReply(payload=completion(body["model"], MIXED[uid][2].replace("FAIL", "<answer>C</answer>")))
+
+    rows = [catalog_row(uid, "test", answer=answer, category=category) for uid, (answer, category, _) in MIXED.items()]
+    catalog, perception = write_inputs(tmp_path, rows, {r["uid"]: VIDEO for r in rows})
+    records = tmp_path / "records"
+    run_records(catalog, perception, records, RecordsConfig())
+    server = ChatStub(reply)
+    try:
+        cfg = EvaluationConfig(backend=BackendConfig(kind="openai", model="policy", base_url=server.base_url,
+                                                     max_retries=0, timeout_s=600.0,
+                                                     api_key_env="EMBODIED_R_TEST_KEY", concurrency=1),
+                               chunk_size=1)
+        out = tmp_path / "killed"
+        code = ("from pathlib import Path\n"
+                "from embodied_r.evaluation.stage import run_evaluation\n"
+                "from embodied_r.evaluation.config import EvaluationConfig\n"
+                f"run_evaluation(Path({str(records)!r}), 'policy', Path({str(out)!r}),\n"
+                f"               EvaluationConfig.model_validate_json({cfg.model_dump_json()!r}))\n")
+        root = Path(__file__).resolve().parents[1]
+        proc = subprocess.Popen([sys.executable, "-c", code], cwd=root, env={**os.environ, "PYTHONPATH": str(root)},
+                                start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        items = partial_path(out) / "items.jsonl"
+        deadline = time.monotonic() + 300
+        while not (items.is_file() and len(items.read_text().splitlines()) >= 2):
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        gate.set()
+        assert not out.exists() and len(items.read_text().splitlines()) == 2
+
+        asked_before = len(server.bodies)
+        resumed = run_evaluation(records, "policy", out, cfg)
+        assert len(server.bodies) - asked_before == 4  # only the four questions not yet answered
+        whole = run_evaluation(records, "policy", tmp_path / "whole", cfg)
+    finally:
+        gate.set()
+        server.stop()
+    drop = ("seconds", "seconds_per_item")
+    assert {k: v for k, v in resumed.items() if k not in drop} == {k: v for k, v in whole.items() if k not in drop}
+    assert pq.read_table(out / "predictions.parquet").equals(pq.read_table(tmp_path / "whole" / "predictions.parquet"))
