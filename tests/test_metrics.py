@@ -215,7 +215,7 @@ def test_slugs() -> None:
     from embodied_r.scoring.metrics import category_slug, slug
 
     assert slug("  Landmark Position! ") == "landmark_position"
-    assert slug("__a--b__") == "a_b"
+    assert slug("__a--b__") == "a_b" and slug("X-ray X") == "x_ray_x"
     assert slug("") == "unknown" and slug("!!!") == "unknown"
     assert category_slug("Overall") == "category_overall" and category_slug("paper tasks") == "category_paper_tasks"
     assert category_slug("Landmark Position") == "landmark_position"
