@@ -179,10 +179,10 @@ def test_three_stages_chain_on_cpu(records: Path, tmp_path: Path, monkeypatch: p
     assert all(r["solution"] in "ABCD" and len(r["prompt"]) <= 401 for r in rows)
     assert "<answer>" in rows[0]["prompt"]  # the excerpt is the prompt's end: question and format
     assert summaries[0]["completion_tables"] == 1
-    # Time split of the steps: generation and scoring were each timed by the trainer's own
-    # phases, so neither is zero and the update (the rest) is less than the whole.
+    # Time split of the steps: generation was timed by the trainer's own phase, so the
+    # update (the rest) is less than the whole (the split itself: test_phase_timer_...).
     split = [summaries[0][k] for k in ("seconds_generation", "seconds_reward", "seconds_update")]
-    assert split[0] > 0 and split[1] > 0 and split[2] < summaries[0]["seconds"]
+    assert split[0] > 0 and split[1] >= 0 and split[2] < summaries[0]["seconds"]
 
     # A finished stage is not retrained.
     log = tmp_path / "stage1" / "train.log"
