@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: env demo demo-reasoner test test-fast lint clean-home
+.PHONY: env demo demo-reasoner test test-fast lint clean-home mutation
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -29,3 +29,10 @@ test: env
 # Unit tests only: no flows, no servers.
 test-fast: env
 	$(PY) -m pytest -q -m "not slow"
+
+# Mutation testing of the pure modules (pyproject [tool.mutmut]); slow, not part of `make test`.
+# Prints every surviving mutant; `$(VENV)/bin/mutmut show NAME` shows one.
+mutation: env
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[mutation]'
+	cd $(CURDIR) && $(VENV)/bin/mutmut run --max-children 2 || true
+	$(VENV)/bin/mutmut results

@@ -9,7 +9,8 @@ config as a dict, its named inputs (paths or model references) and the MLflow ru
 log into; it returns the stage's summary.
 
 A stage's code version hashes the source of every library module its runner imports,
-directly or through other modules, at module level or inside a function. The set is read
+directly or through other modules, at module level or inside a function, and of every
+module it starts by name (a trainer child, ``python -m MODULE``). The set is read
 from the code's own imports, so a module that a stage starts using joins its key without
 anyone keeping a list.
 """
@@ -125,12 +126,27 @@ def imports_of(module: str) -> frozenset[str]:
 
 
 @lru_cache(maxsize=None)
+def launches_of(module: str) -> frozenset[str]:
+    """The library modules ``module`` names in a string: a trainer child it starts as
+    ``python -m embodied_r.training.grpo`` runs that module's code as surely as an import."""
+    path = _source(module)
+    if path is None:
+        return frozenset()
+    return frozenset(
+        node.value for node in ast.walk(ast.parse(path.read_text(), str(path)))
+        if isinstance(node, ast.Constant) and isinstance(node.value, str)
+        and node.value.startswith(PACKAGE + ".") and node.value != module and _is_module(node.value)
+    )
+
+
+@lru_cache(maxsize=None)
 def closure(module: str) -> tuple[str, ...]:
-    """``module`` and every library module it reaches through imports, sorted."""
+    """``module`` and every library module it reaches through imports or launches, sorted."""
     seen = {module}
     todo = [module]
     while todo:
-        for dep in imports_of(todo.pop()):
+        current = todo.pop()
+        for dep in imports_of(current) | launches_of(current):
             if dep not in seen:
                 seen.add(dep)
                 todo.append(dep)
@@ -165,5 +181,5 @@ def code_version(kind: str) -> str:
 
 def clear_caches() -> None:
     """Forget hashed sources (for a process that edits the library while it runs)."""
-    for cached in (_source, imports_of, closure, module_version):
+    for cached in (_source, imports_of, launches_of, closure, module_version):
         cached.cache_clear()

@@ -20,6 +20,21 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 
+def _shared_dir() -> Path | None:
+    """The project's ``shared/`` folder (real benchmark files), found from this checkout:
+    inside it, beside it (``../shared``), or beside the main checkout of a git worktree."""
+    candidates = [ROOT / "shared", ROOT.parent / "shared"]
+    git = ROOT / ".git"
+    if git.is_file() and git.read_text().startswith("gitdir:"):
+        # <main>/.git/worktrees/<name>: shared/ sits beside <main>.
+        gitdir = (ROOT / git.read_text().split(":", 1)[1].strip()).resolve()
+        candidates.append(gitdir.parents[2].parent / "shared")
+    return next((c for c in candidates if c.is_dir()), None)
+
+
+SHARED = _shared_dir()
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     gpu_items = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu_items:
@@ -40,6 +55,9 @@ def embodied_r_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     home = tmp_path_factory.mktemp("embodied_r_home")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("EMBODIED_R_HOME", str(home))
+        # The developer's own trainer interpreter or tracking server must not leak in.
+        for name in ("EMBODIED_R_TRAIN_PYTHON", "MLFLOW_TRACKING_URI", "MLFLOW_RUN_ID", "PREFECT_API_URL"):
+            mp.delenv(name, raising=False)
         mp.setenv("HF_HUB_OFFLINE", "1")
         mp.setenv("TRANSFORMERS_OFFLINE", "1")
         yield home

@@ -18,9 +18,32 @@ from typing import Any, Callable, Iterator
 
 
 def free_port() -> int:
+    """A port free a moment ago. Another process may take it before the server binds it:
+    start servers with ``serve_on_free_port``, which tries another port when that happens."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@contextmanager
+def serve_on_free_port(cmd_for: Callable[[int], list[str]], log: Path, env: dict[str, str],
+                       ready_path: str = "/health", timeout: float = 120, cwd: Path | None = None,
+                       tries: int = 3) -> Iterator[tuple[subprocess.Popen, int]]:
+    """``background(cmd_for(port))`` on a free port, ready when ``ready_path`` answers 200.
+    A server that exits before it is ready because its port was taken meanwhile (the race
+    between ``free_port`` closing the port and the server binding it) is started again on
+    another port; any other failure is raised at once."""
+    for attempt in range(tries):
+        port = free_port()
+        try:
+            with background(cmd_for(port), log, env, cwd=cwd,
+                            ready_url=f"http://127.0.0.1:{port}{ready_path}", timeout=timeout) as proc:
+                yield proc, port
+                return
+        except RuntimeError:
+            taken = log.exists() and "address already in use" in log.read_text(errors="replace").lower()
+            if not taken or attempt == tries - 1:
+                raise
 
 
 def wait_http(url: str, timeout: float, proc: subprocess.Popen | None = None, log: Path | None = None) -> None:
@@ -129,3 +152,28 @@ class ChatStub:
     def stop(self) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
+
+
+class ScriptedReference(ChatStub):
+    """A consistency reference that answers what the reasoning says after ``REF=``: a
+    letter or number, ``FAIL`` for a refused call (HTTP 400, never retried), or, with no
+    ``REF=`` at all, ``default``."""
+
+    def __init__(self, default: str = "?"):
+        self.default = default
+        super().__init__(self._reply)
+
+    def _reply(self, body: dict[str, Any]) -> StubReply:
+        import re
+
+        found = re.search(r"REF=([\w.]+)", body["messages"][-1]["content"])
+        said = found.group(1) if found else self.default
+        if said == "FAIL":
+            return StubReply(status=400, payload={"error": {"message": "the reference refused this one"}})
+        return StubReply(payload=completion(body["model"], said))
+
+    def backend(self) -> Any:
+        from embodied_r.backends.base import BackendConfig
+
+        return BackendConfig(kind="openai", model="reference", base_url=self.base_url, max_retries=0,
+                             timeout_s=120.0, api_key_env="EMBODIED_R_TEST_KEY")

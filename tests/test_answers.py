@@ -95,3 +95,8 @@ def test_completion_text_takes_strings_and_messages() -> None:
     parts = [{"role": "assistant", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]
     assert completion_text(parts) == "ab"
     assert completion_text(None) == ""
+
+
+@pytest.mark.parametrize("text, value", [("3, I think", 3.0), ("1,200, roughly", 1200.0), ("3,4", None)])
+def test_parse_number_drops_a_trailing_comma(text: str, value: float | None) -> None:
+    assert parse_number(text) == value

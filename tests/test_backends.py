@@ -4,14 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
+from contextlib import ExitStack
 import io
 import os
-import signal
-import socket
-import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 from typing import Iterator
 
@@ -23,7 +19,7 @@ from embodied_r.backends.openai_compat import OpenAIBackend, retry_after_seconds
 from embodied_r.backends.hf_local import TransformersBackend
 from embodied_r.backends.base import BackendConfig
 from embodied_r.backends.factory import make_backend
-from tests.servers import ChatStub, StubReply, completion
+from tests.servers import ChatStub, StubReply, completion, serve_on_free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -165,47 +161,23 @@ def test_bad_config_raises(tmp_path: Path) -> None:
 # -- OpenAI-compatible: a real transformers serve -----------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_until_up(url: str, proc: subprocess.Popen, limit_s: float = 120) -> None:
-    deadline = time.monotonic() + limit_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}")
-        try:
-            with urllib.request.urlopen(url, timeout=2) as resp:
-                if resp.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.3)
-    raise RuntimeError(f"{url} did not answer within {limit_s}s")
-
-
 @pytest.fixture(scope="module")
 def served_lm(tiny_lm_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """``transformers serve`` in its own process group (stopped as a group), on a port it
+    is started on again should another process take it first."""
     exe = Path(sys.executable).with_name("transformers")
-    port = free_port()
     log = tmp_path_factory.mktemp("serve") / "serve.log"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    cmd = [str(exe), "serve", str(tiny_lm_path), "--device", "cpu", "--host", "127.0.0.1", "--port", str(port)]
-    with open(log, "wb") as fh:
-        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    try:
-        wait_until_up(f"http://127.0.0.1:{port}/health", proc)
-        yield f"http://127.0.0.1:{port}/v1"
-    except RuntimeError as exc:
-        pytest.fail(f"transformers serve did not start: {exc}\n{log.read_text()[-3000:]}")
-    finally:
-        proc.send_signal(signal.SIGTERM)
+
+    def cmd(port: int) -> list[str]:
+        return [str(exe), "serve", str(tiny_lm_path), "--device", "cpu", "--host", "127.0.0.1", "--port", str(port)]
+
+    with ExitStack() as stack:
         try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+            _, port = stack.enter_context(serve_on_free_port(cmd, log, env, timeout=120))
+        except (RuntimeError, TimeoutError) as exc:
+            pytest.fail(f"transformers serve did not start: {exc}\n{log.read_text()[-3000:]}")
+        yield f"http://127.0.0.1:{port}/v1"
 
 
 @pytest.mark.slow
@@ -244,6 +216,11 @@ def test_openai_against_transformers_serve(served_lm: str, tiny_lm_path: Path) -
 # -- OpenAI-compatible: faults ------------------------------------------------------------
 
 
+# Client timeouts that a loaded machine cannot trip by accident, and a "slow" reply far
+# beyond the short timeout the timeout test uses.
+TIMEOUT_S, SHORT_TIMEOUT_S, SLOW_REPLY_S = 60.0, 5.0, 60.0
+
+
 class FaultServer(ChatStub):
     """An OpenAI-compatible stub whose answers follow a script per model name:
     a list of "429", "500", "drop", "slow", "garbage" or "400" faults before it answers "ok"."""
@@ -267,8 +244,9 @@ class FaultServer(ChatStub):
             return StubReply(429, {"error": {"message": "slow down"}}, {"Retry-After": "1"})
         if fault in ("500", "400"):
             return StubReply(int(fault), {"error": {"message": f"fault {fault}"}})
+        # "slow" outlasts its client's timeout many times over; every other reply is at once.
         return StubReply(payload=completion(model, f"answer from {model}", 11, 3),
-                         delay_s=1.5 if fault == "slow" else 0.0)
+                         delay_s=SLOW_REPLY_S if fault == "slow" else 0.0)
 
 
 @pytest.fixture
@@ -290,8 +268,8 @@ def fault_server() -> Iterator[FaultServer]:
 
 def fault_backend(server: FaultServer, model: str, **kw) -> OpenAIBackend:
     cfg = BackendConfig(
-        kind="openai", model=model, base_url=server.base_url, max_retries=3, timeout_s=1.0,
-        api_key_env="EMBODIED_R_TEST_KEY", **kw,
+        kind="openai", model=model, base_url=server.base_url, max_retries=3,
+        api_key_env="EMBODIED_R_TEST_KEY", **{"timeout_s": TIMEOUT_S, **kw},
     )
     return OpenAIBackend(cfg, backoff_base_s=0.01, backoff_max_s=0.05)
 
@@ -307,7 +285,7 @@ def fault_backend(server: FaultServer, model: str, **kw) -> OpenAIBackend:
     ],
 )
 def test_retries_then_succeeds(fault_server: FaultServer, model: str, calls: int, reasons: list[str]) -> None:
-    backend = fault_backend(fault_server, model)
+    backend = fault_backend(fault_server, model, **({"timeout_s": SHORT_TIMEOUT_S} if model == "slow" else {}))
     gen = backend.generate([text_conv("q")])[0]
     backend.close()
     assert gen.error is None and gen.text == f"answer from {model}"

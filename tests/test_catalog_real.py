@@ -13,13 +13,14 @@ import pyarrow.parquet as pq
 import pytest
 from mlflow import MlflowClient
 
+from conftest import SHARED
 from embodied_r import benchmarks as bm
 from embodied_r.data.catalog import CatalogConfig, metric_name, run_catalog
 from embodied_r.apps.cli_data import main as cli_main
 from embodied_r.data.download import DownloadConfig, run_download
 from embodied_r.tracking import Tracker, numeric_metrics
 
-REAL_MCQ = Path(__file__).resolve().parents[2] / "shared" / "benchmarks" / "urbanvideo-bench" / "MCQ.parquet"
+REAL_MCQ = (SHARED or Path("/nonexistent")) / "benchmarks" / "urbanvideo-bench" / "MCQ.parquet"
 pytestmark = pytest.mark.skipif(not REAL_MCQ.is_file(), reason=f"real MCQ.parquet not found at {REAL_MCQ}")
 
 

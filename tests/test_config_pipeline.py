@@ -86,3 +86,39 @@ def test_tracker_writes_parent_and_child_runs_to_a_real_store(tmp_path):
     assert run.data.params == {"sample_fps": "1.0"} and run.data.metrics == {"keyframes_mean": 5.0}
     assert run.info.artifact_uri.startswith((tmp_path / "mlartifacts").as_uri())
     assert [a.path for a in MlflowClient(uri).list_artifacts(child)] == ["summary.json"]
+
+
+TRAIN_AND_AFTER = ["train_stage1", "train_stage2", "train_stage3", "evaluate"]
+
+
+@pytest.mark.parametrize("module, changed", [
+    # The MRA thresholds: the accuracy reward (the trainer child) and evaluation score with them.
+    ("embodied_r.scoring.metrics", TRAIN_AND_AFTER),
+    # The trainer child alone, started as `python -m embodied_r.training.grpo`, not imported.
+    ("embodied_r.training.grpo", TRAIN_AND_AFTER),
+    ("embodied_r.scoring.answers", ["convert", *TRAIN_AND_AFTER]),
+    ("embodied_r.keyframes.extract", ["keyframes", "perception", "convert", *TRAIN_AND_AFTER]),
+    ("embodied_r.perception.prompts", ["perception", "convert", *TRAIN_AND_AFTER]),
+    ("embodied_r.evaluation.report", ["evaluate"]),
+    ("embodied_r.synthetic.urban", ["download", "preprocess", "keyframes", "perception", "convert",
+                                    *TRAIN_AND_AFTER]),
+    ("embodied_r.data.catalog", ["preprocess", "keyframes", "perception", "convert", *TRAIN_AND_AFTER]),
+    # No stage runs the CLI or the SFT baseline: editing them recomputes nothing.
+    ("embodied_r.apps.cli", []),
+    ("embodied_r.training.sft_child", []),
+])
+def test_changing_a_module_changes_the_keys_of_the_stages_that_run_it_and_after(tmp_path, monkeypatch,
+                                                                                module, changed):
+    from embodied_r import runners
+
+    recipe = load_recipe("demo")
+    base = plan(recipe, tmp_path)
+    real = runners.module_version
+
+    def edited(name: str) -> str:
+        full = name if name.startswith("embodied_r") else f"embodied_r.{name}"
+        return "edited" if full == module else real(name)
+
+    monkeypatch.setattr(runners, "module_version", edited)
+    after = plan(recipe, tmp_path)
+    assert [n for n in base if base[n].key != after[n].key] == changed

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.servers import background, free_port
+from tests.servers import background, serve_on_free_port
 
 pytestmark = pytest.mark.slow
 
@@ -76,27 +76,28 @@ def _parents(uri: str) -> list:
 
 
 def test_full_pipeline_by_deployment_on_pools(tmp_path, monkeypatch):
-    prefect_port, mlflow_port = free_port(), free_port()
     home = tmp_path / "home"
-    api = f"http://127.0.0.1:{prefect_port}/api"
-    uri = f"http://127.0.0.1:{mlflow_port}"
-    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "PREFECT_API_URL": api,
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"),
            "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_WORKER_QUERY_SECONDS": "2",
-           "EMBODIED_R_HOME": str(home), "MLFLOW_TRACKING_URI": uri,
+           "EMBODIED_R_HOME": str(home),
            "EMBODIED_R_CHECKOUT": str(REPO), "PATH": f"{BIN}:{os.environ['PATH']}"}
-    env.pop("PREFECT_API_KEY", None)
-    for key in ("PREFECT_HOME", "PREFECT_API_URL", "MLFLOW_TRACKING_URI", "EMBODIED_R_HOME"):
-        monkeypatch.setenv(key, env[key])
+    for key in ("PREFECT_API_KEY", "PREFECT_API_URL", "MLFLOW_TRACKING_URI"):
+        env.pop(key, None)
 
     with ExitStack() as stack:
-        stack.enter_context(background(
-            [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(prefect_port)],
-            tmp_path / "prefect-server.log", env, ready_url=f"{api}/health", timeout=180))
-        stack.enter_context(background(
-            [str(BIN / "mlflow"), "server", "--backend-store-uri", f"sqlite:///{tmp_path / 'mlflow.db'}",
-             "--artifacts-destination", str(tmp_path / "mlartifacts"),
-             "--host", "127.0.0.1", "--port", str(mlflow_port)],
-            tmp_path / "mlflow-server.log", env, ready_url=f"{uri}/health", timeout=180))
+        _, prefect_port = stack.enter_context(serve_on_free_port(
+            lambda port: [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+            tmp_path / "prefect-server.log", env, ready_path="/api/health", timeout=180))
+        _, mlflow_port = stack.enter_context(serve_on_free_port(
+            lambda port: [str(BIN / "mlflow"), "server", "--backend-store-uri", f"sqlite:///{tmp_path / 'mlflow.db'}",
+                          "--artifacts-destination", str(tmp_path / "mlartifacts"),
+                          "--host", "127.0.0.1", "--port", str(port)],
+            tmp_path / "mlflow-server.log", env, timeout=180))
+        api = f"http://127.0.0.1:{prefect_port}/api"
+        uri = f"http://127.0.0.1:{mlflow_port}"
+        env.update({"PREFECT_API_URL": api, "MLFLOW_TRACKING_URI": uri})
+        for key in ("PREFECT_HOME", "PREFECT_API_URL", "MLFLOW_TRACKING_URI", "EMBODIED_R_HOME"):
+            monkeypatch.setenv(key, env[key])
         _run(["bash", str(REPO / "infra" / "create-pools.sh")], env)
         _run([str(BIN / "prefect"), "--no-prompt", "deploy", "--all"], env)
         workers = [stack.enter_context(background(["bash", str(REPO / "infra" / "start-worker.sh"), pool],

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 pytestmark = pytest.mark.slow
@@ -17,15 +15,11 @@ def harness(tmp_path_factory):
     from prefect.testing.utilities import prefect_test_harness
 
     home = tmp_path_factory.mktemp("demo-home")
-    old = os.environ.get("EMBODIED_R_HOME")
-    os.environ["EMBODIED_R_HOME"] = str(home)
-    os.environ.pop("MLFLOW_TRACKING_URI", None)
-    with prefect_test_harness(server_startup_timeout=120):
-        yield home
-    if old is None:
-        os.environ.pop("EMBODIED_R_HOME", None)
-    else:
-        os.environ["EMBODIED_R_HOME"] = old
+    with pytest.MonkeyPatch.context() as mp:  # restored however the module ends
+        mp.setenv("EMBODIED_R_HOME", str(home))
+        mp.delenv("MLFLOW_TRACKING_URI", raising=False)
+        with prefect_test_harness(server_startup_timeout=120):
+            yield home
 
 
 def _runs(uri: str, parent_id: str):

@@ -189,3 +189,57 @@ def test_aggregate_micro_and_macro() -> None:
 
 def test_aggregate_of_nothing() -> None:
     assert aggregate([]) == {"count/overall": 0.0}
+
+
+# -- found by mutation testing (make mutation) -------------------------------------------
+
+
+@pytest.mark.parametrize("text, value", [
+    ("3.. m", 3.0),  # trailing dots go, as the official scorer strips them
+    (".5.", 0.5),  # only trailing ones
+    ("3X", None),  # anything else left on the token fails float()
+    ("2.5m", None),
+])
+def test_official_number_strips_trailing_dots_only(text: str, value: float | None) -> None:
+    from embodied_r.scoring.metrics import parse_official_number
+
+    assert parse_official_number(text) == value
+
+
+def test_mra_names_a_bad_ground_truth() -> None:
+    with pytest.raises(ValueError, match="ground truth 'x' is not a finite number"):
+        mean_relative_accuracy(1.0, "x")
+
+
+def test_slugs() -> None:
+    from embodied_r.scoring.metrics import category_slug, slug
+
+    assert slug("  Landmark Position! ") == "landmark_position"
+    assert slug("__a--b__") == "a_b" and slug("X-ray X") == "x_ray_x"
+    assert slug("") == "unknown" and slug("!!!") == "unknown"
+    assert category_slug("Overall") == "category_overall" and category_slug("paper tasks") == "category_paper_tasks"
+    assert category_slug("Landmark Position") == "landmark_position"
+
+
+def test_length_statistics_of_the_responses() -> None:
+    from embodied_r.scoring.metrics import aggregate
+
+    rows = [{"benchmark": "urbanvideo", "category": "Counterfactual", "score": 1.0,
+             "completion_tokens": t, "completion": "x" * t} for t in (7, 3, 10, 1, 5, 2, 9, 4, 8, 6)]
+    out = aggregate(rows)
+    for prefix in ("response_tokens", "response_chars"):
+        assert (out[f"{prefix}/min"], out[f"{prefix}/max"], out[f"{prefix}/p90"]) == (1.0, 10.0, 9.0)
+        assert (out[f"{prefix}/mean"], out[f"{prefix}/median"]) == (5.5, 5.5)
+    one = aggregate([{**rows[0], "completion_tokens": 4, "completion": "abcd"}])
+    assert one["response_tokens/p90"] == one["response_tokens/min"] == 4.0
+
+
+def test_rows_without_a_benchmark_or_category() -> None:
+    from embodied_r.scoring.metrics import aggregate, category_table
+
+    rows = [{"score": 1.0}, {"score": 0.0, "category": "Counterfactual"}]
+    assert aggregate(rows)["accuracy_by_benchmark/unknown"] == 0.5
+    assert category_table(rows) == [
+        {"benchmark": "", "category": "", "count": 1, "score_sum": 1.0, "accuracy": 1.0},
+        {"benchmark": "", "category": "Counterfactual", "count": 1, "score_sum": 0.0, "accuracy": 0.0},
+    ]

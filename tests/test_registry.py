@@ -120,16 +120,18 @@ def test_evaluate_a_registry_alias(records: Path, tiny_lm_path: Path, store: str
 @pytest.mark.slow
 def test_register_and_resolve_through_an_mlflow_server(tiny_lm_path: Path, tmp_path: Path) -> None:
     """A server checks a version's source against its run: ``runs:/<run>/model`` passes."""
-    from servers import background, free_port
+    from servers import serve_on_free_port
 
     if shutil.which("mlflow") is None and not (Path(sys.executable).parent / "mlflow").exists():
         pytest.skip("the mlflow command is not installed")
-    port = free_port()
     mlflow_cmd = str(Path(sys.executable).parent / "mlflow")
-    cmd = [mlflow_cmd, "server", "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}",
-           "--artifacts-destination", str(tmp_path / "artifacts"), "--host", "127.0.0.1", "--port", str(port)]
-    uri = f"http://127.0.0.1:{port}"
-    with background(cmd, tmp_path / "server.log", dict(os.environ), ready_url=f"{uri}/health", timeout=120):
+
+    def cmd(port: int) -> list[str]:
+        return [mlflow_cmd, "server", "--backend-store-uri", f"sqlite:///{tmp_path / 'server.db'}",
+                "--artifacts-destination", str(tmp_path / "artifacts"), "--host", "127.0.0.1", "--port", str(port)]
+
+    with serve_on_free_port(cmd, tmp_path / "server.log", dict(os.environ), timeout=120) as (_, port):
+        uri = f"http://127.0.0.1:{port}"
         version = register_model_folder(tiny_lm_path, NAME, tracking_uri=uri)
         set_alias(NAME, "champion", version.version, uri)
         folder = Path(resolve_model_uri(f"models:/{NAME}@champion", uri, cache_root=tmp_path / "cache"))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import socket
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import pytest
 
@@ -19,6 +19,7 @@ from embodied_r.scoring.rewards import (
     format_reward,
     make_consistency_reward,
 )
+from tests.servers import ScriptedReference
 
 QUESTION = "Which way is the red door?\nOptions:\nA. left\nB. right\nC. ahead\nD. behind"
 OPTIONS = ["A. left", "B. right", "C. ahead", "D. behind"]
@@ -127,28 +128,131 @@ def test_consistency_against_a_real_tiny_model(tiny_reference: Any) -> None:
     assert "<answer>" not in user and "Frame 0" not in user
     assert recording.conversations[0][0] == {"role": "system", "content": REFERENCE_SYSTEM}
 
-    # What the reference says, asked directly: the reward is 1 exactly when it agrees.
-    from embodied_r.scoring.answers import parse_choice
-
-    direct = tiny_reference.generate(recording.conversations)
-    agrees = [parse_choice(g.text, 4) == "C" for g in direct]
-    assert out == [1.0 if agrees[0] else 0.0, 0.0, 0.0, 1.0 if agrees[1] else 0.0, 0.0]
+    # Those not asked score 0; what the random-weight reference says decides the others
+    # (the exact values against a reference whose answers are known: the tests below).
+    assert out[1:3] == [0.0, 0.0] and out[4] == 0.0 and out[0] in (0.0, 1.0) and out[3] in (0.0, 1.0)
     assert kwargs["_metrics"]["consistency/asked"] == [2.0]
 
 
-def test_consistency_without_correctness_asks_for_wrong_answers_too(tiny_reference: Any) -> None:
-    recording = Recording(tiny_reference)
-    reward = make_consistency_reward(recording, require_correct=False)
-    completions = ["<think>ahead</think><answer>C</answer>", "<think>behind</think><answer>D</answer>"]
+@pytest.fixture()
+def reference() -> Iterator[ScriptedReference]:
+    server = ScriptedReference()
+    yield server
+    server.stop()
+
+
+def test_consistency_is_one_exactly_when_the_reference_agrees_with_a_right_answer(
+        reference: ScriptedReference) -> None:
+    reward = make_consistency_reward(reference.backend(), require_correct=True)
+    completions = [
+        "<think>REF=C it is ahead.</think><answer>C</answer>",  # right, reference agrees: 1
+        "<think>REF=A it is ahead.</think><answer>C</answer>",  # right, reference disagrees: 0
+        "<think>REF=D</think><answer>D</answer>",  # agrees but wrong: 0, not asked
+        "<answer>C</answer>",  # no reasoning: 0, not asked
+        "<think>REF=C</think><answer>(C)</answer>",  # read as C: 1
+        "<think>REF=c.</think><answer>C</answer>",  # the reference's reply is parsed too: 1
+        "<think>REF=FAIL</think><answer>C</answer>",  # the call failed: unknown
+    ]
+    n = len(completions)
+    kwargs, columns = _extra_kwargs(n, solution=["C"] * n, answer_type=["choice"] * n,
+                                    options=[OPTIONS] * n, question=[QUESTION] * n)
+    out = reward(completions=_as_messages(completions), **kwargs)
+    reward.close()
+    assert out == [1.0, 0.0, 0.0, 0.0, 1.0, 1.0, None]
+    assert len(reference.bodies) == 5
+    assert columns["reference_answer"] == ["C", "A", None, None, "C", "C", None]
+    assert kwargs["_metrics"]["consistency/reference_failed"] == [1.0]
+
+
+def test_consistency_of_numbers_agrees_within_five_percent(reference: ScriptedReference) -> None:
+    reward = make_consistency_reward(reference.backend(), require_correct=True)
+    completions = ["<think>REF=3.1</think><answer>3</answer>", "<think>REF=3.4</think><answer>3</answer>"]
+    out = reward(completions=completions, **_trl_kwargs(2, solution=["3"] * 2, answer_type=["number"] * 2,
+                                                         question=["How far?"] * 2))
+    reward.close()
+    assert out == [1.0, 0.0]
+    assert "give the number" in reference.bodies[0]["messages"][-1]["content"]
+
+
+def test_consistency_without_correctness_asks_for_wrong_answers_too(reference: ScriptedReference) -> None:
+    reward = make_consistency_reward(reference.backend(), require_correct=False)
+    completions = ["<think>REF=B</think><answer>C</answer>", "<think>REF=D</think><answer>D</answer>"]
     out = reward(completions=completions, **_trl_kwargs(2, solution=["C", "C"], answer_type=["choice"] * 2,
                                                          options=[OPTIONS] * 2, question=[QUESTION] * 2))
-    assert recording.batches == [2]
-    assert all(v in (0.0, 1.0) for v in out)
+    reward.close()
+    # Right but inconsistent: 0; wrong but consistent: 1 (consistency alone is judged).
+    assert out == [0.0, 1.0] and len(reference.bodies) == 2
 
 
-def test_consistency_reference_template_is_filled() -> None:
-    text = REFERENCE_TEMPLATE_CHOICE.format(question=QUESTION, think="because")
-    assert QUESTION in text and "because" in text
+def test_consistency_reference_sees_the_question_and_reasoning_only(reference: ScriptedReference) -> None:
+    reward = make_consistency_reward(reference.backend())
+    reward(completions=["<think>REF=C turned twice</think><answer>C</answer>"],
+           **_trl_kwargs(1, solution=["C"], question=[QUESTION], options=[OPTIONS]))
+    reward.close()
+    messages = reference.bodies[0]["messages"]
+    assert messages == [
+        {"role": "system", "content": REFERENCE_SYSTEM},
+        {"role": "user", "content": (
+            "This is a multiple-choice question. Based only on the question and the reasoning below, "
+            "choose the one option the reasoning supports.\n\nQuestion:\n" + QUESTION
+            + "\n\nReasoning:\nREF=C turned twice\n\nAnswer with the option's letter only, without explanation.")},
+    ]
+    assert REFERENCE_TEMPLATE_CHOICE.count("{") == 2
+
+
+def test_fill_unscored_gives_the_groups_known_mean() -> None:
+    from embodied_r.scoring.rewards import fill_unscored
+
+    assert fill_unscored([1.0, None, 0.0, 1.0, None, 0.5], ["a", "a", "a", "a", "b", "b"]) == \
+        [1.0, pytest.approx(2 / 3), 0.0, 1.0, 0.5, 0.5]
+    assert fill_unscored([None, None, 1.0], ["a", "a", "b"]) == [None, None, 1.0]
+    assert fill_unscored([0.0, 0.0], ["a", "b"]) == [0.0, 0.0]
+    assert fill_unscored([], []) == []
+    with pytest.raises(ValueError, match="2 values for 1"):
+        fill_unscored([1.0, None], ["a"])
+
+
+def test_consistency_fills_by_the_prompt_without_a_uid(reference: ScriptedReference) -> None:
+    reward = make_consistency_reward(reference.backend(), fill_unscored=True)
+    texts = ["<think>REF=C</think><answer>C</answer>", "<think>REF=FAIL</think><answer>C</answer>",
+             "<think>REF=A</think><answer>C</answer>", "<think>REF=FAIL</think><answer>C</answer>"]
+    kwargs = _trl_kwargs(4, solution=["C"] * 4, question=[QUESTION] * 4, options=[OPTIONS] * 4)
+    kwargs["prompts"] = [[{"role": "user", "content": p}] for p in ("p1", "p1", "p2", "p2")]
+    out = reward(completions=texts, **kwargs)
+    reward.close()
+    assert out == [1.0, 1.0, 0.0, 0.0]
+
+
+@pytest.mark.parametrize("text", [
+    "<think>a</think><answer>C",  # missing </answer>
+    "<think>a</think><answer>C</answr>",  # misspelled close tag
+    "<think>a</think><answr>C</answr>",  # misspelled tag
+    "<thinking>a</thinking><answer>C</answer>",  # another tag name
+    "<think>a<answer>C</answer>",  # missing </think>
+    "<think>a</think>C</answer>",  # missing <answer>
+    "a</think><answer>C</answer>",  # missing <think>
+    "<think>a <think>b</think></think><answer>C</answer>",  # nested think
+    "<think>a</think><answer><answer>C</answer></answer>",  # nested answer
+    "<think>a</think><answer>B</answer><answer>C</answer>",  # repeated answer block
+    "<think>a</think><think>b</think><answer>C</answer>",  # repeated think block
+    "<think>a</think><answer>C</answer><think>b</think><answer>C</answer>",  # the pair twice
+    "<answer>C</answer><think>a</think>",  # wrong order
+    "Sure! <think>a</think><answer>C</answer>",  # text before
+    "<think>a</think> so <answer>C</answer>",  # text between
+    "<THINK>a</THINK><ANSWER>C</ANSWER>",  # other case
+    "<think>a</think><answer> </answer>",  # blank answer
+])
+def test_format_reward_refuses_a_broken_format(text: str) -> None:
+    assert format_reward(completions=[text, _as_messages([text])[0]]) == [0.0, 0.0]
+
+
+@pytest.mark.parametrize("text", [
+    "<think>a</think><answer>C</answer>",
+    "  <think>\nline one\nline two\n</think>\n\n<answer>C</answer>\n",
+    "<think>a < b and b > c</think><answer>C. ahead</answer>",
+])
+def test_format_reward_accepts_the_format(text: str) -> None:
+    assert format_reward(completions=[text, _as_messages([text])[0]]) == [1.0, 1.0]
 
 
 def _closed_port() -> int:
@@ -209,6 +313,18 @@ def test_consistency_needs_the_question_column() -> None:
     reward = make_consistency_reward(Raising())
     with pytest.raises(ValueError, match="question"):
         reward(completions=["<think>a</think><answer>C</answer>"], solution=["C"])
+
+
+def test_consistency_ratio_counts_agreements_among_the_judged(reference: ScriptedReference) -> None:
+    from embodied_r.backends.factory import make_backend
+
+    backend = make_backend(reference.backend())
+    completions = ["<think>REF=C</think><answer>C</answer>", "no reasoning", "<think>REF=A</think><answer>B</answer>",
+                   "<think>REF=D</think><answer>D</answer>", "<think>REF=FAIL</think><answer>A</answer>"]
+    ratio, verdicts = consistency_ratio(backend, completions, [QUESTION] * 5, ["choice"] * 5, [OPTIONS] * 5)
+    backend.close()
+    assert verdicts == [True, None, False, True, None]
+    assert ratio == pytest.approx(2 / 3)
 
 
 def test_consistency_ratio_over_a_real_tiny_model(tiny_reference: Any) -> None:

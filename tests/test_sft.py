@@ -71,7 +71,8 @@ def test_run_sft_trains_saves_and_lists_too_long_records(tmp_path: Path) -> None
     records = _records(tmp_path / "records", tmp_path, long_one=True)
     out = tmp_path / "sft"
     summary = run_sft(records, "tiny:lm", out, tiny_sft())
-    assert summary["steps"] == 3 and summary["seconds_per_step"] > 0
+    assert summary["steps"] == 3 and summary["steps_this_run"] == 3
+    assert summary["seconds_per_step"] == pytest.approx(summary["seconds"] / 3, abs=1e-3)
     assert summary["done"] == 6 and summary["failed"] == 1 and summary["failure_reasons"] == {"too_long": 1}
     failures = pq.read_table(out / "failures.parquet").to_pylist()
     assert failures == [{"stage": "sft", "item": "urbanvideo:long", "reason": "too_long"}]

@@ -12,13 +12,14 @@ import pyarrow.parquet as pq
 import pytest
 
 from embodied_r import schemas
+from conftest import SHARED
 from embodied_r.synthetic.config import SyntheticConfig
 from embodied_r.synthetic.generate import make_synthetic_benchmark
 from embodied_r.synthetic.urban import PAPER_URBAN_TASKS
 from embodied_r.synthetic.vsi import VSI_THINGS
 from embodied_r.synthetic.world import BGR, Pose, Thing, in_view, pose_at, segments_from
 
-REAL_MCQ = Path("/work/shared/benchmarks/urbanvideo-bench/MCQ.parquet")
+REAL_MCQ = (SHARED or Path("/nonexistent")) / "benchmarks" / "urbanvideo-bench" / "MCQ.parquet"
 SMALL = dict(urban_videos=5, clips_per_scene=2, vsi_scenes=3, seconds=6.0, width=320, height=180, fps=15.0)
 VIDEO_ID = re.compile(r"^(EmbodiedCity_\d+|AerialVLN_\d+_[A-Z0-9]{30}|RealWorld_\d+)(_\d+)?\.mp4$")
 MCQ_TEXT = re.compile(r"^Question: (?P<q>.+?)(  \nchoose:  \n|\n\nChoices:  \n)(?P<opts>A\. .+)  $", re.S)

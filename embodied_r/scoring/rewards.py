@@ -108,6 +108,27 @@ def _agrees(reference: str | float | None, policy: str | float, answer_type: str
     return reference == policy
 
 
+def fill_unscored(values: list[float | None], groups: list[Any]) -> list[float | None]:
+    """Each unknown (None) value replaced by the mean of the known values of its group.
+
+    GRPO ranks a completion against the other completions of its prompt (its group). TRL
+    adds the weighted rewards with ``nansum``, so an unknown score would count as 0 and
+    rank the completion exactly like a bad one. Filled with its group's mean, the unknown
+    score moves the completion neither above nor below its group on that reward's account.
+    A group with no known value keeps None: every member is then equal on that account.
+    """
+    if len(values) != len(groups):
+        raise ValueError(f"{len(values)} values for {len(groups)} group labels")
+    known: dict[Any, list[float]] = {}
+    for value, group in zip(values, groups):
+        if value is not None:
+            known.setdefault(group, []).append(value)
+    return [
+        value if value is not None or group not in known else sum(known[group]) / len(known[group])
+        for value, group in zip(values, groups)
+    ]
+
+
 class ConsistencyReward:
     """Logical consistency: does a reference model, reading only the question and the
     policy's ``<think>`` text (no video text), reach the policy's answer?
@@ -115,14 +136,21 @@ class ConsistencyReward:
     1.0 when it does (and, with ``require_correct``, the policy's answer is correct);
     0.0 when it does not, when the policy gave no reasoning or no readable answer, or
     when ``require_correct`` and the answer is wrong (the reference is then not asked).
-    None for every completion of a step whose reference could not be reached: an
-    unknown reward must not look like a bad one. The reference is its own frozen model
-    behind a backend; the policy under training never grades its own reasoning.
+    None (unscored) where the reference could not answer: an unknown reward must not
+    look like a bad one. The reference is its own frozen model behind a backend; the
+    policy under training never grades its own reasoning.
+
+    With ``fill_unscored`` (the trainer's setting) an unscored completion gets the mean
+    of the known scores of its group (the completions of the same record, ``uid``, in
+    this call; see ``fill_unscored``), so it is ranked neither below nor above its group
+    on this reward's account. Without it (evaluation's ``consistency_ratio``) it stays None.
     """
 
-    def __init__(self, backend: Backend | BackendConfig, require_correct: bool = True):
+    def __init__(self, backend: Backend | BackendConfig, require_correct: bool = True,
+                 fill_unscored: bool = False):
         self.__name__ = "consistency_reward"  # TRL names the logged metrics after it
         self.require_correct = require_correct
+        self.fill_unscored = fill_unscored
         self._cfg = backend if isinstance(backend, BackendConfig) else None
         self._backend: Backend | None = None if isinstance(backend, BackendConfig) else backend
         self.calls = 0  # generate calls made, one per step at most
@@ -158,6 +186,11 @@ class ConsistencyReward:
         if log_extra is not None:
             # One value per completion on every call keeps the trainer's table rows aligned.
             log_extra("reference_answer", replies)
+        if self.fill_unscored:
+            # Completions of one prompt share its record's uid (the prompt itself without one).
+            groups = _column(kwargs, "uid", n) if kwargs.get("uid") is not None else \
+                [repr(p) for p in _column(kwargs, "prompts", n)]
+            rewards = fill_unscored(rewards, groups)
         return rewards
 
     def _score(self, texts: list[str], solutions: list[Any], questions: list[Any], answer_types: list[str],
@@ -232,10 +265,10 @@ class ConsistencyReward:
 
 
 def make_consistency_reward(
-    backend_or_cfg: Backend | BackendConfig, require_correct: bool = True
+    backend_or_cfg: Backend | BackendConfig, require_correct: bool = True, fill_unscored: bool = False,
 ) -> ConsistencyReward:
     """The consistency reward over a backend, or over a config whose backend is built lazily."""
-    return ConsistencyReward(backend_or_cfg, require_correct=require_correct)
+    return ConsistencyReward(backend_or_cfg, require_correct=require_correct, fill_unscored=fill_unscored)
 
 
 def consistency_ratio(

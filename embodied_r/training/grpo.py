@@ -64,11 +64,14 @@ def load_dataset(records: Path) -> Any:
 
 def reward_setup(stage: GRPOStageConfig, cfg: TrainingConfig) -> tuple[list[Any], list[float]]:
     """Reward functions and weights of a stage. A zero-weight consistency reward is left
-    out altogether, so its reference model is never loaded or asked."""
+    out altogether, so its reference model is never loaded or asked. A completion the
+    reference failed to score gets its group's mean consistency score (``fill_unscored``):
+    TRL's ``nansum`` would otherwise count it as inconsistent."""
     funcs: list[Any] = [format_reward, accuracy_reward]
     weights = [stage.format_weight, stage.accuracy_weight]
     if stage.consistency_weight > 0:
-        funcs.append(make_consistency_reward(cfg.reference, require_correct=cfg.consistency_requires_correct))
+        funcs.append(make_consistency_reward(cfg.reference, require_correct=cfg.consistency_requires_correct,
+                                             fill_unscored=True))
         weights.append(stage.consistency_weight)
     return funcs, weights
 

@@ -1,0 +1,183 @@
+"""Training that trains: a warm-started tiny policy whose GRPO stage moves its weights and
+raises its reward, a learning rate of 0 that moves nothing, and a trainer killed for real
+(SIGKILL to its process group) whose rerun ends where an uninterrupted run ends."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from embodied_r.backends.base import BackendConfig
+from embodied_r.io import partial_path
+from embodied_r.training.config import GRPOStageConfig, SFTConfig, TrainingConfig
+from embodied_r.training.records import RecordsConfig, run_records
+from test_records import VIDEO, catalog_row, write_inputs
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+STAGE = GRPOStageConfig(name="s", format_weight=0.5, accuracy_weight=0.5)
+
+
+@pytest.fixture(scope="module")
+def records(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tmp = tmp_path_factory.mktemp("learning_records")
+    rows = [catalog_row(f"urbanvideo:{i}", "train", answer="ABCD"[i % 4]) for i in range(8)]
+    catalog, perception = write_inputs(tmp, rows, {r["uid"]: VIDEO for r in rows})
+    run_records(catalog, perception, tmp / "records", RecordsConfig())
+    return tmp / "records"
+
+
+def sft_cfg(**kw: Any) -> SFTConfig:
+    base: dict[str, Any] = dict(use_cpu=True, gradient_checkpointing=False, learning_rate=3e-3, warmup_ratio=0.0,
+                                per_device_train_batch_size=4, gradient_accumulation_steps=1, max_steps=16,
+                                max_length=1024, save_steps=1000, think="ok")
+    base.update(kw)
+    return SFTConfig(**base)
+
+
+@pytest.fixture(scope="module")
+def warm_policy(records: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny LM after a short SFT on the records' gold ``<think>ok</think><answer>X</answer>``:
+    it writes the format often enough for GRPO's rewards to differ within a group."""
+    from embodied_r.training.sft import run_sft
+
+    out = tmp_path_factory.mktemp("warm") / "sft"
+    run_sft(records, "tiny:lm", out, sft_cfg())
+    return out / "model"
+
+
+def grpo_cfg(**kw: Any) -> TrainingConfig:
+    base: dict[str, Any] = dict(
+        policy="tiny:lm", reference=BackendConfig(model="tiny:lm", device="cpu", max_new_tokens=4),
+        num_generations=4, per_device_train_batch_size=8, gradient_accumulation_steps=1,
+        max_completion_length=24, max_steps_per_stage=8, use_cpu=True, gradient_checkpointing=False,
+        learning_rate=1e-3, warmup_ratio=0.0, save_steps=1000, stages=[STAGE], completion_table_rows=0,
+        logging_steps=1,
+    )
+    base.update(kw)
+    return TrainingConfig(**base)
+
+
+def weights(model: Path) -> dict[str, Any]:
+    from safetensors.torch import load_file
+
+    return load_file(str(model / "model.safetensors"))
+
+
+def changed(a: dict[str, Any], b: dict[str, Any]) -> list[str]:
+    assert a.keys() == b.keys()
+    return [k for k in a if not (a[k] == b[k]).all()]
+
+
+def step_rewards(work: Path, step: int) -> list[float]:
+    """The trainer's own reward (weighted sum, mean over the step's completions) per step,
+    from the last checkpoint's log history."""
+    import json
+
+    state = json.loads((work / "checkpoints" / f"checkpoint-{step}" / "trainer_state.json").read_text())
+    return [entry["reward"] for entry in state["log_history"] if "reward" in entry]
+
+
+def test_a_grpo_stage_moves_the_weights_and_raises_the_reward(records: Path, warm_policy: Path,
+                                                              tmp_path: Path) -> None:
+    from embodied_r.training.stage import run_training_stage
+
+    out = tmp_path / "grpo"
+    summary = run_training_stage(records, str(warm_policy), out, STAGE,
+                                 grpo_cfg(keep_checkpoints=True, save_steps=8))
+    assert summary["steps"] == 8
+    moved = changed(weights(warm_policy), weights(out / "model"))
+    assert len(moved) >= len(weights(warm_policy)) // 2, moved
+    # The rewards the trainer saw (seeded sampling): higher over the last half of the stage.
+    rewards = step_rewards(out, 8)
+    assert len(rewards) == 8
+    assert sum(rewards[4:]) > sum(rewards[:4]), rewards
+
+
+def test_learning_rate_zero_changes_nothing(records: Path, warm_policy: Path, tmp_path: Path) -> None:
+    """The control: everything as above but the step size, and not one weight moves."""
+    from embodied_r.training.stage import run_training_stage
+
+    summary = run_training_stage(records, str(warm_policy), tmp_path / "grpo", STAGE,
+                                 grpo_cfg(learning_rate=0.0, max_steps_per_stage=2))
+    assert summary["steps"] == 2
+    assert changed(weights(warm_policy), weights(tmp_path / "grpo" / "model")) == []
+
+
+# -- a real SIGKILL, then a rerun ---------------------------------------------------------
+
+
+def run_killed(code: str, ready: Callable[[], bool], limit_s: float = 300) -> None:
+    """Run ``code`` in a child python in its own process group; SIGKILL the whole group as
+    soon as ``ready()`` holds. Fails if the child ends before it could be killed."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env, start_new_session=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + limit_s
+    try:
+        while not ready():
+            assert proc.poll() is None, "the stage finished before it could be killed"
+            assert time.monotonic() < deadline, "the stage never reached the point to kill it at"
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def test_killed_training_resumes_to_the_uninterrupted_result(records: Path, warm_policy: Path,
+                                                             tmp_path: Path) -> None:
+    from embodied_r.training.stage import run_training_stage
+
+    cfg = dict(max_steps_per_stage=4, save_steps=1, save_total_limit=10)
+    whole = run_training_stage(records, str(warm_policy), tmp_path / "whole", STAGE, grpo_cfg(**cfg))
+
+    out = tmp_path / "killed"
+    checkpoints = partial_path(out) / "checkpoints"
+    code = (
+        "from pathlib import Path\n"
+        "from embodied_r.training.stage import run_training_stage\n"
+        "from embodied_r.training.config import GRPOStageConfig, TrainingConfig\n"
+        f"cfg = TrainingConfig.model_validate_json({grpo_cfg(**cfg).model_dump_json()!r})\n"
+        f"run_training_stage(Path({str(records)!r}), {str(warm_policy)!r}, Path({str(out)!r}),\n"
+        f"                   GRPOStageConfig.model_validate_json({STAGE.model_dump_json()!r}), cfg)\n"
+    )
+    # Killed once the step-2 checkpoint is whole (its trainer state is written last).
+    run_killed(code, lambda: (checkpoints / "checkpoint-2" / "trainer_state.json").is_file())
+    assert not out.exists() and partial_path(out).is_dir()
+
+    resumed = run_training_stage(records, str(warm_policy), out, STAGE, grpo_cfg(**cfg))
+    assert resumed["resumed_from_step"] >= 2 and resumed["steps"] == 4
+    assert changed(weights(tmp_path / "whole" / "model"), weights(out / "model")) == []
+    assert resumed["final_reward"] == whole["final_reward"]
+
+
+def test_killed_sft_resumes_to_the_uninterrupted_result(records: Path, tmp_path: Path) -> None:
+    from embodied_r.training.sft import run_sft
+
+    cfg = sft_cfg(max_steps=6, save_steps=1)
+    whole = run_sft(records, "tiny:lm", tmp_path / "whole", cfg)
+    out = tmp_path / "killed"
+    checkpoints = partial_path(out) / "checkpoints"
+    code = (
+        "from pathlib import Path\n"
+        "from embodied_r.training.sft import run_sft\n"
+        "from embodied_r.training.config import SFTConfig\n"
+        f"run_sft(Path({str(records)!r}), 'tiny:lm', Path({str(out)!r}),\n"
+        f"        SFTConfig.model_validate_json({cfg.model_dump_json()!r}))\n"
+    )
+    run_killed(code, lambda: (checkpoints / "checkpoint-3" / "trainer_state.json").is_file())
+    resumed = run_sft(records, "tiny:lm", out, cfg)
+    assert resumed["resumed_from_step"] >= 3 and resumed["steps"] == 6
+    assert changed(weights(tmp_path / "whole" / "model"), weights(out / "model")) == []
+    assert resumed["final_loss"] == whole["final_loss"]
