@@ -29,9 +29,9 @@ from embodied_r.io import (
 class SplitConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    train: float = 0.75
-    val: float = 0.05
-    test: float = 0.20
+    train: float = Field(0.75, ge=0, le=1)
+    val: float = Field(0.05, ge=0, le=1)
+    test: float = Field(0.20, ge=0, le=1)
     seed: int = 0
     folds: int = Field(5, ge=1)
 
@@ -47,7 +47,7 @@ class CatalogConfig(BaseModel):
 
     tasks: Literal["paper", "all"] | list[str] = "paper"
     split: SplitConfig = Field(default_factory=SplitConfig)
-    max_questions_per_task: int | None = None  # a cap for small runs; None keeps all
+    max_questions_per_task: int | None = Field(None, ge=1)  # a cap for small runs; None keeps all
 
 
 class CatalogError(ValueError):

@@ -41,7 +41,7 @@ class DownloadConfig(BaseModel):
     )
     synthetic: SyntheticConfig = Field(default_factory=SyntheticConfig)
     hub: HubConfig = Field(default_factory=HubConfig)
-    max_zip_bytes: int = 200 * 1024**3  # refuse archives that would expand past this
+    max_zip_bytes: int = Field(200 * 1024**3, ge=1)  # refuse archives that would expand past this
 
 
 def _needed(root: Path, benchmark: str) -> list[str]:
