@@ -119,6 +119,7 @@ class FrameSampler:
                 if pending[2]:
                     yield pending[0], pending[1], False
                 yield index, last, True
+                self._check_complete()
                 return
             self.frames_read = pending[0] + 1  # the tail cannot be decoded: the stream ends earlier
         yield pending[0], pending[1], True
