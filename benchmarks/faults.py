@@ -316,18 +316,18 @@ def _stage_started(home: Path, stage: str) -> bool:
     return any((home / "stages").glob(f"{stage}/*.partial"))
 
 
-def kill_cases(tmp: Path, kills: int, seed: int) -> list[tuple[str, str, str]]:
+def kill_cases(tmp: Path, kills: int, seed: int, baseline_home: Path | None = None) -> list[tuple[str, str, str]]:
     rng = random.Random(seed)
     rows = []
-    clean, killed = tmp / "clean", tmp / "killed"
-    clean.mkdir()
-    killed.mkdir()
-    t0 = time.monotonic()
-    proc = _demo(clean)
-    proc.wait(DEMO_DEADLINE_S)
-    baseline = _outputs(clean)
-    rows.append(("demo, uninterrupted", f"rc {proc.returncode} in {time.monotonic() - t0:.0f} s, "
-                 f"{len(baseline)} output files", RECOVERED if proc.returncode == 0 else "FAIL"))
+    clean, killed = baseline_home or tmp / "clean", tmp / "killed"
+    clean.mkdir(parents=True, exist_ok=True)
+    killed.mkdir(parents=True)
+    if baseline_home is None:
+        t0 = time.monotonic()
+        proc = _demo(clean)
+        proc.wait(DEMO_DEADLINE_S)
+        rows.append(("demo, uninterrupted", f"rc {proc.returncode} in {time.monotonic() - t0:.0f} s",
+                     RECOVERED if proc.returncode == 0 else "FAIL"))
     targets = ["keyframes", "perception", "train_*"]
     for i in range(kills):
         target = targets[i % len(targets)]
@@ -359,6 +359,11 @@ def kill_cases(tmp: Path, kills: int, seed: int) -> list[tuple[str, str, str]]:
     proc = _demo(killed)
     proc.wait(DEMO_DEADLINE_S)
     final = _outputs(killed)
+    # A baseline given by --baseline may be another process's run still going: wait for it.
+    deadline = time.monotonic() + DEMO_DEADLINE_S
+    while not any((clean / "stages").glob("evaluate/*/summary.json")) and time.monotonic() < deadline:
+        time.sleep(5)
+    baseline = _outputs(clean)
     differ = sorted(k for k in set(baseline) | set(final) if baseline.get(k) != final.get(k))
     running = _running_runs(killed)
     rows.append((f"rerun after {kills} kills", f"rc {proc.returncode}; {len(final)} outputs, "
@@ -391,12 +396,14 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip-kills", action="store_true", help="only the server and input cases")
     parser.add_argument("--work", help="keep the work here (default: a temporary folder)")
+    parser.add_argument("--baseline", help="home of an uninterrupted demo run to compare with (default: run one)")
+    parser.add_argument("--only-kills", action="store_true", help="skip the server and input cases")
     args = parser.parse_args()
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     base = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="faults-"))
     base.mkdir(parents=True, exist_ok=True)
     rows = []
-    for i, (name, fn) in enumerate(CASES):
+    for i, (name, fn) in enumerate([] if args.only_kills else CASES):
         tmp = base / f"case{i:02d}"
         tmp.mkdir()
         started = time.monotonic()
@@ -408,7 +415,7 @@ def main() -> int:
         rows.append((name, f"{outcome} [{time.monotonic() - started:.1f} s]", verdict))
         print(f"{name}: {verdict}", file=sys.stderr, flush=True)
     if not args.skip_kills:
-        rows += kill_cases(base / "kills", args.kills, args.seed)
+        rows += kill_cases(base / "kills", args.kills, args.seed, Path(args.baseline) if args.baseline else None)
     width = max(len(r[0]) for r in rows)
     print(f"\n| {'case':{width}} | outcome | verdict |\n|{'-' * (width + 2)}|---|---|")
     for name, outcome, verdict in rows:

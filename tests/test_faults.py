@@ -339,3 +339,36 @@ def test_runs_of_a_dead_process_are_marked_killed(tmp_path: Path) -> None:
     client = MlflowClient(uri)
     assert client.get_run(orphan.info.run_id).info.status == "KILLED"
     assert client.get_run(live.parent_run_id).info.status == "RUNNING"
+
+
+def test_evaluation_counts_failed_calls_as_wrong(tmp_path: Path) -> None:
+    from embodied_r.evaluation.config import EvaluationConfig
+    from embodied_r.evaluation.stage import run_evaluation
+    from embodied_r.training.records import RecordsConfig, run_records
+    from tests.test_records import VIDEO, catalog_row, write_inputs
+
+    rows = [catalog_row(f"urbanvideo:{i}", "test", answer="A") for i in range(6)]
+    catalog, perception = write_inputs(tmp_path, rows, {r["uid"]: VIDEO for r in rows})
+    run_records(catalog, perception, tmp_path / "records", RecordsConfig())
+    calls = {"n": 0}
+
+    def handle(body: dict) -> StubReply:
+        calls["n"] += 1
+        if calls["n"] % 2 == 0:
+            return StubReply(400, {"error": "context too long"})
+        return StubReply(payload=completion("m", "<think>x</think><answer>A</answer>"))
+
+    stub = ChatStub(handle)
+    backend = BackendConfig(kind="openai", model="m", base_url=stub.base_url, timeout_s=5.0, max_retries=0,
+                            concurrency=1)
+    try:
+        with pytest.raises(TooManyFailures):
+            run_evaluation(tmp_path / "records", "m", tmp_path / "e1", EvaluationConfig(backend=backend))
+        summary = run_evaluation(tmp_path / "records", "m", tmp_path / "e2",
+                                 EvaluationConfig(backend=backend, max_failed_fraction=1.0))
+    finally:
+        stub.stop()
+    assert not (tmp_path / "e1").exists()
+    # 3 right of 6 asked: 0.5, not 3 of the 3 that answered.
+    assert summary["failed"] == 3 and summary["done"] == 3 and summary["accuracy/overall"] == pytest.approx(0.5)
+    assert pq.read_table(tmp_path / "e2" / "predictions.parquet").num_rows == 6
