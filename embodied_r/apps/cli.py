@@ -30,7 +30,7 @@ def _setup_env(home: str | None) -> None:
     # one line (``--debug`` shows everything).
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "CRITICAL")
     # The ephemeral API server's 20 s start budget is too short on a loaded machine.
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "120")
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "300")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
