@@ -129,9 +129,22 @@ class FrameSampler:
         """A stream that stops well short of the container's count is damaged (zeroed or
         cut-off data): its key frames would silently cover part of the video."""
         expected, got = self.info.frame_count, self.frames_read
-        if expected and expected - got > max(TRUNCATION_MIN_FRAMES, TRUNCATION_SHARE * expected):
+        if (expected and expected - got > max(TRUNCATION_MIN_FRAMES, TRUNCATION_SHARE * expected)
+                and _decodes_at(self.info.path, (got + expected) // 2)):
+            # Frames exist past where decoding stopped: damaged data, not a header that
+            # merely over-counts (those are read to their true end and kept).
             raise VideoError("truncated", self.info.path,
                              f"decoded {got} of the {expected} frames the container reports")
+
+
+def _decodes_at(path: str | Path, index: int) -> bool:
+    """Whether the frame at ``index`` can be reached by seeking and decoded."""
+    cap = cv2.VideoCapture(str(path))
+    try:
+        cap.set(cv2.CAP_PROP_POS_FRAMES, index)
+        return bool(cap.grab()) and cap.retrieve()[0]
+    finally:
+        cap.release()
 
 
 def read_frames(path: str | Path, indices: Iterable[int]) -> dict[int, np.ndarray]:
