@@ -306,8 +306,13 @@ def _outputs(home: Path) -> dict[str, str]:
             for f in files:
                 if f.name == "failures.parquet" and stage.name != "perception":
                     continue
-                data = (pq.read_table(f).to_pandas().to_json() if f.suffix == ".parquet"
-                        else f.read_bytes().hex())
+                if f.suffix == ".parquet":
+                    table = pq.read_table(f)
+                    # The catalog names each video by its absolute path, which holds the home.
+                    data = table.drop_columns([c for c in ("video_path",) if c in table.column_names]) \
+                        .to_pandas().to_json()
+                else:
+                    data = f.read_bytes().hex()
                 out[f"{stage.name}/{f.relative_to(folder)}"] = hashlib.sha256(data.encode()).hexdigest()[:12]
     return out
 
