@@ -6,11 +6,12 @@ Recipes ship inside the package (``embodied_r/recipes/*.yaml``); a recipe may
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from embodied_r.data.catalog import CatalogConfig
 from embodied_r.data.download import DownloadConfig
@@ -34,7 +35,7 @@ class TrackingConfig(BaseModel):
     # After evaluation, register the trained reasoner (once per model) and give it the
     # champion alias when it beats the current champion on ``promote_split``.
     promote: bool = False
-    promote_split: str = "val"
+    promote_split: Literal["train", "val", "test"] = "val"
     promote_metric: str = "accuracy/overall"
 
 
@@ -53,6 +54,26 @@ class Recipe(BaseModel):
     # The SFT baseline (`embodied-r sft`); None takes the training environment and step cap.
     sft: SFTConfig | None = None
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+
+    @model_validator(mode="after")
+    def _finite_numbers(self) -> "Recipe":
+        # NaN passes every "> 0" check as False only by luck and inf passes them all: no
+        # recipe number may be either, whichever package's model holds it.
+        bad = [path for path, value in _numbers(self.model_dump()) if not math.isfinite(value)]
+        if bad:
+            raise ValueError(f"not a finite number: {', '.join(bad)}")
+        return self
+
+
+def _numbers(node: Any, path: str = "") -> Iterator[tuple[str, float]]:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from _numbers(value, f"{path}.{key}" if path else str(key))
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from _numbers(value, f"{path}[{i}]")
+    elif isinstance(node, float):
+        yield path, node
 
 
 class RecipeError(ValueError):
@@ -88,6 +109,15 @@ def _locate(name_or_path: str | Path) -> Path:
     return packaged
 
 
+def _beside(recipe: Path, parent: str) -> str | Path:
+    """``extends`` names a packaged recipe, or a file found relative to the recipe that
+    extends it (never to the current folder, which would pick a stranger's base.yaml)."""
+    candidate = recipe.parent / Path(parent).expanduser()
+    if Path(parent).suffix in {".yaml", ".yml"} or "/" in parent or candidate.exists():
+        return candidate
+    return parent
+
+
 def _raw(name_or_path: str | Path, seen: tuple[str, ...] = ()) -> dict[str, Any]:
     path = _locate(name_or_path)
     if str(path) in seen:
@@ -100,7 +130,7 @@ def _raw(name_or_path: str | Path, seen: tuple[str, ...] = ()) -> dict[str, Any]
         raise RecipeError(f"recipe {path} must be a mapping of stage name to settings")
     parent = data.pop("extends", None)
     if parent:
-        data = _deep_merge(_raw(parent, seen + (str(path),)), data)
+        data = _deep_merge(_raw(_beside(path, str(parent)), seen + (str(path),)), data)
     data.setdefault("name", path.stem)
     return data
 
@@ -123,7 +153,13 @@ def parse_override(text: str) -> dict[str, Any]:
     node: dict[str, Any] = {}
     cur = node
     keys = dotted.strip().split(".")
+    if not all(k.strip() for k in keys):
+        raise RecipeError(f"override {text!r}: the key must look like section.key")
     for key in keys[:-1]:
         cur = cur.setdefault(key, {})
-    cur[keys[-1]] = yaml.safe_load(value)
+    try:
+        cur[keys[-1]] = yaml.safe_load(value)
+    except yaml.YAMLError as exc:
+        first = " ".join(str(getattr(exc, "problem", None) or exc).split())
+        raise RecipeError(f"override {text!r}: the value is not valid YAML ({first}); quote it or fix it") from None
     return node

@@ -17,7 +17,7 @@ import threading
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -31,27 +31,63 @@ def is_complete(final: Path) -> bool:
     return final.is_dir() and (final / "summary.json").is_file()
 
 
+class StageBusy(RuntimeError):
+    """Another run holds this stage's lock and the caller asked not to wait."""
+
+
+# "wait" (default): a second run on the same stage waits, saying so; "fail": it stops at once.
+LOCK_ENV = "EMBODIED_R_LOCK"
+
+
+@contextmanager
+def stage_lock(final: Path) -> Iterator[None]:
+    """An exclusive lock on stage ``final`` for this process, so no two runs share its
+    ``.partial`` folder. ``flock`` is dropped by the kernel when the holder dies, even by
+    kill -9, so a crash never leaves a stale lock."""
+    import fcntl
+    import sys
+
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    with open(final.with_name(final.name + ".lock"), "a+") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            where = f"{final.parent.name}/{final.name}"
+            if os.environ.get(LOCK_ENV, "wait") == "fail":
+                raise StageBusy(f"stage {where} is being run by another process (lock {fh.name}); "
+                                "wait for it to end, or run with --wait to queue behind it") from None
+            print(f"stage {where} is being run by another process; waiting for it to finish...",
+                  file=sys.stderr, flush=True)
+            fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
 @contextmanager
 def stage_folder(final: Path) -> Iterator[Path]:
     """Yield the partial folder of ``final``; rename it into place on success.
 
     The partial folder is reused across attempts (it holds per-item progress) and is
-    left in place when the body raises.
+    left in place when the body raises. The stage's lock is held throughout.
     """
     final = Path(final)
     work = partial_path(final)
-    work.mkdir(parents=True, exist_ok=True)
-    yield work
-    if is_complete(final):
-        # A concurrent run finished first; its output is equivalent.
-        shutil.rmtree(work, ignore_errors=True)
-        return
-    if final.is_dir() and not any(final.iterdir()):
-        final.rmdir()  # a folder made ahead of time (``mkdir out`` before ``--out out``)
-    elif final.exists():
-        raise FileExistsError(f"{final} exists and holds files that are not a finished stage's output: "
-                              f"move them away or choose another folder (the finished work is in {work})")
-    os.replace(work, final)
+    with stage_lock(final):
+        work.mkdir(parents=True, exist_ok=True)
+        yield work
+        if is_complete(final):
+            # A run we waited for finished first; its output is equivalent.
+            shutil.rmtree(work, ignore_errors=True)
+            return
+        if final.is_dir() and not any(final.iterdir()):
+            final.rmdir()  # a folder made ahead of time (``mkdir out`` before ``--out out``)
+        elif final.exists():
+            raise FileExistsError(f"{final} exists and holds files that are not a finished stage's output: "
+                                  f"move them away or choose another folder (the finished work is in {work})")
+        os.replace(work, final)
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
@@ -95,9 +131,15 @@ class ItemLog:
     reading, so that item is simply done again.
     """
 
-    def __init__(self, path: Path, key: str = "id"):
+    def __init__(self, path: Path, key: str = "id",
+                 validate: Callable[[dict[str, Any]], bool] | None = None):
         self.path = Path(path)
         self.key = key
+        # Checks each replayed entry against the stage's schema: an entry written by an
+        # older or buggy run is dropped (and its item done again) instead of breaking
+        # every resume that replays it.
+        self.validate = validate
+        self.dropped = 0
         self._lock = threading.Lock()
         self.path.parent.mkdir(parents=True, exist_ok=True)
 
@@ -105,6 +147,7 @@ class ItemLog:
         if not self.path.exists():
             return []
         records: dict[str, dict[str, Any]] = {}
+        self.dropped = 0
         with open(self.path, encoding="utf-8") as fh:
             for line in fh:
                 if not line.endswith("\n"):
@@ -112,9 +155,20 @@ class ItemLog:
                 try:
                     rec = json.loads(line)
                 except json.JSONDecodeError:
+                    self.dropped += 1
+                    continue
+                if not isinstance(rec, dict) or self.key not in rec or (
+                        self.validate is not None and not self._valid(rec)):
+                    self.dropped += 1
                     continue
                 records[str(rec[self.key])] = rec
         return list(records.values())
+
+    def _valid(self, rec: dict[str, Any]) -> bool:
+        try:
+            return bool(self.validate(rec))  # type: ignore[misc]
+        except Exception:  # noqa: BLE001 - a validator tripping over a bad entry rejects it
+            return False
 
     def done_ids(self) -> set[str]:
         return {str(r[self.key]) for r in self.read()}

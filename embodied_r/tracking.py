@@ -86,16 +86,17 @@ class Tracker:
             exp_id = client.create_experiment(experiment, artifact_location=location)
         else:
             exp_id = exp.experiment_id
+        close_orphaned_runs(client, exp_id)
         return cls(uri=uri, experiment_id=exp_id)
 
     def start_parent(self, name: str, tags: dict[str, str], params: dict[str, Any]) -> "Tracker":
-        run = self.client.create_run(self.experiment_id, run_name=name, tags=tags)
+        run = self.client.create_run(self.experiment_id, run_name=name, tags={**owner_tags(), **tags})
         tracker = Tracker(self.uri, self.experiment_id, run.info.run_id)
         tracker.log_params(run.info.run_id, params)
         return tracker
 
     def start_stage(self, stage: str, params: dict[str, Any], tags: dict[str, str] | None = None) -> str:
-        all_tags = {"stage": stage, **(tags or {})}
+        all_tags = {**owner_tags(), "stage": stage, **(tags or {})}
         if self.parent_run_id:
             all_tags["mlflow.parentRunId"] = self.parent_run_id
         run = self.client.create_run(self.experiment_id, run_name=stage, tags=all_tags)
@@ -138,3 +139,51 @@ STAGE_ARTIFACTS = ("summary.json", "montage.jpg", "report.md", "metrics.json", "
 def record_stage(tracker: Tracker, run_id: str, out: Path, summary: dict[str, Any]) -> None:
     tracker.log_metrics(run_id, numeric_metrics(summary))
     tracker.log_artifacts(run_id, [Path(out) / name for name in STAGE_ARTIFACTS])
+
+
+# Which process a run belongs to, so the next run can tell a run whose process is gone
+# (kill -9 leaves it RUNNING for good) from one that is still going.
+OWNER_TAG = "embodied_r.owner"
+
+
+def _start_time(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (Linux); None when it is gone.
+    With the pid, it names a process even after its pid is reused."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="utf-8") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def owner_tags() -> dict[str, str]:
+    import socket
+
+    return {OWNER_TAG: f"{socket.gethostname()}:{os.getpid()}:{_start_time(os.getpid()) or ''}"}
+
+
+def close_orphaned_runs(client: Any, experiment_id: str) -> list[str]:
+    """Mark KILLED the RUNNING runs of this host whose process no longer exists; their ids."""
+    import socket
+
+    host = socket.gethostname()
+    closed = []
+    try:
+        runs = client.search_runs([experiment_id], filter_string="attributes.status = 'RUNNING'", max_results=500)
+    except Exception:  # noqa: BLE001 - bookkeeping must never stop a run
+        return closed
+    for run in runs:
+        owner = run.data.tags.get(OWNER_TAG, "")
+        parts = owner.split(":")
+        if len(parts) != 3 or parts[0] != host or not parts[1].isdigit():
+            continue
+        alive = _start_time(int(parts[1]))
+        if alive is not None and (not parts[2] or alive == parts[2]):
+            continue
+        try:
+            client.set_tag(run.info.run_id, "embodied_r.ended", "its process died; marked by a later run")
+            client.set_terminated(run.info.run_id, status="KILLED")
+            closed.append(run.info.run_id)
+        except Exception:  # noqa: BLE001
+            pass
+    return closed

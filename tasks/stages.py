@@ -84,7 +84,22 @@ def run_stage(stage: dict[str, Any], tracker: Tracker | None = None) -> dict[str
             "summary": json.loads(json.dumps(summary, default=str))}
 
 
-_stage_task = task(run_stage, cache_policy=STAGE_CACHE, persist_result=True)
+def _worth_retrying(task: Any, task_run: Any, state: Any) -> bool:
+    """A stage that stopped on purpose (an outage after the backend's own retries, too many
+    failed items, a busy lock) fails again at once: retrying only hides it for minutes."""
+    from embodied_r.faults import StageFault
+    from embodied_r.io import StageBusy
+
+    try:
+        state.result()
+    except (StageFault, StageBusy):
+        return False
+    except BaseException:  # noqa: BLE001 - any other failure may be passing
+        return True
+    return True
+
+
+_stage_task = task(run_stage, cache_policy=STAGE_CACHE, persist_result=True, retry_condition_fn=_worth_retrying)
 
 # Per-stage options: perception and evaluation call remote models, so one retry of
 # the whole stage (which resumes per item) is cheap; training resumes from its checkpoint.

@@ -10,7 +10,7 @@ import pytest
 from embodied_r.runners import ROOT, imports_of
 
 # Modules at the top of the package that every stage may use.
-FOUNDATION = {"io", "paths", "progress", "schemas", "benchmarks", "tracking", "runners"}
+FOUNDATION = {"io", "paths", "progress", "schemas", "benchmarks", "tracking", "runners", "faults"}
 # What each sub-package (or top-level module) may import besides itself and the foundation.
 ALLOWED: dict[str, set[str]] = {
     "backends": set(),

@@ -118,19 +118,27 @@ def _closed_port() -> int:
         return s.getsockname()[1]
 
 
-def test_evaluation_records_unreachable_backend_as_failures(records: Path, tmp_path: Path) -> None:
+def test_evaluation_stops_on_an_unreachable_backend_and_stays_partial(records: Path, tmp_path: Path) -> None:
+    # An outage is not six wrong answers: the stage stops, nothing is cached as done.
+    from embodied_r.faults import InfraFailure
+
     cfg = EvaluationConfig(backend=BackendConfig(kind="openai", base_url=f"http://127.0.0.1:{_closed_port()}/v1",
                                                  max_retries=0, timeout_s=5.0))
     out = tmp_path / "eval"
-    summary = run_evaluation(records, "served-model", out, cfg)
-    assert summary["done"] == 0 and summary["failed"] == 6
-    assert summary["failure_reasons"] == {"generation_error": 6}
-    assert len(pq.read_table(out / "failures.parquet")) == 6
+    with pytest.raises(InfraFailure, match="Cannot connect"):
+        run_evaluation(records, "served-model", out, cfg)
+    assert not out.exists() and (tmp_path / "eval.partial").is_dir()
 
 
 def test_evaluation_missing_split_names_the_fix(records: Path, tmp_path: Path) -> None:
+    (records / "val.parquet").unlink()
     with pytest.raises(FileNotFoundError, match="convert"):
-        run_evaluation(records, "tiny:lm", tmp_path / "eval", _cfg(split="holdout"))
+        run_evaluation(records, "tiny:lm", tmp_path / "eval", _cfg(split="val"))
+
+
+def test_evaluation_split_is_one_of_the_three() -> None:
+    with pytest.raises(ValueError, match="holdout|literal"):
+        _cfg(split="holdout")
 
 
 # -- scoring end to end, against models whose answers are known --------------------------

@@ -221,23 +221,25 @@ def test_stage_over_http_with_structured_output(server: RecordingServer, tmp_pat
 def test_stage_over_http_plain_text_and_faults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("EMBODIED_R_TEST_NO_KEY", "sk-secret-perception")
     catalog, kf = make_inputs(tmp_path, {"a": 3, "b": 2}, [("q:1", "a"), ("q:2", "a"), ("q:3", "b")])
-    # Every request showing b's last key frame fails for good; nothing else does.
+    # Every request showing b's last key frame is refused as bad input (an item's fault,
+    # not an outage: the stage goes on); nothing else is.
     wanted = image_data_url(str(kf / "frames/b/001.jpg"), 64 * 64)
     srv = RecordingServer(refuse_structured=True,
-                          fault=lambda body: (500, "overloaded") if wanted in json.dumps(body) else None)
-    cfg = stage_cfg(srv, "per_video")
+                          fault=lambda body: (400, "image exceeds the size limit") if wanted in json.dumps(body)
+                          else None)
+    cfg = stage_cfg(srv, "per_video").model_copy(update={"max_failed_fraction": 0.5})
     try:
         summary = run_perception(catalog, kf, tmp_path / "out", cfg)
     finally:
         srv.stop()
     assert summary["structured_output_refused"] == 1 and summary["parsed_as"] == {"labels": 6}
     assert summary["done"] == 2 and summary["failed"] == 1 and summary["reasons"] == {"call_failed": 1}
-    # b's pair call fails after 1 + 2 attempts; q:3's question pass is then not sent.
-    assert summary["calls_failed"] == 1 and summary["calls_skipped"] == 1 and summary["retries"] == 2
+    # b's pair call is refused (not retried: a 400); q:3's question pass is then not sent.
+    assert summary["calls_failed"] == 1 and summary["calls_skipped"] == 1 and summary["retries"] == 0
     assert summary["calls_made"] == 5 + 2 and summary["calls"] == 4 + 2
     fails = pq.read_table(tmp_path / "out" / "failures.parquet").to_pylist()
     assert [f["item"] for f in fails] == ["q:3"]
-    assert fails[0]["reason"].startswith("call video:b:1 failed after retries") and "overloaded" in fails[0]["reason"]
+    assert fails[0]["reason"].startswith("call video:b:1 failed") and "size limit" in fails[0]["reason"]
     text = {r["uid"]: r["video_text"] for r in pq.read_table(tmp_path / "out" / "perception.parquet").to_pylist()}
     assert set(text) == {"q:1", "q:2"}
     assert text["q:1"].split("\n")[1] == (
@@ -255,7 +257,7 @@ def test_stage_over_http_plain_text_and_faults(tmp_path: Path, monkeypatch: pyte
     record_stage(tracker, run_id, tmp_path / "out", summary)
     run = MlflowClient(tracker.uri).get_run(run_id)
     assert {k: run.data.metrics[k] for k in ("calls", "calls_made", "calls_failed", "retries", "failed")} == {
-        "calls": 6, "calls_made": 7, "calls_failed": 1, "retries": 2, "failed": 1}
+        "calls": 6, "calls_made": 7, "calls_failed": 1, "retries": 0, "failed": 1}
     assert run.data.metrics["prompt_tokens"] == summary["prompt_tokens"] > 0
     assert run.data.metrics["completion_tokens"] == summary["completion_tokens"] > 0
     assert run.data.metrics["calls_by_kind/question"] == 2 and run.data.metrics["structured_output_refused"] == 1

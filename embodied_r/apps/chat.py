@@ -23,6 +23,7 @@ from embodied_r.backends.base import Backend, BackendConfig, Conversation
 from embodied_r.backends.factory import make_backend
 from embodied_r.apps.inference import (
     keyframe_images,
+    video_key,
     parse_question,
     perceive,
     perceiver_backend,
@@ -72,9 +73,7 @@ class ChatSession:
 
     @property
     def _key(self) -> str:
-        import hashlib
-
-        return hashlib.sha256(str(Path(self.video).resolve()).encode()).hexdigest()[:16]
+        return video_key(Path(self.video).resolve())
 
     def perceive(self, focus: str) -> str:
         """Describe the key frames once, with ``focus`` as the question that guides the VLM."""

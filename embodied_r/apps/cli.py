@@ -26,7 +26,11 @@ def _setup_env(home: str | None) -> None:
         os.environ["EMBODIED_R_HOME"] = str(Path(home).expanduser().resolve())
     # Prefect's telemetry fails offline and leaves "database is locked" tracebacks.
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
+    # Prefect logs a failed task's traceback at ERROR; the CLI prints the error itself in
+    # one line (``--debug`` shows everything).
+    os.environ.setdefault("PREFECT_LOGGING_LEVEL", "CRITICAL")
+    # The ephemeral API server's 20 s start budget is too short on a loaded machine.
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "300")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
@@ -161,6 +165,9 @@ EXTENSIONS: tuple[str, ...] = ("embodied_r.apps.cli_data", "embodied_r.apps.cli_
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="embodied-r", description=__doc__)
     parser.add_argument("--home", help="project home (default $EMBODIED_R_HOME or ~/.embodied-r)")
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
+    parser.add_argument("--no-wait", action="store_true",
+                        help="when another run holds a stage of this home, stop at once instead of waiting")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def recipe_args(p: argparse.ArgumentParser, default: str = "demo") -> None:
@@ -210,12 +217,23 @@ def _cmd_relocate(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.debug:
+        os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     _setup_env(args.home)
+    if args.no_wait:
+        os.environ["EMBODIED_R_LOCK"] = "fail"
+    if argv is None and args.command in ("demo", "run", *STAGE_COMMANDS):
+        # A real command line: whatever it starts (Prefect's server included) ends with it.
+        from embodied_r.apps.reaper import start_reaper
+
+        start_reaper()
     from embodied_r.data.catalog import CatalogError
     from embodied_r.config import RecipeError
     from embodied_r.benchmarks import DataSourceError
     from embodied_r.paths import HomeMovedError, claim_home
     from embodied_r.pipeline import StageError
+    from embodied_r.faults import StageFault, redact
+    from embodied_r.io import StageBusy
 
     try:
         if args.command == "relocate":
@@ -230,8 +248,21 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_run(args, stage=args.stage)
         return {"plan": _cmd_plan, "validate": _cmd_validate, "recipes": _cmd_recipes}[args.command](args)
     except (RecipeError, DataSourceError, CatalogError, StageError, HomeMovedError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        if args.debug:
+            raise
+        print(f"error: {redact(str(exc))}", file=sys.stderr)
         return 2
+    except (StageFault, StageBusy) as exc:
+        if args.debug:
+            raise
+        print(f"error: {redact(str(exc))}", file=sys.stderr)
+        return 1
+    except Exception as exc:  # noqa: BLE001 - one line for the user; --debug shows the traceback
+        if args.debug:
+            raise
+        text = " ".join(str(exc).split())[:1500]
+        print(f"error: {type(exc).__name__}: {redact(text)} (run with --debug for the traceback)", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -99,7 +99,7 @@ def cmd_infer(args: argparse.Namespace) -> int:
     model = resolve_reasoner(args.model, recipe).path
     reasoner = _reasoner_backend(recipe, model, args.max_new_tokens)
     work = work_folder(_root(), records, reasoner, recipe.perception if needs_video else reasoner,
-                       recipe.keyframes, recipe.records)
+                       recipe.keyframes, recipe.records, base=Path(args.input).resolve().parent)
     print(f"Answering {len(records)} records with {model} (work folder {work}) ...", flush=True)
     out = run_inference(records, reasoner=reasoner, perception=recipe.perception, keyframes=recipe.keyframes,
                         records_cfg=recipe.records, work=work, base=Path(args.input).resolve().parent,

@@ -28,7 +28,7 @@ from embodied_r.perception import prompts
 from embodied_r.backends.base import Backend, BackendConfig, Conversation
 from embodied_r.backends.factory import make_backend
 from embodied_r.benchmarks import VSIBENCH_NUMERIC, split_urbanvideo_question
-from embodied_r.io import ItemLog, write_json_atomic
+from embodied_r.io import ItemLog, sha256_file, write_json_atomic
 from embodied_r.keyframes.extract import KeyframeConfig, extract_keyframes
 from embodied_r.perception.stage import PerceptionConfig
 from embodied_r.perception.modes import QUESTION_PHASE, Question, make_mode
@@ -191,8 +191,28 @@ def write_output(path: Path, records: list[dict[str, Any]]) -> None:
     os.replace(tmp, path)
 
 
-def work_folder(root: Path, records: list[dict[str, Any]], *configs: Any) -> Path:
-    payload = json.dumps([records, [c.model_dump(mode="json") for c in configs]], sort_keys=True, default=str)
+def video_key(video: Path) -> str:
+    """A video's cache key: its content, not its path, so a file replaced at the same path
+    is never answered from the old one's key frames and text."""
+    video = Path(video)
+    try:
+        stat = video.stat()
+    except OSError:
+        return "missing-" + hashlib.sha256(str(video).encode()).hexdigest()[:16]
+    memo = (str(video), stat.st_size, stat.st_mtime_ns)
+    if memo not in _VIDEO_KEYS:
+        _VIDEO_KEYS[memo] = sha256_file(video)[:16]
+    return _VIDEO_KEYS[memo]
+
+
+_VIDEO_KEYS: dict[tuple[str, int, int], str] = {}
+
+
+def work_folder(root: Path, records: list[dict[str, Any]], *configs: Any, base: Path | None = None) -> Path:
+    """The work folder of a batch: its records, configs and the content of its videos."""
+    videos = [video_key(_video_path(v, base or Path("."))) if (v := _video_field(r)) else "" for r in records]
+    payload = json.dumps([records, [c.model_dump(mode="json") for c in configs], videos],
+                         sort_keys=True, default=str)
     return Path(root) / "inference" / hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 
@@ -220,7 +240,7 @@ def run_inference(
         questions: list[Question] = []
         for i in video_ids:
             video = _video_path(_video_field(records[i]) or "", base)
-            key = hashlib.sha256(str(video).encode()).hexdigest()[:16]
+            key = video_key(video)
             try:
                 frames = keyframe_images(video, work / "frames" / key, keyframes)
             except Exception as exc:  # noqa: BLE001 - one unreadable video fails its record only

@@ -30,15 +30,15 @@ class BackendConfig(BaseModel):
     model: str = ""
     base_url: str | None = None  # openai: e.g. http://127.0.0.1:8000/v1
     api_key_env: str = "OPENAI_API_KEY"  # name of the variable; the key itself is never stored
-    max_new_tokens: int = 256
-    temperature: float = 0.0  # 0 means greedy
-    top_p: float = 1.0
+    max_new_tokens: int = Field(256, ge=1)
+    temperature: float = Field(0.0, ge=0, allow_inf_nan=False)  # 0 means greedy
+    top_p: float = Field(1.0, gt=0, le=1)
     concurrency: int = Field(8, ge=1)
-    timeout_s: float = 120.0
+    timeout_s: float = Field(120.0, gt=0, allow_inf_nan=False)
     max_retries: int = Field(5, ge=0)
     batch_size: int = Field(8, ge=1)  # transformers: prompts per forward pass
     device: str = "auto"  # transformers: "cpu", "cuda", "auto"
-    max_pixels: int = 448 * 448  # images are resized to this budget before they are sent
+    max_pixels: int = Field(448 * 448, ge=1)  # images are resized to this budget before they are sent
     seed: int = 0
     # vllm: extra vllm.LLM arguments (tensor_parallel_size, gpu_memory_utilization, max_model_len)
     engine_kwargs: dict[str, Any] = Field(default_factory=dict)
@@ -50,6 +50,13 @@ class Generation:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     error: str | None = None  # set when the call failed after its retries; text is then ""
+    # Why it failed (``embodied_r.faults``): "infra" (the service is down, refuses our key,
+    # times out) stops a stage; "item" (this input is bad) is recorded and the stage goes on.
+    error_kind: Literal["infra", "item"] | None = None
+
+    @property
+    def infra_failed(self) -> bool:
+        return self.error is not None and self.error_kind == "infra"
 
 
 class Backend(Protocol):

@@ -32,6 +32,7 @@ from typing import Any, Callable, Coroutine, Mapping, TypeVar
 
 from embodied_r.backends.base import BackendConfig, Conversation, Generation, map_image_parts
 from embodied_r.backends.images import image_data_url
+from embodied_r.faults import redact
 
 OnResult = Callable[[int, Generation], None]
 
@@ -42,6 +43,8 @@ T = TypeVar("T")
 PLACEHOLDER_KEY = "not-needed"
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 MAX_RETRY_AFTER_S = 120.0
+# Refusals that no other input would change: the key, the URL or the model name is wrong.
+INFRA_STATUSES = {401, 403, 404, 407}
 
 
 class HTTPStatusError(Exception):
@@ -164,6 +167,9 @@ class OpenAIBackend:
         self.retry_log: list[tuple[str, float]] = []
         # Set once the server has refused response_format; later calls go without it.
         self.structured_output_refused = False
+        # The first outage (a call that failed as "infra") in this generate(): its later calls
+        # are not sent, since the stage stops anyway and each would spend the retry budget again.
+        self.outage: str | None = None
         self._rng = random.Random(cfg.seed)
         self._loop = _LoopThread()
         self._session = self._loop.run(self._make_session())
@@ -223,7 +229,7 @@ class OpenAIBackend:
             else:
                 messages = to_openai_messages(conversation, self.cfg.max_pixels)
         except Exception as exc:
-            return Generation(text="", error=f"prepare: {type(exc).__name__}: {exc}")
+            return Generation(text="", error=redact(f"prepare: {type(exc).__name__}: {exc}"), error_kind="item")
         kwargs: dict[str, Any] = {
             "model": self.cfg.model,
             "messages": messages,
@@ -235,6 +241,8 @@ class OpenAIBackend:
             kwargs["seed"] = self.cfg.seed
         attempt = 0
         while True:
+            if self.outage is not None:
+                return Generation(text="", error=f"not sent: {self.outage}", error_kind="infra")
             async with sem:
                 # Decided once the call may go: an earlier call may just have found that
                 # the server refuses the field.
@@ -249,7 +257,8 @@ class OpenAIBackend:
                     detail = str(exc) or (
                         f"no reply within {self.cfg.timeout_s:g} s" if reason == "timeout" else "no detail"
                     )
-                    error = f"{type(exc).__name__}: {detail}"
+                    error = redact(f"{type(exc).__name__}: {detail}")
+                    status = exc.status if isinstance(exc, HTTPStatusError) else None
                     refused = (
                         "response_format" in kwargs
                         and isinstance(exc, HTTPStatusError)
@@ -261,9 +270,15 @@ class OpenAIBackend:
                 self.structured_output_refused = True
                 continue  # at once, and not counted against the retries
             if reason is None:
-                return Generation(text="", error=error)
+                if status in INFRA_STATUSES:
+                    self.outage = self.outage or error
+                    return Generation(text="", error=error, error_kind="infra")
+                return Generation(text="", error=error, error_kind="item")
             if attempt >= self.cfg.max_retries:
-                return Generation(text="", error=f"after {attempt + 1} attempts: {error}")
+                # Still down after the whole retry budget: the service, not this item.
+                error = f"after {attempt + 1} attempts: {error}"
+                self.outage = self.outage or error
+                return Generation(text="", error=error, error_kind="infra")
             delay = self._backoff(attempt, requested)
             self.retry_log.append((reason, delay))
             log.info("retrying in %.2fs after %s (attempt %d)", delay, reason, attempt + 1)
@@ -273,10 +288,15 @@ class OpenAIBackend:
 
     @staticmethod
     def _generation(data: dict[str, Any]) -> Generation:
-        message = data["choices"][0].get("message") or {}
+        choice = data["choices"][0]
+        message = (choice.get("message") if isinstance(choice, dict) else None) or {}
+        content = message.get("content") if isinstance(message, dict) else None
+        if content is not None and not isinstance(content, str):
+            # Logged as it came, a list or number here would break every resume that replays it.
+            raise MalformedReply(f"reply content is a {type(content).__name__}, not text")
         usage = data.get("usage") or {}
         return Generation(
-            text=message.get("content") or "",
+            text=content or "",
             prompt_tokens=int(usage.get("prompt_tokens") or 0),
             completion_tokens=int(usage.get("completion_tokens") or 0),
         )
@@ -315,6 +335,7 @@ class OpenAIBackend:
             return []
         if schemas is not None and len(schemas) != len(conversations):
             raise ValueError(f"{len(schemas)} schemas for {len(conversations)} conversations")
+        self.outage = None  # each batch tries the service afresh
         return self._loop.run(
             self._generate(
                 conversations,

@@ -29,9 +29,9 @@ from embodied_r.io import (
 class SplitConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    train: float = 0.75
-    val: float = 0.05
-    test: float = 0.20
+    train: float = Field(0.75, ge=0, le=1)
+    val: float = Field(0.05, ge=0, le=1)
+    test: float = Field(0.20, ge=0, le=1)
     seed: int = 0
     folds: int = Field(5, ge=1)
 
@@ -47,7 +47,7 @@ class CatalogConfig(BaseModel):
 
     tasks: Literal["paper", "all"] | list[str] = "paper"
     split: SplitConfig = Field(default_factory=SplitConfig)
-    max_questions_per_task: int | None = None  # a cap for small runs; None keeps all
+    max_questions_per_task: int | None = Field(None, ge=1)  # a cap for small runs; None keeps all
 
 
 class CatalogError(ValueError):
@@ -57,11 +57,42 @@ class CatalogError(ValueError):
 def _read_checked(path: Path, expected: pa.Schema) -> list[dict]:
     if not path.is_file():
         raise CatalogError(f"{path} not found: run the download stage first (embodied-r download)")
-    table = pq.read_table(path)
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowException, OSError) as exc:
+        raise CatalogError(f"{path}: not a readable Parquet file ({_first_line(exc)}); download it again") from None
     missing = [n for n in expected.names if n not in table.column_names]
     if missing:
         raise CatalogError(f"{path}: missing column(s) {', '.join(missing)}; expected {expected.names}")
-    return table.select(expected.names).to_pylist()
+    columns = []
+    for field in expected:
+        column = table.column(field.name)
+        try:
+            columns.append(column.cast(field.type))
+        except (pa.ArrowException, ValueError) as exc:
+            raise CatalogError(f"{path}: column {field.name!r} holds {column.type}, which cannot be read as "
+                               f"{field.type} ({_first_line(exc)})") from None
+    rows = pa.table(columns, names=expected.names).to_pylist()
+    return rows
+
+
+def _first_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())[:300]
+
+
+def _unique_ids(rows: list[dict], path: Path) -> None:
+    """Two questions under one id would share every later stage's per-item record."""
+    seen: Counter[str] = Counter(r["uid"] for r in rows)
+    dup = sorted(uid for uid, n in seen.items() if n > 1)
+    if dup:
+        shown = ", ".join(dup[:10]) + (f" and {len(dup) - 10} more" if len(dup) > 10 else "")
+        raise CatalogError(f"{path}: duplicate question ids {shown}; each id must occur once (fix the file "
+                           "or take a fresh copy)")
+
+
+def _missing(r: dict, fields: tuple[str, ...]) -> str | None:
+    empty = [f for f in fields if r.get(f) is None or (isinstance(r.get(f), str) and not r[f].strip())]
+    return f"missing_field: {', '.join(empty)} is empty" if empty else None
 
 
 def _urbanvideo_rows(root: Path, failures: list[dict]) -> list[dict]:
@@ -69,6 +100,9 @@ def _urbanvideo_rows(root: Path, failures: list[dict]) -> list[dict]:
     rows = []
     for r in _read_checked(base / bm.URBANVIDEO_FILE, schemas.URBANVIDEO_MCQ):
         uid = f"{bm.URBANVIDEO}:{r['Question_id']}"
+        if why := _missing(r, ("Question_id", "video_id", "question", "answer")):
+            failures.append({"stage": "preprocess", "item": uid, "reason": why})
+            continue
         stem, options = bm.split_urbanvideo_question(r["question"] or "")
         answer = (r["answer"] or "").strip().upper()
         if answer not in [o[0] for o in options]:
@@ -81,6 +115,7 @@ def _urbanvideo_rows(root: Path, failures: list[dict]) -> list[dict]:
             "scene": bm.urbanvideo_scene(r["video_id"]), "category": r["question_category"],
             "question": stem, "options": options, "answer": answer, "answer_type": "choice",
         })
+    _unique_ids(rows, base / bm.URBANVIDEO_FILE)
     return rows
 
 
@@ -89,6 +124,9 @@ def _vsibench_rows(root: Path, failures: list[dict]) -> list[dict]:
     rows = []
     for r in _read_checked(base / bm.VSIBENCH_FILE, schemas.VSIBENCH):
         uid = f"{bm.VSIBENCH}:{r['id']}"
+        if why := _missing(r, ("id", "dataset", "scene_name", "question_type", "question", "ground_truth")):
+            failures.append({"stage": "preprocess", "item": uid, "reason": why})
+            continue
         numeric = r["question_type"] in bm.VSIBENCH_NUMERIC or not r["options"]
         options = [] if numeric else bm.normalise_vsibench_options(r["options"])
         answer = str(r["ground_truth"]).strip()
@@ -106,6 +144,7 @@ def _vsibench_rows(root: Path, failures: list[dict]) -> list[dict]:
             "answer": answer if numeric else answer.upper()[:1],
             "answer_type": "number" if numeric else "choice",
         })
+    _unique_ids(rows, base / bm.VSIBENCH_FILE)
     return rows
 
 

@@ -15,6 +15,7 @@ import os
 import shutil
 import time
 import zipfile
+import zlib
 from pathlib import Path
 from typing import Any, Literal
 
@@ -41,7 +42,7 @@ class DownloadConfig(BaseModel):
     )
     synthetic: SyntheticConfig = Field(default_factory=SyntheticConfig)
     hub: HubConfig = Field(default_factory=HubConfig)
-    max_zip_bytes: int = 200 * 1024**3  # refuse archives that would expand past this
+    max_zip_bytes: int = Field(200 * 1024**3, ge=1)  # refuse archives that would expand past this
 
 
 def _needed(root: Path, benchmark: str) -> list[str]:
@@ -118,6 +119,15 @@ def safe_extract(archive: Path, dest: Path, max_bytes: int) -> int:
     number of files written.
     """
     dest = dest.resolve()
+    try:
+        return _extract(archive, dest, max_bytes)
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, EOFError, NotImplementedError) as exc:
+        # A file that is not a zip, or one whose entry fails its CRC: name the archive.
+        detail = " ".join(str(exc).split())[:300] or type(exc).__name__
+        raise DataSourceError(f"{archive}: damaged or not a zip archive ({detail}); download it again") from None
+
+
+def _extract(archive: Path, dest: Path, max_bytes: int) -> int:
     written = 0
     with zipfile.ZipFile(archive) as zf:
         infos = [i for i in zf.infolist() if not i.is_dir()]

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from embodied_r.backends.base import BackendConfig
+from embodied_r.faults import DEFAULT_MAX_FAILED_FRACTION
 from embodied_r.scoring.metrics import NumberParsing
 
 
@@ -17,7 +20,7 @@ class EvaluationConfig(BaseModel):
 
     # Greedy decoding; ``model`` is filled in with the checkpoint folder by the pipeline.
     backend: BackendConfig = Field(default_factory=_greedy_backend)
-    split: str = "test"
+    split: Literal["train", "val", "test"] = "test"
     # None keeps the backend's own limit.
     max_new_tokens: int | None = Field(None, ge=1)
     # The judge of logical consistency: given the question and the model's <think> text
@@ -30,3 +33,5 @@ class EvaluationConfig(BaseModel):
     number_parsing: NumberParsing = "official"
     # Questions per generate call, and so between progress records.
     chunk_size: int = Field(32, ge=1)
+    # Questions whose call failed score 0; more of them than this share fails the stage.
+    max_failed_fraction: float = Field(DEFAULT_MAX_FAILED_FRACTION, ge=0, le=1)

@@ -2,9 +2,11 @@
 
 Generation goes through the shared backends (in process, an OpenAI-compatible server,
 or vLLM), greedy by default. Progress is logged per question, so an interrupted
-evaluation resumes where it stopped. A question whose generation failed (the backend's
-error, after its retries) is recorded as a failure and left out of the accuracy; an
-answer that cannot be parsed is a wrong answer and counts.
+evaluation resumes where it stopped. Every question counts: one whose generation failed
+for its own reason scores 0, is listed in ``failures.parquet`` and counted as failed; an
+answer that cannot be parsed is a wrong answer. An outage (``faults.InfraFailure``) stops
+the stage instead, and so do more failures than ``max_failed_fraction``: the folder stays
+``.partial`` and a re-run asks only the questions without an answer.
 
 The model is a checkpoint folder, a hub id, ``tiny:lm``, or a registry URI such as
 ``models:/embodied-r-reasoner@champion`` (resolved to a local folder first).
@@ -12,6 +14,8 @@ The model is a checkpoint folder, a hub id, ``tiny:lm``, or a registry URI such 
 
 from __future__ import annotations
 
+import hashlib
+import math
 import time
 from collections import Counter
 from pathlib import Path
@@ -22,6 +26,7 @@ import pyarrow.parquet as pq
 from embodied_r import progress, schemas
 from embodied_r.backends.base import Backend, BackendConfig, Conversation
 from embodied_r.backends.factory import make_backend
+from embodied_r.faults import InfraFailure, check_failed_fraction, redact
 from embodied_r.io import (
     ItemLog,
     is_complete,
@@ -35,6 +40,28 @@ from embodied_r.io import (
 from embodied_r.scoring.metrics import NumberParsing, aggregate, category_table, score_answer, subtask_of
 from embodied_r.evaluation.config import EvaluationConfig
 from embodied_r.evaluation.report import write_report
+
+def _valid_row(row: dict[str, Any]) -> bool:
+    """A logged prediction that can be replayed (see ``io.ItemLog``)."""
+    score = row.get("score")
+    return (isinstance(row.get("uid"), str) and isinstance(score, (int, float)) and math.isfinite(score)
+            and isinstance(row.get("completion"), str) and isinstance(row.get("prediction"), (str, type(None))))
+
+
+def failed_row(record: dict[str, Any]) -> dict[str, Any]:
+    """The row of a question whose call failed: it scores 0 and stays in the denominator."""
+    options = list(record.get("options") or [])
+    return {
+        "uid": record["uid"], "benchmark": record["benchmark"], "category": record["category"],
+        "subtask": subtask_of(record["category"], options), "solution": record["solution"],
+        "answer_type": record["answer_type"], "completion": "", "prediction": "", "score": 0.0,
+        "completion_tokens": 0, "consistent": None,
+    }
+
+
+def question_set(uids: Any) -> str:
+    return hashlib.sha256("\n".join(sorted(str(u) for u in uids)).encode()).hexdigest()[:16]
+
 
 def _conversation(record: dict[str, Any]) -> Conversation:
     return [{"role": "system", "content": record["system"]}, {"role": "user", "content": record["prompt"]}]
@@ -116,7 +143,7 @@ def evaluate_records(
         return read_summary(out)
     started = time.monotonic()
     with stage_folder(out) as work:
-        log = ItemLog(work / "items.jsonl", key="uid")
+        log = ItemLog(work / "items.jsonl", key="uid", validate=_valid_row)
         done = log.done_ids()
         pending = [r for r in all_records if r["uid"] not in done]
         failures: list[dict[str, str]] = []
@@ -129,9 +156,10 @@ def evaluate_records(
                 generations = backend.generate([conversation(r) for r in chunk])
                 ok = [(r, g) for r, g in zip(chunk, generations) if not g.error]
                 failures += [
-                    {"stage": "evaluate", "item": r["uid"], "reason": f"generation_error: {g.error}"}
+                    {"stage": "evaluate", "item": r["uid"], "reason": f"generation_error: {redact(g.error)}"}
                     for r, g in zip(chunk, generations) if g.error
                 ]
+                outage = next((g.error for g in generations if g.infra_failed), None)
                 verdicts: list[bool | None] = [None] * len(ok)
                 if judge is not None and ok:
                     verdicts = _judge(judge, [r for r, _ in ok], [g.text for _, g in ok])
@@ -141,13 +169,25 @@ def evaluate_records(
                     row["consistent"] = verdict
                     log.append(row)
                 progress.update("evaluate", len(done) + start + len(chunk), len(all_records))
+                if outage is not None:
+                    raise InfraFailure(
+                        f"evaluate stopped: the model's server failed ({redact(outage)[:400]}). Answers so far "
+                        "are kept; run again once it answers, and only the missing questions are asked")
         finally:
             for b in (backend, judge):
                 if b is not None:
                     b.close()
 
         order = {r["uid"]: i for i, r in enumerate(all_records)}
-        rows = sorted((r for r in log.read() if r["uid"] in order), key=lambda r: order[r["uid"]])
+        answered = {r["uid"]: r for r in log.read() if r["uid"] in order}
+        # Unanswered questions are in the table as failures scoring 0, so the accuracy's
+        # denominator is always the whole split.
+        rows = [answered.get(r["uid"]) or failed_row(r) for r in all_records]
+        listed = {f["item"] for f in failures}
+        failures += [{"stage": "evaluate", "item": r["uid"], "reason": "generation_error: no answer"}
+                     for r in all_records if r["uid"] not in answered and r["uid"] not in listed]
+        check_failed_fraction("evaluation", len(failures), len(all_records), cfg.max_failed_fraction,
+                              "see failures.parquet")
         write_parquet_atomic(table_from_records(rows, schemas.PREDICTIONS), work / "predictions.parquet")
         write_parquet_atomic(table_from_records(failures, schemas.FAILURES), work / "failures.parquet")
 
@@ -164,9 +204,11 @@ def evaluate_records(
             "model": model_label,
             "split": cfg.split,
             "items": len(all_records),
-            "done": len(rows),
+            "done": len(answered),
             "failed": len(failures),
             "failure_reasons": dict(Counter(f["reason"].split(":", 1)[0] for f in failures)),
+            # Which questions were answered: promotion compares two models only when equal.
+            "question_set": question_set(answered),
             "seconds": round(seconds, 3),
             "seconds_per_item": round(seconds / len(pending), 4) if pending else None,
             **(extra_summary or {}),

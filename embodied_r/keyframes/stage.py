@@ -113,7 +113,10 @@ def _process_video(video_id: str, video_path: str, work: str, cfg: KeyframeConfi
             "cache_hit": hit, "hash_seconds": round(hash_seconds, 4)}
 
 
-def _init_worker(threads: int) -> None:
+def _init_worker(threads: int, parent: int) -> None:
+    from embodied_r.faults import die_with_parent
+
+    die_with_parent(parent)
     cv2.setNumThreads(threads)
 
 
@@ -131,7 +134,7 @@ def _process_all(todo: list[tuple[str, str]], work: Path, cfg: KeyframeConfig, c
     # spawn: a forked child would inherit OpenCV's and FFmpeg's thread pools in a broken state.
     ctx = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker,
-                             initargs=(threads,)) as pool:
+                             initargs=(threads, os.getpid())) as pool:
         futures = [pool.submit(_process_video, vid, path, str(work), cfg, cache) for vid, path in todo]
         for fut in as_completed(futures):
             yield fut.result()

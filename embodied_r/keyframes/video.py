@@ -16,6 +16,11 @@ import cv2
 import numpy as np
 
 
+# Containers often miscount by a frame or two; a stream short by more than this is damaged.
+TRUNCATION_SHARE = 0.1
+TRUNCATION_MIN_FRAMES = 3
+
+
 class VideoError(Exception):
     """A video that cannot be used; ``code`` is a short reason for counting failures."""
 
@@ -114,9 +119,32 @@ class FrameSampler:
                 if pending[2]:
                     yield pending[0], pending[1], False
                 yield index, last, True
+                self._check_complete()
                 return
             self.frames_read = pending[0] + 1  # the tail cannot be decoded: the stream ends earlier
         yield pending[0], pending[1], True
+        self._check_complete()
+
+    def _check_complete(self) -> None:
+        """A stream that stops well short of the container's count is damaged (zeroed or
+        cut-off data): its key frames would silently cover part of the video."""
+        expected, got = self.info.frame_count, self.frames_read
+        if (expected and expected - got > max(TRUNCATION_MIN_FRAMES, TRUNCATION_SHARE * expected)
+                and _decodes_at(self.info.path, (got + expected) // 2)):
+            # Frames exist past where decoding stopped: damaged data, not a header that
+            # merely over-counts (those are read to their true end and kept).
+            raise VideoError("truncated", self.info.path,
+                             f"decoded {got} of the {expected} frames the container reports")
+
+
+def _decodes_at(path: str | Path, index: int) -> bool:
+    """Whether the frame at ``index`` can be reached by seeking and decoded."""
+    cap = cv2.VideoCapture(str(path))
+    try:
+        cap.set(cv2.CAP_PROP_POS_FRAMES, index)
+        return bool(cap.grab()) and cap.retrieve()[0]
+    finally:
+        cap.release()
 
 
 def read_frames(path: str | Path, indices: Iterable[int]) -> dict[int, np.ndarray]:

@@ -25,11 +25,21 @@ def register_and_promote(recipe: Any, root: Path, folder: Path | None = None, *,
                                             experiment=recipe.tracking.experiment,
                                             tags={"recipe": recipe.name, **(tags or {})}).version)
 
+    sets: list[tuple[str, Path, Any]] = []
+
     def score(uri: str) -> float:
         out, summary = evaluate_model(recipe, uri, split, root)
         if metric not in summary:
             raise ValueError(f"metric {metric!r} is not in the evaluation summary ({out}); "
                              "use accuracy/overall, accuracy/macro or accuracy/<task>")
+        # Scores on different questions (one side lost calls) are not comparable: refuse
+        # before the alias can move.
+        sets.append((uri, out, summary.get("question_set")))
+        if len({s for _, _, s in sets}) > 1:
+            raise ValueError("promotion refused: the models were scored on different question sets ("
+                             + "; ".join(f"{u}: {o}" for u, o, _ in sets)
+                             + "); see failures.parquet in each folder, remove the one with failed questions "
+                             "and promote again so both answer the same questions")
         return float(summary[metric])
 
     return promote_if_better(name, version, score, alias=alias, metric=metric, tracking_uri=store)

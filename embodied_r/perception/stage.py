@@ -30,6 +30,7 @@ from embodied_r import progress, schemas
 from embodied_r.perception import prompts
 from embodied_r.backends.base import Backend, BackendConfig, Generation
 from embodied_r.backends.factory import make_backend
+from embodied_r.faults import DEFAULT_MAX_FAILED_FRACTION, InfraFailure, check_failed_fraction, redact
 from embodied_r.io import (
     ItemLog,
     is_complete,
@@ -75,6 +76,8 @@ class PerceptionConfig(BaseModel):
     # The transformers backend has no such option and is always read as plain text.
     structured_output: bool = True
     prompt_version: str = prompts.PROMPT_VERSION
+    # More failed questions than this share fails the stage (kept .partial, never cached).
+    max_failed_fraction: float = Field(DEFAULT_MAX_FAILED_FRACTION, ge=0, le=1)
 
     @field_validator("prompt_version")
     @classmethod
@@ -116,6 +119,13 @@ def _read_inputs(catalog: Path, keyframes: Path) -> tuple[list[Question], dict[s
     return questions, frames
 
 
+def _valid_entry(rec: dict[str, Any]) -> bool:
+    """A logged call that can be replayed: anything else is dropped and the call made again."""
+    return (isinstance(rec.get("key"), str) and isinstance(rec.get("kind"), str)
+            and isinstance(rec.get("raw"), str)
+            and all(isinstance(rec.get(k), int) and rec[k] >= 0 for k in ("prompt_tokens", "completion_tokens")))
+
+
 def _chunk_size(cfg: BackendConfig) -> int:
     # Enough calls per generate() to fill a batch in process and keep every connection
     # busy over HTTP; results are logged one by one as they finish, so a larger chunk
@@ -133,6 +143,7 @@ class _Runner:
         self.done = done
         self.structured = structured
         self.errors: dict[str, str] = {}
+        self.outage: str | None = None
         self.made = 0
         self.failed = 0
         self.skipped = 0
@@ -145,7 +156,9 @@ class _Runner:
             if gen.error is not None:
                 # Not logged: a later run of an unfinished stage tries the call again.
                 self.failed += 1
-                self.errors[call.key] = gen.error
+                self.errors[call.key] = redact(gen.error) or ""
+                if gen.infra_failed and self.outage is None:
+                    self.outage = f"call {call.key}: {self.errors[call.key]}"
                 return
         rec = {
             "key": call.key,
@@ -190,6 +203,10 @@ class _Runner:
             for i, gen in enumerate(gens):
                 if i not in reported:
                     self._record(chunk[i], gen)
+            if self.outage is not None:
+                raise InfraFailure(
+                    f"perception stopped: the perceiver failed ({self.outage[:400]}). Finished calls are "
+                    "kept; run again once the server answers, and only the missing calls are sent")
             log.info("perception: %d/%d calls", start + len(chunk), len(calls))
 
 
@@ -201,7 +218,7 @@ def run_perception(catalog: Path, keyframes: Path, out: Path, cfg: PerceptionCon
     mode = make_mode(cfg.mode, cfg.question_window)
 
     with stage_folder(out) as work:
-        item_log = ItemLog(work / "items.jsonl", key="key")
+        item_log = ItemLog(work / "items.jsonl", key="key", validate=_valid_entry)
         done = {rec["key"]: rec for rec in item_log.read()}
         failures: dict[str, str] = {}
         ready: list[Question] = []
@@ -241,6 +258,8 @@ def run_perception(catalog: Path, keyframes: Path, out: Path, cfg: PerceptionCon
         summary = _write_outputs(work, mode, ready, calls, done, errors, failures, len(questions))
         summary.update(stats)
         summary["structured_output"] = cfg.structured_output
+        check_failed_fraction(STAGE, summary["failed"], len(questions), cfg.max_failed_fraction,
+                              f"reasons {summary['reasons']}; see failures.parquet")
         write_summary(work, summary)
     return summary
 

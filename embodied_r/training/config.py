@@ -43,7 +43,8 @@ class VLLMRollouts(BaseModel):
 class GRPOStageConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    name: str
+    # Part of a folder name (stages/train_<name>/): letters, digits, '-', '_' only.
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
     epochs: float = Field(1.0, gt=0)
     # Reward weights; the paper gives them as ratios (7:3:0, 3:7:0, 1:7:2).
     format_weight: float = Field(0.0, ge=0)
@@ -91,8 +92,8 @@ class TrainingConfig(TrainerEnvironment):
     consistency_requires_correct: bool = True
     stages: list[GRPOStageConfig] = Field(default_factory=paper_stages, min_length=1)
 
-    learning_rate: float = 5e-7
-    beta: float = 0.001
+    learning_rate: float = Field(5e-7, gt=0)
+    beta: float = Field(0.001, ge=0)
     num_generations: int = Field(8, ge=2)
     max_completion_length: int = Field(2048, ge=1)
     # Completions per device per micro-step. 8 x 4 accumulation = 32 completions (4 prompts

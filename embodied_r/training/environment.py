@@ -193,6 +193,9 @@ def _child_env(mlflow_run_id: str | None, uri: str | None = None) -> dict[str, s
     root = str(PROJECT_ROOT)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     env.pop("MLFLOW_RUN_ID", None)
+    from embodied_r.faults import PARENT_PID_ENV
+
+    env[PARENT_PID_ENV] = str(os.getpid())
     if mlflow_run_id:
         from embodied_r.tracking import tracking_uri
 

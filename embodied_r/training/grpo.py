@@ -24,6 +24,7 @@ import pyarrow.parquet as pq
 from embodied_r.scoring.answers import completion_text
 from embodied_r.io import read_json, write_json_atomic
 from embodied_r.scoring.rewards import accuracy_reward, format_reward, make_consistency_reward
+from embodied_r.training.checkpoints import last_checkpoint
 from embodied_r.training.config import GRPOStageConfig, TrainingConfig
 from embodied_r.training.environment import (
     progress_callback,
@@ -293,14 +294,6 @@ def quiet_known_warnings() -> None:
     warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
 
 
-def last_checkpoint(work: Path) -> tuple[str | None, int]:
-    from transformers.trainer_utils import get_last_checkpoint
-
-    checkpoints = work / CHECKPOINTS
-    resume = get_last_checkpoint(str(checkpoints)) if checkpoints.is_dir() else None
-    return resume, int(resume.rsplit("-", 1)[-1]) if resume else 0
-
-
 def main(spec_path: str) -> int:
     spec = read_json(Path(spec_path))
     cfg = TrainingConfig.model_validate(spec["training"])
@@ -363,6 +356,10 @@ def child_main(main: Callable[[str], int], module: str) -> None:
     if len(sys.argv) != 2:
         print(f"usage: python -m {module} SPEC.json", file=sys.stderr)
         sys.exit(2)
+    from embodied_r.faults import PARENT_PID_ENV, die_with_parent
+
+    # A trainer must not outlive the run that started it (kill -9 included).
+    die_with_parent(int(os.environ.get(PARENT_PID_ENV) or 0) or None)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     quiet_known_warnings()
     sys.exit(main(sys.argv[1]))

@@ -1,0 +1,88 @@
+"""Nothing outlives a killed run: a small watcher that ends the CLI's leftovers.
+
+``embodied-r`` starts processes it does not fully control: Prefect's ephemeral API server
+(a uvicorn subprocess Prefect stops only at a clean exit), key-frame pool workers,
+trainers and their launchers. After kill -9 of the CLI they would keep running (and
+extracting, and holding 200 MB each). The CLI starts this watcher in a session of its own;
+it notes the CLI's descendants every second and, once the CLI is gone, ends those still
+alive (SIGTERM, then SIGKILL). Each is named by pid and start time, so a reused pid is
+never hit. Children also watch their parent themselves (``faults.die_with_parent``);
+this covers what cannot, Prefect's server above all.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+POLL_S = 1.0
+GRACE_S = 3.0
+
+
+def _stat(pid: int) -> tuple[int, str] | None:
+    """(parent pid, start time) of ``pid``, or None when it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return int(fields[1]), fields[19]
+
+
+def descendants(root: int) -> dict[int, str]:
+    """Every live descendant of ``root``: pid -> start time."""
+    children: dict[int, list[tuple[int, str]]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            info = _stat(int(entry))
+            if info is not None:
+                children.setdefault(info[0], []).append((int(entry), info[1]))
+    found: dict[int, str] = {}
+    todo = [root]
+    while todo:
+        for pid, start in children.get(todo.pop(), []):
+            if pid not in found:
+                found[pid] = start
+                todo.append(pid)
+    return found
+
+
+def _still(pid: int, start: str) -> bool:
+    info = _stat(pid)
+    return info is not None and info[1] == start
+
+
+def watch(target: int) -> None:
+    me = os.getpid()
+    target_start = (_stat(target) or (0, ""))[1]
+    seen: dict[int, str] = {}
+    while _still(target, target_start):
+        seen.update({p: s for p, s in descendants(target).items() if p != me})
+        time.sleep(POLL_S)
+    left = {p: s for p, s in seen.items() if _still(p, s)}
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid, start in left.items():
+            if _still(pid, start):
+                try:
+                    os.kill(pid, sig)
+                except OSError:
+                    pass
+        deadline = time.time() + GRACE_S
+        while time.time() < deadline and any(_still(p, s) for p, s in left.items()):
+            time.sleep(0.1)
+
+
+def start_reaper() -> subprocess.Popen | None:
+    """Start the watcher for this process (Linux only; elsewhere children watch themselves)."""
+    if not Path("/proc/self/stat").exists() or os.environ.get("EMBODIED_R_NO_REAPER"):
+        return None
+    return subprocess.Popen([sys.executable, "-m", "embodied_r.apps.reaper", str(os.getpid())],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True, close_fds=True)
+
+
+if __name__ == "__main__":
+    watch(int(sys.argv[1]))
