@@ -81,7 +81,7 @@ def make_video_montage(videos: Sequence[tuple[str, Sequence[dict[str, Any]]]], f
                        frames: int = MONTAGE_FRAMES, tile_width: int = 400) -> Path:
     """One row per video (its name above), up to ``frames`` key frames spread over it, each
     captioned below with rank, time, overlap with the previous key frame and why it was kept."""
-    font, scale, thick = cv2.FONT_HERSHEY_SIMPLEX, 0.6, 1
+    font, thick = cv2.FONT_HERSHEY_SIMPLEX, 1
     bar, title = 30, 36
     blocks = []
     for video_id, rows in videos:
