@@ -37,7 +37,9 @@ def ui_base(uri: str) -> str:
 
 
 def run_url(uri: str, experiment_id: str, run_id: str) -> str:
-    return f"{ui_base(uri)}/#/experiments/{experiment_id}/runs/{run_id}"
+    # MLflow 3.17's UI keeps a GenAI/training switch of its own (it ignores the experiment's
+    # kind once that switch exists); the parameter opens the training side.
+    return f"{ui_base(uri)}/#/experiments/{experiment_id}/runs/{run_id}?workflowType=machine_learning"
 
 
 def prefect_flow_run_url(flow_run_id: str) -> str:

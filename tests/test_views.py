@@ -136,3 +136,50 @@ def test_registered_reasoner_loads_as_a_transformers_model(tiny_lm_path: Path, t
     folder = Path(resolve_model_uri(uri, tracking_uri=store, cache_root=tmp_path / "cache"))
     assert sorted(p.name for p in folder.iterdir()) == sorted(p.name for p in tiny_lm_path.iterdir())
     assert not filecmp.dircmp(tiny_lm_path, folder).diff_files
+
+
+CHILD = r'''
+import json, sys, time
+from embodied_r.training.callbacks import STEP_MARK
+from embodied_r.training.environment import PROGRESS_MARK
+for step in (1, 2, 3):
+    print(PROGRESS_MARK, step, 3, flush=True)
+    print(STEP_MARK, json.dumps({"stage": "train_stage1", "step": step, "total": 3, "global": step,
+                                 "reward": 0.5, "components": {"format": 1.0}, "kl": 0.0}), flush=True)
+    time.sleep(0.2)
+'''
+
+PARENT = r'''
+import sys
+from pathlib import Path
+from embodied_r import progress
+from embodied_r.training.environment import _stream
+assert sys.stderr.isatty()
+with progress.listening(progress.TerminalBar()):
+    progress.say(progress.stage_line("train_stage1", "started"))
+    rc = _stream([sys.executable, "-c", sys.argv[1]], dict(__import__("os").environ), Path(sys.argv[2]),
+                 "train_stage1")
+    progress.say(progress.stage_line("train_stage1", "done", 1.0))
+sys.exit(rc)
+'''
+
+
+def test_training_shows_a_bar_and_step_lines_on_a_terminal(tmp_path: Path) -> None:
+    """Through a pseudo-terminal, as a user sees it: a progress bar that reaches 3/3 and one
+    compact line per step, no raw dict."""
+    import os
+    import sys
+
+    import pexpect
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "COLUMNS": "120"}
+    child = pexpect.spawn(sys.executable, ["-c", PARENT, CHILD, str(tmp_path / "train.log")], env=env,
+                          encoding="utf-8", timeout=120, dimensions=(40, 120))
+    child.expect(pexpect.EOF)
+    child.close()
+    out = child.before
+    assert child.exitstatus == 0, out
+    assert "3/3" in out and ("step/s" in out or "s/step" in out), out  # tqdm's bar, drawn on the tty
+    assert out.count("train_stage1  step ") == 3 and "reward 0.500  format 1.000" in out
+    assert "[stage] train_stage1  started" in out and "{" not in out
+    assert "[embodied-r step]" in (tmp_path / "train.log").read_text()  # the full record stays in the log
