@@ -63,14 +63,56 @@ class TerminalBar:
         self._bars: dict[str, object] = {}
 
     def __call__(self, stage: str, done: int, total: int) -> None:
-        from tqdm.auto import tqdm
+        global _bars_open
+        import sys
+
+        from tqdm import tqdm
 
         bar = self._bars.get(stage)
         if bar is None:
-            bar = self._bars[stage] = tqdm(total=total, desc=stage, unit="item", leave=True)
+            unit = "step" if stage.startswith("train") else "item"
+            bar = self._bars[stage] = tqdm(total=total, desc=f"{stage:<13}", unit=unit, leave=False,
+                                           file=sys.stderr, dynamic_ncols=True)
+            _bars_open += 1
         bar.total = total
         bar.n = done
         bar.refresh()
         if done >= total:
             bar.close()
             self._bars.pop(stage, None)
+            _bars_open -= 1
+
+
+# -- terminal lines --------------------------------------------------------------------------
+
+_bars_open = 0
+
+
+def say(text: str) -> None:
+    """One line for the terminal; above the bars when some are drawn (so none is torn)."""
+    import sys
+
+    if _bars_open:
+        from tqdm.auto import tqdm
+
+        tqdm.write(text, file=sys.stdout)
+    else:
+        sys.stdout.write(text + "\n")
+        sys.stdout.flush()
+
+
+def stage_line(stage: str, event: str, seconds: float | None = None, note: str = "") -> str:
+    """``[stage] train_stage1   done    12.3 s  note``: one line per stage event."""
+    took = f"{seconds:7.1f} s" if seconds is not None else " " * 9
+    return f"[stage] {stage:<13} {event:<8} {took}" + (f"  {note}" if note else "")
+
+
+def step_line(record: dict) -> str:
+    """One training step in a line: stage, step/total, total reward, each component, KL."""
+    def num(value: object, digits: int = 3) -> str:
+        return "-" if not isinstance(value, (int, float)) else f"{value:.{digits}f}"
+
+    parts = "  ".join(f"{name} {num(value)}" for name, value in (record.get("components") or {}).items())
+    return (f"  {record.get('stage', ''):<13} step {record.get('step')}/{record.get('total')} "
+            f"(global {record.get('global')})  reward {num(record.get('reward'))}  {parts}  "
+            f"kl {num(record.get('kl'), 4)}").rstrip()

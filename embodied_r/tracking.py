@@ -6,8 +6,10 @@ run, so stages in worker threads or subprocesses log to the right run.
 
 from __future__ import annotations
 
+import json
 import math
 import os
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +49,55 @@ def safe_params(config: dict[str, Any]) -> dict[str, str]:
     return params
 
 
+# The MLflow UI groups charts by the name's first segment: one group per concern.
+METRIC_GROUPS = ("train", "reward", "eval", "perf", "summary")
+# The experiment kind that makes MLflow 3's UI open an experiment on its run list.
+EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
+EXPERIMENT_NOTE = (
+    "Embodied-R pipeline runs. Each parent run is one run of a recipe (named recipe, time, fresh or "
+    "cached); its children are the stages. Compare parents on `accuracy/overall`; open a training "
+    "stage for `reward/*` and `train/*` curves (one global step across the three GRPO stages), and "
+    "the evaluate stage for `report.md` and the per-question `predictions_table.json`."
+)
+_PERF_KEYS = {"train_runtime", "train_samples_per_second", "train_steps_per_second", "step_time",
+              "total_flos", "train_loss"}
+_EVAL_PREFIXES = ("consistency/", "count/", "parsed/", "response_tokens/")
+
+
+def trainer_metric_name(key: str) -> str:
+    """Where one of the trainer's per-step log keys goes: ``reward/...``, ``perf/...`` or
+    ``train/...`` (TRL's flat names otherwise land in one catch-all chart group)."""
+    if key == "reward":
+        return "reward/total"
+    if key == "reward_std":
+        return "reward/total_std"
+    match = re.fullmatch(r"rewards/(.+?)(?:_reward)?/(mean|std)", key)
+    if match:
+        return f"reward/{match[1]}" + ("_std" if match[2] == "std" else "")
+    if key.startswith("profiling/"):
+        return "perf/" + re.sub(r"[^\w./ -]+", "", key[len("profiling/"):]).replace("Time taken ", "seconds ")
+    if key in _PERF_KEYS:
+        return f"perf/{key}"
+    return f"train/{key}"
+
+
+def stage_metric_name(key: str) -> str:
+    """Where one figure of a stage summary goes: headline accuracies keep ``accuracy/...``
+    (the run list's column), other evaluation figures ``eval/...``, timings ``perf/...``,
+    the rest ``summary/...``."""
+    if key.startswith("accuracy/") or key.split("/", 1)[0] in METRIC_GROUPS:
+        return key
+    if key.startswith(_EVAL_PREFIXES):
+        return f"eval/{key}"
+    if "seconds" in key:
+        return f"perf/{key}"
+    return f"summary/{key}"
+
+
+def stage_metrics(summary: dict[str, Any]) -> dict[str, float]:
+    return {stage_metric_name(k): v for k, v in numeric_metrics(summary).items()}
+
+
 def numeric_metrics(summary: dict[str, Any]) -> dict[str, float]:
     """Flat numbers of a stage summary (nested dicts flattened with '/'), finite only."""
     out = {}
@@ -83,10 +134,13 @@ class Tracker:
             if not uri.startswith(("http://", "https://", "databricks")):
                 # Keep artifacts beside the store, not in ./mlruns of whatever folder we ran from.
                 location = artifacts_root(root).as_uri()
-            exp_id = client.create_experiment(experiment, artifact_location=location)
+            exp_id = client.create_experiment(experiment, artifact_location=location, tags=EXPERIMENT_KIND)
         else:
             exp_id = exp.experiment_id
         close_orphaned_runs(client, exp_id)
+        if exp is None or not exp.tags.get("mlflow.note.content"):
+            for key, value in {**EXPERIMENT_KIND, "mlflow.note.content": EXPERIMENT_NOTE}.items():
+                client.set_experiment_tag(exp_id, key, value)
         return cls(uri=uri, experiment_id=exp_id)
 
     def start_parent(self, name: str, tags: dict[str, str], params: dict[str, Any]) -> "Tracker":
@@ -123,6 +177,17 @@ class Tracker:
             if Path(path).is_file():
                 self.client.log_artifact(run_id, str(path))
 
+    def log_table(self, run_id: str, path: Path, artifact_file: str | None = None) -> None:
+        """Log a JSON table (pandas "split" layout) so the UI shows it as a table. Written
+        whole each time: MLflow's own ``log_table`` appends by downloading the old file."""
+        name = artifact_file or Path(path).name
+        self.client.log_artifact(run_id, str(path))
+        tags = self.client.get_run(run_id).data.tags
+        logged = json.loads(tags.get("mlflow.loggedArtifacts", "[]"))
+        if {"path": name, "type": "table"} not in logged:
+            logged.append({"path": name, "type": "table"})
+            self.client.set_tag(run_id, "mlflow.loggedArtifacts", json.dumps(logged))
+
     def finish(self, run_id: str, status: str = "FINISHED") -> None:
         self.client.set_terminated(run_id, status=status)
 
@@ -134,11 +199,16 @@ class Tracker:
 # Files of a stage folder worth attaching to its run.
 STAGE_ARTIFACTS = ("summary.json", "montage.jpg", "report.md", "metrics.json", "manifest.json",
                    "failures.parquet", "accuracy_by_task.png", "paper_comparison.csv")
+# JSON tables of a stage folder, shown by the UI as tables.
+STAGE_TABLES = ("predictions_table.json",)
 
 
 def record_stage(tracker: Tracker, run_id: str, out: Path, summary: dict[str, Any]) -> None:
-    tracker.log_metrics(run_id, numeric_metrics(summary))
+    tracker.log_metrics(run_id, stage_metrics(summary))
     tracker.log_artifacts(run_id, [Path(out) / name for name in STAGE_ARTIFACTS])
+    for name in STAGE_TABLES:
+        if (Path(out) / name).is_file():
+            tracker.log_table(run_id, Path(out) / name)
 
 
 # Which process a run belongs to, so the next run can tell a run whose process is gone

@@ -21,6 +21,8 @@ from flows.runner import (
     run_in_process,
     scoped_env,
 )
+from flows.mlflow_runs import run_url
+from flows.prefect_views import flow_run_name, publish_result, tag_flow_run
 from flows.stages import STAGE_POOLS, deployment_name
 
 
@@ -59,7 +61,7 @@ def run_dispatched(recipe_ref: str, recipe: Recipe, root: Path, refresh: list[st
     refreshed = discard_refreshed(stages, refresh or [])
     uri = tracking_uri(recipe.tracking.tracking_uri, root)
     with scoped_env(EMBODIED_R_HOME=str(root), MLFLOW_TRACKING_URI=uri):
-        tracker = open_tracker(recipe, root, f"{recipe.name}-pipeline", selected, refreshed)
+        tracker = open_tracker(recipe, root, "pipeline", selected, refreshed)
     cached: list[str] = []
     try:
         for kind in STAGE_POOLS:
@@ -92,12 +94,14 @@ def run_dispatched(recipe_ref: str, recipe: Recipe, root: Path, refresh: list[st
         tracker.finish(tracker.parent_run_id, "FAILED")
         raise
     with scoped_env(MLFLOW_TRACKING_URI=uri):
-        final = finish_parent(tracker, stages, cached=cached)
+        final = finish_parent(tracker, stages, cached=cached, selected=selected, recipe=recipe)
     return {"mlflow_run_id": tracker.parent_run_id, "tracking_uri": uri, "cached": cached,
+            "experiment_id": tracker.experiment_id,
+            "mlflow_run_url": run_url(uri, tracker.experiment_id, tracker.parent_run_id or ""),
             "stages": {n: stages[n].out for n in selected}, "evaluation": final, "dispatched": True}
 
 
-@flow(name="embodied-r", log_prints=True)
+@flow(name="embodied-r", log_prints=True, flow_run_name=flow_run_name)
 def embodied_r(recipe: str = "demo", refresh: list[str] | None = None,
                overrides: dict[str, Any] | None = None, home: str | None = None,
                dispatch: Literal["auto", "local", "pools"] = "auto") -> dict[str, Any]:
@@ -111,7 +115,11 @@ def embodied_r(recipe: str = "demo", refresh: list[str] | None = None,
     """
     root = paths.claim_home(Path(home).expanduser().resolve() if home else paths.home())
     rec = load_recipe(recipe, overrides)
+    tag_flow_run(rec.name)
     use_pools = dispatch == "pools" or (dispatch == "auto" and stage_deployments_available())
     if use_pools:
-        return run_dispatched(recipe, rec, root, refresh, overrides)
-    return run_in_process(rec, root, refresh=refresh)
+        result = run_dispatched(recipe, rec, root, refresh, overrides)
+    else:
+        result = run_in_process(rec, root, refresh=refresh)
+    publish_result(rec.name, result)
+    return result

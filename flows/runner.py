@@ -14,11 +14,12 @@ from prefect import get_run_logger
 from prefect.context import get_run_context
 from prefect.filesystems import LocalFileSystem
 
-from embodied_r import paths
+from embodied_r import paths, progress
 from embodied_r.config import Recipe
 from embodied_r.io import is_complete, read_summary
 from embodied_r.pipeline import StagePlan, downstream, plan, resolve_stage_name, select_stages
 from embodied_r.tracking import Tracker, numeric_metrics, tracking_uri
+from flows import mlflow_runs
 from tasks.stages import STAGE_TASKS
 
 
@@ -86,7 +87,7 @@ def open_tracker(recipe: Recipe, root: Path, name: str, selected: list[str], ref
     if parent_run_id:
         return Tracker(tracker.uri, tracker.experiment_id, parent_run_id)
     return tracker.start_parent(
-        name=name,
+        name=mlflow_runs.parent_name(recipe.name, None if name == "pipeline" else name.split("+")),
         tags={"prefect.flow_run_id": flow_run_id(), "recipe": recipe.name,
               "stages": ",".join(selected), "refresh": ",".join(refreshed)},
         params={"recipe": recipe.model_dump(mode="json")},
@@ -94,12 +95,15 @@ def open_tracker(recipe: Recipe, root: Path, name: str, selected: list[str], ref
 
 
 def log_cached_stage(tracker: Tracker, sp: StagePlan, summary: dict[str, Any]) -> None:
-    """A stage served from the cache still gets its child run, so every pipeline run is
-    complete in the MLflow UI."""
-    run_id = tracker.start_stage(sp.name, sp.config, tags={
-        "stage_key": sp.key, "output": sp.out, "cache_hit": "true"})
-    tracker.log_metrics(run_id, numeric_metrics(summary))
-    tracker.finish(run_id)
+    """A stage served from the cache still gets a complete child run (``mlflow_runs``), and a
+    line on the terminal and in Prefect's log."""
+    source = mlflow_runs.log_cached_stage(tracker, sp, summary)
+    note = f"from run {source[:8]}" if source else "output found on disk"
+    progress.say(progress.stage_line(sp.name, "cached", note=note))
+    try:
+        get_run_logger().info("%s: served from the cache (%s): %s", sp.name, note, sp.out)
+    except Exception:  # noqa: BLE001 - outside a flow run
+        pass
 
 
 def promote_trained(recipe: Recipe, root: Path, stages: dict[str, StagePlan], tracker: Tracker) -> str:
@@ -126,15 +130,58 @@ def promote_trained(recipe: Recipe, root: Path, stages: dict[str, StagePlan], tr
     return result.describe()
 
 
-def finish_parent(tracker: Tracker, stages: dict[str, StagePlan], cached: list[str]) -> dict[str, Any]:
-    """Copy the evaluation's accuracies onto the parent run and close it."""
+def registered_label(promotion: str) -> str:
+    """``embodied-r-reasoner v3`` out of a promotion's description, or ""."""
+    import re
+
+    found = re.match(r"(\S+ v\d+)", promotion or "")
+    return found[1] if found else ""
+
+
+def finish_parent(tracker: Tracker, stages: dict[str, StagePlan], cached: list[str],
+                  selected: list[str] | None = None, recipe: Recipe | None = None,
+                  registered: str = "") -> dict[str, Any]:
+    """Copy the evaluation's accuracies onto the parent run, name it fresh or cached, write its
+    description (headline, split, links) and its report, and close it."""
     evaluate = stages.get("evaluate")
     final = read_summary(Path(evaluate.out)) if evaluate and is_complete(Path(evaluate.out)) else {}
-    tracker.log_metrics(tracker.parent_run_id, {k: v for k, v in numeric_metrics(final).items()
-                                                if k.startswith("accuracy")})
-    tracker.set_tags(tracker.parent_run_id, {"cached_stages": ",".join(cached)})
-    tracker.finish(tracker.parent_run_id)
+    parent = tracker.parent_run_id
+    tracker.log_metrics(parent, {k: v for k, v in numeric_metrics(final).items() if k.startswith("accuracy")})
+    selected = selected or list(stages)
+    status = mlflow_runs.cache_status(selected, cached)
+    run = tracker.client.get_run(parent)
+    children = mlflow_runs.stage_run_ids(tracker)
+    flow_run = run.data.tags.get("prefect.flow_run_id", "")
+    recipe_name = recipe.name if recipe else run.data.tags.get("recipe", "")
+    tracker.set_tags(parent, {
+        "cached_stages": ",".join(cached), "cache_status": status.split(" ")[0],
+        "mlflow.note.content": mlflow_runs.parent_note(
+            recipe=recipe_name, status=status, final=final, split=str(final.get("split", "")),
+            experiment_id=tracker.experiment_id, children=children, registered=registered,
+            prefect_url=mlflow_runs.prefect_flow_run_url(flow_run), flow_run=flow_run)})
+    if not run.info.run_name.endswith(status):
+        tracker.client.update_run(parent, name=f"{run.info.run_name} {status.split(' (')[0]}")
+    if final and evaluate is not None:
+        _log_parent_report(tracker, Path(evaluate.out), recipe_name, registered)
+    tracker.finish(parent)
     return final
+
+
+def _log_parent_report(tracker: Tracker, folder: Path, recipe: str, registered: str) -> None:
+    """The evaluation report again, on the parent, headed by this run, recipe and model version."""
+    import tempfile
+
+    from embodied_r.evaluation.report import render_folder
+
+    run = tracker.client.get_run(tracker.parent_run_id)
+    header = {"run": f"{run.info.run_name} ({run.info.run_id})", "recipe": recipe,
+              "model version": registered or "not registered"}
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "report.md"
+        path.write_text(render_folder(folder, header), encoding="utf-8")
+        tracker.client.log_artifact(tracker.parent_run_id, str(path))
+        if (folder / "accuracy_by_task.png").is_file():
+            tracker.client.log_artifact(tracker.parent_run_id, str(folder / "accuracy_by_task.png"))
 
 
 def run_in_process(recipe: Recipe, root: Path, refresh: list[str] | None = None,
@@ -142,11 +189,10 @@ def run_in_process(recipe: Recipe, root: Path, refresh: list[str] | None = None,
     """Run the selected stages (all by default) here, one Prefect task each."""
     uri = tracking_uri(recipe.tracking.tracking_uri, root)
     with scoped_env(EMBODIED_R_HOME=str(root), MLFLOW_TRACKING_URI=uri):
-        logger = get_run_logger()
         stages = plan(recipe, root)
         selected = select_stages(stages, only, recipe.name)
         refreshed = discard_refreshed(stages, refresh or [])
-        tracker = open_tracker(recipe, root, f"{recipe.name}-{'-'.join(selected) if only else 'pipeline'}",
+        tracker = open_tracker(recipe, root, "+".join(selected) if only else "pipeline",
                                selected, refreshed, parent_run_id)
         storage = result_storage(root)
         cached: list[str] = []
@@ -161,14 +207,16 @@ def run_in_process(recipe: Recipe, root: Path, refresh: list[str] | None = None,
                 if state.name == "Cached":
                     cached.append(name)
                     log_cached_stage(tracker, sp, result["summary"])
-                logger.info("%s: %s%s", name, sp.out, " (cached)" if state.name == "Cached" else "")
             if "evaluate" in selected:
                 promotion = promote_trained(recipe, root, stages, tracker)
         except BaseException:
             if not parent_run_id:
                 tracker.finish(tracker.parent_run_id, "FAILED")
             raise
-        final = finish_parent(tracker, stages, cached) if not parent_run_id else {}
+        final = (finish_parent(tracker, stages, cached, selected, recipe, registered_label(promotion))
+                 if not parent_run_id else {})
         return {"mlflow_run_id": tracker.parent_run_id, "tracking_uri": uri, "cached": cached,
+                "experiment_id": tracker.experiment_id,
+                "mlflow_run_url": mlflow_runs.run_url(uri, tracker.experiment_id, tracker.parent_run_id or ""),
                 "stages": {n: stages[n].out for n in selected}, "evaluation": final,
                 "promotion": promotion}

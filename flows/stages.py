@@ -11,6 +11,7 @@ from prefect import flow
 from embodied_r import paths
 from embodied_r.config import load_recipe
 from embodied_r.pipeline import plan, training_stage_names
+from flows.prefect_views import flow_run_name, publish_result, tag_flow_run
 from flows.runner import run_in_process
 
 # Stage kinds in run order, and the work pool each runs on when pools are used.
@@ -38,9 +39,12 @@ def run_stage_kind(kind: str, recipe: str, refresh: bool, overrides: dict[str, A
                    home: str | None, mlflow_parent_run_id: str | None) -> dict[str, Any]:
     root = paths.claim_home(Path(home).expanduser().resolve() if home else paths.home())
     rec = load_recipe(recipe, overrides)
+    tag_flow_run(rec.name)
     names = training_stage_names(plan(rec, root)) if kind == "train" else [kind]
-    return run_in_process(rec, root, refresh=[names[0]] if refresh else None, only=names,
-                          parent_run_id=mlflow_parent_run_id)
+    result = run_in_process(rec, root, refresh=[names[0]] if refresh else None, only=names,
+                            parent_run_id=mlflow_parent_run_id)
+    publish_result(rec.name, result)
+    return result
 
 
 def _make(kind: str) -> Callable[..., dict[str, Any]]:
@@ -54,7 +58,7 @@ def _make(kind: str) -> Callable[..., dict[str, Any]]:
         "and discards what depends on it. ``mlflow_parent_run_id`` nests its MLflow run under a "
         "pipeline run (set by the full pipeline when it dispatches stages to work pools)."
     )
-    return flow(name=flow_name(kind), log_prints=True)(stage_flow)
+    return flow(name=flow_name(kind), log_prints=True, flow_run_name=flow_run_name)(stage_flow)
 
 
 download_flow = _make("download")

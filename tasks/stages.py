@@ -9,10 +9,12 @@ stage runs; the MLflow tracker is left out of the key.
 from __future__ import annotations
 
 import json
+import math
+import time
 from pathlib import Path
 from typing import Any
 
-from prefect import task
+from prefect import get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import INPUTS, TASK_SOURCE, CacheKeyFnPolicy
 
@@ -29,11 +31,48 @@ def _code_key(context: Any, parameters: dict[str, Any]) -> str:
 STAGE_CACHE = (INPUTS - "tracker") + TASK_SOURCE + CacheKeyFnPolicy(cache_key_fn=_code_key)
 
 
+# The figures a stage's Prefect summary shows, in this order, when present; the full
+# summary is in summary.json and in MLflow.
+SUMMARY_KEYS = ("items", "videos", "done", "failed", "keyframes_mean", "questions", "records", "steps",
+                "epochs_reached", "stopped_by", "final_reward", "final_rewards_format_reward_mean",
+                "final_rewards_accuracy_reward_mean", "final_kl", "accuracy/overall", "accuracy/macro",
+                "accuracy/paper_tasks", "count/overall", "split", "seconds", "seconds_per_step")
+
+
+def _round(value: Any) -> Any:
+    if isinstance(value, float) and math.isfinite(value):
+        return round(value, 3) if abs(value) < 100 else round(value, 1)
+    return value
+
+
+def short_summary(summary: dict[str, Any], limit: int = 12) -> dict[str, Any]:
+    """At most ``limit`` headline figures of a summary, rounded."""
+    picked = {k: _round(summary[k]) for k in SUMMARY_KEYS if k in summary}
+    for key, value in summary.items():
+        if len(picked) >= limit:
+            break
+        if key not in picked and "/" not in key and isinstance(value, (int, float)) and not isinstance(value, bool):
+            picked[key] = _round(value)
+    reasons = summary.get("failure_reasons")
+    if reasons:
+        picked["failure_reasons"] = ", ".join(f"{k} {v}" for k, v in reasons.items())
+    return dict(list(picked.items())[:limit + 1])
+
+
 def _markdown(sp: StagePlan, summary: dict[str, Any]) -> str:
-    rows = "\n".join(
-        f"| {k} | {v} |" for k, v in summary.items() if not isinstance(v, (dict, list))
-    )
-    return f"### {sp.name}\n\nOutput: `{sp.out}`\n\n| figure | value |\n|---|---|\n{rows}\n"
+    rows = "\n".join(f"| {k} | {v} |" for k, v in short_summary(summary).items())
+    return (f"### {sp.name}\n\nOutput: `{sp.out}` (full figures in `summary.json` and in MLflow)\n\n"
+            f"| figure | value |\n|---|---|\n{rows}\n")
+
+
+def _announce(sp: StagePlan, event: str, seconds: float | None = None, note: str = "") -> None:
+    """One line on the terminal and the same event in Prefect's log."""
+    progress.say(progress.stage_line(sp.name, event, seconds, note))
+    try:
+        get_run_logger().info("%s %s%s%s", sp.name, event, f" in {seconds:.1f} s" if seconds is not None else "",
+                              f" ({note})" if note else "")
+    except Exception:  # noqa: BLE001 - outside a run there is no Prefect logger
+        pass
 
 
 class _ProgressArtifact:
@@ -60,16 +99,20 @@ def run_stage(stage: dict[str, Any], tracker: Tracker | None = None) -> dict[str
     run_id = None
     if tracker is not None:
         run_id = tracker.start_stage(sp.name, sp.config, tags={"stage_key": sp.key, "output": sp.out})
+    _announce(sp, "started")
+    started = time.monotonic()
     try:
         with progress.listening(progress.Throttled(_ProgressArtifact(sp.name), seconds=2.0)):
             summary = execute(sp, mlflow_run_id=run_id)
-    except BaseException:
+    except BaseException as exc:
+        _announce(sp, "failed", time.monotonic() - started, type(exc).__name__)
         if run_id:
             tracker.finish(run_id, "FAILED")
         raise
     if run_id:
         record_stage(tracker, run_id, Path(sp.out), summary)
         tracker.finish(run_id)
+    _announce(sp, "done", time.monotonic() - started, _headline(summary))
     try:
         create_markdown_artifact(_markdown(sp, summary), key=f"{sp.name.replace('_', '-')}-summary",
                                  description=f"{sp.name} summary")
@@ -82,6 +125,18 @@ def run_stage(stage: dict[str, Any], tracker: Tracker | None = None) -> dict[str
         pass
     return {"stage": sp.name, "out": sp.out, "mlflow_run_id": run_id,
             "summary": json.loads(json.dumps(summary, default=str))}
+
+
+def _headline(summary: dict[str, Any]) -> str:
+    """The one figure worth a glance on a stage's done line."""
+    if isinstance(summary.get("accuracy/overall"), (int, float)):
+        return f"accuracy {100 * summary['accuracy/overall']:.1f} % on {summary.get('count/overall', 0):.0f} questions"
+    if "steps" in summary and "stopped_by" in summary:
+        return f"{summary['steps']} steps, epoch {summary.get('epochs_reached', 0):.2f}, stopped by {summary['stopped_by']}"
+    failed = summary.get("failed")
+    done = summary.get("done")
+    return f"{done} done, {failed} failed" if isinstance(done, int) and isinstance(failed, int) else ""
+
 
 
 def _worth_retrying(task: Any, task_run: Any, state: Any) -> bool:

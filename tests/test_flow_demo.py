@@ -56,9 +56,16 @@ def test_demo_runs_then_is_served_from_cache(harness):
     assert [float(w) for w in weights.values()] == [0.0, 0.0, 0.2]
     from mlflow import MlflowClient
 
-    history = MlflowClient(tracking_uri=uri).get_metric_history(
-        children["train_stage1"].info.run_id, "rewards/format_reward/mean")
+    client = MlflowClient(tracking_uri=uri)
+    history = client.get_metric_history(children["train_stage1"].info.run_id, "reward/format")
     assert len(history) >= 2
+    # One global step across the stages: stage 2 goes on where stage 1 stopped.
+    steps = {n: sorted(m.step for m in client.get_metric_history(children[n].info.run_id, "reward/total"))
+             for n in ("train_stage1", "train_stage2")}
+    assert steps["train_stage2"][0] == steps["train_stage1"][-1] + 1
+    assert children["train_stage1"].data.metrics["summary/epochs_reached"] < 1
+    assert {c.info.run_name for c in children.values()} == STAGE_RUNS
+    assert parent.info.run_name.startswith("demo ") and parent.info.run_name.endswith("fresh")
     assert any(k.startswith("accuracy/") for k in children["evaluate"].data.metrics)
 
     from embodied_r.evaluation.registry import version_of_folder
@@ -74,6 +81,13 @@ def test_demo_runs_then_is_served_from_cache(harness):
     parent2, children2 = _runs(uri, second["mlflow_run_id"])
     assert set(children2) == STAGE_RUNS
     assert all(c.data.tags.get("cache_hit") == "true" for c in children2.values())
+    assert parent2.info.run_name.endswith("cached") and "Recipe" in parent2.data.tags["mlflow.note.content"]
+    # A cached child links to the run that computed it, and carries its history and files.
+    source = children2["train_stage1"].data.tags["source_run_id"]
+    assert source == children["train_stage1"].info.run_id
+    assert len(client.get_metric_history(children2["train_stage1"].info.run_id, "reward/format")) == len(history)
+    names = {a.path for a in client.list_artifacts(children2["evaluate"].info.run_id)}
+    assert {"report.md", "predictions_table.json"} <= names
     # The same trained model is not registered twice.
     assert len(MlflowClient(tracking_uri=uri).search_model_versions("name='embodied-r-reasoner'")) == 1
     assert "registered before" in second["promotion"]
@@ -99,3 +113,61 @@ def test_refresh_recomputes_a_stage_and_its_dependants_only(harness):
 
     result = embodied_r(recipe="demo", refresh=["train_stage3"])
     assert set(result["cached"]) == STAGE_RUNS - {"train_stage3", "evaluate"}
+
+
+def test_mlflow_ui_shows_runs_metrics_and_the_report(harness, tmp_path):
+    """The MLflow UI over the demo store, in headless Chromium: the experiment opens on the run
+    list with the parent runs, a parent shows `accuracy/overall`, and a cached run's evaluate
+    child lists `report.md`. Screenshots go to $EMBODIED_R_SCREENSHOTS when set."""
+    from browser import ensure_chromium
+
+    binary, why = ensure_chromium()
+    if binary is None:
+        pytest.skip(why)
+    check_mlflow_ui(binary, harness, tmp_path)
+
+
+def check_mlflow_ui(binary, harness, tmp_path):
+    import sys
+    from pathlib import Path
+
+    from mlflow import MlflowClient
+
+    from browser import Browser
+    from servers import background, free_port
+
+    uri = f"sqlite:///{harness / 'mlflow.db'}"
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name("embodied-r")
+    parents = [r for r in client.search_runs([experiment.experiment_id]) if "mlflow.parentRunId" not in r.data.tags
+               and r.data.tags.get("stage") is None]
+    cached_parent = next(r for r in parents if r.data.tags.get("cache_status") == "cached")
+    evaluate = client.search_runs([experiment.experiment_id], filter_string=(
+        f"tags.mlflow.parentRunId = '{cached_parent.info.run_id}' and tags.stage = 'evaluate'"))[0]
+    assert evaluate.data.tags["source_run_id"]
+
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    shots = Path(os.environ.get("EMBODIED_R_SCREENSHOTS") or tmp_path)
+    env = dict(os.environ)
+    with background([str(Path(sys.executable).parent / "mlflow"), "server", "--backend-store-uri", uri,
+                     "--host", "127.0.0.1", "--port", str(port)], tmp_path / "mlflow-ui.log", env,
+                    ready_url=f"{base}/health", timeout=180):
+        browser = Browser(binary)
+        try:
+            # The experiment page (as the CLI's links open it) lands on the run list.
+            browser.open(f"{base}/#/experiments/{experiment.experiment_id}?workflowType=machine_learning")
+            text = browser.wait_for(cached_parent.info.run_name, "matching runs")
+            assert all(p.info.run_name in text for p in parents[:3])
+            assert "No data available for the selected time range" not in text  # not the GenAI page
+            browser.screenshot(shots / "mlflow-run-list.png")
+            # A parent run carries the headline metric and its description.
+            browser.open(f"{base}/#/experiments/{experiment.experiment_id}/runs/{cached_parent.info.run_id}?workflowType=machine_learning")
+            browser.wait_for("accuracy/overall", "Recipe")
+            browser.screenshot(shots / "mlflow-parent-run.png")
+            # The cached run's evaluate child lists the report among its artifacts.
+            browser.open(f"{base}/#/experiments/{experiment.experiment_id}/runs/{evaluate.info.run_id}/artifacts?workflowType=machine_learning")
+            browser.wait_for("report.md", "predictions_table.json")
+            browser.screenshot(shots / "mlflow-evaluate-artifacts.png")
+        finally:
+            browser.close()

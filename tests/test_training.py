@@ -163,10 +163,12 @@ def test_three_stages_chain_on_cpu(records: Path, tmp_path: Path, monkeypatch: p
     assert "final_rewards_consistency_reward_mean" in summaries[2]
 
     # The trainer logged its per-step figures into the given run.
-    for name in ("rewards/format_reward/mean", "rewards/accuracy_reward/mean", "rewards/format_reward/std",
-                 "kl", "reward", "completions/mean_length", "completions/max_length",
-                 "completions/clipped_ratio", "entropy", "step_time"):
+    for name in ("reward/format", "reward/accuracy", "reward/format_std", "train/kl", "reward/total",
+                 "train/completions/mean_length", "train/completions/max_length",
+                 "train/completions/clipped_ratio", "train/entropy", "perf/step_time"):
         assert len(client.get_metric_history(run_id, name)) == 2, name
+    assert summaries[0]["stopped_by"] == "step cap" and summaries[0]["epochs_requested"] == 1.0
+    assert [s["global_step_offset"] for s in summaries] == [0, 2, 4]
     # ... and a sample of completions as a table: one per table interval and the last step.
     table_path = client.download_artifacts(run_id, "completions.json", str(tmp_path / "dl"))
     table = json.loads(Path(table_path).read_text())
@@ -175,10 +177,10 @@ def test_three_stages_chain_on_cpu(records: Path, tmp_path: Path, monkeypatch: p
                    "answer", "solution"):
         assert column in columns, column
     rows = [dict(zip(columns, row)) for row in table["data"]]
-    assert [r["step"] for r in rows] == [2, 2]
+    assert sorted({r["step"] for r in rows}) == [1, 2] and {r["stage"] for r in rows} == {"train_stage1"}
     assert all(r["solution"] in "ABCD" and len(r["prompt"]) <= 401 for r in rows)
     assert "<answer>" in rows[0]["prompt"]  # the excerpt is the prompt's end: question and format
-    assert summaries[0]["completion_tables"] == 1
+    assert summaries[0]["completion_tables"] == 2
     # Time split of the steps: generation was timed by the trainer's own phase, so the
     # update (the rest) is less than the whole (the split itself: test_phase_timer_...).
     split = [summaries[0][k] for k in ("seconds_generation", "seconds_reward", "seconds_update")]

@@ -33,6 +33,8 @@ def _setup_env(home: str | None) -> None:
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "300")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    # Our own bars only: MLflow's "Downloading artifacts" bar would interleave with them.
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
 
 def _overrides(pairs: list[str]) -> dict[str, Any]:
@@ -86,9 +88,10 @@ def _print_outcome(result: dict[str, Any], seconds: float, synthetic: bool = Fal
     uri = result.get("tracking_uri", "")
     print(f"\nMLflow store: {uri}  (parent run {result.get('mlflow_run_id')})")
     if uri.startswith("sqlite:"):
-        print(f"Open its UI:  mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000"
-              f"  then browse http://127.0.0.1:5000")
+        print(f"Open its UI:  mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000")
     print(f"Project home: {home()}")
+    if result.get("mlflow_run_url"):
+        print(f"This run in MLflow: {result['mlflow_run_url']}")
 
 
 def _precheck(args: argparse.Namespace, stage: str | None) -> None:

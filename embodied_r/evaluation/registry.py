@@ -1,11 +1,12 @@
 """The MLflow model registry: trained reasoners as model versions, aliases, promotion.
 
-A trained reasoner is a plain transformers checkpoint folder. It is logged as the
-artifacts of a run (under ``model/``) and registered with
-``MlflowClient.create_model_version(name, source="runs:/<run>/model", run_id=<run>)``:
-no ``MLmodel`` flavour file is needed, the source stays inside the run's artifacts (which
-an MLflow server requires) and ``models:/<name>@<alias>`` downloads back to the same
-folder, loadable with ``AutoModelForCausalLM.from_pretrained``.
+A trained reasoner is a plain transformers checkpoint folder. It is logged under ``model/`` of a
+run in MLflow's transformers flavour (``MLmodel`` with task ``text-generation``, its tokenizer
+and a signature, so ``mlflow.transformers.load_model`` and ``mlflow models serve`` take a
+registered version), the flavour's ``model/`` being the checkpoint folder as it was, and
+registered with ``MlflowClient.create_model_version(name, source="runs:/<run>/model")``: the
+source stays inside the run's artifacts (which an MLflow server requires) and
+``models:/<name>@<alias>`` resolves back to the same checkpoint folder for the backends.
 
 Registry URIs resolve to a local folder cached per store and version; versions are
 immutable, so a cached folder never goes stale. An alias is read once and turned into
@@ -94,10 +95,10 @@ def register_model_folder(
         tracker = Tracker.open(experiment, uri)
         run_id = c.create_run(tracker.experiment_id, run_name=f"register-{name}",
                               tags={"source_folder": str(folder.resolve())}).info.run_id
-        c.log_artifacts(run_id, str(folder), "model")
+        log_flavour(c, run_id, folder)
         c.set_terminated(run_id)
     else:
-        c.log_artifacts(run_id, str(folder), "model")
+        log_flavour(c, run_id, folder)
     try:
         c.create_registered_model(name)
     except MlflowException as exc:
@@ -106,6 +107,56 @@ def register_model_folder(
     all_tags = {"source_folder": str(folder.resolve()), "weights_sha256": weights_digest(folder), **(tags or {})}
     return c.create_model_version(name, source=f"runs:/{run_id}/model", run_id=run_id, tags=all_tags,
                                   description=description)
+
+
+def flavour_signature() -> Any:
+    """A prompt string in, the generated text out; generation settings as parameters."""
+    from mlflow.models.signature import ModelSignature
+    from mlflow.types.schema import ColSpec, ParamSchema, ParamSpec, Schema
+
+    return ModelSignature(inputs=Schema([ColSpec("string")]), outputs=Schema([ColSpec("string")]),
+                          params=ParamSchema([ParamSpec("max_new_tokens", "long", 512),
+                                              ParamSpec("temperature", "double", 0.0)]))
+
+
+def save_flavour(folder: Path, dest: Path) -> Path:
+    """``folder`` as an MLflow transformers model in ``dest``; its ``model/`` is ``folder`` itself
+    (MLflow's own re-save could change the files), its tokenizer under ``components/``."""
+    import mlflow.transformers
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype="auto")
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    # Explicit requirements: MLflow's inference would pin torchvision, which is not installed.
+    requirements = [f"transformers=={transformers.__version__}", f"torch=={torch.__version__.split('+')[0]}"]
+    mlflow.transformers.save_model({"model": model, "tokenizer": tokenizer}, str(dest), task="text-generation",
+                                   signature=flavour_signature(), pip_requirements=requirements)
+    shutil.rmtree(dest / "model")
+    shutil.copytree(folder, dest / "model")
+    return dest
+
+
+def log_flavour(c: Any, run_id: str, folder: Path) -> None:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        c.log_artifacts(run_id, str(save_flavour(Path(folder), Path(tmp) / "model")), "model")
+
+
+def _checkpoint_of_flavour(folder: Path) -> None:
+    """Turn a downloaded flavour folder into the checkpoint folder its ``model/`` holds."""
+    if not (folder / "MLmodel").is_file() or not (folder / "model").is_dir():
+        return
+    inner = folder / f".model-{uuid.uuid4().hex[:6]}"
+    os.replace(folder / "model", inner)
+    for item in list(folder.iterdir()):
+        if item != inner:
+            shutil.rmtree(item) if item.is_dir() else item.unlink()
+    for item in list(inner.iterdir()):
+        os.replace(item, folder / item.name)
+    inner.rmdir()
 
 
 def weights_digest(folder: Path) -> str:
@@ -183,15 +234,15 @@ def _download(ref: ModelRef, store: str, dest: Path) -> None:
     dest.mkdir(parents=True, exist_ok=True)
     if source.startswith("runs:/"):
         run_id, _, path = source[len("runs:/"):].partition("/")
-        c.download_artifacts(run_id, path, str(dest))
-        nested = dest / path
-        if path and nested.is_dir():  # the client keeps the artifact path: lift its files up
-            for item in list(nested.iterdir()):
-                os.replace(item, dest / item.name)
-            for empty in [nested, *nested.parents]:
-                if empty == dest:
-                    break
-                empty.rmdir()
+        # Into a side folder: the client keeps the artifact path, whose files are lifted up
+        # (a flavour's own model/ inside the logged model/ must not collide with it).
+        side = dest / f".download-{uuid.uuid4().hex[:6]}"
+        side.mkdir()
+        c.download_artifacts(run_id, path, str(side))
+        nested = side / path if path else side
+        for item in list(nested.iterdir()):
+            os.replace(item, dest / item.name)
+        shutil.rmtree(side)
         return
     mlflow.artifacts.download_artifacts(artifact_uri=c.get_model_version_download_uri(ref.name, str(ref.version)),
                                         dst_path=str(dest), tracking_uri=store, registry_uri=store)
@@ -209,6 +260,7 @@ def resolve_model_uri(uri: str, tracking_uri: str | None = None, cache_root: Pat
     tmp = dest.with_name(f".{dest.name}.{uuid.uuid4().hex[:8]}.partial")
     try:
         _download(ref, store, tmp)
+        _checkpoint_of_flavour(tmp)
         if not (tmp / "config.json").is_file():
             raise RegistryError(f"{ref.uri} holds no model folder (no config.json); register a checkpoint folder")
         try:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -54,6 +55,46 @@ PAPER_ACCURACY: dict[str, float] = {
 }
 PAPER_AVERAGE = PAPER_TABLE1[PAPER_MODEL][0]
 
+# One naming of tasks: UrbanVideo-Bench's names as they are, VSI-Bench's snake_case ids in the
+# same words as the paper's Table 1 (its abbreviations in LEGEND).
+TASK_NAMES = {
+    "object_rel_direction": "Relative Direction",
+    "object_rel_distance": "Relative Distance",
+    "route_planning": "Route Planning",
+    "obj_appearance_order": "Appearance Order",
+    "object_counting": "Object Count",
+    "object_abs_distance": "Absolute Distance",
+    "object_size_estimation": "Object Size",
+    "room_size_estimation": "Room Size",
+}
+LEGEND = ("Table 1 columns: avg = every question of the eight tasks weighed once; UrbanVideo-Bench: "
+          "LP Landmark Position, CF Counterfactual, PE Progress Evaluation, AG Action Generation; "
+          "VSI-Bench: RDist Relative Distance, RDir Relative Direction, RP Route Planning, "
+          "AO Appearance Order.")
+# Below this many questions a task's accuracy is flagged: one question moves it by 10+ points.
+SMALL_TASK = 10
+
+
+def task_name(category: str) -> str:
+    if category in TASK_NAMES:
+        return TASK_NAMES[category]
+    return category.replace("_", " ").title() if category == category.lower() else category
+
+
+def wilson_interval(score_sum: float, n: int, z: float = 1.96) -> tuple[float, float]:
+    """95 % Wilson interval of a proportion (scores in [0, 1] summed to ``score_sum``)."""
+    if n <= 0:
+        return 0.0, 1.0
+    p = min(max(score_sum / n, 0.0), 1.0)
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def _interval(c: Mapping[str, Any]) -> tuple[float, float]:
+    n = int(c["count"])
+    return wilson_interval(float(c.get("score_sum", float(c["accuracy"]) * n)), n)
+
 NOTE = (
     "Choice questions score 1 or 0; numeric ones VSI-Bench's mean relative accuracy. "
     "Unreadable answers count as wrong. The relative-direction task is the mean of its three "
@@ -92,7 +133,7 @@ def table_rows(categories: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return [
         {
             "benchmark": c["benchmark"],
-            "task": c["category"],
+            "task": task_name(c["category"]),
             "questions": int(c["count"]),
             "accuracy_pct": round(100 * float(c["accuracy"]), 1),
             "paper_pct": PAPER_ACCURACY.get(c["category"]),
@@ -108,11 +149,15 @@ def table_rows_from_folder(folder: Path) -> list[dict[str, Any]]:
 
 def render_markdown(categories: Sequence[Mapping[str, Any]], metrics: Mapping[str, float], *,
                     model: str, split: str, title: str = "Evaluation",
-                    others: Mapping[str, Mapping[str, float]] | None = None) -> str:
-    """The Markdown report: headline figures, per-task accuracy, the paper's Table 1
-    with this run (and ``others``, e.g. baselines) beside it."""
+                    others: Mapping[str, Mapping[str, float]] | None = None,
+                    header: Mapping[str, str] | None = None, chance: Mapping[str, float] | None = None) -> str:
+    """The Markdown report: headline figures, per-task accuracy with its 95 % interval and
+    chance level, the paper's Table 1 with this run (and ``others``, e.g. baselines) beside it.
+    ``header`` names the run, recipe and model version when the caller knows them."""
     n = int(metrics.get("count/overall", 0))
-    lines = [f"# {title}", "", f"- model: `{model}`", f"- split: `{split}`, {n} questions"]
+    chance = chance or {}
+    lines = [f"# {title}", ""] + [f"- {k}: {v}" for k, v in (header or {}).items()]
+    lines += [f"- model: `{model}`", f"- split: `{split}`, {n} questions"]
     if "parsed/overall" in metrics:
         lines.append(f"- answers that could be read: {_pct(metrics['parsed/overall'])} %")
     if "consistency/ratio" in metrics:
@@ -122,11 +167,17 @@ def render_markdown(categories: Sequence[Mapping[str, Any]], metrics: Mapping[st
         lines.append(f"- response length: mean {metrics['response_tokens/mean']:.0f} tokens, "
                      f"median {metrics['response_tokens/median']:.0f}, max {metrics['response_tokens/max']:.0f}")
     lines += ["", "## Accuracy per task", "",
-              "| benchmark | task | questions | accuracy % | paper (Embodied-R) % |",
-              "|---|---|---:|---:|---:|"]
+              "| benchmark | task | questions | accuracy % | 95 % interval | chance % | paper (Embodied-R) % |",
+              "|---|---|---:|---:|---:|---:|---:|"]
+    small = 0
     for c in categories:
         paper = PAPER_ACCURACY.get(c["category"])
-        lines.append(f"| {c['benchmark']} | {c['category']} | {c['count']} | {_pct(c['accuracy'])} | "
+        low, high = _interval(c)
+        few = int(c["count"]) < SMALL_TASK
+        small += few
+        guess = chance.get(c["category"])
+        lines.append(f"| {c['benchmark']} | {task_name(c['category'])}{' ⚠' if few else ''} | {c['count']} | "
+                     f"{_pct(c['accuracy'])} | {_pct(low)}–{_pct(high)} | {'' if guess is None else _pct(guess)} | "
                      f"{'' if paper is None else f'{paper:.1f}'} |")
         for sub, s in (c.get("subtasks") or {}).items():
             lines.append(f"| | &nbsp;&nbsp;{sub} | {s['count']} | {_pct(s['accuracy'])} | |")
@@ -136,9 +187,12 @@ def render_markdown(categories: Sequence[Mapping[str, Any]], metrics: Mapping[st
                          f"{_pct(metrics['accuracy/paper_tasks'])} | {PAPER_AVERAGE:.1f} |")
         lines.append(f"| all | every question (micro) | {n} | {_pct(metrics['accuracy/overall'])} | |")
         lines.append(f"| all | mean over tasks (macro) | {n} | {_pct(metrics['accuracy/macro'])} | |")
+    if small:
+        lines += ["", f"⚠ {small} task(s) have fewer than {SMALL_TASK} questions: their accuracy is "
+                  "little more than chance either way; read the interval, not the figure."]
     lines += ["", "## Beside the paper's Table 1", ""]
     lines += _table1_lines({"this evaluation": metrics, **(others or {})})
-    lines += ["", NOTE, ""]
+    lines += ["", LEGEND, "", NOTE, ""]
     return "\n".join(lines)
 
 
@@ -157,23 +211,36 @@ def render_comparison(runs: Mapping[str, Mapping[str, float]], split: str,
     lines = [f"# {title}", "", f"Split: `{split}`. Accuracy %; avg weighs every question of the paper's "
              "eight tasks once.", ""]
     lines += _table1_lines(runs)
-    lines += ["", NOTE, ""]
+    lines += ["", LEGEND, "", NOTE, ""]
     return "\n".join(lines)
 
 
-def plot_accuracy(categories: Sequence[Mapping[str, Any]], path: Path, title: str = "Accuracy per task") -> Path:
-    """A horizontal bar per task (this run), with the paper's Embodied-R figure marked."""
+def plot_accuracy(categories: Sequence[Mapping[str, Any]], path: Path, title: str = "Accuracy per task",
+                  chance: Mapping[str, float] | None = None) -> Path:
+    """A horizontal bar per task (this run) with its 95 % interval, the chance level and the
+    paper's Embodied-R figure marked; tasks with few questions are flagged in their label."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display: files only
     import matplotlib.pyplot as plt
 
-    names = [f"{c['category']} ({c['benchmark']}, n={c['count']})" for c in categories]
+    chance = chance or {}
+    names = [f"{task_name(c['category'])} ({c['benchmark']}, n={c['count']}"
+             f"{', few!' if int(c['count']) < SMALL_TASK else ''})" for c in categories]
     ours = [100 * float(c["accuracy"]) for c in categories]
     fig, ax = plt.subplots(figsize=(8, 0.45 * max(len(names), 2) + 1.4), dpi=100)
     try:
         ys = list(range(len(names)))
-        ax.barh(ys, ours, color="#4C72B0", label="this evaluation")
+        spans = [_interval(c) for c in categories]
+        errors = [[v - 100 * lo for v, (lo, _) in zip(ours, spans)], [100 * hi - v for v, (_, hi) in zip(ours, spans)]]
+        ax.barh(ys, ours, color="#4C72B0", label="this evaluation (95 % interval)", xerr=errors or None,
+                error_kw={"ecolor": "#333333", "capsize": 3, "lw": 1})
+        guesses = [(y, 100 * chance[c["category"]]) for y, c in zip(ys, categories) if c["category"] in chance]
+        if guesses:
+            ax.scatter([v for _, v in guesses], [y for y, _ in guesses], marker="|", s=300, color="#888888",
+                       zorder=3, label="chance (random option)")
+        else:
+            ax.axvline(25, color="#888888", ls="--", lw=1, label="chance, 4 options")
         marked = [(y, PAPER_ACCURACY[c["category"]]) for y, c in zip(ys, categories) if c["category"] in PAPER_ACCURACY]
         if marked:
             ax.scatter([v for _, v in marked], [y for y, _ in marked], marker="|", s=300, color="#C44E52",
@@ -206,13 +273,24 @@ def comparison_csv(runs: Mapping[str, Mapping[str, float]]) -> str:
 
 def write_report(folder: Path, categories: Sequence[Mapping[str, Any]], metrics: Mapping[str, float], *,
                  model: str, split: str, title: str = "Evaluation",
-                 others: Mapping[str, Mapping[str, float]] | None = None) -> list[Path]:
+                 others: Mapping[str, Mapping[str, float]] | None = None,
+                 chance: Mapping[str, float] | None = None) -> list[Path]:
     """Write ``REPORT_FILES`` into ``folder``; returns their paths."""
     folder = Path(folder)
     md = folder / REPORT_MD
-    md.write_text(render_markdown(categories, metrics, model=model, split=split, title=title, others=others),
-                  encoding="utf-8")
-    chart = plot_accuracy(categories, folder / CHART_PNG, title=f"{title}: {split} split")
+    md.write_text(render_markdown(categories, metrics, model=model, split=split, title=title, others=others,
+                                  chance=chance), encoding="utf-8")
+    chart = plot_accuracy(categories, folder / CHART_PNG, title=f"{title}: {split} split", chance=chance)
     table = folder / PAPER_CSV
     table.write_text(comparison_csv({"this evaluation": metrics, **(others or {})}), encoding="utf-8")
     return [md, chart, table]
+
+
+def render_folder(folder: Path, header: Mapping[str, str] | None = None) -> str:
+    """The report of a finished evaluation folder again, headed by ``header`` (the pipeline run,
+    recipe and registered model version, known only once the run ends)."""
+    data = read_json(Path(folder) / "metrics.json")
+    summary = read_json(Path(folder) / "summary.json")
+    return render_markdown(data["categories"], data["metrics"], model=str(summary.get("model_label") or
+                           summary.get("model", "")), split=str(summary.get("split", "")),
+                           header=header, chance=data.get("chance"))

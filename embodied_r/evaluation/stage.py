@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import hashlib
 import math
+import json
+import re
 import time
 from collections import Counter
 from pathlib import Path
@@ -116,6 +118,43 @@ def resolve_model_ref(model: str) -> str:
     return resolve_model(model)
 
 
+def chance_levels(records: list[dict[str, Any]]) -> dict[str, float]:
+    """Per task, the accuracy of picking an option at random (choice questions only)."""
+    by_task: dict[str, list[float]] = {}
+    for r in records:
+        options = list(r.get("options") or [])
+        if r.get("answer_type") != "number" and options:
+            by_task.setdefault(r["category"], []).append(1.0 / len(options))
+    return {task: sum(v) / len(v) for task, v in by_task.items()}
+
+
+TABLE_FILE = "predictions_table.json"
+
+
+def _video_text(record: dict[str, Any]) -> str:
+    """The perception text inside a reasoning prompt (what comes before the question)."""
+    prompt, question = str(record.get("prompt") or ""), str(record.get("question") or "")
+    head = prompt.split(question.split("\n", 1)[0], 1)[0] if question else prompt
+    return head.strip()[:4000]
+
+
+def write_predictions_table(path: Path, records: list[dict[str, Any]], rows: list[dict[str, Any]]) -> None:
+    """One row per question for MLflow's table view (pandas "split" layout): question,
+    perception text, completion, parsed answer, gold answer, score."""
+    by_uid = {r["uid"]: r for r in records}
+    columns = ["uid", "task", "question", "perception", "completion", "prediction", "solution", "score"]
+    data = [[row["uid"], row["category"], by_uid[row["uid"]].get("question", ""),
+             _video_text(by_uid[row["uid"]]), row["completion"], row["prediction"], row["solution"], row["score"]]
+            for row in rows if row["uid"] in by_uid]
+    path.write_text(json.dumps({"columns": columns, "data": data}), encoding="utf-8")
+
+
+def describe_model(path: str) -> str:
+    """A model's name for people: a pipeline stage's output by stage, else the path as given."""
+    match = re.search(r"stages/(?P<stage>[^/]+)/(?P<key>[0-9a-f]{8,})/model/?$", path)
+    return f"the model trained by {match['stage']} (output {match['key'][:8]})" if match else path
+
+
 def read_split(records: Path, split: str) -> list[dict[str, Any]]:
     split_file = Path(records) / f"{split}.parquet"
     if not split_file.is_file():
@@ -197,11 +236,14 @@ def evaluate_records(
             metrics["consistency/ratio"] = sum(judged) / len(judged)
             metrics["consistency/judged"] = float(len(judged))
         categories = category_table(rows)
-        write_json_atomic(work / "metrics.json", {"metrics": metrics, "categories": categories})
-        write_report(work, categories, metrics, model=model_label, split=cfg.split, title=title)
+        chance = chance_levels(all_records)
+        write_json_atomic(work / "metrics.json", {"metrics": metrics, "categories": categories, "chance": chance})
+        write_report(work, categories, metrics, model=model_label, split=cfg.split, title=title, chance=chance)
+        write_predictions_table(work / TABLE_FILE, all_records, rows)
         seconds = time.monotonic() - started
         summary: dict[str, Any] = {
             "model": model_label,
+            "model_label": model_label,
             "split": cfg.split,
             "items": len(all_records),
             "done": len(answered),
@@ -233,7 +275,7 @@ def run_evaluation(records: Path, model: str, out: Path, cfg: EvaluationConfig,
         update["max_new_tokens"] = cfg.max_new_tokens
     ref = model_ref or (model if model != resolved else None)
     return evaluate_records(all_records, out, cfg.backend.model_copy(update=update), cfg,
-                            model_label=f"{ref} ({resolved})" if ref else resolved, title=title,
+                            model_label=ref or describe_model(resolved), title=title,
                             extra_summary={"model": resolved, "model_ref": ref} if ref else None)
 
 

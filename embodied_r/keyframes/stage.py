@@ -67,6 +67,52 @@ def make_montage(image_paths: Sequence[str | Path], out_path: str | Path, *, lab
     return out
 
 
+MONTAGE_VIDEOS = 3
+MONTAGE_FRAMES = 6
+
+
+def _caption(row: dict[str, Any]) -> str:
+    overlap = row.get("overlap")
+    shown = "-" if overlap is None or (isinstance(overlap, float) and math.isnan(overlap)) else f"{overlap:.2f}"
+    return f"#{row['rank']} t={row['timestamp']:.1f}s overlap {shown} {row['reason']}"
+
+
+def make_video_montage(videos: Sequence[tuple[str, Sequence[dict[str, Any]]]], folder: Path, out_path: Path, *,
+                       frames: int = MONTAGE_FRAMES, tile_width: int = 400) -> Path:
+    """One row per video (its name above), up to ``frames`` key frames spread over it, each
+    captioned below with rank, time, overlap with the previous key frame and why it was kept."""
+    font, thick = cv2.FONT_HERSHEY_SIMPLEX, 1
+    bar, title = 30, 36
+    blocks = []
+    for video_id, rows in videos:
+        picks = [rows[round(i * (len(rows) - 1) / max(frames - 1, 1))] for i in range(min(frames, len(rows)))]
+        picks = list({r["rank"]: r for r in picks}.values())
+        tiles = []
+        for row in picks:
+            im = cv2.imread(str(Path(folder) / row["image_path"]))
+            if im is None:
+                continue
+            th = max(1, round(tile_width * im.shape[0] / im.shape[1]))
+            tile = np.full((th + bar, tile_width, 3), 255, np.uint8)
+            tile[:th] = cv2.resize(im, (tile_width, th), interpolation=cv2.INTER_AREA)
+            cv2.putText(tile, _caption(row), (6, th + 21), font, 0.5, (20, 20, 20), thick, cv2.LINE_AA)
+            tiles.append(tile)
+        if not tiles:
+            continue
+        height = max(t.shape[0] for t in tiles)
+        strip = np.full((title + height, frames * tile_width, 3), 255, np.uint8)
+        cv2.putText(strip, f"{video_id}  ({len(rows)} key frames)", (8, 26), font, 0.8, (0, 0, 0), 2, cv2.LINE_AA)
+        for i, tile in enumerate(tiles):
+            strip[title:title + tile.shape[0], i * tile_width:(i + 1) * tile_width] = tile
+        blocks.append(strip)
+    if not blocks:
+        raise ValueError("no readable key frame to show")
+    out = Path(out_path)
+    if not cv2.imwrite(str(out), np.vstack(blocks), [cv2.IMWRITE_JPEG_QUALITY, 88]):
+        raise OSError(f"cannot write {out}")
+    return out
+
+
 def _catalog_videos(catalog: Path) -> list[tuple[str, str]]:
     path = Path(catalog)
     if path.is_dir():
@@ -168,10 +214,10 @@ def run_keyframes(catalog: Path, out: Path, cfg: KeyframeConfig | None = None) -
         write_parquet_atomic(table_from_records(
             [{"stage": "keyframes", "item": r["video_id"], "reason": r["reason"]} for r in bad],
             schemas.FAILURES), work / "failures.parquet")
-        shown = next((r for r in ok if r["rows"]), None)
-        if shown is not None:
-            make_montage([work / row["image_path"] for row in shown["rows"]], work / "montage.jpg",
-                         labels=[f"{row['rank']} f{row['frame_index']} {row['reason']}" for row in shown["rows"]])
+        shown_videos = [r for r in ok if r["rows"]][:MONTAGE_VIDEOS]
+        shown = shown_videos[0] if shown_videos else None
+        if shown_videos:
+            make_video_montage([(r["video_id"], r["rows"]) for r in shown_videos], work, work / "montage.jpg")
         counts = [len(r["rows"]) for r in ok]
         summary = {
             "videos": len(videos), "done": len(ok), "failed": len(bad),
@@ -185,6 +231,7 @@ def run_keyframes(catalog: Path, out: Path, cfg: KeyframeConfig | None = None) -
             "hash_seconds": round(sum(r.get("hash_seconds", 0.0) for r in ok), 3),
             "processing_seconds": round(sum(r["seconds"] for r in ok), 3),
             "montage_video": shown["video_id"] if shown else "",
+            "montage_videos": [r["video_id"] for r in shown_videos],
             "workers": workers, "seconds": round(time.perf_counter() - start, 3),
         }
         write_summary(work, summary)

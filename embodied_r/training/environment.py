@@ -196,6 +196,7 @@ def _child_env(mlflow_run_id: str | None, uri: str | None = None) -> dict[str, s
     from embodied_r.faults import PARENT_PID_ENV
 
     env[PARENT_PID_ENV] = str(os.getpid())
+    env.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     if mlflow_run_id:
         from embodied_r.tracking import tracking_uri
 
@@ -232,8 +233,21 @@ def _progress_line(line: str, what: str) -> bool:
     return True
 
 
+def _step_line(line: str) -> str | None:
+    """The compact terminal line of a trainer's step report, or None for another line."""
+    from embodied_r.training.callbacks import STEP_MARK
+
+    if not line.startswith(STEP_MARK):
+        return None
+    try:
+        return progress.step_line(json.loads(line[len(STEP_MARK):]))
+    except (ValueError, TypeError, AttributeError):
+        return None
+
+
 def _stream(cmd: list[str], env: dict[str, str], log_path: Path, what: str = "train") -> int:
-    """Run ``cmd``, copying its output line by line to our stdout and to ``log_path``."""
+    """Run ``cmd``, copying its output line by line to ``log_path`` and to our stdout, where a
+    step report becomes one compact line (the full report stays in the log)."""
     with open(log_path, "a", encoding="utf-8") as log_file:
         log_file.write(f"$ {' '.join(cmd)}\n")
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -243,8 +257,11 @@ def _stream(cmd: list[str], env: dict[str, str], log_path: Path, what: str = "tr
             for line in proc.stdout:
                 if _progress_line(line, what):
                     continue
-                sys.stdout.write(line)
-                sys.stdout.flush()
+                compact = _step_line(line)
+                if compact is not None:
+                    progress.say(compact)
+                else:
+                    progress.say(line.rstrip("\n"))
                 log_file.write(line)
                 log_file.flush()
             return proc.wait()

@@ -21,10 +21,10 @@ from typing import Any, Callable
 
 import pyarrow.parquet as pq
 
-from embodied_r.scoring.answers import completion_text
 from embodied_r.io import read_json, write_json_atomic
 from embodied_r.scoring.rewards import accuracy_reward, format_reward, make_consistency_reward
 from embodied_r.training.checkpoints import last_checkpoint
+from embodied_r.training.callbacks import reporting_callback
 from embodied_r.training.config import GRPOStageConfig, TrainingConfig
 from embodied_r.training.environment import (
     progress_callback,
@@ -39,9 +39,6 @@ log = logging.getLogger("embodied_r.training.grpo")
 
 # Columns the reward functions read; TRL hands every non-prompt column to them.
 REWARD_COLUMNS = ("uid", "category", "solution", "answer_type", "question", "options")
-TABLE_FILE = "completions.json"
-PROMPT_EXCERPT = 400  # characters of the prompt's end (the question) shown in the table
-COMPLETION_MAX = 8000
 
 
 def read_records(records: Path) -> list[dict[str, Any]]:
@@ -162,76 +159,6 @@ def save_trained_model(trainer: Any, work: Path, lora: bool) -> None:
     trainer.accelerator.wait_for_everyone()
 
 
-def _json_value(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None  # a reward left unscored (None) arrives as NaN
-    return value
-
-
-def _excerpt(prompt: Any) -> str:
-    if isinstance(prompt, list):
-        users = [m.get("content") for m in prompt if isinstance(m, dict) and m.get("role") == "user"]
-        prompt = users[-1] if users else ""
-    text = str(prompt or "")
-    # The question and options sit at the end; the frame-by-frame text before them is long.
-    return text if len(text) <= PROMPT_EXCERPT else "…" + text[-PROMPT_EXCERPT:]
-
-
-def completion_sample(logs: dict[str, Any], rows: int, step: int) -> dict[str, list[Any]]:
-    """The first ``rows`` completions of the latest generation batch (a whole group of
-    one prompt when ``rows`` equals the number of generations), with each reward, the
-    advantage and the columns rewards logged (parsed answer, solution, reference answer)."""
-    prompts = list(logs.get("prompt", []))
-    n = min(rows, len(prompts))
-    if n <= 0:
-        return {}
-    table: dict[str, list[Any]] = {
-        "step": [step] * n,
-        "prompt": [_excerpt(p) for p in prompts[:n]],
-        "completion": [completion_text(c)[:COMPLETION_MAX] for c in list(logs["completion"])[:n]],
-    }
-    for name, values in logs.get("rewards", {}).items():
-        table[name] = [_json_value(float(v)) for v in list(values)[:n]]
-    if logs.get("advantages"):
-        table["advantage"] = [_json_value(float(v)) for v in list(logs["advantages"])[:n]]
-    for column, values in logs.get("extra", {}).items():
-        table.setdefault(column, [_json_value(v) for v in list(values)[:n]])
-    return table
-
-
-def completion_table_callback(rows: int, every: int, run_id: str | None, uri: str | None) -> Any:
-    """A callback logging ``completion_sample`` into MLflow run ``run_id``, every ``every``
-    steps and at the last one. Its ``trainer`` is set once the trainer exists."""
-    from transformers import TrainerCallback
-
-    class CompletionTable(TrainerCallback):
-        def __init__(self) -> None:
-            self.trainer: Any = None
-            self.logged_step = -1
-            self.tables = 0
-
-        def on_log(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            if self.trainer is None or not run_id or not state.is_world_process_zero:
-                return
-            step = state.global_step
-            last = state.max_steps > 0 and step >= state.max_steps
-            if step == self.logged_step or not (last or step % every == 0):
-                return
-            table = completion_sample(getattr(self.trainer, "_logs", {}), rows, step)
-            if not table:
-                return
-            self.logged_step = step
-            try:
-                from mlflow import MlflowClient
-
-                MlflowClient(tracking_uri=uri).log_table(run_id, data=table, artifact_file=TABLE_FILE)
-                self.tables += 1
-            except Exception as exc:  # noqa: BLE001 - a lost table must not stop training
-                log.warning("could not log the completions table at step %d: %s", step, exc)
-
-    return CompletionTable()
-
-
 class PhaseTimer:
     """Seconds spent generating and scoring, from TRL's ``_generate`` and
     ``_calculate_rewards``; the rest of a step is the update (forward, backward, step)."""
@@ -289,6 +216,16 @@ def result_figures(history: list[dict[str, Any]], reward_names: list[str]) -> di
     return out
 
 
+def schedule_figures(state: Any, epochs: float, step_cap: int | None, offset: int) -> dict[str, Any]:
+    """How far the stage went: epochs asked for and reached, and whether a step cap ended it."""
+    steps = int(state.global_step)
+    reached = float(state.epoch or 0.0)
+    capped = bool(step_cap) and steps >= int(step_cap) and reached + 1e-6 < float(epochs)
+    return {"epochs_requested": float(epochs), "epochs_reached": round(reached, 4),
+            "step_cap": step_cap or 0, "stopped_by": "step cap" if capped else "epochs",
+            "global_step_offset": offset, "global_step_end": offset + steps}
+
+
 def quiet_known_warnings() -> None:
     # TRL reads this deprecated property at every generation: one line per step in train.log.
     warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
@@ -304,14 +241,19 @@ def main(spec_path: str) -> int:
 
     dataset = load_dataset(Path(spec["records"]))
     funcs, weights = reward_setup(stage, cfg)
-    # Read now: MLflow removes MLFLOW_RUN_ID from the environment when the trainer resumes the run.
     run_id, uri = os.environ.get("MLFLOW_RUN_ID"), os.environ.get("MLFLOW_TRACKING_URI")
-    args = grpo_args(stage, cfg, work, weights, ["mlflow"] if run_id else [])
-    table = completion_table_callback(cfg.completion_table_rows, cfg.completion_table_steps, run_id, uri)
+    # Our own reporting callback logs to MLflow (prefixed names, one global step over the
+    # stages); TRL's would log flat names from step 1 and rename the run.
+    args = grpo_args(stage, cfg, work, weights, [])
+    offset = int(spec.get("global_step_offset", 0))
+    reporting = reporting_callback(spec.get("run_name", stage.name), int(spec.get("stage_index", 1)), offset,
+                                   run_id, uri, cfg.completion_table_rows, cfg.completion_table_steps, work)
     trainer = GRPOTrainer(model=spec["init_model"], reward_funcs=funcs, args=args, train_dataset=dataset,
-                          peft_config=peft_config(cfg.lora),
-                          callbacks=[progress_callback(), *([table] if cfg.completion_table_rows else [])])
-    table.trainer = trainer
+                          peft_config=peft_config(cfg.lora), callbacks=[progress_callback(), reporting])
+    from transformers.trainer_callback import PrinterCallback
+
+    trainer.remove_callback(PrinterCallback)  # its raw dict per step; ours prints a compact line
+    reporting.trainer = trainer
     timer = PhaseTimer(trainer)
 
     resume, start_step = last_checkpoint(work)
@@ -337,12 +279,12 @@ def main(spec_path: str) -> int:
         "seconds_per_step": round(seconds / steps_here, 4) if steps_here else None,
         **timer.split(seconds),
         "train_records": len(dataset),
-        "epochs": stage.epochs,
+        **schedule_figures(trainer.state, stage.epochs, cfg.max_steps_per_stage, offset),
         "reward_funcs": reward_names,
         "reward_weights": weights,
         "lora": cfg.lora is not None,
         "vllm_rollouts": cfg.vllm is not None,
-        "completion_tables": table.tables,
+        "completion_tables": reporting.tables,
         **result_figures(trainer.state.log_history, reward_names),
     }
     # Only the main process reports; the others of a multi-GPU launch just exit.

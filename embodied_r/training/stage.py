@@ -15,14 +15,32 @@ from embodied_r.io import is_complete, read_summary, stage_folder, write_summary
 from embodied_r.training.config import GRPOStageConfig, TrainingConfig
 from embodied_r.training.environment import CHECKPOINTS, run_child
 
+def schedule_position(init_model: str) -> tuple[int, int]:
+    """(global step offset, stage index) of a stage that starts from ``init_model``: when that
+    is an earlier stage's ``model/``, this stage continues its step count, so stages 1 -> 3
+    draw one curve in MLflow."""
+    summary_file = Path(init_model).expanduser().parent / "summary.json"
+    if Path(init_model).expanduser().name != "model" or not summary_file.is_file():
+        return 0, 1
+    try:
+        before = read_summary(summary_file.parent)
+        return int(before.get("global_step_end", before.get("steps", 0))), int(before.get("stage_index", 1)) + 1
+    except (OSError, ValueError, TypeError):
+        return 0, 1
+
+
 def stage_spec(records: Path, init_model: str, work: Path, stage: GRPOStageConfig,
                cfg: TrainingConfig) -> dict[str, Any]:
+    offset, index = schedule_position(init_model)
     return {
         "records": str(Path(records).resolve()),
         "init_model": init_model,
         "work": str(Path(work).resolve()),
         "stage": stage.model_dump(mode="json"),
         "training": cfg.model_dump(mode="json"),
+        "run_name": f"train_{stage.name}",
+        "global_step_offset": offset,
+        "stage_index": index,
     }
 
 
@@ -65,8 +83,8 @@ def run_training_stage(records: Path, init_model: str, out: Path, stage: GRPOSta
     check_inputs(records, init_model)
     started = time.monotonic()
     with stage_folder(out) as work:
-        result = run_child("embodied_r.training.grpo", stage_spec(records, init_model, work, stage, cfg),
-                           work, cfg, mlflow_run_id, f"training stage {stage.name!r}")
+        spec = stage_spec(records, init_model, work, stage, cfg)
+        result = run_child("embodied_r.training.grpo", spec, work, cfg, mlflow_run_id, spec["run_name"])
         if not cfg.keep_checkpoints:
             shutil.rmtree(work / CHECKPOINTS, ignore_errors=True)
         summary = {
@@ -78,6 +96,7 @@ def run_training_stage(records: Path, init_model: str, out: Path, stage: GRPOSta
             "failed": 0,
             "failure_reasons": {},
             "parent_seconds": round(time.monotonic() - started, 3),
+            "stage_index": spec["stage_index"],
             **result,
         }
         write_summary(work, summary)

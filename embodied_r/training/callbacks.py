@@ -1,0 +1,155 @@
+"""What a GRPO trainer child reports while it trains: per-step metrics into MLflow (grouped by
+prefix, on one global step across the stages), a compact step line for the parent's terminal,
+and a table of sampled completions from several steps of the stage.
+
+TRL's own MLflow callback is not used: it logs flat names (one catch-all chart group), restarts
+the step at 1 in every stage and renames the run after the stage's short name.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+from embodied_r.scoring.answers import completion_text
+from embodied_r.tracking import Tracker, trainer_metric_name
+
+log = logging.getLogger("embodied_r.training.callbacks")
+
+TABLE_FILE = "completions.json"
+PROMPT_EXCERPT = 400  # characters of the prompt's end (the question) shown in the table
+COMPLETION_MAX = 8000
+# A trainer child prints ``STEP_MARK {json}`` after each logged step; the parent turns it into
+# one compact terminal line (``progress.step_line``) instead of the trainer's raw dict.
+STEP_MARK = "[embodied-r step]"
+
+
+def _json_value(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None  # a reward left unscored (None) arrives as NaN
+    return value
+
+
+def _excerpt(prompt: Any) -> str:
+    if isinstance(prompt, list):
+        users = [m.get("content") for m in prompt if isinstance(m, dict) and m.get("role") == "user"]
+        prompt = users[-1] if users else ""
+    text = str(prompt or "")
+    # The question and options sit at the end; the frame-by-frame text before them is long.
+    return text if len(text) <= PROMPT_EXCERPT else "…" + text[-PROMPT_EXCERPT:]
+
+
+def completion_sample(logs: dict[str, Any], rows: int, step: int) -> dict[str, list[Any]]:
+    """The first ``rows`` completions of the latest generation batch (a whole group of
+    one prompt when ``rows`` equals the number of generations), with each reward, the
+    advantage and the columns rewards logged (parsed answer, solution, reference answer)."""
+    prompts = list(logs.get("prompt", []))
+    n = min(rows, len(prompts))
+    if n <= 0:
+        return {}
+    table: dict[str, list[Any]] = {
+        "step": [step] * n,
+        "prompt": [_excerpt(p) for p in prompts[:n]],
+        "completion": [completion_text(c)[:COMPLETION_MAX] for c in list(logs["completion"])[:n]],
+    }
+    for name, values in logs.get("rewards", {}).items():
+        table[name] = [_json_value(float(v)) for v in list(values)[:n]]
+    if logs.get("advantages"):
+        table["advantage"] = [_json_value(float(v)) for v in list(logs["advantages"])[:n]]
+    for column, values in logs.get("extra", {}).items():
+        table.setdefault(column, [_json_value(v) for v in list(values)[:n]])
+    return table
+
+
+def sampled_steps(max_steps: int, every: int, samples: int = 4) -> set[int]:
+    """The steps whose completions go into the table: ``samples`` spread over the stage
+    (first and last included), plus every ``every``-th step."""
+    if max_steps <= 0:
+        return set()
+    spread = {max(1, round(1 + i * (max_steps - 1) / max(samples - 1, 1))) for i in range(samples)}
+    return spread | set(range(every, max_steps + 1, every)) | {max_steps}
+
+
+def metric_batch(logs: dict[str, Any]) -> dict[str, float]:
+    """A trainer log entry as prefixed MLflow metrics (numbers only, finite)."""
+    out = {}
+    for key, value in logs.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            continue
+        out[trainer_metric_name(key)] = float(value)
+    return out
+
+
+def step_record(metrics: dict[str, float], stage: str, step: int, total: int, global_step: int) -> dict[str, Any]:
+    """What the parent prints for one step: the total reward, each component, KL."""
+    parts = {k[len("reward/"):]: v for k, v in metrics.items()
+             if k.startswith("reward/") and not k.endswith("_std") and k != "reward/total"}
+    return {"stage": stage, "step": step, "total": total, "global": global_step,
+            "reward": metrics.get("reward/total"), "components": parts, "kl": metrics.get("train/kl")}
+
+
+def reporting_callback(stage: str, stage_index: int, offset: int, run_id: str | None, uri: str | None,
+                       table_rows: int, table_every: int, work: Path) -> Any:
+    """One callback for the metrics, the step lines and the completions table. Its ``trainer``
+    is set once the trainer exists (the table reads the trainer's last generation batch)."""
+    from transformers import TrainerCallback
+
+    tracker = Tracker(uri, "") if run_id and uri else None
+
+    class Reporting(TrainerCallback):
+        def __init__(self) -> None:
+            self.trainer: Any = None
+            self.rows: list[dict[str, Any]] = []
+            self.table_steps: list[int] = []
+            self.tables = 0
+
+        def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None,
+                   **kwargs: Any) -> None:
+            if not state.is_world_process_zero or not logs:
+                return
+            step, total = int(state.global_step), int(state.max_steps)
+            metrics = metric_batch(logs)
+            is_step = "reward/total" in metrics or "train/loss" in metrics
+            if is_step:
+                metrics["train/stage"] = float(stage_index)
+            if tracker is not None and metrics:
+                self._log_metrics(metrics, offset + step)
+            if is_step and "train_runtime" not in logs:
+                print(STEP_MARK, json.dumps(step_record(metrics, stage, step, total, offset + step)), flush=True)
+                self._sample(step, total)
+
+        def _log_metrics(self, metrics: dict[str, float], step: int) -> None:
+            try:
+                tracker.log_metrics(run_id, metrics, step=step)
+            except Exception as exc:  # noqa: BLE001 - a lost point must not stop training
+                log.warning("could not log metrics at step %d: %s", step, exc)
+
+        def _sample(self, step: int, total: int) -> None:
+            if self.trainer is None or not table_rows or step in self.table_steps:
+                return
+            if step not in sampled_steps(total, table_every):
+                return
+            sample = completion_sample(getattr(self.trainer, "_logs", {}), table_rows, step)
+            if not sample:
+                return
+            n = len(sample["step"])
+            sample = {"stage": [stage] * n, "global_step": [offset + step] * n, **sample}
+            self.rows += [dict(zip(sample, values)) for values in zip(*sample.values())]
+            self.table_steps.append(step)
+            if tracker is None:
+                return
+            # The whole table is rewritten at each sample: one file, every sampled step in it.
+            path = work / TABLE_FILE
+            columns = list(dict.fromkeys(k for row in self.rows for k in row))
+            data = [[row.get(c) for c in columns] for row in self.rows]
+            path.write_text(json.dumps({"columns": columns, "data": data}, default=str), encoding="utf-8")
+            try:
+                tracker.log_table(run_id, path)
+                self.tables += 1
+            except Exception as exc:  # noqa: BLE001 - a lost table must not stop training
+                log.warning("could not log the completions table at step %d: %s", step, exc)
+
+    return Reporting()

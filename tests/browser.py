@@ -1,0 +1,112 @@
+"""Headless Chromium for the UI tests, driven over the DevTools protocol: open a page, wait
+until its text shows what we look for (single-page apps render long after load), read the
+text and take a screenshot. Chromium comes from Debian's packages."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+
+def find_chromium() -> str | None:
+    return next((p for p in (shutil.which(n) for n in ("chromium", "chromium-browser")) if p), None)
+
+
+def ensure_chromium() -> tuple[str | None, str]:
+    """Chromium's path, installing it from Debian's packages when missing on a root CI machine;
+    else (None, why)."""
+    found = find_chromium()
+    if found:
+        return found, ""
+    if os.geteuid() != 0 or not os.environ.get("CI"):
+        return None, "chromium is not installed (apt-get install -y chromium; the test installs it itself only as root under CI)"
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for cmd in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", "chromium"]):
+        if subprocess.run(cmd, env=env, capture_output=True, timeout=600).returncode != 0:
+            return None, f"{' '.join(cmd)} failed"
+    found = find_chromium()
+    return (found, "") if found else (None, "chromium did not install")
+
+
+class Browser:
+    """One headless Chromium with one page."""
+
+    def __init__(self, binary: str, width: int = 1600, height: int = 1200):
+        self.profile = tempfile.mkdtemp(prefix="chromium-")
+        self.proc = subprocess.Popen(
+            [binary, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
+             f"--user-data-dir={self.profile}", "--remote-debugging-port=0", f"--window-size={width},{height}",
+             "about:blank"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        port_file = Path(self.profile) / "DevToolsActivePort"
+        deadline = time.monotonic() + 60
+        while not port_file.is_file() or not port_file.read_text().strip():
+            if time.monotonic() > deadline or self.proc.poll() is not None:
+                self.close()
+                raise RuntimeError("chromium did not open its DevTools port")
+            time.sleep(0.2)
+        port = port_file.read_text().split()[0]
+        targets = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/json", timeout=10).read())
+        page = next(t for t in targets if t.get("type") == "page")
+        from websockets.sync.client import connect
+
+        self.ws = connect(page["webSocketDebuggerUrl"], max_size=None, open_timeout=30)
+        self._id = 0
+
+    def call(self, method: str, **params: object) -> dict:
+        self._id += 1
+        self.ws.send(json.dumps({"id": self._id, "method": method, "params": params}))
+        while True:
+            reply = json.loads(self.ws.recv(timeout=60))
+            if reply.get("id") == self._id:
+                if "error" in reply:
+                    raise RuntimeError(f"{method}: {reply['error']}")
+                return reply.get("result", {})
+
+    def open(self, url: str) -> None:
+        self.call("Page.navigate", url=url)
+
+    def text(self) -> str:
+        result = self.call("Runtime.evaluate", expression="document.body ? document.body.innerText : ''")
+        return str(result.get("result", {}).get("value", ""))
+
+    def wait_for(self, *needles: str, timeout: float = 90.0) -> str:
+        """The page's text once it holds every needle; raises with the text seen otherwise."""
+        deadline = time.monotonic() + timeout
+        text = ""
+        while time.monotonic() < deadline:
+            text = self.text()
+            if all(n in text for n in needles):
+                return text
+            time.sleep(1.0)
+        raise AssertionError(f"page never showed {needles}; it shows:\n{text[:3000]}")
+
+    def click_text(self, label: str) -> None:
+        """Click the first element whose own text is ``label`` (tabs, links)."""
+        script = ("(() => { const all = [...document.querySelectorAll('a,button,[role=tab],span,div')];"
+                  f" const hit = all.find(e => e.innerText && e.innerText.trim() === {json.dumps(label)});"
+                  " if (hit) { hit.click(); return true; } return false; })()")
+        self.call("Runtime.evaluate", expression=script)
+
+    def screenshot(self, path: Path) -> Path:
+        data = self.call("Page.captureScreenshot", format="png")["data"]
+        Path(path).write_bytes(base64.b64decode(data))
+        return Path(path)
+
+    def close(self) -> None:
+        try:
+            self.ws.close()
+        except Exception:  # noqa: BLE001 - closing anyway
+            pass
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+        shutil.rmtree(self.profile, ignore_errors=True)
