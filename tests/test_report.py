@@ -59,7 +59,7 @@ def test_table_rows_for_a_prefect_artifact() -> None:
     rows = table_rows(category_table(_rows()))
     assert rows[0] == {"benchmark": "urbanvideo", "task": "Counterfactual", "questions": 1,
                        "accuracy_pct": 100.0, "paper_pct": 59.9}
-    assert {r["task"]: r["paper_pct"] for r in rows}["object_counting"] is None
+    assert {r["task"]: r["paper_pct"] for r in rows}["Object Count"] is None
     assert all(set(r) == {"benchmark", "task", "questions", "accuracy_pct", "paper_pct"} for r in rows)
 
 
@@ -73,7 +73,10 @@ def test_write_report_files(tmp_path: Path) -> None:
     md = (tmp_path / "report.md").read_text()
     assert "- split: `val`, 6 questions" in md
     assert "logically consistent answers (judge model): 50.0 % of 4 judged" in md
-    assert "| | &nbsp;&nbsp;easy | 1 | 100.0 | |" in md
+    assert "| | &nbsp;&nbsp;easy | 1 | 100.0 | | | |" in md
+    # Every row of the per-task table has the header's seven cells.
+    table = md.split("## Accuracy per task")[1].split("\n\n")[1].splitlines()
+    assert {row.count("|") for row in table} == {8}
     assert "| **baseline** |" in md and "| **this evaluation** |" in md
     table = list(csv.DictReader(io.StringIO((tmp_path / "paper_comparison.csv").read_text())))
     assert [r["model"] for r in table[-2:]] == ["this evaluation", "baseline"]

@@ -180,13 +180,13 @@ def render_markdown(categories: Sequence[Mapping[str, Any]], metrics: Mapping[st
                      f"{_pct(c['accuracy'])} | {_pct(low)}–{_pct(high)} | {'' if guess is None else _pct(guess)} | "
                      f"{'' if paper is None else f'{paper:.1f}'} |")
         for sub, s in (c.get("subtasks") or {}).items():
-            lines.append(f"| | &nbsp;&nbsp;{sub} | {s['count']} | {_pct(s['accuracy'])} | |")
+            lines.append(f"| | &nbsp;&nbsp;{sub} | {s['count']} | {_pct(s['accuracy'])} | | | |")
     if n:
         if "accuracy/paper_tasks" in metrics:
             lines.append(f"| all | the paper's eight tasks (per question) | {int(metrics['count/paper_tasks'])} | "
-                         f"{_pct(metrics['accuracy/paper_tasks'])} | {PAPER_AVERAGE:.1f} |")
-        lines.append(f"| all | every question (micro) | {n} | {_pct(metrics['accuracy/overall'])} | |")
-        lines.append(f"| all | mean over tasks (macro) | {n} | {_pct(metrics['accuracy/macro'])} | |")
+                         f"{_pct(metrics['accuracy/paper_tasks'])} | | | {PAPER_AVERAGE:.1f} |")
+        lines.append(f"| all | every question (micro) | {n} | {_pct(metrics['accuracy/overall'])} | | | |")
+        lines.append(f"| all | mean over tasks (macro) | {n} | {_pct(metrics['accuracy/macro'])} | | | |")
     if small:
         lines += ["", f"⚠ {small} task(s) have fewer than {SMALL_TASK} questions: their accuracy is "
                   "little more than chance either way; read the interval, not the figure."]
