@@ -132,7 +132,7 @@ class Tracker:
 
 # Files of a stage folder worth attaching to its run.
 STAGE_ARTIFACTS = ("summary.json", "montage.jpg", "report.md", "metrics.json", "manifest.json",
-                   "failures.parquet", "accuracy_by_task.png", "paper_comparison.csv")
+                   "failures.parquet", "accuracy_by_task.png", "paper_comparison.csv", "reward_curves.png")
 
 
 def record_stage(tracker: Tracker, run_id: str, out: Path, summary: dict[str, Any]) -> None:

@@ -131,7 +131,10 @@ def finish_parent(tracker: Tracker, stages: dict[str, StagePlan], cached: list[s
     evaluate = stages.get("evaluate")
     final = read_summary(Path(evaluate.out)) if evaluate and is_complete(Path(evaluate.out)) else {}
     tracker.log_metrics(tracker.parent_run_id, {k: v for k, v in numeric_metrics(final).items()
-                                                if k.startswith("accuracy")})
+                                                if k.startswith(("accuracy", "learning/"))})
+    if evaluate is not None:
+        # The reward curves of all training stages belong to the run as a whole.
+        tracker.log_artifacts(tracker.parent_run_id, [Path(evaluate.out) / "reward_curves.png"])
     tracker.set_tags(tracker.parent_run_id, {"cached_stages": ",".join(cached)})
     tracker.finish(tracker.parent_run_id)
     return final

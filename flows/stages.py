@@ -10,7 +10,7 @@ from prefect import flow
 
 from embodied_r import paths
 from embodied_r.config import load_recipe
-from embodied_r.pipeline import plan, training_stage_names
+from embodied_r.pipeline import plan
 from flows.runner import run_in_process
 
 # Stage kinds in run order, and the work pool each runs on when pools are used.
@@ -20,6 +20,7 @@ STAGE_POOLS: dict[str, str] = {
     "keyframes": "cpu",
     "perception": "gpu-infer",
     "convert": "cpu",
+    "warmstart": "gpu-train",
     "train": "gpu-train",
     "evaluate": "gpu-infer",
 }
@@ -38,7 +39,8 @@ def run_stage_kind(kind: str, recipe: str, refresh: bool, overrides: dict[str, A
                    home: str | None, mlflow_parent_run_id: str | None) -> dict[str, Any]:
     root = Path(home).expanduser().resolve() if home else paths.home()
     rec = load_recipe(recipe, overrides)
-    names = training_stage_names(plan(rec, root)) if kind == "train" else [kind]
+    # Every stage of the kind: the three GRPO stages, or evaluate with its baselines.
+    names = [name for name, sp in plan(rec, root).items() if sp.kind == kind]
     return run_in_process(rec, root, refresh=[names[0]] if refresh else None, only=names,
                           parent_run_id=mlflow_parent_run_id)
 
@@ -62,6 +64,7 @@ preprocess_flow = _make("preprocess")
 keyframes_flow = _make("keyframes")
 perception_flow = _make("perception")
 convert_flow = _make("convert")
+warmstart_flow = _make("warmstart")
 train_flow = _make("train")
 evaluate_flow = _make("evaluate")
 
@@ -71,6 +74,7 @@ STAGE_FLOWS = {
     "keyframes": keyframes_flow,
     "perception": perception_flow,
     "convert": convert_flow,
+    "warmstart": warmstart_flow,
     "train": train_flow,
     "evaluate": evaluate_flow,
 }

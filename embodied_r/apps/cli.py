@@ -16,6 +16,7 @@ STAGE_COMMANDS = {
     "keyframes": "extract key frames of every video",
     "perception": "turn key frames into frame-by-frame text with the VLM",
     "convert": "write GRPO records",
+    "warmstart": "warm-start the policy on reasoning traces (recipes with a warmstart section)",
     "train": "run the GRPO training stages",
     "evaluate": "evaluate the trained reasoner on the test split",
 }
@@ -75,6 +76,7 @@ def _print_outcome(result: dict[str, Any], seconds: float, synthetic: bool = Fal
             if (key.startswith("accuracy/") and "/" not in task and task not in ("overall", "macro", "paper_tasks")
                     and isinstance(value, (int, float))):
                 print(f"  {task:28s} {value:.3f}")
+    _print_learning(evaluation)
     if synthetic:
         print(DEMO_CAVEAT)
     if result.get("promotion"):
@@ -85,6 +87,22 @@ def _print_outcome(result: dict[str, Any], seconds: float, synthetic: bool = Fal
         print(f"Open its UI:  mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000"
               f"  then browse http://127.0.0.1:5000")
     print(f"Project home: {home()}")
+
+
+def _print_learning(evaluation: dict[str, Any]) -> None:
+    """The learning block: accuracy per phase beside chance, rewards per stage by quarter."""
+    acc = {k.rsplit("/", 1)[1]: v for k, v in evaluation.items() if k.startswith("learning/accuracy/")}
+    if not acc:
+        return
+    print("\nLearning (test accuracy): " + ", ".join(
+        f"{label} {acc[label]:.3f}" for label in ("untrained", "warmstart", "trained", "chance") if label in acc))
+    stages = sorted({k.split("/")[1] for k in evaluation if k.startswith("learning/") and k.endswith("_quarter")})
+    for stage in stages:
+        parts = []
+        for key in sorted(k for k in evaluation if k.startswith(f"learning/{stage}/") and k.endswith("first_quarter")):
+            last = evaluation.get(key.replace("first_quarter", "last_quarter"))
+            parts.append(f"{key.split('/')[2]} {evaluation[key]:.2f}->{last:.2f}")
+        print(f"  {stage:8s} first->last quarter: {', '.join(parts)}")
 
 
 def _precheck(args: argparse.Namespace, stage: str | None) -> None:
