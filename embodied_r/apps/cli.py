@@ -52,8 +52,8 @@ def _all_overrides(args: argparse.Namespace) -> dict[str, Any]:
     return merged
 
 
-DEMO_CAVEAT = ("The demo's models are tiny and random: these numbers prove the plumbing, not the "
-               "science. See README, 'Running it for real'.")
+DEMO_CAVEAT = ("The demo's models are tiny and its benchmark a few dozen synthetic questions: these "
+               "numbers show the method learning in miniature, not the paper's. See README, 'Running it for real'.")
 
 
 def _print_outcome(result: dict[str, Any], seconds: float, synthetic: bool = False) -> None:

@@ -69,7 +69,8 @@ def run_sft(records: Path, init_model: str, out: Path, cfg: SFTConfig,
             "records": str(Path(records).resolve()),
             "init_model": init_model,
             "work": str(work.resolve()),
-            "sft": cfg.model_dump(mode="json"),
+            # SFT's own fields only: a subclass (the warm start's config) adds trace settings.
+            "sft": cfg.model_dump(mode="json", include=set(SFTConfig.model_fields)),
         }
         result = run_child("embodied_r.training.sft_child", spec, work, cfg, mlflow_run_id, "SFT", uri=tracking_uri)
         if not cfg.keep_checkpoints:

@@ -66,7 +66,8 @@ def think_text(record: dict[str, Any], max_actions: int = 4, max_objects: int = 
     """The reasoning of a trace: what the frames say that bears on the question, then the
     conclusion. Built from the record's own prompt and gold answer only."""
     seen = frames(record["prompt"])
-    actions = [a for _, a, _ in seen if a][:max_actions]
+    # "unknown" is what perception writes when the perceiver named no action.
+    actions = [a for _, a, _ in seen if a and a != "unknown"][:max_actions]
     words = question_words(record["question"])
     observed = " ".join(o.lower() for _, _, o in seen)
     shown = [w for w in words if w in observed][:max_objects]
@@ -75,8 +76,19 @@ def think_text(record: dict[str, Any], max_actions: int = 4, max_objects: int = 
         parts.append("I " + ", then ".join(actions) + ".")
     if shown:
         parts.append("I see " + " and ".join(shown) + ".")
-    parts.append(f"So {record['solution']}.")
+    parts.append(f"So {record['solution']}{_option_gist(record)}.")
     return " ".join(parts)
+
+
+def _option_gist(record: dict[str, Any], words: int = 6) -> str:
+    """The first words of the gold option's text, so the reasoning names what it chose."""
+    letter = str(record["solution"])
+    for option in record.get("options") or []:
+        text = str(option).strip()
+        if text[:1].upper() == letter and text[1:2] in (".", ")", ":"):
+            gist = " ".join(text[2:].strip().rstrip(".").split()[:words])
+            return f": {gist}" if gist else ""
+    return ""
 
 
 def trace(record: dict[str, Any], max_actions: int = 4, max_objects: int = 2) -> str:
