@@ -21,6 +21,7 @@ from embodied_r.perception.stage import PerceptionConfig
 from embodied_r.training.records import RecordsConfig
 from embodied_r.training.config import SFTConfig
 from embodied_r.training.config import TrainingConfig
+from embodied_r.training.warmstart import WarmstartConfig
 
 RECIPES_DIR = Path(__file__).parent / "recipes"
 
@@ -49,6 +50,8 @@ class Recipe(BaseModel):
     keyframes: KeyframeConfig = Field(default_factory=KeyframeConfig)
     perception: PerceptionConfig = Field(default_factory=PerceptionConfig)
     records: RecordsConfig = Field(default_factory=RecordsConfig)
+    # A short SFT on reasoning traces before the GRPO stages (None: GRPO from the policy as it is).
+    warmstart: WarmstartConfig | None = None
     training: TrainingConfig = Field(default_factory=TrainingConfig)
     evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
     # The SFT baseline (`embodied-r sft`); None takes the training environment and step cap.

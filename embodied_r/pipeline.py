@@ -19,6 +19,10 @@ from embodied_r.io import is_complete
 from embodied_r.paths import home as default_home
 from embodied_r.runners import code_version, extra_key, runner
 
+# training.reference.model naming the warm start's model (frozen) as the consistency reference.
+WARMSTART_REF = "warmstart"
+
+
 class StageError(ValueError):
     """An unknown stage, or a stage asked for before the stages it reads from."""
 
@@ -82,14 +86,38 @@ def plan(recipe: Recipe, root: Path | None = None) -> dict[str, StagePlan]:
     training = recipe.training.model_dump(mode="json", exclude={"stages", "python"})
     model = recipe.training.policy
     prev: list[str] = []
+    warm = None
+    if recipe.warmstart is not None:
+        warm = add("warmstart", "warmstart", ["convert"], recipe.warmstart.model_dump(mode="json", exclude={"python"}),
+                   {"records": conv.out, "init_model": model, "python": recipe.warmstart.python or ""})
+        model = str(Path(warm.out) / "model")
+        prev = [warm.name]
+    if training["reference"]["model"] == WARMSTART_REF:
+        if warm is None:
+            raise StageError(f"training.reference.model is {WARMSTART_REF!r} but the recipe has no warmstart section")
+        # The warm-started model, frozen: it was taught the reference's task beside the policy's.
+        training["reference"]["model"] = model
     for stage in recipe.training.stages:
         sp = add(f"train_{stage.name}", "train", ["convert", *prev],
                  {"stage": stage.model_dump(mode="json"), "training": training},
                  {"records": conv.out, "init_model": model, "python": recipe.training.python or ""})
         model = str(Path(sp.out) / "model")
         prev = [sp.name]
-    add("evaluate", "evaluate", ["convert", *prev], recipe.evaluation.model_dump(mode="json"),
-        {"records": conv.out, "model": model})
+    evaluation = recipe.evaluation.model_dump(mode="json")
+    baselines: dict[str, str] = {}
+    if recipe.evaluation.compare_baselines:
+        # The same test questions answered before any training and after the warm start,
+        # so the report shows what each phase added.
+        before = {"untrained": ([], recipe.training.policy)}
+        if warm is not None:
+            before["warmstart"] = ([warm.name], str(Path(warm.out) / "model"))
+        for label, (deps, ref) in before.items():
+            baselines[label] = add(f"evaluate_{label}", "evaluate", ["convert", *deps], evaluation,
+                                   {"records": conv.out, "model": ref}).out
+    train_outs = {n: stages[n].out for n in stages if stages[n].kind == "train"}
+    add("evaluate", "evaluate", ["convert", *prev, *(f"evaluate_{b}" for b in baselines)], evaluation,
+        {"records": conv.out, "model": model,
+         **({"baselines": json.dumps(baselines), "training": json.dumps(train_outs)} if baselines else {})})
     return stages
 
 

@@ -33,6 +33,7 @@ STAGE_RUNNERS: dict[str, str] = {
     "keyframes": "embodied_r.keyframes.stage:run_stage",
     "perception": "embodied_r.perception.stage:run_stage",
     "convert": "embodied_r.training.records:run_stage",
+    "warmstart": "embodied_r.training.warmstart:run_stage",
     "train": "embodied_r.training.stage:run_stage",
     "evaluate": "embodied_r.evaluation.stage:run_stage",
     # The embodied-reasoner pipeline (embodied_r.interactive.recipe.plan).

@@ -198,7 +198,7 @@ class Tracker:
 
 # Files of a stage folder worth attaching to its run.
 STAGE_ARTIFACTS = ("summary.json", "montage.jpg", "report.md", "metrics.json", "manifest.json",
-                   "failures.parquet", "accuracy_by_task.png", "paper_comparison.csv")
+                   "failures.parquet", "accuracy_by_task.png", "paper_comparison.csv", "reward_curves.png")
 # JSON tables of a stage folder, shown by the UI as tables.
 STAGE_TABLES = ("predictions_table.json",)
 

@@ -146,7 +146,11 @@ def finish_parent(tracker: Tracker, stages: dict[str, StagePlan], cached: list[s
     evaluate = stages.get("evaluate")
     final = read_summary(Path(evaluate.out)) if evaluate and is_complete(Path(evaluate.out)) else {}
     parent = tracker.parent_run_id
-    tracker.log_metrics(parent, {k: v for k, v in numeric_metrics(final).items() if k.startswith("accuracy")})
+    tracker.log_metrics(parent, {k: v for k, v in numeric_metrics(final).items()
+                                 if k.startswith(("accuracy", "learning/"))})
+    if evaluate is not None:
+        # The reward curves of all training stages belong to the run as a whole.
+        tracker.log_artifacts(parent, [Path(evaluate.out) / "reward_curves.png"])
     selected = selected or list(stages)
     status = mlflow_runs.cache_status(selected, cached)
     run = tracker.client.get_run(parent)

@@ -10,7 +10,7 @@ from prefect import flow
 
 from embodied_r import paths
 from embodied_r.config import load_recipe
-from embodied_r.pipeline import plan, training_stage_names
+from embodied_r.pipeline import plan
 from flows.prefect_views import flow_run_name, publish_result, tag_flow_run
 from flows.runner import run_in_process
 
@@ -21,6 +21,7 @@ STAGE_POOLS: dict[str, str] = {
     "keyframes": "cpu",
     "perception": "gpu-infer",
     "convert": "cpu",
+    "warmstart": "gpu-train",
     "train": "gpu-train",
     "evaluate": "gpu-infer",
 }
@@ -40,7 +41,8 @@ def run_stage_kind(kind: str, recipe: str, refresh: bool, overrides: dict[str, A
     root = paths.claim_home(Path(home).expanduser().resolve() if home else paths.home())
     rec = load_recipe(recipe, overrides)
     tag_flow_run(rec.name)
-    names = training_stage_names(plan(rec, root)) if kind == "train" else [kind]
+    # Every stage of the kind: the three GRPO stages, or evaluate with its baselines.
+    names = [name for name, sp in plan(rec, root).items() if sp.kind == kind]
     result = run_in_process(rec, root, refresh=[names[0]] if refresh else None, only=names,
                             parent_run_id=mlflow_parent_run_id)
     publish_result(rec.name, result)
@@ -66,6 +68,7 @@ preprocess_flow = _make("preprocess")
 keyframes_flow = _make("keyframes")
 perception_flow = _make("perception")
 convert_flow = _make("convert")
+warmstart_flow = _make("warmstart")
 train_flow = _make("train")
 evaluate_flow = _make("evaluate")
 
@@ -75,6 +78,7 @@ STAGE_FLOWS = {
     "keyframes": keyframes_flow,
     "perception": perception_flow,
     "convert": convert_flow,
+    "warmstart": warmstart_flow,
     "train": train_flow,
     "evaluate": evaluate_flow,
 }

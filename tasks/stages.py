@@ -164,6 +164,7 @@ STAGE_TASKS = {
     "keyframes": _stage_task.with_options(name="keyframes", retries=1),
     "perception": _stage_task.with_options(name="perception", retries=2, retry_delay_seconds=30),
     "convert": _stage_task.with_options(name="convert"),
+    "warmstart": _stage_task.with_options(name="warmstart", retries=1, retry_delay_seconds=30),
     "train": _stage_task.with_options(name="train", retries=1, retry_delay_seconds=30),
     "evaluate": _stage_task.with_options(name="evaluate", retries=1, retry_delay_seconds=30),
 }

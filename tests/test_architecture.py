@@ -17,7 +17,7 @@ ALLOWED: dict[str, set[str]] = {
     "synthetic": set(),
     "keyframes": set(),
     "data": {"synthetic"},
-    "perception": {"backends"},
+    "perception": {"backends", "synthetic"},
     "scoring": {"backends"},
     "training": {"backends", "scoring"},
     "evaluation": {"backends", "scoring"},

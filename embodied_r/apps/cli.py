@@ -16,6 +16,7 @@ STAGE_COMMANDS = {
     "keyframes": "extract key frames of every video",
     "perception": "turn key frames into frame-by-frame text with the VLM",
     "convert": "write GRPO records",
+    "warmstart": "warm-start the policy on reasoning traces (recipes with a warmstart section)",
     "train": "run the GRPO training stages",
     "evaluate": "evaluate the trained reasoner on the test split",
 }
@@ -57,8 +58,8 @@ def _all_overrides(args: argparse.Namespace) -> dict[str, Any]:
     return merged
 
 
-DEMO_CAVEAT = ("The demo's models are tiny and random: these numbers prove the plumbing, not the "
-               "science. See README, 'Running it for real'.")
+DEMO_CAVEAT = ("The demo's models are tiny and its benchmark a few dozen synthetic questions: these "
+               "numbers show the method learning in miniature, not the paper's. See README, 'Running it for real'.")
 
 
 def _print_outcome(result: dict[str, Any], seconds: float, synthetic: bool = False) -> None:
@@ -81,6 +82,7 @@ def _print_outcome(result: dict[str, Any], seconds: float, synthetic: bool = Fal
             if (key.startswith("accuracy/") and "/" not in task and task not in ("overall", "macro", "paper_tasks")
                     and isinstance(value, (int, float))):
                 print(f"  {task:28s} {value:.3f}")
+    _print_learning(evaluation)
     if synthetic:
         print(DEMO_CAVEAT)
     if result.get("promotion"):
@@ -92,6 +94,22 @@ def _print_outcome(result: dict[str, Any], seconds: float, synthetic: bool = Fal
     print(f"Project home: {home()}")
     if result.get("mlflow_run_url"):
         print(f"This run in MLflow: {result['mlflow_run_url']}")
+
+
+def _print_learning(evaluation: dict[str, Any]) -> None:
+    """The learning block: accuracy per phase beside chance, rewards per stage by quarter."""
+    acc = {k.rsplit("/", 1)[1]: v for k, v in evaluation.items() if k.startswith("learning/accuracy/")}
+    if not acc:
+        return
+    print("\nLearning (test accuracy): " + ", ".join(
+        f"{label} {acc[label]:.3f}" for label in ("untrained", "warmstart", "trained", "chance") if label in acc))
+    stages = sorted({k.split("/")[1] for k in evaluation if k.startswith("learning/") and k.endswith("_quarter")})
+    for stage in stages:
+        parts = []
+        for key in sorted(k for k in evaluation if k.startswith(f"learning/{stage}/") and k.endswith("first_quarter")):
+            last = evaluation.get(key.replace("first_quarter", "last_quarter"))
+            parts.append(f"{key.split('/')[2]} {evaluation[key]:.2f}->{last:.2f}")
+        print(f"  {stage:8s} first->last quarter: {', '.join(parts)}")
 
 
 def _precheck(args: argparse.Namespace, stage: str | None) -> None:
@@ -162,7 +180,7 @@ def _cmd_recipes(_: argparse.Namespace) -> int:
 # Modules that add their own sub-commands: each has ``register(subparsers)`` and sets a
 # ``handler(args) -> int`` default on the parsers it adds.
 EXTENSIONS: tuple[str, ...] = ("embodied_r.apps.cli_data", "embodied_r.apps.cli_eval", "embodied_r.apps.cli_train",
-                               "embodied_r.apps.cli_reasoner")
+                               "embodied_r.apps.cli_reasoner", "embodied_r.apps.cli_models")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -16,7 +16,7 @@ import os
 import shutil
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -116,6 +116,16 @@ class TinyVLMSpec(_Spec):
     vision_heads: int = 2
     # The processor's own pixel budget; backends resize images before it anyway.
     max_pixels: int = 112 * 112
+    # Fixed prompt texts kept as one token each, and more text for the BPE to learn from: a
+    # model trained on fixed prompts (the demo's perceiver) then reads a 500-token prompt as
+    # about 100 tokens, which is what makes training it on a CPU affordable.
+    phrases: tuple[str, ...] = ()
+    corpus: str = ""
+
+
+# Tiny models that need training rather than only building, registered by the package that
+# owns their training (backends may not import it): reference -> function giving the folder.
+TRAINED: dict[str, Callable[[], Path]] = {}
 
 
 def home() -> Path:
@@ -123,15 +133,25 @@ def home() -> Path:
 
 
 def resolve_model(ref: str) -> str:
-    """``tiny:lm`` / ``tiny:vlm`` -> a built local folder; anything else unchanged."""
+    """``tiny:lm`` / ``tiny:vlm`` -> a built local folder; ``smol:135m`` -> the converted
+    SmolLM2 folder (see ``backends.smol``); anything else unchanged."""
     if ref == "tiny:lm":
         return str(ensure_tiny_lm(home() / "models"))
     if ref == "tiny:vlm":
         return str(ensure_tiny_vlm(home() / "models"))
+    if ref == "smol:135m":
+        from embodied_r.backends.smol import resolve_smol
+
+        return resolve_smol(home())
+    if ref in TRAINED:
+        return str(TRAINED[ref]())
+    if ref.startswith("tiny:"):
+        raise ValueError(f"unknown tiny model {ref!r} (tiny:lm, tiny:vlm{''.join(', ' + r for r in TRAINED)}; "
+                         "tiny:vlm-perceiver is known once embodied_r.perception is imported)")
     return ref
 
 
-def train_tokenizer(vocab_size: int, special_tokens: list[str]) -> Any:
+def train_tokenizer(vocab_size: int, special_tokens: list[str], corpus: str = "") -> Any:
     """A byte-level BPE with Qwen2's normaliser and splitting rules.
 
     ``AutoTokenizer`` reloads a tokenizer saved beside a Qwen2 model as
@@ -159,7 +179,7 @@ def train_tokenizer(vocab_size: int, special_tokens: list[str]) -> Any:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    raw.train_from_iterator(_CORPUS.splitlines(), trainer=trainer)
+    raw.train_from_iterator((_CORPUS + "\n" + corpus).splitlines(), trainer=trainer)
     model = json.loads(raw.to_str())["model"]
     tok = Qwen2Tokenizer(
         vocab=model["vocab"],
@@ -253,7 +273,10 @@ def ensure_tiny_vlm(root: Path, spec: TinyVLMSpec = TinyVLMSpec()) -> Path:
             Qwen2VLImageProcessorPil,
         )
 
-        tok = train_tokenizer(spec.vocab_size, VLM_SPECIAL)
+        from tokenizers import AddedToken
+
+        tok = train_tokenizer(spec.vocab_size, VLM_SPECIAL, spec.corpus)
+        tok.add_tokens([AddedToken(p, normalized=False, special=False) for p in spec.phrases])
         head_dim = spec.hidden_size // spec.num_attention_heads
         half = head_dim // 2
         # Temporal, height and width sections of the rotary dimensions; they must sum

@@ -31,6 +31,9 @@ class EvaluationConfig(BaseModel):
     # How numeric answers are read: "official" as VSI-Bench's scorer (the text up to the
     # first space must be a number), "lenient" as the training reward ("about 3 m" is 3).
     number_parsing: NumberParsing = "official"
+    # Also evaluate the policy before training and after the warm start, and report the
+    # learning figures (accuracy of each beside chance, rewards per training stage).
+    compare_baselines: bool = False
     # Questions per generate call, and so between progress records.
     chunk_size: int = Field(32, ge=1)
     # Questions whose call failed score 0; more of them than this share fails the stage.

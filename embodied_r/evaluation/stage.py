@@ -41,6 +41,7 @@ from embodied_r.io import (
 )
 from embodied_r.scoring.metrics import NumberParsing, aggregate, category_table, score_answer, subtask_of
 from embodied_r.evaluation.config import EvaluationConfig
+from embodied_r.evaluation.learning import write_learning
 from embodied_r.evaluation.report import write_report
 
 def _valid_row(row: dict[str, Any]) -> bool:
@@ -173,6 +174,7 @@ def evaluate_records(
     answer_from: Literal["tag", "reply"] = "tag",
     title: str = "Evaluation",
     extra_summary: dict[str, Any] | None = None,
+    extra_files: Callable[[Path, list[dict[str, Any]], dict[str, float]], dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Answer ``all_records`` with ``backend_cfg``, score, and write the stage folder ``out``:
     ``predictions.parquet``, ``failures.parquet``, ``metrics.json``, the report files
@@ -240,6 +242,8 @@ def evaluate_records(
         write_json_atomic(work / "metrics.json", {"metrics": metrics, "categories": categories, "chance": chance})
         write_report(work, categories, metrics, model=model_label, split=cfg.split, title=title, chance=chance)
         write_predictions_table(work / TABLE_FILE, all_records, rows)
+        if extra_files is not None:
+            extra_summary = {**(extra_summary or {}), **extra_files(work, all_records, metrics)}
         seconds = time.monotonic() - started
         summary: dict[str, Any] = {
             "model": model_label,
@@ -261,7 +265,8 @@ def evaluate_records(
 
 
 def run_evaluation(records: Path, model: str, out: Path, cfg: EvaluationConfig,
-                   title: str = "Evaluation", model_ref: str | None = None) -> dict[str, Any]:
+                   title: str = "Evaluation", model_ref: str | None = None,
+                   extra_files: Callable[..., dict[str, Any]] | None = None) -> dict[str, Any]:
     """Answer and score every record of ``cfg.split`` with ``model``; write predictions,
     metrics and the report into ``out``. ``model_ref`` names the model in the report when
     ``model`` is a folder it was resolved to (e.g. a registry URI)."""
@@ -276,10 +281,20 @@ def run_evaluation(records: Path, model: str, out: Path, cfg: EvaluationConfig,
     ref = model_ref or (model if model != resolved else None)
     return evaluate_records(all_records, out, cfg.backend.model_copy(update=update), cfg,
                             model_label=ref or describe_model(resolved), title=title,
-                            extra_summary={"model": resolved, "model_ref": ref} if ref else None)
+                            extra_summary={"model": resolved, "model_ref": ref} if ref else None,
+                            extra_files=extra_files)
 
 
 def run_stage(out: Path, config: dict[str, Any], inputs: dict[str, str],
               mlflow_run_id: str | None = None) -> dict[str, Any]:
-    """The pipeline's entry point: the trained reasoner on the converted records."""
-    return run_evaluation(Path(inputs["records"]), inputs["model"], out, EvaluationConfig.model_validate(config))
+    """The pipeline's entry point: the trained reasoner on the converted records, with the
+    learning figures when the plan hands it the baselines' and training stages' folders."""
+    extra = None
+    if inputs.get("baselines"):
+        baselines, training = json.loads(inputs["baselines"]), json.loads(inputs.get("training") or "{}")
+
+        def extra(work: Path, records: list[dict[str, Any]], metrics: dict[str, float]) -> dict[str, Any]:
+            return write_learning(work, records, metrics, baselines, training)
+
+    return run_evaluation(Path(inputs["records"]), inputs["model"], out, EvaluationConfig.model_validate(config),
+                          extra_files=extra)

@@ -205,6 +205,14 @@ def parse_frame_response(text: str, first: bool) -> FrameInfo:
     )
 
 
+def frame_reply(info: FrameInfo, first: bool) -> str:
+    """The reply a perceiver should give, in the JSON the prompts ask for: what a trained
+    perceiver is taught to write, so ``parse_frame_response`` reads it back unchanged."""
+    fields = {} if first else {"action": info.action}
+    fields.update(new_info=info.new_info, question_info=info.question_info)
+    return json.dumps(fields)
+
+
 _FRAME_KEY = re.compile(r"^\s*(?:frame|key ?frame)?[\s_\-#]*(\d+)\s*$", re.IGNORECASE)
 _FRAME_LINE = re.compile(
     r"^[\s>*#\-]*(?:key ?)?frame[\s_#]*(\d+)\s*\**\s*[:\-.)]\s*\**\s*(.*)$", re.IGNORECASE

@@ -85,7 +85,7 @@ def pose_at(segments: Sequence[Segment], t: float, start: Pose = Pose(0.0, 0.0, 
     return Pose(yaw % 360.0, pitch, zoom)
 
 
-def _inside(pose: Pose, aspect: float) -> Pose:
+def inside(pose: Pose, aspect: float) -> Pose:
     """Keep the view inside the panorama; plans stay well within, this only guards."""
     zoom = min(max(pose.zoom, 0.7), 3.0)
     limit = VSPAN / 2 - HFOV * aspect / 2 / zoom - 1.0
@@ -184,6 +184,14 @@ def glimpsed(thing: Thing, pose: Pose, aspect: float = 0.5625) -> bool:
     return dx * pose.zoom < HFOV / 2 and dy * pose.zoom < HFOV * aspect / 2
 
 
+def camera_view(pano: np.ndarray, pose: Pose, width: int, height: int) -> np.ndarray:
+    """The frame the camera sees at ``pose`` (already kept inside the panorama)."""
+    ppd = width / HFOV
+    z, cx, cy = pose.zoom, pose.yaw * ppd, pano.shape[0] / 2 - pose.pitch * ppd
+    m = np.float32([[z, 0, width / 2 - z * cx], [0, z, height / 2 - z * cy]])
+    return cv2.warpAffine(pano, m, (width, height), flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_WRAP)
+
+
 def render(pano: np.ndarray, things: Sequence[Thing], pose_fn: Callable[[float], Pose],
            outputs: Sequence[tuple[Path, int]], fps: float, width: int, height: int
            ) -> tuple[list[int | None], list[int | None]]:
@@ -192,7 +200,6 @@ def render(pano: np.ndarray, things: Sequence[Thing], pose_fn: Callable[[float],
     Frames are written as they are rendered. Returns, per object, the first frame its centre is
     in view ("seen") and the first frame any part of it is ("glimpsed").
     """
-    ppd = width / HFOV
     writers = []
     for path, n in outputs:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -204,11 +211,8 @@ def render(pano: np.ndarray, things: Sequence[Thing], pose_fn: Callable[[float],
     first_glimpse: list[int | None] = [None] * len(things)
     try:
         for f in range(max(n for _, n in outputs)):
-            pose = _inside(pose_fn(f / fps), height / width)
-            z, cx, cy = pose.zoom, pose.yaw * ppd, pano.shape[0] / 2 - pose.pitch * ppd
-            m = np.float32([[z, 0, width / 2 - z * cx], [0, z, height / 2 - z * cy]])
-            frame = cv2.warpAffine(pano, m, (width, height), flags=cv2.INTER_LINEAR,
-                                   borderMode=cv2.BORDER_WRAP)
+            pose = inside(pose_fn(f / fps), height / width)
+            frame = camera_view(pano, pose, width, height)
             for w, n in writers:
                 if f < n:
                     w.write(frame)

@@ -26,6 +26,7 @@ from embodied_r.scoring.rewards import accuracy_reward, format_reward, make_cons
 from embodied_r.training.checkpoints import last_checkpoint
 from embodied_r.training.callbacks import reporting_callback
 from embodied_r.training.config import GRPOStageConfig, TrainingConfig
+from embodied_r.training.learning import HISTORY_FILE, quarter_stats
 from embodied_r.training.environment import (
     progress_callback,
     ADAPTER,
@@ -286,9 +287,14 @@ def main(spec_path: str) -> int:
         "vllm_rollouts": cfg.vllm is not None,
         "completion_tables": reporting.tables,
         **result_figures(trainer.state.log_history, reward_names),
+        # First and last quarter of the steps: did the stage raise the rewards it weights?
+        "quarters": quarter_stats(trainer.state.log_history, reward_names),
     }
     # Only the main process reports; the others of a multi-GPU launch just exit.
     if trainer.accelerator.is_main_process:
+        # Per-step figures, for the reward curves of the report.
+        write_json_atomic(work / HISTORY_FILE, {"reward_funcs": reward_names, "weights": weights,
+                                                "history": trainer.state.log_history})
         write_json_atomic(work / RESULT_NAME, result)
     return 0
 

