@@ -10,14 +10,14 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from embodied_r.data.catalog import CatalogConfig
 from embodied_r.data.download import DownloadConfig
 from embodied_r.evaluation.config import EvaluationConfig
 from embodied_r.keyframes.extract import KeyframeConfig
 from embodied_r.perception.stage import PerceptionConfig
-from embodied_r.training.records import RecordsConfig
+from embodied_r.training.records import RecordsConfig, for_policy
 from embodied_r.training.config import SFTConfig
 from embodied_r.training.config import TrainingConfig
 
@@ -53,6 +53,13 @@ class Recipe(BaseModel):
     # The SFT baseline (`embodied-r sft`); None takes the training environment and step cap.
     sft: SFTConfig | None = None
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+
+    @model_validator(mode="after")
+    def _records_for_policy(self) -> "Recipe":
+        # The convert stage measures prompts with the policy's tokenizer against the prompt
+        # length its rollouts take, unless the records section names its own.
+        self.records = for_policy(self.records, self.training)
+        return self
 
 
 class RecipeError(ValueError):
