@@ -18,7 +18,7 @@ from embodied_r.data.download import DownloadConfig
 from embodied_r.evaluation.config import EvaluationConfig
 from embodied_r.keyframes.extract import KeyframeConfig
 from embodied_r.perception.stage import PerceptionConfig
-from embodied_r.training.records import RecordsConfig
+from embodied_r.training.records import RecordsConfig, for_policy
 from embodied_r.training.config import SFTConfig
 from embodied_r.training.config import TrainingConfig
 from embodied_r.training.warmstart import WarmstartConfig
@@ -57,6 +57,13 @@ class Recipe(BaseModel):
     # The SFT baseline (`embodied-r sft`); None takes the training environment and step cap.
     sft: SFTConfig | None = None
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+
+    @model_validator(mode="after")
+    def _records_for_policy(self) -> "Recipe":
+        # The convert stage measures prompts with the policy's tokenizer against the prompt
+        # length its rollouts take, unless the records section names its own.
+        self.records = for_policy(self.records, self.training)
+        return self
 
     @model_validator(mode="after")
     def _finite_numbers(self) -> "Recipe":

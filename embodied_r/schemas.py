@@ -68,6 +68,9 @@ FAILURES = pa.schema(
     ]
 )
 
+# The convert stage's failures: a prompt too long for the policy also gives its length.
+RECORD_FAILURES = pa.schema(list(FAILURES) + [("prompt_tokens", pa.int64())])
+
 # Perception: one row per question.
 PERCEPTION = pa.schema(
     [

@@ -143,21 +143,51 @@ class VLLMBackend:
         return final
 
     def close(self) -> None:
-        if getattr(self, "llm", None) is None:
+        """Release the engine and its GPU memory, so the next model of this process (the
+        evaluation after perception, say) finds the GPU free."""
+        llm, self.llm = getattr(self, "llm", None), None
+        if llm is None:
             return
-        shutdown = getattr(self.llm.llm_engine, "shutdown", None)
-        self.llm = None
-        if callable(shutdown):
-            try:
-                shutdown()
-            except Exception as exc:  # pragma: no cover - best effort
-                log.warning("vLLM engine shutdown failed: %s", exc)
+        try:
+            shutdown_engine(llm)
+        except Exception as exc:  # pragma: no cover - best effort
+            log.warning("vLLM engine shutdown failed: %s", exc)
+        del llm
         gc.collect()
-        import torch
+        try:
+            # Destroys the parallel groups of this process and empties the device cache.
+            from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+        except ImportError:
+            import torch
 
-        if torch.cuda.is_available():
-            # Perception, reward and evaluation models share the GPU in turn.
-            torch.cuda.empty_cache()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        else:
+            cleanup_dist_env_and_memory()
+
+
+def shutdown_engine(llm: Any) -> str:
+    """Stop ``llm``'s engine through the API its vLLM has; returns which one it used.
+
+    ``LLM.shutdown`` where a release has it; in vLLM 0.31 neither ``LLM`` nor its
+    ``LLMEngine`` has one, and the engine is stopped through its core client,
+    ``llm.llm_engine.engine_core.shutdown()`` (the engine-core process in multiprocess
+    mode, the in-process core otherwise; both idempotent)."""
+    shutdown = getattr(llm, "shutdown", None)
+    if callable(shutdown):
+        shutdown()
+        return "LLM.shutdown"
+    engine = getattr(llm, "llm_engine", None)
+    shutdown = getattr(engine, "shutdown", None)
+    if callable(shutdown):
+        shutdown()
+        return "LLMEngine.shutdown"
+    shutdown = getattr(getattr(engine, "engine_core", None), "shutdown", None)
+    if callable(shutdown):
+        shutdown()
+        return "engine_core.shutdown"
+    log.warning("this vLLM engine has no shutdown; its memory is freed when it is collected")
+    return "none"
 
 
 def structured_kwargs(vllm: Any, schema: dict[str, Any]) -> dict[str, Any]:

@@ -225,6 +225,7 @@ class ConsistencyReward:
         if log_metric is not None:
             log_metric("consistency/asked", float(len(asked)))
         if not asked:
+            self._log_skipped(rewards, log_metric)
             return rewards, replies
 
         backend = self.backend  # construction errors are config errors: let them raise
@@ -234,11 +235,11 @@ class ConsistencyReward:
             generations = backend.generate(conversations)
         except Exception as exc:  # noqa: BLE001 - any failure of the reference is "unknown"
             log.warning("consistency reward: reference model failed (%s); rewards left unscored", exc)
-            return self._unreachable(n, log_metric), replies
+            return self._log_skipped(self._unreachable(n, log_metric), log_metric), replies
         if len(generations) != len(asked) or all(g.error for g in generations):
             first = next((g.error for g in generations if g.error), "wrong number of replies")
             log.warning("consistency reward: reference model unreachable (%s); rewards left unscored", first)
-            return self._unreachable(n, log_metric), replies
+            return self._log_skipped(self._unreachable(n, log_metric), log_metric), replies
 
         failed = 0
         for i, generation in zip(asked, generations):
@@ -253,7 +254,19 @@ class ConsistencyReward:
             log.warning("consistency reward: %d of %d reference calls failed; left unscored", failed, len(asked))
         if log_metric is not None:
             log_metric("consistency/reference_failed", float(failed))
+        self._log_skipped(rewards, log_metric)
         return rewards, replies
+
+    @staticmethod
+    def _log_skipped(rewards: list[float | None], log_metric: Callable[[str, float], None] | None,
+                     ) -> list[float | None]:
+        """Log how many completions of this call went unscored (None), every call, so a
+        step's mean is over all its calls; README, "Skipped consistency scores"."""
+        if log_metric is not None:
+            skipped = sum(r is None for r in rewards)
+            log_metric("consistency/skipped", float(skipped))
+            log_metric("consistency/skipped_ratio", skipped / len(rewards) if rewards else 0.0)
+        return rewards
 
     @staticmethod
     def _unreachable(n: int, log_metric: Callable[[str, float], None] | None) -> list[float | None]:
@@ -262,6 +275,16 @@ class ConsistencyReward:
         if log_metric is not None:
             log_metric("consistency/reference_unreachable", 1.0)
         return [None] * n
+
+
+def reference_for_rank(cfg: BackendConfig, world_size: int) -> BackendConfig:
+    """The reference config one of ``world_size`` trainer processes uses: an HTTP reference's
+    ``concurrency`` is the bound for all processes together, so each gets its share
+    (at least 1). Every process builds its own backend, and 8 processes x 16 requests
+    would otherwise hit a hosted API 128 at a time."""
+    if cfg.kind != "openai" or world_size <= 1:
+        return cfg
+    return cfg.model_copy(update={"concurrency": max(1, cfg.concurrency // world_size)})
 
 
 def make_consistency_reward(

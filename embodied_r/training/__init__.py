@@ -1,7 +1,9 @@
 """The training stages: GRPO records from the perception text (``records``, the convert
 stage), the stage configs (``config``), the trainer process and its launch
 (``environment``), the GRPO stage's parent side (``stage``) and child (``grpo``), and the
-SFT baseline's trainer (``sft``, child ``sft_child``).
+SFT baseline's trainer (``sft``, child ``sft_child``); what the parent settles before a
+trainer starts: the policy as a causal LM (``policy``) and room for its checkpoints
+(``disk``); TRL configs built from the installed library's own names (``trl_args``).
 
 May import: the core, ``backends`` and ``scoring``.
 """

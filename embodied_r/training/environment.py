@@ -138,6 +138,9 @@ class TrainerEnvironment(BaseModel):
     logging_steps: int = Field(1, ge=1)
     save_steps: int = Field(100, ge=1)
     save_total_limit: int | None = 2
+    # Checkpoints without the optimizer state: a fraction of the disk, but a resumed stage
+    # restarts its optimizer (Adam's moments) from zero.
+    save_only_model: bool = False
     keep_checkpoints: bool = False  # checkpoints only serve a resume; the model is saved apart
     lora: LoraSettings | None = None
     launcher: Literal["python", "accelerate"] = "python"
@@ -159,6 +162,21 @@ class TrainerEnvironment(BaseModel):
                 "use ZeRO-2, one GPU, or full fine-tuning"
             )
         return self
+
+    def deepspeed(self) -> bool:
+        """Whether the trainer runs under DeepSpeed (its accelerate config says so)."""
+        return bool(self.accelerate_config) and zero_stage(resolve_config_file(self.accelerate_config)) is not None
+
+    def bf16_weights(self, bf16: bool) -> bool:
+        """Whether the policy's weights load in bfloat16 when training runs in bf16.
+
+        Only where an fp32 copy is kept elsewhere: DeepSpeed's bf16 optimizer holds fp32
+        master weights, and with LoRA the base is frozen while peft keeps the adapters in
+        fp32. A plain AdamW (one process or DDP) steps the very weights it is given, and a
+        bf16 weight keeps 8 bits of mantissa: an update below about 1/256 of the weight,
+        as every update at lr 5e-7 is, rounds away. There the weights stay fp32 and bf16
+        is autocast mixed precision."""
+        return bf16 and (self.lora is not None or self.deepspeed())
 
     def interpreter(self) -> str:
         python = self.python or os.environ.get(TRAIN_PYTHON_ENV) or sys.executable

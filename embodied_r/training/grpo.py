@@ -22,11 +22,13 @@ from typing import Any, Callable
 import pyarrow.parquet as pq
 
 from embodied_r.io import read_json, write_json_atomic
-from embodied_r.scoring.rewards import accuracy_reward, format_reward, make_consistency_reward
-from embodied_r.training.checkpoints import last_checkpoint
+from embodied_r.scoring.rewards import accuracy_reward, format_reward, make_consistency_reward, reference_for_rank
 from embodied_r.training.callbacks import reporting_callback
+from embodied_r.training.checkpoints import last_checkpoint
 from embodied_r.training.config import GRPOStageConfig, TrainingConfig
 from embodied_r.training.learning import HISTORY_FILE, quarter_stats
+from embodied_r.training.records import conversation  # the prompt the convert stage measured
+from embodied_r.training.trl_args import build_config, field_name
 from embodied_r.training.environment import (
     progress_callback,
     ADAPTER,
@@ -49,10 +51,6 @@ def read_records(records: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def conversation(record: dict[str, Any]) -> list[dict[str, str]]:
-    return [{"role": "system", "content": record["system"]}, {"role": "user", "content": record["prompt"]}]
-
-
 def load_dataset(records: Path) -> Any:
     """``train.parquet`` as a conversational dataset: prompt = system + user turns."""
     from datasets import Dataset
@@ -69,7 +67,9 @@ def reward_setup(stage: GRPOStageConfig, cfg: TrainingConfig) -> tuple[list[Any]
     funcs: list[Any] = [format_reward, accuracy_reward]
     weights = [stage.format_weight, stage.accuracy_weight]
     if stage.consistency_weight > 0:
-        funcs.append(make_consistency_reward(cfg.reference, require_correct=cfg.consistency_requires_correct,
+        # An HTTP reference's concurrency is shared by all trainer processes.
+        reference = reference_for_rank(cfg.reference, int(os.environ.get("WORLD_SIZE", "1")))
+        funcs.append(make_consistency_reward(reference, require_correct=cfg.consistency_requires_correct,
                                              fill_unscored=True))
         weights.append(stage.consistency_weight)
     return funcs, weights
@@ -85,23 +85,27 @@ def use_bf16(env: TrainerEnvironment) -> bool:
 
 def common_args(env: TrainerEnvironment, work: Path, run_name: str, report_to: list[str]) -> dict[str, Any]:
     """Trainer arguments shared by GRPO and SFT."""
+    from transformers import TrainingArguments
+
     bf16 = use_bf16(env)
     kwargs: dict[str, Any] = {
         "output_dir": str(work / CHECKPOINTS),
         "run_name": run_name,
         "use_cpu": env.use_cpu,
         "bf16": bf16,
-        # The current name; TRL's default for the deprecated gradient_checkpointing is True.
-        "activation_checkpointing": env.gradient_checkpointing,
+        # Named as the installed transformers names it (5.23 renamed it; 5.17 has the old name).
+        field_name(TrainingArguments, "gradient_checkpointing"): env.gradient_checkpointing,
         "seed": env.seed,
         "logging_steps": env.logging_steps,
         "save_steps": env.save_steps,
         "save_total_limit": env.save_total_limit,
+        "save_only_model": env.save_only_model,
         "report_to": report_to,
         "disable_tqdm": True,  # the parent streams our output into logs; bars only clutter them
     }
-    if bf16:
-        # Weights in bfloat16 as the original trained them; TRL would load float32.
+    if env.bf16_weights(bf16):
+        # bf16 weights where an fp32 master copy lives elsewhere (DeepSpeed, LoRA); else TRL
+        # loads fp32 and bf16 is mixed precision (TrainerEnvironment.bf16_weights).
         kwargs["model_init_kwargs"] = {"dtype": "bfloat16"}
     return kwargs
 
@@ -128,7 +132,7 @@ def grpo_args(stage: GRPOStageConfig, cfg: TrainingConfig, work: Path, weights: 
     if cfg.vllm is not None:
         kwargs.update(cfg.vllm.grpo_kwargs())
     kwargs.update(cfg.grpo_args)
-    return GRPOConfig(**kwargs)
+    return build_config(GRPOConfig, kwargs)
 
 
 def peft_config(lora: LoraSettings | None) -> Any:
@@ -285,6 +289,7 @@ def main(spec_path: str) -> int:
         "reward_weights": weights,
         "lora": cfg.lora is not None,
         "vllm_rollouts": cfg.vllm is not None,
+        "processes": int(trainer.accelerator.num_processes),
         "completion_tables": reporting.tables,
         **result_figures(trainer.state.log_history, reward_names),
         # First and last quarter of the steps: did the stage raise the rewards it weights?

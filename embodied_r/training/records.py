@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from embodied_r import schemas
 from embodied_r.scoring.answers import parse_choice, parse_number
@@ -75,6 +75,14 @@ class RecordsConfig(BaseModel):
     template: str = DEFAULT_TEMPLATE
     choice_instruction: str = DEFAULT_CHOICE_INSTRUCTION
     number_instruction: str = DEFAULT_NUMBER_INSTRUCTION
+    # Every prompt is measured in tokens of this tokenizer: the policy's, which the pipeline
+    # fills in from training.policy. None: prompts are not measured.
+    tokenizer: str | None = None
+    # Training records whose chat-formatted prompt is longer go to failures.parquet
+    # (reason prompt_too_long, with the length): a colocated vLLM step fails on a prompt
+    # longer than its max_model_length less max_completion_length, which the pipeline
+    # fills in from training.vllm. None: no limit.
+    max_prompt_tokens: int | None = Field(None, ge=1)
 
 
 def question_with_options(question: str, options: list[str] | None) -> str:
@@ -124,6 +132,26 @@ def build_record(row: dict[str, Any], video_text: str, cfg: RecordsConfig) -> di
         "answer_type": row["answer_type"],
         "options": options,
     }
+
+
+def conversation(record: dict[str, Any]) -> list[dict[str, str]]:
+    """The policy's prompt for a record: the system turn and the user turn."""
+    return [{"role": "system", "content": record["system"]}, {"role": "user", "content": record["prompt"]}]
+
+
+def prompt_lengths(records: list[dict[str, Any]], tokenizer: str) -> list[int]:
+    """Tokens of each record's chat-formatted prompt, generation prompt included, as the
+    trainer tokenizes it."""
+    from embodied_r.training.policy import load_tokenizer
+
+    tok = load_tokenizer(tokenizer)
+    lengths = []
+    for record in records:
+        ids = tok.apply_chat_template(conversation(record), add_generation_prompt=True, tokenize=True)
+        if hasattr(ids, "keys"):  # a BatchEncoding in recent transformers
+            ids = ids["input_ids"]
+        lengths.append(len(ids))
+    return lengths
 
 
 def _table_path(path: Path, default_name: str) -> Path:
@@ -184,10 +212,12 @@ def run_records(catalog: Path, perception: Path, out: Path, cfg: RecordsConfig) 
             continue
         records[row["split"]].append(build_record(row, texts[uid], cfg))
 
+    lengths = measure_prompts(records, failures, cfg)
+
     with stage_folder(out) as work:
         for split in SPLITS:
             write_parquet_atomic(table_from_records(records[split], schemas.RECORDS), work / f"{split}.parquet")
-        write_parquet_atomic(table_from_records(failures, schemas.FAILURES), work / "failures.parquet")
+        write_parquet_atomic(table_from_records(failures, schemas.RECORD_FAILURES), work / "failures.parquet")
         done = sum(len(v) for v in records.values())
         all_records = [r for v in records.values() for r in v]
         summary: dict[str, Any] = {
@@ -200,10 +230,64 @@ def run_records(catalog: Path, perception: Path, out: Path, cfg: RecordsConfig) 
             "records_test": len(records["test"]),
             "categories": dict(Counter(r["category"] for r in all_records)),
             "prompt_chars_mean": (sum(len(r["prompt"]) for r in all_records) / done) if done else 0.0,
+            **lengths,
             "seconds": round(time.monotonic() - started, 3),
         }
         write_summary(work, summary)
     return summary
+
+
+def prompt_token_limit(training: Any) -> int | None:
+    """The longest prompt a training config's rollouts take: vLLM's ``max_model_length``
+    less ``max_completion_length`` (prompt and completion share vLLM's context); None
+    without vLLM rollouts or a set length."""
+    vllm = getattr(training, "vllm", None)
+    if vllm is None or vllm.max_model_length is None:
+        return None
+    limit = vllm.max_model_length - training.max_completion_length
+    if limit <= 0:
+        raise ValueError(f"training.vllm.max_model_length {vllm.max_model_length} leaves no room for a prompt "
+                         f"beside max_completion_length {training.max_completion_length}")
+    return limit
+
+
+def for_policy(cfg: RecordsConfig, training: Any) -> RecordsConfig:
+    """``cfg`` with the policy's tokenizer and prompt limit filled in where it leaves them."""
+    updates: dict[str, Any] = {}
+    if cfg.tokenizer is None:
+        updates["tokenizer"] = training.policy
+    if cfg.max_prompt_tokens is None:
+        updates["max_prompt_tokens"] = prompt_token_limit(training)
+    return cfg.model_copy(update=updates)
+
+
+def measure_prompts(records: dict[str, list[dict[str, Any]]], failures: list[dict[str, Any]],
+                    cfg: RecordsConfig) -> dict[str, Any]:
+    """Measure every prompt with ``cfg.tokenizer``; move the training records over
+    ``cfg.max_prompt_tokens`` to ``failures`` (in place). Validation and test records stay:
+    evaluation reports its own failures, and dropping the longest questions would flatter
+    its accuracy; how many of them are over the limit is reported. Returns summary fields."""
+    if cfg.tokenizer is None:
+        return {}
+    limit = cfg.max_prompt_tokens
+    out: dict[str, Any] = {"prompt_tokenizer": cfg.tokenizer, "max_prompt_tokens": limit}
+    every: list[int] = []
+    for split in SPLITS:
+        lengths = prompt_lengths(records[split], cfg.tokenizer)
+        every += lengths
+        if limit is None:
+            continue
+        over = [(r, n) for r, n in zip(records[split], lengths) if n > limit]
+        if split == "train":
+            failures += [{"stage": "records", "item": r["uid"], "reason": "prompt_too_long", "prompt_tokens": n}
+                         for r, n in over]
+            records[split] = [r for r, n in zip(records[split], lengths) if n <= limit]
+            out["prompts_too_long"] = len(over)
+        else:
+            out[f"prompts_over_limit_{split}"] = len(over)
+    out["prompt_tokens_max"] = max(every, default=0)
+    out["prompt_tokens_mean"] = round(sum(every) / len(every), 1) if every else 0.0
+    return out
 
 
 def run_stage(out: Path, config: dict[str, Any], inputs: dict[str, str],

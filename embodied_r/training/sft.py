@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from embodied_r import schemas
 from embodied_r.io import (
@@ -34,7 +35,8 @@ from embodied_r.io import (
 )
 from embodied_r.training.config import DEFAULT_THINK, SFTConfig
 from embodied_r.training.environment import CHECKPOINTS, run_child
-from embodied_r.training.stage import check_inputs, local_model
+from embodied_r.training.disk import check_disk, planned_steps, world_size
+from embodied_r.training.stage import check_inputs, existing_checkpoints, local_model
 
 
 def sft_target(record: dict[str, Any], think: str = DEFAULT_THINK) -> str:
@@ -59,6 +61,10 @@ def run_sft(records: Path, init_model: str, out: Path, cfg: SFTConfig,
         return read_summary(out)
     init_model = local_model(init_model)
     check_inputs(records, init_model, stage="sft")
+    rows = pq.read_metadata(Path(records) / "train.parquet").num_rows
+    per_step = world_size(cfg) * cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps
+    check_disk(out, init_model, cfg, planned_steps(rows, cfg.epochs, per_step, cfg.max_steps), "SFT",
+               existing_checkpoints(out))
     started = time.monotonic()
     with stage_folder(out) as work:
         if traces is not None:

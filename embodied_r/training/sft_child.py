@@ -28,6 +28,7 @@ from embodied_r.training.grpo import (
     save_trained_model,
 )
 from embodied_r.training.environment import RESULT_NAME, progress_callback
+from embodied_r.training.trl_args import build_config
 
 log = logging.getLogger("embodied_r.training.sft_child")
 
@@ -76,7 +77,7 @@ def sft_args(cfg: SFTConfig, work: Path, report_to: list[str]) -> Any:
         "completion_only_loss": True,
     })
     kwargs.update(cfg.sft_args)
-    return TRLSFTConfig(**kwargs)
+    return build_config(TRLSFTConfig, kwargs)
 
 
 def main(spec_path: str) -> int:
@@ -122,6 +123,7 @@ def main(spec_path: str) -> int:
         "too_long": too_long,
         "epochs": cfg.epochs,
         "lora": cfg.lora is not None,
+        "processes": int(trainer.accelerator.num_processes),
         "final_loss": float(losses[-1]) if losses else None,
         "first_loss": float(losses[0]) if losses else None,
         "train_loss": float(output.training_loss),

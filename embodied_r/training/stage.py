@@ -11,8 +11,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from embodied_r.io import is_complete, read_summary, stage_folder, write_summary
+import pyarrow.parquet as pq
+
+from embodied_r.io import is_complete, partial_path, read_summary, stage_folder, write_summary
 from embodied_r.training.config import GRPOStageConfig, TrainingConfig
+from embodied_r.training.disk import check_disk, planned_steps, world_size
 from embodied_r.training.environment import CHECKPOINTS, run_child
 
 def schedule_position(init_model: str) -> tuple[int, int]:
@@ -57,11 +60,27 @@ def check_inputs(records: Path, init_model: str, stage: str = "training") -> Non
             )
 
 
-def local_model(init_model: str) -> str:
-    """``tiny:*`` built, and a local folder made absolute (the child runs elsewhere)."""
-    from embodied_r.backends.tiny_models import resolve_model
+def existing_checkpoints(out: Path) -> int:
+    """Bytes of the checkpoints an interrupted attempt left (a resume keeps them)."""
+    folder = partial_path(Path(out)) / CHECKPOINTS
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) if folder.is_dir() else 0
 
-    resolved = resolve_model(init_model)
+
+def check_stage_disk(records: Path, init_model: str, out: Path, stage: GRPOStageConfig,
+                     cfg: TrainingConfig) -> None:
+    """Fail before training when the stage's checkpoints would not fit on the disk."""
+    rows = pq.read_metadata(Path(records) / "train.parquet").num_rows
+    completions = world_size(cfg) * cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps
+    steps = planned_steps(rows, stage.epochs, max(completions // cfg.num_generations, 1), cfg.max_steps_per_stage)
+    check_disk(out, init_model, cfg, steps, f"training stage {stage.name!r}", existing_checkpoints(out))
+
+
+def local_model(init_model: str) -> str:
+    """``tiny:*`` built, a vision-language policy reduced to its language model
+    (``training.policy``), and a local folder made absolute (the child runs elsewhere)."""
+    from embodied_r.training.policy import training_model
+
+    resolved = training_model(init_model)
     path = Path(resolved).expanduser()
     return str(path.resolve()) if path.exists() else resolved
 
@@ -81,6 +100,7 @@ def run_training_stage(records: Path, init_model: str, out: Path, stage: GRPOSta
         return read_summary(out)
     init_model = local_model(init_model)
     check_inputs(records, init_model)
+    check_stage_disk(records, init_model, out, stage, cfg)
     started = time.monotonic()
     with stage_folder(out) as work:
         spec = stage_spec(records, init_model, work, stage, cfg)

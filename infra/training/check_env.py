@@ -1,0 +1,252 @@
+"""The training-environment check: the trainer against the exact versions the GPU training
+environment pins (infra/training/constraints.txt), on a CPU. ``.ci/run`` runs it through
+``infra/training/check-env.sh``, which builds that environment first.
+
+    python infra/training/check_env.py --train-python ~/.cache/embodied-r/train-env-*/bin/python
+
+Runs in the project's environment (it reads the recipes) and starts every trainer in the
+training environment, as ``training.python`` does on a GPU machine:
+
+1. configs: every shipped recipe's GRPOConfig (each stage) and SFTConfig, built in the
+   training environment with the world size of the recipe's launch faked (check_env_child.py
+   lists what is checked); plus a planted unknown keyword, which must be refused;
+2. steps: one real optimizer step per reward schedule (stage 1, 2 and 3 with the
+   consistency reward) and one SFT step of the demo recipe with the tiny models; one
+   stage-3 step in the single-gpu recipe's shape (LoRA, gradient checkpointing, the
+   Qwen2.5-VL policy reduced to its language model); one step of the paper-8gpu recipe's
+   shape under ``accelerate launch`` with 2 CPU processes (gloo).
+
+Prints a table (recipe, world size, config built, one step run, seconds), writes
+check.json into the work folder, and ends with ``trainenv: N passed, M failed``; the exit
+code is 1 when anything failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from embodied_r.backends.base import BackendConfig  # noqa: E402
+from embodied_r.config import available_recipes, load_recipe  # noqa: E402
+from embodied_r.lifecycle.sft_baseline import sft_config_for  # noqa: E402
+from embodied_r.training.config import TrainingConfig  # noqa: E402
+from embodied_r.training.environment import num_processes, resolve_config_file  # noqa: E402
+
+CHILD = Path(__file__).with_name("check_env_child.py")
+# Faked where a recipe's launch leaves the process count to accelerate (all GPUs of the
+# paper's 8-GPU node).
+AUTO_GPUS = 8
+PLANTED = "activation_checkpointing"  # the keyword that broke every GPU recipe once
+
+
+def world_of(training: TrainingConfig) -> tuple[int, int]:
+    """(processes, GPUs to fake for accelerate's own detection) of a recipe's launch."""
+    if training.launcher != "accelerate":
+        return 1, 0
+    if training.accelerate_config:
+        return num_processes(resolve_config_file(training.accelerate_config)), 0
+    return AUTO_GPUS, AUTO_GPUS
+
+
+def config_cases(recipes: list[str]) -> list[dict[str, Any]]:
+    cases = []
+    for name in recipes:
+        recipe = load_recipe(name)
+        world, gpus = world_of(recipe.training)
+        cases.append({"recipe": name, "world": world, "gpus": gpus,
+                      "training": recipe.training.model_dump(mode="json"),
+                      "sft": sft_config_for(recipe).model_dump(mode="json")})
+    # The check must see a wrong keyword: one recipe with a name the pinned versions lack.
+    demo = load_recipe("demo", {"training": {"grpo_args": {PLANTED: True}}, "sft": {"sft_args": {PLANTED: True}}})
+    cases.append({"recipe": f"demo + {PLANTED} (planted)", "world": 1, "gpus": 0, "planted": True,
+                  "training": demo.training.model_dump(mode="json"),
+                  "sft": sft_config_for(demo).model_dump(mode="json")})
+    return cases
+
+
+def run_configs(train_python: str, cases: list[dict[str, Any]], work: Path, env: dict[str, str]
+                ) -> dict[str, Any]:
+    cases_file, out_file = work / "cases.json", work / "configs.json"
+    reference = BackendConfig(model="tiny:lm", device="cpu", max_new_tokens=4).model_dump(mode="json")
+    cases_file.write_text(json.dumps({"cases": cases, "reference": reference}))
+    proc = subprocess.run([train_python, str(CHILD), str(cases_file), str(out_file)], env=env,
+                          capture_output=True, text=True, timeout=900)
+    if proc.returncode != 0 or not out_file.is_file():
+        raise RuntimeError(f"config check failed to run (exit {proc.returncode}):\n{proc.stdout[-3000:]}"
+                           f"\n{proc.stderr[-6000:]}")
+    return json.loads(out_file.read_text())
+
+
+def write_records(folder: Path, n: int = 8) -> Path:
+    """A small ``train.parquet`` built as the convert stage builds it."""
+    from embodied_r import schemas
+    from embodied_r.io import table_from_records, write_parquet_atomic
+    from embodied_r.training.records import RecordsConfig, build_record
+
+    video = ("Frame 0: Observe: a street with buildings on both sides, a tree on the left.\n"
+             "Frame 1: After move forward, Observe: a red building on the right and a bridge far ahead.")
+    rows = [{"uid": f"check:{i}", "benchmark": "urbanvideo", "category": "landmark_position", "split": "train",
+             "question": "Which direction is the bridge?", "options": ["A. left", "B. right", "C. ahead", "D. behind"],
+             "answer": "ABCD"[i % 4], "answer_type": "choice"} for i in range(n)]
+    records = [build_record(r, video, RecordsConfig()) for r in rows]
+    folder.mkdir(parents=True, exist_ok=True)
+    write_parquet_atomic(table_from_records(records, schemas.RECORDS), folder / "train.parquet")
+    return folder
+
+
+def cpu_accelerate_config(work: Path, shipped: str, processes: int = 2) -> Path:
+    """The shipped accelerate config for ``processes`` CPU processes: the same launcher
+    (torchrun) without DeepSpeed, which has no CPU stand-in for multi-process ZeRO-3."""
+    import yaml
+
+    data = yaml.safe_load(resolve_config_file(shipped).read_text())
+    data.pop("deepspeed_config", None)
+    data.update(distributed_type="MULTI_GPU", num_processes=processes, gpu_ids="all", use_cpu=False,
+                mixed_precision="no", main_process_port=0)
+    path = work / f"accelerate-cpu-{processes}proc.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def cpu_shape(training: TrainingConfig, train_python: str, policy: str, **updates: Any) -> TrainingConfig:
+    """A recipe's training config on the CPU with the tiny models: its own trainer settings
+    (learning rate, beta, LoRA, checkpointing, warm-up, loss settings), one small step."""
+    data = training.model_dump()
+    data.update(policy=policy, python=train_python, use_cpu=True, bf16=False, vllm=None, max_steps_per_stage=1,
+                save_steps=100, num_generations=2, per_device_train_batch_size=2, gradient_accumulation_steps=1,
+                max_completion_length=16, completion_table_rows=0,
+                reference=BackendConfig(model="tiny:lm", device="cpu", max_new_tokens=4).model_dump())
+    data.update(updates)
+    return TrainingConfig.model_validate(data)
+
+
+def step_runs(train_python: str, work: Path) -> list[dict[str, Any]]:
+    from embodied_r.training.sft import run_sft
+    from embodied_r.training.stage import run_training_stage
+
+    records = write_records(work / "records")
+    demo = load_recipe("demo")
+    demo_cfg = demo.training.model_copy(update={"python": train_python, "max_steps_per_stage": 1, "save_steps": 100})
+    single = load_recipe("single-gpu").training
+    eight = load_recipe("paper-8gpu").training
+    eight_cpu = cpu_shape(eight, train_python, "tiny:vlm", launcher="accelerate",
+                          accelerate_config=str(cpu_accelerate_config(work, eight.accelerate_config)))
+    single_cpu = cpu_shape(single, train_python, "tiny:vlm")
+
+    def grpo(cfg: TrainingConfig, stage_name: str, out: str) -> Callable[[], dict[str, Any]]:
+        stage = next(s for s in cfg.stages if s.name == stage_name)
+        return lambda: run_training_stage(records, cfg.policy, work / out, stage, cfg)
+
+    sft_cfg = sft_config_for(demo, max_steps=1).model_copy(update={"python": train_python, "save_steps": 100})
+    plan: list[tuple[str, str, int, Callable[[], dict[str, Any]]]] = [
+        ("demo", "stage1 (format 0.7, accuracy 0.3)", 1, grpo(demo_cfg, "stage1", "demo-stage1")),
+        ("demo", "stage2 (format 0.3, accuracy 0.7)", 1, grpo(demo_cfg, "stage2", "demo-stage2")),
+        ("demo", "stage3 (+ consistency 0.2, tiny reference)", 1, grpo(demo_cfg, "stage3", "demo-stage3")),
+        ("demo", "sft", 1, lambda: run_sft(records, "tiny:lm", work / "demo-sft", sft_cfg)),
+        ("single-gpu", "stage3, LoRA, VL policy's LM", 1, grpo(single_cpu, "stage3", "single-gpu-stage3")),
+        ("paper-8gpu", "stage1, accelerate launch, 2 CPU processes", 2, grpo(eight_cpu, "stage1", "paper-8gpu-stage1")),
+    ]
+    rows = []
+    for recipe, what, world, run in plan:
+        started = time.monotonic()
+        row: dict[str, Any] = {"recipe": recipe, "what": what, "world": world}
+        try:
+            summary = run()
+            problems = []
+            if summary.get("steps") != 1:
+                problems.append(f"{summary.get('steps')} steps, expected 1")
+            if summary.get("processes") != world:
+                problems.append(f"trained in {summary.get('processes')} processes, expected {world}")
+            if not (Path(summary["model"]) / "config.json").is_file():
+                problems.append(f"no model saved in {summary['model']}")
+            if "VL" in what and "lm-of-" not in str(summary.get("init_model")):
+                problems.append(f"the VL policy was not reduced to its language model: {summary.get('init_model')}")
+            row.update(ok=not problems, problems=problems, seconds_per_step=summary.get("seconds_per_step"))
+        except Exception as exc:  # noqa: BLE001 - every failure is a finding
+            row.update(ok=False, problems=[f"{type(exc).__name__}: {exc}", traceback.format_exc(limit=3)])
+            for partial in sorted(work.glob("*.partial")):
+                tail = (partial / "train.log").read_text()[-4000:] if (partial / "train.log").is_file() else ""
+                if tail:
+                    row["problems"].append(f"{partial.name}/train.log, last lines:\n{tail}")
+        row["seconds"] = round(time.monotonic() - started, 1)
+        rows.append(row)
+        print(f"  step {'ok  ' if row['ok'] else 'FAIL'} {recipe:<11} {what:<48} {row['seconds']:>6.1f} s",
+              flush=True)
+    return rows
+
+
+def table(configs: list[dict[str, Any]], steps: list[dict[str, Any]]) -> tuple[str, int, int]:
+    """One row per recipe's configs (at its world size), then one per step run of it."""
+    rows = [("recipe", "world size", "config built", "one step run", "seconds")]
+    passed = failed = 0
+    for case in configs:
+        planted = bool(case.get("planted"))
+        ok = (not case["built"] and bool(case["problems"])) if planted else not case["problems"]
+        built = (f"refused ({len(case['problems'])} errors)" if planted and ok else "yes" if not case["problems"]
+                 else f"NO ({len(case['built'])}/{len(case['expected'])})")
+        rows.append((case["recipe"], str(case["world"]), built, "-", f"{case['seconds']:.1f}"))
+        passed, failed = passed + ok, failed + (not ok)
+        for step in (s for s in steps if s["recipe"] == case["recipe"]):
+            rows.append(("", str(step["world"]), "", f"{'yes' if step['ok'] else 'NO'}: {step['what']}",
+                         f"{step['seconds']:.1f}"))
+            passed, failed = passed + step["ok"], failed + (not step["ok"])
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
+    lines = ["  ".join(c.rjust(w) if i in (1, 4) else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
+             for r in rows]
+    return "\n".join(lines), passed, failed
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--train-python", required=True, help="the training environment's interpreter")
+    parser.add_argument("--work", default=None, help="work folder (default: a new temporary one, removed after)")
+    parser.add_argument("--recipes", nargs="*", default=None, help="recipes to build (default: every shipped one)")
+    parser.add_argument("--skip-steps", action="store_true", help="configs only")
+    args = parser.parse_args()
+
+    started = time.monotonic()
+    work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="train-env-check-"))
+    work.mkdir(parents=True, exist_ok=True)
+    env = dict(os.environ, EMBODIED_R_HOME=str(work / "home"), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+               TOKENIZERS_PARALLELISM="false", HF_HOME=str(work / "hf"), PYTHONPATH=str(ROOT),
+               TRANSFORMERS_VERBOSITY="error", PYTHONWARNINGS="ignore")
+    os.environ.update(env)
+    print(f"train-env: checking {args.train_python} ({work})", flush=True)
+    checked = run_configs(args.train_python, config_cases(args.recipes or available_recipes()), work, env)
+    configs = checked["configs"]
+    for case in configs:
+        print(f"  configs {case['recipe']:<40} world {case['world']}: built {', '.join(case['built']) or 'none'}"
+              f"  [{case.get('launch', {}).get('launcher')}]", flush=True)
+    steps = [checked["reference"]] + ([] if args.skip_steps else step_runs(args.train_python, work))
+    text, passed, failed = table(configs, steps)
+    print("\n" + text + "\n")
+    for case in configs:
+        planted = bool(case.get("planted"))
+        for problem in case["problems"]:
+            print(f"  {'(expected) ' if planted else 'PROBLEM '}{case['recipe']}: {problem}")
+    for step in steps:
+        for problem in step["problems"]:
+            print(f"  PROBLEM {step['recipe']} {step['what']}: {problem}")
+    (work / "check.json").write_text(json.dumps({"configs": configs, "steps": steps}, indent=2))
+    print(f"train-env: check took {time.monotonic() - started:.0f} s; details in {work / 'check.json'}"
+          + ("" if args.work or failed else " (removed)"))
+    print(f"trainenv: {passed} passed, {failed} failed")
+    if not args.work and not failed:
+        shutil.rmtree(work, ignore_errors=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

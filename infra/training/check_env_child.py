@@ -1,0 +1,310 @@
+"""The config half of the training-environment check; runs IN the training environment.
+
+    PYTHONPATH=<repo> <train-env>/bin/python infra/training/check_env_child.py CASES.json OUT.json
+
+CASES.json (written by check_env.py from the shipped recipes) lists, per recipe, its
+training and SFT configs and the world size to fake, and the reference model for a check
+of the consistency reward in this environment. For each case this builds the
+GRPOConfig of every stage and the SFTConfig through the project's own functions
+(``grpo_args``, ``sft_args``), as the trainer would on that many processes, and checks that
+each argument means there what the project meant:
+
+- every keyword exists in the installed trl/transformers (an unknown one fails);
+- every value reads back as passed (nothing renamed, dropped or reinterpreted);
+- the derived batch: completions per step = processes x per-device batch x accumulation,
+  whole groups of ``num_generations``;
+- gradient checkpointing and the warm-up share as configured;
+- bf16 weights only where an fp32 master copy exists (DeepSpeed or LoRA);
+- the launch: ``accelerate launch`` parses the command line the project builds, picks the
+  launcher the config asks for (DeepSpeed, multi-GPU) with that many processes, and the
+  DeepSpeed JSON's ``auto`` values resolve against the trainer's arguments.
+
+The world size is faked by the config class's ``world_size``; a bf16 recipe is built as
+on a bf16-capable GPU. Writes one result per case to OUT.json.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import json
+import math
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, Iterator
+
+
+@contextlib.contextmanager
+def faked(world: int, env: dict[str, str], gpus: int = 0) -> Iterator[None]:
+    """``world`` processes, a bf16-capable GPU, and ``env`` set, for the duration."""
+    import torch
+    import transformers.training_args as ta
+    from transformers import TrainingArguments
+
+    REAL_CUDA.setdefault("is_available", torch.cuda.is_available)
+    REAL_CUDA.setdefault("device_count", torch.cuda.device_count)
+    saved_env = dict(os.environ)
+    saved = (TrainingArguments.world_size, ta.is_torch_bf16_gpu_available, torch.cuda.is_available,
+             torch.cuda.device_count)
+    TrainingArguments.world_size = property(lambda self: world)
+    ta.is_torch_bf16_gpu_available = lambda: True
+    if gpus:
+        torch.cuda.is_available = lambda: True
+        torch.cuda.device_count = lambda: gpus
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        (TrainingArguments.world_size, ta.is_torch_bf16_gpu_available, torch.cuda.is_available,
+         torch.cuda.device_count) = saved
+        os.environ.clear()
+        os.environ.update(saved_env)
+
+
+REAL_CUDA: dict[str, Any] = {}
+
+
+@contextlib.contextmanager
+def real_cuda() -> Iterator[None]:
+    """The real ``torch.cuda`` probes, inside a ``faked(gpus=...)``."""
+    import torch
+
+    faked_now = (torch.cuda.is_available, torch.cuda.device_count)
+    torch.cuda.is_available, torch.cuda.device_count = REAL_CUDA["is_available"], REAL_CUDA["device_count"]
+    try:
+        yield
+    finally:
+        torch.cuda.is_available, torch.cuda.device_count = faked_now
+
+
+def launch_plan(cmd: list[str], gpus: int) -> dict[str, Any]:
+    """What ``accelerate launch`` makes of the command line the project builds: the launcher
+    it dispatches to, its process count and the environment it gives the processes. The
+    launchers are replaced by recorders; nothing starts."""
+    import accelerate.commands.launch as launch
+    from accelerate.utils import launch as prepare
+
+    seen: dict[str, Any] = {}
+
+    def recorder(kind: str, build: Any) -> Any:
+        def record(args: Any) -> None:
+            out = build(args)
+            seen.update(kind=kind, env=out[1] if isinstance(out, tuple) else out, args=args)
+        return record
+
+    originals = (launch.deepspeed_launcher, launch.multi_gpu_launcher, launch.simple_launcher)
+    launch.deepspeed_launcher = recorder("deepspeed", prepare.prepare_deepspeed_cmd_env)
+    launch.multi_gpu_launcher = recorder("multi_gpu", prepare.prepare_multi_gpu_env)
+    launch.simple_launcher = recorder("simple", prepare.prepare_simple_launcher_cmd_env)
+    try:
+        start = cmd.index("accelerate.commands.launch") + 1
+        with faked(1, {}, gpus=gpus):
+            launch.launch_command(launch.launch_command_parser().parse_args(cmd[start:]))
+    finally:
+        launch.deepspeed_launcher, launch.multi_gpu_launcher, launch.simple_launcher = originals
+    args = seen["args"]
+    processes = int(getattr(args, "nproc_per_node", None) or args.num_processes or 1)
+    env = {k: v for k, v in seen["env"].items() if k.startswith("ACCELERATE_")}
+    return {"launcher": seen["kind"], "processes": processes, "env": env}
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, tuple):
+        return list(value)
+    return value
+
+
+def _same(built: Any, passed: Any) -> bool:
+    built, passed = _plain(built), _plain(passed)
+    if isinstance(passed, float) or isinstance(built, float):
+        try:
+            return math.isclose(float(built), float(passed), rel_tol=1e-9, abs_tol=0.0)
+        except (TypeError, ValueError):
+            return False
+    return built == passed
+
+
+def check_args(args: Any, kwargs: dict[str, Any], cfg: Any, world: int, deepspeed: bool) -> list[str]:
+    """What in built ``args`` differs from what the project meant."""
+    problems = [f"{k}: passed {v!r}, reads back {_plain(getattr(args, k, None))!r}"
+                for k, v in kwargs.items() if not _same(getattr(args, k, None), v)]
+    accumulation = cfg.gradient_accumulation_steps
+    per_step = world * cfg.per_device_train_batch_size * accumulation
+    if hasattr(args, "generation_batch_size") and "generation_batch_size" not in kwargs \
+            and "steps_per_generation" not in kwargs:
+        if args.generation_batch_size != per_step:
+            problems.append(f"generation_batch_size {args.generation_batch_size}, meant {world} processes x "
+                            f"{cfg.per_device_train_batch_size} x {accumulation} = {per_step}")
+        if args.generation_batch_size % args.num_generations:
+            problems.append(f"{args.generation_batch_size} completions per step: not whole groups of "
+                            f"{args.num_generations}")
+    if bool(args.gradient_checkpointing) != cfg.gradient_checkpointing:
+        problems.append(f"gradient checkpointing {args.gradient_checkpointing}, configured {cfg.gradient_checkpointing}")
+    warmup = getattr(cfg, "warmup_ratio", None)
+    if warmup is not None and args.get_warmup_steps(1000) != math.ceil(warmup * 1000):
+        problems.append(f"warm-up of {args.get_warmup_steps(1000)} steps in 1000, meant a share of {warmup}")
+    dtype = (args.model_init_kwargs or {}).get("dtype") if hasattr(args, "model_init_kwargs") else None
+    if dtype in ("bfloat16", "bf16") and not (deepspeed or cfg.lora is not None):
+        problems.append("bf16 weights under a plain AdamW (no DeepSpeed, no LoRA): updates round away; "
+                        "load fp32 and train bf16 as mixed precision")
+    if args.bf16 != bool(args.bf16) or (cfg.use_cpu and args.bf16):
+        problems.append(f"bf16 {args.bf16!r} on use_cpu={cfg.use_cpu}")
+    return problems
+
+
+def check_deepspeed(args: Any, launch: dict[str, Any], world: int, cfg: Any) -> list[str]:
+    """The DeepSpeed JSON the launch names, with its ``auto`` values resolved as the
+    Trainer resolves them (a 2048-wide model stands in)."""
+    from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig
+
+    problems = []
+    env = launch["env"]
+    if env.get("ACCELERATE_USE_DEEPSPEED") != "true":
+        problems.append(f"accelerate launch does not turn DeepSpeed on: {env}")
+    path = env.get("ACCELERATE_DEEPSPEED_CONFIG_FILE")
+    if not path or not Path(path).is_file():
+        return problems + [f"DeepSpeed config {path!r} is not a file"]
+    if getattr(args, "deepspeed_plugin", None) is None:
+        problems.append("the trainer's arguments carry no DeepSpeed plugin under the launch's environment")
+    ds = HfTrainerDeepSpeedConfig(path)
+    ds.trainer_config_process(args)
+    model = SimpleNamespace(config=SimpleNamespace(hidden_size=2048))
+    ds.trainer_config_finalize(args, model, num_training_steps=100)
+    conf = ds.config
+    left = [k for k, v in _flat(conf) if v == "auto"]
+    if left:
+        problems.append(f"DeepSpeed values left 'auto': {left}")
+    want = world * cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps
+    if conf.get("train_batch_size") != want:
+        problems.append(f"DeepSpeed train_batch_size {conf.get('train_batch_size')}, meant {want}")
+    if bool(conf.get("bf16", {}).get("enabled")) != bool(args.bf16):
+        problems.append(f"DeepSpeed bf16 {conf.get('bf16')}, trainer bf16 {args.bf16}")
+    return problems
+
+
+def _flat(data: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
+    if isinstance(data, dict):
+        for key, value in data.items():
+            yield from _flat(value, f"{prefix}{key}.")
+    else:
+        yield prefix.rstrip("."), data
+
+
+def run_case(case: dict[str, Any], work: Path) -> dict[str, Any]:
+    from embodied_r.training import grpo, sft_child
+    from embodied_r.training.config import SFTConfig, TrainingConfig
+
+    started = time.monotonic()
+    world = int(case["world"])
+    gpus = int(case.get("gpus") or 0)
+    result: dict[str, Any] = {"recipe": case["recipe"], "world": world, "built": [], "problems": [],
+                              "planted": bool(case.get("planted"))}
+    recorded: dict[str, Any] = {}
+
+    def recording(build: Any) -> Any:
+        def wrapper(cls: type, kwargs: dict[str, Any]) -> Any:
+            recorded.clear()
+            recorded.update(kwargs)
+            with real_cuda():  # the project decided as on a GPU; the config builds on this CPU
+                return build(cls, kwargs)
+        return wrapper
+
+    cfg = TrainingConfig.model_validate(case["training"])
+    sft = SFTConfig.model_validate(case["sft"])
+    launch: dict[str, Any] = {"launcher": "python", "processes": 1, "env": {}}
+    if cfg.launcher == "accelerate":
+        launch = launch_plan(cfg.command("embodied_r.training.grpo", work / "spec.json"), gpus)
+        if launch["processes"] != world:
+            result["problems"].append(f"accelerate launch starts {launch['processes']} processes, expected {world}")
+    result["launch"] = {k: launch[k] for k in ("launcher", "processes")}
+    deepspeed = launch["launcher"] == "deepspeed"
+    if deepspeed != cfg.deepspeed():
+        result["problems"].append(f"launcher {launch['launcher']}, but the config says DeepSpeed={cfg.deepspeed()}")
+    originals = (grpo.build_config, sft_child.build_config)
+    grpo.build_config = recording(grpo.build_config)
+    sft_child.build_config = recording(sft_child.build_config)
+    try:
+        builds: list[tuple[str, Any, Any]] = []
+        for stage in cfg.stages:
+            builds.append((stage.name, cfg, lambda s=stage: grpo.grpo_args(
+                s, cfg, work, grpo.reward_setup(s, cfg)[1], [])))
+        builds.append(("sft", sft, lambda: sft_child.sft_args(sft, work, [])))
+        for name, owner, build in builds:
+            try:
+                # A GPU recipe is built as on its GPUs (bf16 left to the default turns on there).
+                with faked(world, launch["env"], gpus=0 if owner.use_cpu else max(gpus, world)):
+                    args = build()
+                    problems = check_args(args, dict(recorded), owner, world, deepspeed)
+                    if deepspeed:
+                        problems += check_deepspeed(args, launch, world, owner)
+            except Exception as exc:  # noqa: BLE001 - every failure is a finding
+                problems = [f"{type(exc).__name__}: {exc}"]
+                if not isinstance(exc, (TypeError, ValueError)):
+                    problems.append(traceback.format_exc(limit=4))
+            if problems:
+                result["problems"] += [f"{name}: {p}" for p in problems]
+            else:
+                result["built"].append(name)
+    finally:
+        grpo.build_config, sft_child.build_config = originals
+    result["expected"] = [s.name for s in cfg.stages] + ["sft"]
+    result["seconds"] = round(time.monotonic() - started, 2)
+    return result
+
+
+def check_reference(reference: dict[str, Any]) -> dict[str, Any]:
+    """The consistency reward asking its reference, built as the trainer process builds it:
+    a policy's think and answer go to the (tiny, in-process) reference model, whose reply is
+    read and scored. A random policy seldom writes a readable answer, so a training step
+    alone would never reach the reference."""
+    from embodied_r.backends.base import BackendConfig
+    from embodied_r.scoring.rewards import make_consistency_reward
+
+    started = time.monotonic()
+    row: dict[str, Any] = {"recipe": "demo", "what": "consistency reward asks its reference", "world": 1}
+    reward = make_consistency_reward(BackendConfig.model_validate(reference), require_correct=True)
+    metrics: dict[str, float] = {}
+    try:
+        completions = ["<think>I moved forward; the bridge stays ahead.</think><answer>C</answer>",
+                       "<think>The bridge is on my left.</think><answer>A</answer>", "no format at all"]
+        scores = reward(completions, solution=["C", "C", "C"], question=["Which direction is the bridge?"] * 3,
+                        answer_type=["choice"] * 3, options=[["A. left", "B. right", "C. ahead", "D. behind"]] * 3,
+                        log_metric=metrics.__setitem__)
+        problems = []
+        if metrics.get("consistency/asked") != 1.0:
+            problems.append(f"the reference was asked {metrics.get('consistency/asked')} times, expected 1")
+        if scores[0] is None or scores[1:] != [0.0, 0.0]:
+            problems.append(f"scores {scores}: the asked one must be scored, the others 0")
+        if "consistency/skipped" not in metrics:
+            problems.append("no consistency/skipped metric logged")
+        row.update(ok=not problems, problems=problems)
+    except Exception as exc:  # noqa: BLE001 - every failure is a finding
+        row.update(ok=False, problems=[f"{type(exc).__name__}: {exc}", traceback.format_exc(limit=4)])
+    finally:
+        reward.close()
+    row["seconds"] = round(time.monotonic() - started, 1)
+    return row
+
+
+def main(cases_path: str, out_path: str) -> int:
+    import logging
+
+    logging.disable(logging.WARNING)
+    spec = json.loads(Path(cases_path).read_text())
+    work = Path(out_path).parent / "config-work"
+    work.mkdir(parents=True, exist_ok=True)
+    out = {"configs": [run_case(case, work) for case in spec["cases"]]}
+    if spec.get("reference"):
+        out["reference"] = check_reference(spec["reference"])
+    Path(out_path).write_text(json.dumps(out, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(*sys.argv[1:3]))
