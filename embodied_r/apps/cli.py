@@ -59,7 +59,7 @@ def _all_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 DEMO_CAVEAT = ("The demo's models are tiny and its benchmark a few dozen synthetic questions: these "
-               "numbers show the method learning in miniature, not the paper's. See README, 'Running it for real'.")
+               "numbers prove the plumbing, not the science. See README, 'Running it for real'.")
 
 
 def _print_outcome(result: dict[str, Any], seconds: float, synthetic: bool = False) -> None:
