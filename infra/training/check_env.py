@@ -24,6 +24,7 @@ code is 1 when anything failed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -163,7 +164,9 @@ def step_runs(train_python: str, work: Path) -> list[dict[str, Any]]:
         started = time.monotonic()
         row: dict[str, Any] = {"recipe": recipe, "what": what, "world": world}
         try:
-            summary = run()
+            # The trainer's own output stays in its train.log; here one line per run.
+            with open(work / "steps.out", "a") as quiet, contextlib.redirect_stdout(quiet):
+                summary = run()
             problems = []
             if summary.get("steps") != 1:
                 problems.append(f"{summary.get('steps')} steps, expected 1")
@@ -221,8 +224,11 @@ def main() -> int:
     work.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, EMBODIED_R_HOME=str(work / "home"), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                TOKENIZERS_PARALLELISM="false", HF_HOME=str(work / "hf"), PYTHONPATH=str(ROOT),
-               TRANSFORMERS_VERBOSITY="error", PYTHONWARNINGS="ignore")
+               TRANSFORMERS_VERBOSITY="error", PYTHONWARNINGS="ignore", HF_HUB_DISABLE_PROGRESS_BARS="1")
     os.environ.update(env)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # the tiny models built here
     print(f"train-env: checking {args.train_python} ({work})", flush=True)
     checked = run_configs(args.train_python, config_cases(args.recipes or available_recipes()), work, env)
     configs = checked["configs"]

@@ -99,5 +99,13 @@ print("versions:", ", ".join(f"{m.__name__} {m.__version__}"
 PY
 touch "$STAMP"
 rm -f "$LOG"
+# Environments this script built for earlier pins are not used again.
+for old in "$ROOT"/train-env-*/; do
+    old=${old%/}
+    if [ "$old" != "$VENV" ] && [ -f "$old/.complete" ]; then
+        say "removing $old (earlier pins)"
+        rm -rf "$old"
+    fi
+done
 say "done ($(du -sh "$VENV" | cut -f1))"
 echo "$VENV"
