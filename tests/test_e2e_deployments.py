@@ -12,7 +12,12 @@ import time
 from contextlib import ExitStack
 from pathlib import Path
 
+# Prefect reads its settings from the environment once, at import: import it before this test
+# points the environment at its own servers, or every later test of the session would keep
+# calling those servers once they are gone.
+import prefect.context  # noqa: F401
 import pytest
+from prefect.settings import PREFECT_API_URL, temporary_settings
 
 from tests.servers import background, serve_on_free_port
 
@@ -98,6 +103,7 @@ def test_full_pipeline_by_deployment_on_pools(tmp_path, monkeypatch):
         env.update({"PREFECT_API_URL": api, "MLFLOW_TRACKING_URI": uri})
         for key in ("PREFECT_HOME", "PREFECT_API_URL", "MLFLOW_TRACKING_URI", "EMBODIED_R_HOME"):
             monkeypatch.setenv(key, env[key])
+        stack.enter_context(temporary_settings(updates={PREFECT_API_URL: api}))
         _run(["bash", str(REPO / "infra" / "create-pools.sh")], env)
         _run([str(BIN / "prefect"), "--no-prompt", "deploy", "--all"], env)
         workers = [stack.enter_context(background(["bash", str(REPO / "infra" / "start-worker.sh"), pool],

@@ -256,11 +256,11 @@ def test_stage_over_http_plain_text_and_faults(tmp_path: Path, monkeypatch: pyte
     run_id = tracker.start_stage("perception", cfg.model_dump(mode="json"))
     record_stage(tracker, run_id, tmp_path / "out", summary)
     run = MlflowClient(tracker.uri).get_run(run_id)
-    assert {k: run.data.metrics[k] for k in ("calls", "calls_made", "calls_failed", "retries", "failed")} == {
+    assert {k: run.data.metrics[f"summary/{k}"] for k in ("calls", "calls_made", "calls_failed", "retries", "failed")} == {
         "calls": 6, "calls_made": 7, "calls_failed": 1, "retries": 0, "failed": 1}
-    assert run.data.metrics["prompt_tokens"] == summary["prompt_tokens"] > 0
-    assert run.data.metrics["completion_tokens"] == summary["completion_tokens"] > 0
-    assert run.data.metrics["calls_by_kind/question"] == 2 and run.data.metrics["structured_output_refused"] == 1
+    assert run.data.metrics["summary/prompt_tokens"] == summary["prompt_tokens"] > 0
+    assert run.data.metrics["summary/completion_tokens"] == summary["completion_tokens"] > 0
+    assert run.data.metrics["summary/calls_by_kind/question"] == 2 and run.data.metrics["summary/structured_output_refused"] == 1
     assert run.data.params["backend.api_key_env"] == "EMBODIED_R_TEST_NO_KEY"
     logged = json.dumps(run.data.params) + (tmp_path / "out" / "summary.json").read_text()
     assert "sk-secret-perception" not in logged

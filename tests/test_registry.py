@@ -175,7 +175,7 @@ def test_commands_evaluate_register_and_promote(demo_home: Path, tiny_lm_path: P
     store = f"sqlite:///{demo_home / 'mlflow.db'}"
     client = MlflowClient(tracking_uri=store)
     run = client.search_runs([client.get_experiment_by_name("embodied-r").experiment_id])[0]
-    assert run.data.tags["stage"] == "eval-model" and run.data.metrics["count/overall"] == 2.0
+    assert run.data.tags["stage"] == "eval-model" and run.data.metrics["eval/count/overall"] == 2.0
     assert {"report.md", "accuracy_by_task.png", "paper_comparison.csv", "metrics.json"} <= \
         {a.path for a in client.list_artifacts(run.info.run_id)}
 

@@ -59,10 +59,13 @@ def test_a_moved_home_is_refused_then_relocated(tmp_path: Path):
     assert relocate_home(new)["parquet"] == 0  # a second run finds nothing to change
 
 
-def test_the_cli_says_how_to_relocate_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]):
+def test_the_cli_says_how_to_relocate_in_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                   monkeypatch: pytest.MonkeyPatch):
     from embodied_r.apps.cli import main
 
     old, new = tmp_path / "h", tmp_path / "moved"
+    # --home sets EMBODIED_R_HOME for the process: restore the session's home afterwards.
+    monkeypatch.setenv("EMBODIED_R_HOME", str(new))
     claim_home(old)
     old.rename(new)
     assert main(["--home", str(new), "plan", "--recipe", "demo"]) == 2

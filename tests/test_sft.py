@@ -125,8 +125,8 @@ def test_sft_command_trains_evaluates_and_tracks(tmp_path: Path, monkeypatch: py
     _records(Path(plan(recipe, root)["convert"].out), tmp_path)
     assert args.handler(args) == 0
 
-    sft_dirs = list((root / "stages" / "sft").iterdir())
-    eval_dirs = list((root / "stages" / "sft_evaluate").iterdir())
+    sft_dirs = [p for p in (root / "stages" / "sft").iterdir() if p.is_dir()]  # beside each: its lock file
+    eval_dirs = [p for p in (root / "stages" / "sft_evaluate").iterdir() if p.is_dir()]
     assert len(sft_dirs) == 1 and len(eval_dirs) == 1
     sft_summary = json.loads((sft_dirs[0] / "summary.json").read_text())
     evaluation = json.loads((eval_dirs[0] / "summary.json").read_text())

@@ -281,7 +281,8 @@ def run_evaluation(records: Path, model: str, out: Path, cfg: EvaluationConfig,
     ref = model_ref or (model if model != resolved else None)
     return evaluate_records(all_records, out, cfg.backend.model_copy(update=update), cfg,
                             model_label=ref or describe_model(resolved), title=title,
-                            extra_summary={"model": resolved, "model_ref": ref} if ref else None,
+                            # The summary keeps the folder evaluated; the label is for people.
+                            extra_summary={"model": resolved, **({"model_ref": ref} if ref else {})},
                             extra_files=extra_files)
 
 
