@@ -103,10 +103,9 @@ def _step_phrases(segs: list[Segment], landmark: dict[int, Thing]) -> list[str]:
     return out
 
 
-def _urban_scene(rng: np.random.Generator, cfg: "SyntheticConfig", prefix: str, clips: int,
-                 root: Path, qid: int) -> list[dict]:
-    segs = _flight_plan(rng, cfg.seconds, clips)
-    pose = lambda t: pose_at(segs, t)  # noqa: E731
+def place_urban_things(rng: np.random.Generator, segs: list[Segment]) -> tuple[list[Thing], dict[int, Thing]]:
+    """Objects of a flight: one at the end of each turn (a landmark, by segment index) while
+    there is room, then others around the horizon; none closer than 22 degrees in azimuth."""
     names = [URBAN_THINGS[i] for i in rng.permutation(len(URBAN_THINGS))]
     things: list[Thing] = []
     landmark: dict[int, Thing] = {}
@@ -115,7 +114,7 @@ def _urban_scene(rng: np.random.Generator, cfg: "SyntheticConfig", prefix: str, 
         return all(abs(wrap180(az - o.azimuth)) >= 22 for o in things)
 
     for i, s in enumerate(segs):
-        end = pose(s.end)
+        end = pose_at(segs, s.end)
         if s.action.startswith("turn") and free(end.yaw) and len(things) < 5:
             colour, shape = names[len(things)]
             thing = Thing(f"{colour} {shape}", colour, shape, end.yaw,
@@ -130,6 +129,14 @@ def _urban_scene(rng: np.random.Generator, cfg: "SyntheticConfig", prefix: str, 
             colour, shape = names[len(things)]
             things.append(Thing(f"{colour} {shape}", colour, shape, az,
                                 float(rng.uniform(-8, 8)), float(rng.uniform(7, 11))))
+    return things, landmark
+
+
+def _urban_scene(rng: np.random.Generator, cfg: "SyntheticConfig", prefix: str, clips: int,
+                 root: Path, qid: int) -> list[dict]:
+    segs = _flight_plan(rng, cfg.seconds, clips)
+    pose = lambda t: pose_at(segs, t)  # noqa: E731
+    things, landmark = place_urban_things(rng, segs)
     target = landmark[max(landmark)] if landmark else things[0]
     ends = _clip_ends(segs, cfg.seconds, clips)
     vids = [f"{prefix}.mp4"] if clips == 1 else [f"{prefix}_{k}.mp4" for k in range(clips)]

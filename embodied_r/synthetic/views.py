@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from embodied_r.synthetic.urban import URBAN_THINGS, _flight_plan
+from embodied_r.synthetic.urban import URBAN_THINGS, _flight_plan, place_urban_things
 from embodied_r.synthetic.vsi import VSI_THINGS, _room, _room_scan
 from embodied_r.synthetic.world import (
     HFOV,
@@ -52,26 +52,7 @@ class Clip:
 def _urban_world(rng: np.random.Generator, seconds: float) -> tuple[list[Segment], list[Thing], Pose]:
     """A flight as ``urban`` plans it, objects at the end of turns and elsewhere."""
     segs = _flight_plan(rng, seconds, 1)
-    names = [URBAN_THINGS[i] for i in rng.permutation(len(URBAN_THINGS))]
-    things: list[Thing] = []
-
-    def free(az: float) -> bool:
-        return all(abs(wrap180(az - o.azimuth)) >= 22 for o in things)
-
-    for s in segs:
-        end = pose_at(segs, s.end)
-        if s.action.startswith("turn") and free(end.yaw) and len(things) < 5:
-            colour, shape = names[len(things)]
-            things.append(Thing(f"{colour} {shape}", colour, shape, end.yaw,
-                                end.pitch + float(rng.uniform(-3, 3)), float(rng.uniform(8, 12))))
-    for _ in range(200):
-        if len(things) >= 6:
-            break
-        az = float(rng.uniform(0, 360))
-        if free(az):
-            colour, shape = names[len(things)]
-            things.append(Thing(f"{colour} {shape}", colour, shape, az,
-                                float(rng.uniform(-8, 8)), float(rng.uniform(7, 11))))
+    things, _ = place_urban_things(rng, segs)
     return segs, things, Pose(0.0, 0.0, 1.0)
 
 
