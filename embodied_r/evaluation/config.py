@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from embodied_r.backends.base import BackendConfig
+from embodied_r.scoring.answers import AnswerParser, ChoiceParser
 from embodied_r.scoring.metrics import NumberParsing
 
 
@@ -28,5 +29,12 @@ class EvaluationConfig(BaseModel):
     # How numeric answers are read: "official" as VSI-Bench's scorer (the text up to the
     # first space must be a number), "lenient" as the training reward ("about 3 m" is 3).
     number_parsing: NumberParsing = "official"
+    # How option letters are read: "strict" only inside the last <answer> block, one
+    # option and no other; "official" as the official scoring script (the first letter
+    # right after <answer>, else the last "X." anywhere in the completion).
+    answer_parser: AnswerParser = "strict"
     # Questions per generate call, and so between progress records.
     chunk_size: int = Field(32, ge=1)
+
+    def choice_parser(self) -> ChoiceParser:
+        return "official_eval" if self.answer_parser == "official" else "strict"
