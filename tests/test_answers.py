@@ -100,3 +100,55 @@ def test_completion_text_takes_strings_and_messages() -> None:
 @pytest.mark.parametrize("text, value", [("3, I think", 3.0), ("1,200, roughly", 1200.0), ("3,4", None)])
 def test_parse_number_drops_a_trailing_comma(text: str, value: float | None) -> None:
     assert parse_number(text) == value
+
+
+# -- the official code's readers, kept as the `official` option ----------------------------
+
+from embodied_r.scoring.answers import (  # noqa: E402
+    format_ok,
+    official_eval_choice,
+    official_reward_choice,
+    read_choice,
+)
+
+
+def test_official_reward_parser_misreads_a_letter_in_the_reasoning() -> None:
+    text = "<think>Option A. is wrong, the tower is not on the left.</think><answer>B</answer>"
+    assert official_reward_choice(text) == "A"  # the official whole-completion scan
+    assert read_choice(text, 4, "official_reward") == "A"
+    assert read_choice(text, 4, "strict") == "B"  # only the <answer> block
+
+
+@pytest.mark.parametrize(
+    ("text", "letter"),
+    [
+        ("<answer>C</answer>", "C"),
+        ("<answer>C. back</answer>", "C"),
+        ("<think>To answer based on the frames</think><answer>C</answer>", "B"),  # "answer b..." comes first
+        ("<think>e.g. the chair</think><answer>C</answer>", "E"),  # "e." is a letter and a dot
+        ("<think>x</think><answer>$\\boxed{D}$</answer>", "D"),
+        ("<think>first A, then</think><answer>The answer C is right</answer>", "C"),
+        ("<think>nothing here</think><answer>none</answer>", None),
+    ],
+)
+def test_official_reward_parser_quirks(text: str, letter: str | None) -> None:
+    assert official_reward_choice(text) == letter
+
+
+def test_official_evaluation_parser() -> None:
+    # The first letter right after <answer>, else the last "X." anywhere, else nothing.
+    assert official_eval_choice("<think>Option A. is wrong</think><answer>B</answer>") == "B"
+    assert official_eval_choice("<think>x</think><answer>Based on it, C</answer>") == "B"
+    assert official_eval_choice("<think>I pick C. Final.</think>") == "C"
+    assert official_eval_choice("<think>I pick C</think>") is None
+
+
+def test_official_format_rule() -> None:
+    ok = "<think>x</think>\n<answer>A</answer>"
+    assert format_ok(ok, "official") and format_ok(ok, "strict")
+    assert not format_ok(ok + "\n", "official") and format_ok(ok + "\n", "strict")  # nothing after </answer>
+    assert not format_ok(" " + ok, "official") and format_ok(" " + ok, "strict")  # nothing before <think>
+    assert format_ok("<think></think><answer></answer>", "official")
+    assert not format_ok("<think></think><answer></answer>", "strict")  # empty blocks
+    with pytest.raises(ValueError):
+        format_ok(ok, "lenient")  # type: ignore[arg-type]

@@ -23,6 +23,10 @@ def test_paper_recipe_has_the_papers_values():
     assert (k.sample_fps, k.ransac_reproj_threshold, k.overlap_threshold, k.min_frames, k.max_frames) == \
         (1.0, 5.0, 0.5, 4, 32)
     assert r.perception.backend.model == "Qwen/Qwen2.5-VL-72B-Instruct"
+    # Full-resolution frames, as the official code sent them: a 720p frame is not shrunk.
+    assert (k.jpeg_max_side, k.jpeg_quality) == (0, 95) and r.perception.backend.max_pixels >= 1920 * 1080
+    assert (r.perception.reply_format, r.perception.image_order, r.perception.max_new_tokens) == (
+        "numbered", "text_first", 4096)
     t = r.training
     assert (t.learning_rate, t.beta, t.num_generations, t.max_completion_length) == (5e-7, 0.001, 8, 2048)
     ratios = [(s.format_weight, s.accuracy_weight, s.consistency_weight) for s in t.stages]

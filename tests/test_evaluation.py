@@ -203,8 +203,10 @@ def test_scores_as_the_benchmarks_do_with_a_judge(scripted: ScriptedModels, scri
     m = run_evaluation(scripted_records, "policy", out, cfg)
     assert m["done"] == 10 and m["failed"] == 0
     assert m["accuracy/landmark_position"] == pytest.approx(2 / 4)
-    # Relative direction: easy 2/2, medium 0/1, hard 1/1 -> (1 + 0 + 1) / 3, not the pooled 3/4.
-    assert m["accuracy/object_rel_direction"] == pytest.approx(2 / 3)
+    # Relative direction: easy 2/2, medium 0/1, hard 1/1 -> pooled 3/4 (the paper's way);
+    # VSI-Bench's mean of the subtypes (1 + 0 + 1) / 3 apart.
+    assert m["accuracy/object_rel_direction"] == pytest.approx(3 / 4)
+    assert m["accuracy/object_rel_direction/subtype_mean"] == pytest.approx(2 / 3)
     assert m["accuracy/object_rel_direction/medium"] == 0.0
     assert m["accuracy/object_abs_distance"] == pytest.approx(0.5)  # 2.6 scores 1, "about 2.5" 0
     assert m["accuracy/overall"] == pytest.approx(6 / 10)
@@ -224,7 +226,8 @@ def test_scores_as_the_benchmarks_do_with_a_judge(scripted: ScriptedModels, scri
         assert (out / name).is_file()
     assert (out / "accuracy_by_task.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     report = (out / "report.md").read_text()
-    assert re.search(r"\| vsibench \| Relative Direction ⚠? \| 4 \| 66\.7 \| [^|]* \| [^|]* \| 44\.3 \|", report)
+    assert re.search(r"\| vsibench \| Relative Direction ⚠? \| 4 \| 75\.0 \| [^|]* \| [^|]* \| 44\.3 \|", report)
+    assert "| | &nbsp;&nbsp;mean of the subtypes (VSI-Bench's rule) | 4 | 66.7 | | | |" in report
     assert "logically consistent answers (judge model): 71.4 %" in report
     assert "| **this evaluation** | 62.5 | 50.0 |" in report
     rows = {r["task"]: r for r in table_rows_from_folder(out)}
@@ -372,3 +375,15 @@ def test_killed_evaluation_resumes_to_the_uninterrupted_result(tmp_path: Path) -
     drop = ("seconds", "seconds_per_item")
     assert {k: v for k, v in resumed.items() if k not in drop} == {k: v for k, v in whole.items() if k not in drop}
     assert pq.read_table(out / "predictions.parquet").equals(pq.read_table(tmp_path / "whole" / "predictions.parquet"))
+
+def test_official_answer_reading_is_an_option() -> None:
+    from embodied_r.evaluation.stage import score_row
+
+    record = {"uid": "u", "benchmark": "urbanvideo", "category": "Landmark Position", "solution": "A",
+              "answer_type": "choice", "options": ["A. left", "B. right"]}
+    # The official scoring script reads the first letter after <answer>: "Based" gives B.
+    text = "<think>It is on the left.</think><answer>Based on the frames, A</answer>"
+    assert score_row(record, text, 5)["prediction"] == ""  # strict: a sentence, not one option
+    assert score_row(record, text, 5, choice_parser="official_eval")["prediction"] == "B"
+    assert EvaluationConfig(answer_parser="official").choice_parser() == "official_eval"
+    assert EvaluationConfig().choice_parser() == "strict"

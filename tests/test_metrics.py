@@ -115,7 +115,7 @@ def test_relative_direction_subtypes_from_option_count() -> None:
     assert subtask_of("route_planning", ["A. x", "B. y"]) is None
 
 
-def test_relative_direction_is_the_mean_of_its_subtypes() -> None:
+def test_relative_direction_is_pooled_and_its_subtype_mean_reported_apart() -> None:
     def row(sub: str | None, score: float, cat: str = "object_rel_direction") -> dict:
         return {"benchmark": "vsibench", "category": cat, "subtask": sub, "score": score, "prediction": "A"}
 
@@ -123,19 +123,24 @@ def test_relative_direction_is_the_mean_of_its_subtypes() -> None:
             row("hard", 0.0), row(None, 0.5, "object_counting"),
             {"benchmark": "urbanvideo", "category": "Landmark Position", "score": 1.0, "prediction": "B"}]
     m = aggregate(rows)
-    # VSI-Bench: (easy 1 + medium 0 + hard 1/3) / 3, not the pooled 3/6.
-    assert m["accuracy/object_rel_direction"] == pytest.approx(4 / 9)
+    # The paper (the official code merges the subtypes): every question once, 3/6.
+    assert m["accuracy/object_rel_direction"] == pytest.approx(3 / 6)
+    # VSI-Bench's rule: (easy 1 + medium 0 + hard 1/3) / 3.
+    assert m["accuracy/object_rel_direction/subtype_mean"] == pytest.approx(4 / 9)
     assert m["accuracy/object_rel_direction/easy"] == 1.0
     assert m["accuracy/object_rel_direction/hard"] == pytest.approx(1 / 3)
     assert m["count/object_rel_direction"] == 6.0 and m["count/object_rel_direction/hard"] == 3.0
     assert m["accuracy/overall"] == pytest.approx(4.5 / 8)  # every question once
+    # The macro figures are VSI-Bench's: they take the subtype mean.
     assert m["accuracy/macro"] == pytest.approx((4 / 9 + 0.5 + 1.0) / 3)
     assert m["macro_by_benchmark/vsibench"] == pytest.approx((4 / 9 + 0.5) / 2)  # VSI-Bench's "overall"
     assert m["accuracy_by_benchmark/vsibench"] == pytest.approx(3.5 / 7)
     # The paper's avg: every question of its eight tasks once (counting is not one of them).
     assert m["accuracy/paper_tasks"] == pytest.approx(4 / 7) and m["count/paper_tasks"] == 7.0
     table = {r["category"]: r for r in category_table(rows)}
-    assert table["object_rel_direction"]["accuracy"] == pytest.approx(4 / 9)
+    assert table["object_rel_direction"]["accuracy"] == pytest.approx(3 / 6)
+    assert table["object_rel_direction"]["subtype_mean"] == pytest.approx(4 / 9)
+    assert "subtype_mean" not in table["Landmark Position"]
     assert table["object_rel_direction"]["subtasks"]["medium"] == {"count": 1, "accuracy": 0.0}
     assert "subtasks" not in table["Landmark Position"]
 

@@ -54,8 +54,11 @@ def test_clips_and_their_calls_carry_the_worlds_truth(tmp_path) -> None:
     assert all(set(v) <= set(clip.names) for v in clip.visible)
     items = clip_items(clip, tmp_path, "c", 320, np.random.default_rng(0))
     conv, info, first = items[0]
-    assert first and conv == prompts.first_frame_conversation(conv[1]["content"][0]["path"],
-                                                              conv[1]["content"][-1]["text"].split("Question: ", 1)[1])
+    user = conv[-1]["content"]
+    image = next(part["path"] for part in user if part["type"] == "image")
+    question = next(part["text"] for part in user if part["type"] == "text").split("Question: ", 1)[1]
+    # Built as the stage builds it, in the stage's default style.
+    assert first and conv == prompts.first_frame_conversation(image, question)
     for _, info, first in items[1:]:
         assert not first and info.action in prompts.ACTIONS
     assert truth([], None, "q", True).new_info == NOTHING

@@ -24,7 +24,7 @@ from embodied_r.backends.base import BackendConfig
 from embodied_r.io import table_from_records, write_parquet_atomic
 from embodied_r.perception.stage import PerceptionConfig, run_perception
 from embodied_r.perception.parse import FrameInfo, normalize_action, parse_frame_response, video_text
-from embodied_r.perception.prompts import ACTIONS, first_frame_conversation, pair_conversation
+from embodied_r.perception.prompts import ACTIONS, PromptStyle, first_frame_conversation, pair_conversation
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -83,7 +83,10 @@ def test_parse_garbage_and_first_frame() -> None:
         ("MOVE-FORWARD.", "move forward"),
         ("The agent turned left, then moved forward", "rotate left"),  # the first one named
         ("rotating right", "rotate right"),
-        ("flew upward", "unknown"),
+        ("flew upward", "move up"),
+        ("Move upward.", "move up"),
+        ("tilt downward", "tilt down"),
+        ("moving backwards", "move backward"),
         ("Moving forward, then turn left", "move forward"),
         ("yaw right", "rotate right"),
         ("descend slowly", "move down"),
@@ -105,23 +108,75 @@ def test_video_text_format() -> None:
         FrameInfo("move forward", "a bridge", "", "json"),
         FrameInfo("unknown", "", "tower on the left", "text"),
     ]
-    assert video_text(frames) == (
+    assert video_text(frames, "Question-related:") == (
         "Frame 0: Observe: a street, cars parked Question-related: the tower is far ahead\n"
         "Frame 1: After move forward, Observe: a bridge\n"
         "Frame 2: After unknown, Observe: Question-related: tower on the left"
     )
+    # The official text: the question-related part follows after a space, unlabelled.
+    assert video_text(frames).splitlines()[0] == "Frame 0: Observe: a street, cars parked the tower is far ahead"
+    assert PerceptionConfig(question_label="Question-related:").video_text(frames) == video_text(
+        frames, "Question-related:")
 
 
-def test_conversations_put_images_first() -> None:
-    conv = pair_conversation("/k/0.jpg", "/k/1.jpg", "Where is the tower?\nA. left\nB. right")
+def test_conversations_put_images_first_when_asked() -> None:
+    style = PromptStyle("json", "images_first", True)
+    conv = pair_conversation("/k/0.jpg", "/k/1.jpg", "Where is the tower?\nA. left\nB. right", style)
     assert conv[0]["role"] == "system"
     parts = conv[1]["content"]
     assert [p["type"] for p in parts] == ["image", "image", "text"]
     assert [p["path"] for p in parts[:2]] == ["/k/0.jpg", "/k/1.jpg"]
     assert parts[2]["text"].endswith("Question: Where is the tower?\nA. left\nB. right")
-    assert all(a in parts[2]["text"] for a in ACTIONS)
-    first = first_frame_conversation("/k/0.jpg", "Q")[1]["content"]
+    assert all(a in parts[2]["text"] for a in ACTIONS) and "JSON" in parts[2]["text"]
+    first = first_frame_conversation("/k/0.jpg", "Q", style)[1]["content"]
     assert [p["type"] for p in first] == ["image", "text"] and "Do not answer" in first[1]["text"]
+
+
+def test_conversations_in_the_official_form() -> None:
+    conv = pair_conversation("/k/0.jpg", "/k/1.jpg", "Where is the tower?\nA. left\nB. right")
+    assert [m["role"] for m in conv] == ["user"]
+    parts = conv[0]["content"]
+    assert [p["type"] for p in parts] == ["text", "image", "image"]
+    assert [p["path"] for p in parts[1:]] == ["/k/0.jpg", "/k/1.jpg"]
+    assert "JSON" not in parts[0]["text"] and "1. Action:" in parts[0]["text"]
+    first = first_frame_conversation("/k/0.jpg", "Q")[0]["content"]
+    assert [p["type"] for p in first] == ["text", "image"] and "Do not answer" in first[0]["text"]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("1. Move forward.\n2. A tall red building to the front-left.\n3. The tower is ahead.",
+         ("move forward", "A tall red building to the front-left.", "The tower is ahead.")),
+        ("### 1. **Action:** Rotate left\n### 2. **New information:** a blue bridge\n### 3. Question objects: none",
+         ("rotate left", "a blue bridge", "none")),
+        ("1. Move upward 2. A grey rooftop below. 3. The park is not visible.",
+         ("move up", "A grey rooftop below.", "The park is not visible.")),
+        ("Sure.\n1) tilt downward\n2) the sky is gone\n", ("tilt down", "the sky is gone", "")),
+        ("1. Move forward\n2. There are 3. floors visible\n3. the tower",
+         ("move forward", "There are 3. floors visible", "the tower")),
+        ("(1) rotate right\n(2) a white van\n   parked on the right\n(3) the gate, ahead",
+         ("rotate right", "a white van\n   parked on the right", "the gate, ahead")),
+    ],
+)
+def test_parse_numbered(text: str, expected: tuple[str, str, str]) -> None:
+    info = parse_frame_response(text, first=False, reply_format="numbered")
+    assert (info.action, info.new_info, info.question_info) == expected and info.parsed_as == "numbered"
+
+
+def test_parse_numbered_falls_back_and_reads_first_frames_whole() -> None:
+    info = parse_frame_response('{"action": "move left", "new_info": "x"}', first=False, reply_format="numbered")
+    assert (info.action, info.new_info, info.parsed_as) == ("move left", "x", "json")
+    info = parse_frame_response("The agent flies on; a car appears.", first=False, reply_format="numbered")
+    assert (info.action, info.new_info, info.parsed_as) == ("unknown", "The agent flies on; a car appears.", "text")
+    first = parse_frame_response("1. A street.\n2. Cars parked.", first=True, reply_format="numbered")
+    assert (first.action, first.new_info, first.question_info) == ("", "1. A street.\n2. Cars parked.", "")
+    first = parse_frame_response('{"new_info": "a hall", "question_info": "a door"}', first=True,
+                                 reply_format="numbered")
+    assert (first.new_info, first.question_info, first.parsed_as) == ("a hall", "a door", "json")
+    # A JSON-style reply that came back numbered is still read.
+    info = parse_frame_response("1. rotate left\n2. a bridge\n3. none", first=False)
+    assert (info.action, info.new_info, info.parsed_as) == ("rotate left", "a bridge", "numbered")
 
 
 def test_config() -> None:

@@ -26,6 +26,9 @@ from test_perception import make_inputs
 from tests.servers import ChatStub, StubReply, completion
 
 Fault = Callable[[dict[str, Any]], tuple[int, str] | None]
+# The `improved` recipe's form of the requests: JSON replies, images first, a system message.
+JSON_FORM = {"reply_format": "json", "image_order": "images_first", "system_message": True,
+             "question_label": "Question-related:"}
 
 
 def reply_for(body: dict[str, Any]) -> str:
@@ -38,12 +41,20 @@ def reply_for(body: dict[str, Any]) -> str:
             {k: (v["enum"][-1] if "enum" in v else f"{k} seen") for k, v in schema["properties"].items()}
         )
     content = body["messages"][-1]["content"]
-    text = content if isinstance(content, str) else content[-1]["text"]
-    frames = re.findall(r'"frame_(\d+)"', text)
+    text = content if isinstance(content, str) else next(p["text"] for p in content if p["type"] == "text")
+    frames = re.findall(r'"frame_(\d+)"', text) or re.findall(r"key frames (\d+) to (\d+)", text)
+    if frames and isinstance(frames[0], tuple):
+        frames = [str(f) for f in range(int(frames[0][0]), int(frames[0][1]) + 1)]
     if frames:
         return "\n".join(f"Frame {f}: object {f} on the left" for f in frames)
+    if "three numbered points" in text:
+        return "1. Rotate right.\n2. A grey corridor to the front-left.\n3. The door, ahead."
+    if "two numbered points" in text:
+        return "### 1. **Action:** rotate right\n### 2. **New information:** a grey corridor"
+    if "Describe the scene" in text and "JSON" not in text:
+        return "A grey hall; a red door ahead."  # a first frame in the official form: prose
     lines = ["New information: a corridor"]
-    if "Which action" in text:
+    if "Which one movement" in text:
         lines.insert(0, "Action: turned right")
     if "Question:" in text:
         lines.append("Question-related objects: the door")
@@ -107,7 +118,8 @@ def test_image_request_body(server: RecordingServer, tmp_path: Path) -> None:
     for i, size in enumerate([(360, 640), (480, 360)]):
         paths.append(tmp_path / f"{i}.png")
         Image.fromarray(rng.integers(0, 255, (*size, 3), dtype=np.uint8)).save(paths[-1])
-    conv = prompts.pair_conversation(str(paths[0]), str(paths[1]), "Where is the door?\nA. left\nB. right")
+    style = prompts.PromptStyle("json", "images_first", True)
+    conv = prompts.pair_conversation(str(paths[0]), str(paths[1]), "Where is the door?\nA. left\nB. right", style)
     backend = backend_for(server, max_pixels=128 * 128, max_new_tokens=77)
     gen = backend.generate([conv], schemas=[prompts.PAIR_SCHEMA])[0]
     backend.close()
@@ -128,7 +140,8 @@ def test_image_request_body(server: RecordingServer, tmp_path: Path) -> None:
         "messages": [
             {"role": "system", "content": prompts.SYSTEM},
             {"role": "user", "content": placeholder + [
-                {"type": "text", "text": prompts.PAIR + "\n\nQuestion: Where is the door?\nA. left\nB. right"}]},
+                {"type": "text", "text": prompts.pair_instruction("json")
+                 + "\n\nQuestion: Where is the door?\nA. left\nB. right"}]},
         ],
         "max_tokens": 77,
         "temperature": 0.0,
@@ -204,7 +217,7 @@ def stage_cfg(srv: RecordingServer, mode: str, **kw: Any) -> PerceptionConfig:
 @pytest.mark.parametrize("mode", ["per_question", "per_video"])
 def test_stage_over_http_with_structured_output(server: RecordingServer, tmp_path: Path, mode: str) -> None:
     catalog, kf = make_inputs(tmp_path, {"a": 3, "b": 2}, [("q:1", "a"), ("q:2", "a"), ("q:3", "b")])
-    summary = run_perception(catalog, kf, tmp_path / "out", stage_cfg(server, mode))
+    summary = run_perception(catalog, kf, tmp_path / "out", stage_cfg(server, mode, **JSON_FORM))
     assert summary["done"] == 3 and summary["failed"] == 0 and summary["structured_output_refused"] == 0
     # per_question: 3 + 3 + 2 calls; per_video: 3 + 2 video calls and 3 question passes.
     assert summary["calls_made"] == summary["calls"] == len(server.bodies) == 8
@@ -227,7 +240,7 @@ def test_stage_over_http_plain_text_and_faults(tmp_path: Path, monkeypatch: pyte
     srv = RecordingServer(refuse_structured=True,
                           fault=lambda body: (400, "image exceeds the size limit") if wanted in json.dumps(body)
                           else None)
-    cfg = stage_cfg(srv, "per_video").model_copy(update={"max_failed_fraction": 0.5})
+    cfg = stage_cfg(srv, "per_video", **JSON_FORM).model_copy(update={"max_failed_fraction": 0.5})
     try:
         summary = run_perception(catalog, kf, tmp_path / "out", cfg)
     finally:
@@ -264,3 +277,32 @@ def test_stage_over_http_plain_text_and_faults(tmp_path: Path, monkeypatch: pyte
     assert run.data.params["backend.api_key_env"] == "EMBODIED_R_TEST_NO_KEY"
     logged = json.dumps(run.data.params) + (tmp_path / "out" / "summary.json").read_text()
     assert "sk-secret-perception" not in logged
+
+
+@pytest.mark.parametrize("mode", ["per_question", "per_video"])
+def test_stage_over_http_in_the_official_form(server: RecordingServer, tmp_path: Path, mode: str) -> None:
+    """The `paper` recipe's requests: the text before the images, no system message, no
+    schema, full-size JPEG key frames sent as they are; numbered replies read point by point."""
+    catalog, kf = make_inputs(tmp_path, {"a": 3, "b": 2}, [("q:1", "a"), ("q:2", "a"), ("q:3", "b")])
+    cfg = stage_cfg(server, mode).model_copy(update={"backend": stage_cfg(server, mode).backend.model_copy(
+        update={"max_pixels": 16384 * 28 * 28})})
+    summary = run_perception(catalog, kf, tmp_path / "out", cfg)
+    assert summary["done"] == 3 and summary["reply_format"] == "numbered"
+    assert not any("response_format" in b for b in server.bodies)
+    for body in server.bodies:
+        assert [m["role"] for m in body["messages"]] == ["user"]
+        parts = body["messages"][0]["content"]
+        assert parts[0]["type"] == "text" and {p["type"] for p in parts[1:]} == {"image_url"}
+    sent = server.bodies[-1]["messages"][0]["content"][1]["image_url"]["url"]
+    assert base64.b64decode(sent.split(",", 1)[1]) in {p.read_bytes() for p in kf.rglob("*.jpg")}
+    text = {r["uid"]: r["video_text"] for r in pq.read_table(tmp_path / "out" / "perception.parquet").to_pylist()}
+    if mode == "per_question":
+        assert summary["parsed_as"] == {"text": 3, "numbered": 5}
+        assert text["q:1"].split("\n") == [
+            "Frame 0: Observe: A grey hall; a red door ahead.",
+            "Frame 1: After rotate right, Observe: A grey corridor to the front-left. The door, ahead.",
+            "Frame 2: After rotate right, Observe: A grey corridor to the front-left. The door, ahead.",
+        ]
+    else:
+        assert summary["parsed_as"] == {"text": 3, "numbered": 5}
+        assert text["q:1"].split("\n")[1] == "Frame 1: After rotate right, Observe: a grey corridor object 1 on the left"

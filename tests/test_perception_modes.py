@@ -11,6 +11,9 @@ from embodied_r.perception import prompts
 from embodied_r.perception.modes import PerQuestion, PerVideo, Question, make_mode, windows
 from embodied_r.perception.parse import parse_frame_response, parse_question_pass
 
+# The `improved` recipe's style: JSON replies, images before the text, a system message.
+JSON_STYLE = prompts.PromptStyle("json", "images_first", True)
+
 
 def questions() -> list[Question]:
     frames = {"a": [f"/kf/a/{i}.jpg" for i in range(4)], "b": [f"/kf/b/{i}.jpg" for i in range(3)]}
@@ -26,7 +29,7 @@ def test_windows() -> None:
 
 
 def test_per_question_plan() -> None:
-    calls = PerQuestion().calls(questions())
+    calls = PerQuestion(JSON_STYLE).calls(questions())
     assert len(calls) == 3 * 4 + 2 * 3 and {c.kind for c in calls} == {"frame"}
     assert len({c.key for c in calls}) == len(calls)
     # Round by round, and within a round the questions of one video side by side.
@@ -36,9 +39,20 @@ def test_per_question_plan() -> None:
     assert [p["type"] for p in pair.conversation[1]["content"]] == ["image", "image", "text"]
 
 
+def test_per_question_plan_in_the_official_form() -> None:
+    calls = PerQuestion().calls(questions())  # numbered replies, text first, no system message
+    first, pair = calls[0], calls[5]
+    assert first.schema is None and pair.schema is None
+    assert [m["role"] for m in pair.conversation] == ["user"]
+    assert [p["type"] for p in pair.conversation[0]["content"]] == ["text", "image", "image"]
+    assert [p["path"] for p in pair.conversation[0]["content"][1:]] == ["/kf/a/0.jpg", "/kf/a/1.jpg"]
+    text = pair.conversation[0]["content"][0]["text"]
+    assert "three numbered points" in text and text.endswith("Question: Where is it? (q:1)")
+
+
 def test_per_video_plan_shares_video_calls() -> None:
     qs = questions()
-    calls = PerVideo(question_window=32).calls(qs)
+    calls = PerVideo(question_window=32, style=JSON_STYLE).calls(qs)
     kinds = [c.kind for c in calls]
     # 4 + 3 video calls and one question pass per question, video calls first.
     assert kinds == ["scene"] * 2 + ["pair"] * 5 + ["question"] * 5
@@ -67,7 +81,7 @@ def test_per_video_plan_shares_video_calls() -> None:
 
 def test_per_video_windows_and_keys() -> None:
     long = [Question("q:1", "v", "Q", [f"/f/{i}.jpg" for i in range(7)])]
-    passes = [c for c in PerVideo(question_window=3).calls(long) if c.kind == "question"]
+    passes = [c for c in PerVideo(question_window=3, style=JSON_STYLE).calls(long) if c.kind == "question"]
     assert [c.key for c in passes] == ["question:q:1:0", "question:q:1:3"]
     second = passes[1].conversation[1]["content"]
     assert [p["path"] for p in second[:-1]] == [f"/f/{i}.jpg" for i in range(3, 7)]
@@ -79,7 +93,7 @@ def test_per_video_windows_and_keys() -> None:
 
 def test_per_video_assembly() -> None:
     q = Question("q:1", "v", "Q", ["/f/0.jpg", "/f/1.jpg", "/f/2.jpg"])
-    mode = PerVideo(question_window=32)
+    mode = PerVideo(question_window=32, style=JSON_STYLE)
     done = {
         "video:v:0": {"raw": '{"new_info": "a hall"}'},
         "video:v:1": {"raw": '{"action": "turn left", "new_info": "a door"}'},
@@ -94,6 +108,27 @@ def test_per_video_assembly() -> None:
         ("move forward", "stairs", "the sofa, left"),
     ]
     assert built.keys == ["video:v:0", "video:v:1", "video:v:2", "question:q:1:0"]
+
+
+def test_per_video_in_numbered_form() -> None:
+    q = Question("q:1", "v", "Q", ["/f/0.jpg", "/f/1.jpg", "/f/2.jpg"])
+    mode = PerVideo(question_window=32)
+    calls = mode.calls([q])
+    assert all(c.schema is None for c in calls)
+    assert "two numbered points" in calls[1].conversation[0]["content"][0]["text"]
+    assert 'one line per frame: "Frame <number>' in calls[-1].conversation[0]["content"][0]["text"]
+    done = {
+        "video:v:0": {"raw": "A grey hall with a red door ahead."},
+        "video:v:1": {"raw": "1. Rotate left.\n2. A white door to the front-left."},
+        "video:v:2": {"raw": "1. **Action:** move upward\n2. **New information:** stairs below"},
+        "question:q:1:0": {"raw": "Frame 0: none\nFrame 2: the sofa, to the left"},
+    }
+    built = mode.assemble(q, done)
+    assert [(i.action, i.new_info, i.question_info) for i in built.infos] == [
+        ("", "A grey hall with a red door ahead.", "none"),
+        ("rotate left", "A white door to the front-left.", ""),
+        ("move up", "stairs below", "the sofa, to the left"),
+    ]
 
 
 @pytest.mark.parametrize(

@@ -40,7 +40,11 @@ def test_missing_vllm_says_what_to_install() -> None:
 
 
 def test_messages_carry_frames_in_place(frames: list[Path]) -> None:
-    conv = prompts.pair_conversation(str(frames[0]), str(frames[1]), "Where is the door?")
+    official = prompts.pair_conversation(str(frames[0]), str(frames[1]), "Where is the door?")
+    parts = to_vllm_messages(official, max_pixels=112 * 112)[0]["content"]
+    assert [p["type"] for p in parts] == ["text", "image_pil", "image_pil"]  # the text first, in place
+    conv = prompts.pair_conversation(str(frames[0]), str(frames[1]), "Where is the door?",
+                                     prompts.PromptStyle("json", "images_first", True))
     messages = to_vllm_messages(conv, max_pixels=112 * 112)
     assert messages[0] == conv[0]
     parts = messages[1]["content"]

@@ -44,7 +44,7 @@ def test_paper_8gpu() -> None:
     config = resolve_config_file(cfg.accelerate_config)
     assert config == PROJECT_ROOT / "infra" / "training" / "accelerate-zero3-8gpu.yaml"
     assert num_processes(config) == 8
-    assert cfg.vllm is not None and cfg.vllm.mode == "colocate" and cfg.vllm.max_model_length == 6144
+    assert cfg.vllm is not None and cfg.vllm.mode == "colocate" and cfg.vllm.max_model_length == 8192
     # The reference over an API (the original called a hosted Qwen2.5-VL-3B), key from the environment.
     assert cfg.reference.kind == "openai" and cfg.reference.base_url.startswith("https://")
     assert cfg.reference.api_key_env == "DASHSCOPE_API_KEY" and cfg.lora is None
@@ -137,7 +137,7 @@ def test_trl_receives_the_vllm_options(name: str) -> None:
     cfg = load_recipe(name).training
     assert args.use_vllm is True and args.vllm_mode == "colocate"
     assert args.vllm_gpu_memory_utilization == cfg.vllm.gpu_memory_utilization
-    assert args.vllm_tensor_parallel_size == 1 and args.vllm_max_model_length == 6144
+    assert args.vllm_tensor_parallel_size == 1 and args.vllm_max_model_length == 8192
     assert (args.learning_rate, args.beta, args.num_generations, args.max_completion_length) == (5e-7, 0.001, 8, 2048)
     assert args.reward_weights == [0.1, 0.7, 0.2] and args.activation_checkpointing
     assert [getattr(f, "__name__", "") for f in funcs] == ["format_reward", "accuracy_reward", "consistency_reward"]
@@ -152,3 +152,37 @@ def test_trl_receives_the_single_gpu_options() -> None:
     assert args.use_vllm is False and args.learning_rate == 1e-5
     lora = peft_config(load_recipe("single-gpu").training.lora)
     assert lora.r == 64 and lora.lora_alpha == 128 and lora.task_type == "CAUSAL_LM"
+
+
+def test_trl_receives_the_official_loss_optimizer_and_sampling() -> None:
+    """The settings TRL would otherwise default differently reach GRPOConfig as ms-swift 3.3
+    ran them (docs/fidelity.md has every value; tests/test_fidelity.py checks it)."""
+    args, _ = _trl_args("paper-8gpu")
+    assert (args.loss_type, args.scale_rewards, args.epsilon) == ("grpo", "group", 0.2)
+    assert str(getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type)) == "cosine"
+    assert (args.weight_decay, args.adam_beta1, args.adam_beta2, args.max_grad_norm) == (0.1, 0.9, 0.95, 1.0)
+    assert (args.temperature, args.top_p, args.top_k, args.repetition_penalty) == (1.0, 0.9, 50, 1.0)
+    assert args.vllm_importance_sampling_correction is False
+    assert args.warmup_steps == 0.05 and args.seed == 42
+
+
+@pytest.mark.parametrize(("name", "generations"), [("official-script", 8), ("official-script-5gpu", 4)])
+def test_the_released_scripts(name: str, generations: int) -> None:
+    cfg = load_recipe(name).training
+    assert _schedule(cfg) == [(2, 0.1, 0.7, 0.2)] and cfg.num_generations == generations
+    # 4 prompts per optimizer step, as both scripts: 8 x 1 x 4 / 8, and 4 x 1 x 4 / 4.
+    assert _completions_per_step(cfg) == 4 * generations
+    assert cfg.scoring.answer_parser == "official" and cfg.vllm is not None
+    args, funcs = _trl_args(name, stage=0)
+    assert args.reward_weights == [0.1, 0.7, 0.2] and args.num_generations == generations
+    assert [getattr(f, "__name__", "") for f in funcs] == ["format_reward", "accuracy_reward", "consistency_reward"]
+
+
+def test_improved_turns_on_the_named_improvements() -> None:
+    paper, improved = load_recipe("paper"), load_recipe("improved")
+    assert (improved.perception.mode, improved.perception.reply_format) == ("per_video", "json")
+    assert improved.training.scoring.answer_parser == "strict"
+    assert improved.training.scoring.consistency_when_reference_down == "unscored"
+    assert improved.evaluation.answer_parser == "strict"
+    # The method itself is the paper's.
+    assert improved.training.model_dump(exclude={"scoring"}) == paper.training.model_dump(exclude={"scoring"})

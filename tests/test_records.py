@@ -106,3 +106,18 @@ def test_run_records_bad_template_fails_at_once(tmp_path: Path) -> None:
 def test_config_rejects_unknown_keys() -> None:
     with pytest.raises(ValueError):
         RecordsConfig(sytem_prompt="typo")
+
+
+def test_the_paper_user_turn_has_no_format_instruction() -> None:
+    from embodied_r.config import load_recipe
+
+    cfg = load_recipe("paper").records
+    rec = build_record(catalog_row("urbanvideo:1"), VIDEO, cfg)
+    # The official user turn ends with the question and its choices; only the system prompt
+    # asks for <think> and <answer>.
+    assert rec["prompt"].endswith(rec["question"])
+    assert "<think>" not in rec["prompt"] and "<answer>" not in rec["prompt"]
+    assert rec["system"].endswith("maintaining logical coherence between the two sections. User: . Assistant:")
+    assert "<think> reasoning process here </think> \n<answer> answer here </answer>" in rec["system"]
+    # This project's instruction stays an option.
+    assert "<answer>" in build_record(catalog_row("urbanvideo:1"), VIDEO, RecordsConfig())["prompt"]

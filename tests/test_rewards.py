@@ -401,3 +401,64 @@ def test_numeric_agreement_is_within_five_percent() -> None:
     assert _agrees(3.1, 3.0, "number") and not _agrees(3.3, 3.0, "number")
     assert _agrees("B", "B", "choice") and not _agrees("B", "C", "choice")
     assert not _agrees(None, "C", "choice")
+
+
+# -- the official readers and the official outage rule, as named options -------------------
+
+from embodied_r.scoring.config import ScoringConfig  # noqa: E402
+from embodied_r.scoring.rewards import make_accuracy_reward, make_format_reward  # noqa: E402
+
+
+class Scripted:
+    """A reference that replies with fixed text (or an error) for every conversation."""
+
+    def __init__(self, text: str = "", error: str | None = None):
+        self.text, self.error, self.asked = text, error, 0
+
+    def generate(self, conversations: list[Any]) -> list[Generation]:
+        self.asked += len(conversations)
+        return [Generation(text=self.text, error=self.error) for _ in conversations]
+
+    def close(self) -> None:
+        pass
+
+
+def test_official_accuracy_reads_the_reasoning_strict_does_not() -> None:
+    misread = "<think>Option A. is wrong, it is on the right</think><answer>B</answer>"
+    kwargs = _trl_kwargs(1, solution=["A"], answer_type=["choice"], options=[OPTIONS])
+    official, strict = make_accuracy_reward("official"), make_accuracy_reward("strict")
+    assert official.__name__ == strict.__name__ == "accuracy_reward"
+    assert official(completions=[misread], **kwargs) == [1.0]  # read as A: rewarded for a wrong answer
+    assert strict(completions=[misread], **kwargs) == [0.0]
+    assert strict is accuracy_reward
+
+
+def test_official_format_reward() -> None:
+    official = make_format_reward("official")
+    assert official.__name__ == "format_reward" and make_format_reward("strict") is format_reward
+    texts = ["<think>x</think><answer>A</answer>", "<think>x</think><answer>A</answer>\n"]
+    assert official(completions=texts, **_trl_kwargs(2)) == [1.0, 0.0]
+    assert format_reward(completions=texts, **_trl_kwargs(2)) == [1.0, 1.0]
+
+
+def test_consistency_when_the_reference_is_down_is_a_named_option() -> None:
+    kwargs = _trl_kwargs(1, solution=["C"], question=[QUESTION], options=[OPTIONS])
+    good = ["<think>it is ahead</think><answer>C</answer>"]
+    zero = make_consistency_reward(Raising(), scoring=ScoringConfig(consistency_when_reference_down="zero"))
+    assert zero(completions=good, **kwargs) == [0.0]
+    failing = make_consistency_reward(Scripted(error="HTTP 503"), scoring=ScoringConfig(
+        consistency_when_reference_down="zero"))
+    assert failing(completions=good, **kwargs) == [0.0]
+    assert make_consistency_reward(Raising())(completions=good, **kwargs) == [None]
+
+
+def test_official_consistency_reads_with_the_official_parser() -> None:
+    kwargs = _trl_kwargs(1, solution=["A"], question=[QUESTION], options=[OPTIONS])
+    misread = ["<think>Option A. is wrong</think><answer>B</answer>"]
+    reference = Scripted("The answer is A.")
+    official = make_consistency_reward(reference, scoring=ScoringConfig(answer_parser="official"))
+    # The official reading takes the policy's answer as A (correct) and the reference's as A.
+    assert official(completions=misread, **kwargs) == [1.0] and reference.asked == 1
+    strict_ref = Scripted("A")
+    strict = make_consistency_reward(strict_ref)
+    assert strict(completions=misread, **kwargs) == [0.0] and strict_ref.asked == 0  # B is wrong: not asked

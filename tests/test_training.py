@@ -234,3 +234,37 @@ def test_phase_timer_splits_a_step_into_its_phases(monkeypatch: pytest.MonkeyPat
     trainer._calculate_rewards()
     assert timer.split(20.0) == {"seconds_generation": 2.0, "seconds_reward": 6.0, "seconds_update": 12.0}
     assert timer.split(5.0)["seconds_update"] == 0.0  # never negative
+
+
+def test_grpo_settings_are_typed_and_owned() -> None:
+    cfg = TrainingConfig()
+    settings = cfg.grpo_settings()
+    assert settings["loss_type"] == "grpo" and settings["lr_scheduler_type"] == "cosine"
+    assert settings["warmup_steps"] == 0.05 and "epsilon_high" not in settings
+    assert TrainingConfig(epsilon_high=0.28).grpo_settings()["epsilon_high"] == 0.28
+    for name in ("loss_type", "weight_decay", "top_k", "vllm_importance_sampling_correction"):
+        with pytest.raises(ValueError, match="typed training fields"):
+            TrainingConfig(grpo_args={name: 1})
+    with pytest.raises(ValueError):
+        TrainingConfig(loss_type="ppo")
+    with pytest.raises(ValueError, match="max_model_length"):
+        TrainingConfig(use_cpu=False, vllm=VLLMRollouts(max_model_length=6144))
+    assert TrainingConfig(max_prompt_length=None, vllm=VLLMRollouts(max_model_length=6144)).vllm is not None
+
+
+def test_long_prompts_lose_their_beginning(tiny_lm_path: Path) -> None:
+    """ms-swift's prompt limit, which TRL lacks: a prompt over max_prompt_length keeps its
+    last tokens (the question), and then every prompt is passed as chat-templated text."""
+    from embodied_r.training.truncation import limit_prompts, load_processing_class, templated
+
+    conversations = [[{"role": "system", "content": "SYSTEM"}, {"role": "user", "content": "x " * n + "QUESTION?"}]
+                     for n in (5, 400)]
+    short = [{"prompt": conversations[0]}]
+    assert limit_prompts(short, str(tiny_lm_path), 64) == 0 and short[0]["prompt"] is conversations[0]
+    rows = [{"prompt": c} for c in conversations]
+    assert limit_prompts(rows, str(tiny_lm_path), 64) == 1
+    processing = load_processing_class(str(tiny_lm_path))
+    tokenizer = getattr(processing, "tokenizer", processing)
+    assert rows[0]["prompt"] == templated(processing, conversations[0])  # short: whole, as text
+    long_ids = tokenizer(rows[1]["prompt"], add_special_tokens=False)["input_ids"]
+    assert len(long_ids) <= 64 and "QUESTION?" in rows[1]["prompt"] and "SYSTEM" not in rows[1]["prompt"]

@@ -164,12 +164,17 @@ def test_prompts_too_long_for_the_rollouts_are_left_out_with_their_length(tmp_pa
 def test_recipes_measure_prompts_with_the_policy_against_the_rollouts_limit() -> None:
     eight = load_recipe("paper-8gpu")
     assert eight.records.tokenizer == eight.training.policy
-    assert eight.records.max_prompt_tokens == 6144 - 2048
+    # The trainer cuts prompts to 6144 tokens, which 8192 - 2048 holds: none is dropped.
+    assert eight.training.max_prompt_length == 6144 and eight.records.max_prompt_tokens is None
+    uncut = load_recipe("paper-8gpu", {"training": {"max_prompt_length": None}})
+    assert uncut.records.max_prompt_tokens == 8192 - 2048
     assert load_recipe("demo").records.tokenizer == "tiny:lm"
     assert load_recipe("demo").records.max_prompt_tokens is None  # no vLLM rollouts
     own = load_recipe("paper-8gpu", {"records": {"max_prompt_tokens": 3000}})
     assert own.records.max_prompt_tokens == 3000
     with pytest.raises(ValueError, match="no room for a prompt"):
+        load_recipe("paper-8gpu", {"training": {"max_prompt_length": None, "vllm": {"max_model_length": 2048}}})
+    with pytest.raises(ValueError, match="must hold a prompt and a completion"):
         load_recipe("paper-8gpu", {"training": {"vllm": {"max_model_length": 2048}}})
 
 

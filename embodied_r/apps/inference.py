@@ -31,8 +31,7 @@ from embodied_r.benchmarks import VSIBENCH_NUMERIC, split_urbanvideo_question
 from embodied_r.io import ItemLog, sha256_file, write_json_atomic
 from embodied_r.keyframes.extract import KeyframeConfig, extract_keyframes
 from embodied_r.perception.stage import PerceptionConfig
-from embodied_r.perception.modes import QUESTION_PHASE, Question, make_mode
-from embodied_r.perception.parse import video_text
+from embodied_r.perception.modes import QUESTION_PHASE, Question
 from embodied_r.training.records import RecordsConfig, build_record
 
 VIDEO_TAG = "<video>"
@@ -117,7 +116,7 @@ def perceive(backend: Backend, questions: list[Question], cfg: PerceptionConfig)
     """{uid: (video text, error or None)} for questions whose ``frames`` are set, by the
     perception stage's own calls and parsing in the recipe's mode (``per_question`` or
     ``per_video``); all calls of a phase are sent together so the backend can batch them."""
-    mode = make_mode(cfg.mode, cfg.question_window)
+    mode = cfg.plan()
     calls = mode.calls(questions)
     done: dict[str, dict[str, Any]] = {}
     errors: dict[str, str] = {}
@@ -139,7 +138,7 @@ def perceive(backend: Backend, questions: list[Question], cfg: PerceptionConfig)
         if isinstance(assembled, str):
             out[q.uid] = ("", f"perception call {assembled} failed: {errors.get(assembled, 'no reply')}")
         else:
-            out[q.uid] = (video_text(assembled.infos), None)
+            out[q.uid] = (cfg.video_text(assembled.infos), None)
     return out
 
 

@@ -30,11 +30,18 @@ def load_image(path: str | Path, max_pixels: int) -> Image.Image:
 
 
 def encode_image(path: str, max_pixels: int) -> str:
-    """The image scaled to the pixel budget, as a JPEG data URL."""
-    img = load_image(path, max_pixels)
-    buf = io.BytesIO()
-    img.save(buf, format="JPEG", quality=90)
-    return "data:image/jpeg;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+    """The image scaled to the pixel budget, as a JPEG data URL. A JPEG file within the
+    budget is sent as it is, not encoded a second time (a full-resolution key frame keeps
+    the quality it was saved with)."""
+    with Image.open(path) as probe:
+        as_is = probe.format == "JPEG" and probe.mode in ("RGB", "L") and probe.width * probe.height <= max_pixels
+    if as_is:
+        data = Path(path).read_bytes()
+    else:
+        buf = io.BytesIO()
+        load_image(path, max_pixels).save(buf, format="JPEG", quality=90)
+        data = buf.getvalue()
+    return "data:image/jpeg;base64," + base64.b64encode(data).decode("ascii")
 
 
 class ImageCache:

@@ -8,6 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from embodied_r.backends.base import BackendConfig
 from embodied_r.faults import DEFAULT_MAX_FAILED_FRACTION
+from embodied_r.scoring.answers import AnswerParser, ChoiceParser
 from embodied_r.scoring.metrics import NumberParsing
 
 
@@ -34,7 +35,14 @@ class EvaluationConfig(BaseModel):
     # Also evaluate the policy before training and after the warm start, and report the
     # learning figures (accuracy of each beside chance, rewards per training stage).
     compare_baselines: bool = False
-    # Questions per generate call, and so between progress records.
-    chunk_size: int = Field(32, ge=1)
     # Questions whose call failed score 0; more of them than this share fails the stage.
     max_failed_fraction: float = Field(DEFAULT_MAX_FAILED_FRACTION, ge=0, le=1)
+    # How option letters are read: "strict" only inside the last <answer> block, one
+    # option and no other; "official" as the official scoring script (the first letter
+    # right after <answer>, else the last "X." anywhere in the completion).
+    answer_parser: AnswerParser = "strict"
+    # Questions per generate call, and so between progress records.
+    chunk_size: int = Field(32, ge=1)
+
+    def choice_parser(self) -> ChoiceParser:
+        return "official_eval" if self.answer_parser == "official" else "strict"

@@ -39,6 +39,7 @@ from embodied_r.io import (
     write_parquet_atomic,
     write_summary,
 )
+from embodied_r.scoring.answers import ChoiceParser
 from embodied_r.scoring.metrics import NumberParsing, aggregate, category_table, score_answer, subtask_of
 from embodied_r.evaluation.config import EvaluationConfig
 from embodied_r.evaluation.learning import write_learning
@@ -72,7 +73,8 @@ def _conversation(record: dict[str, Any]) -> Conversation:
 
 def score_row(record: dict[str, Any], text: str, completion_tokens: int,
               number_parsing: NumberParsing = "official",
-              answer_from: Literal["tag", "reply"] = "tag") -> dict[str, Any]:
+              answer_from: Literal["tag", "reply"] = "tag",
+              choice_parser: ChoiceParser = "strict") -> dict[str, Any]:
     """The scored row of one record's completion. ``answer_from="reply"`` reads a reply
     without an ``<answer>`` block as the answer itself (models asked to answer directly)."""
     scored_text = text
@@ -80,7 +82,8 @@ def score_row(record: dict[str, Any], text: str, completion_tokens: int,
         scored_text = f"<answer>{text}</answer>"
     options = list(record.get("options") or [])
     prediction, score = score_answer(scored_text, record["solution"], record["answer_type"],
-                                     len(options) or None, number_parsing=number_parsing)
+                                     len(options) or None, number_parsing=number_parsing,
+                                     choice_parser=choice_parser)
     return {
         "uid": record["uid"],
         "benchmark": record["benchmark"],
@@ -206,7 +209,7 @@ def evaluate_records(
                     verdicts = _judge(judge, [r for r, _ in ok], [g.text for _, g in ok])
                 for (record, generation), verdict in zip(ok, verdicts):
                     row = score_row(record, generation.text, generation.completion_tokens,
-                                    cfg.number_parsing, answer_from)
+                                    cfg.number_parsing, answer_from, cfg.choice_parser())
                     row["consistent"] = verdict
                     log.append(row)
                 progress.update("evaluate", len(done) + start + len(chunk), len(all_records))

@@ -50,7 +50,7 @@ def cache_root(cfg: KeyframeConfig) -> Path:
 def _code_version() -> str:
     # The modules that decide which frames are kept and how they are encoded.
     h = hashlib.sha256(cv2.__version__.encode())
-    for module in ("extract", "video"):
+    for module in ("extract", "official", "video"):
         h.update((Path(__file__).parent / f"{module}.py").read_bytes())
     return h.hexdigest()
 

@@ -27,7 +27,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Literal, Sequence
 
 import cv2
 import numpy as np
@@ -41,6 +41,10 @@ REASONS = ("first", "last", "low_overlap", "match_failed", "fill")
 class KeyframeConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
+    # "fast": this module (matching at match_width, ratio test, even thinning); "official":
+    # the official code's rule, step by step (``keyframes.official``: full-resolution ORB,
+    # cross-check, comparison with the last key frame, its thinning and its fill rule).
+    mode: Literal["fast", "official"] = "fast"
     sample_fps: float = Field(1.0, gt=0, le=120, description="frames examined per second of video")
     overlap_threshold: float = Field(0.5, gt=0, lt=1, description="keep a frame below this overlap")
     min_frames: int = Field(4, ge=2)
@@ -219,6 +223,10 @@ def extract_keyframes(video_path: str | Path, config: KeyframeConfig | None = No
                       keep_images: bool = True) -> KeyframeResult:
     """Key frames of one video; raises ``VideoError`` for a missing, empty, corrupt or 0-fps file."""
     cfg = config or KeyframeConfig()
+    if cfg.mode == "official":
+        from embodied_r.keyframes.official import extract_official
+
+        return KeyframeResult(**extract_official(video_path, cfg, keep_images=keep_images))
     start = time.perf_counter()
     spool = _Spool() if keep_images else None
     try:

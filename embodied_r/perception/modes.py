@@ -22,6 +22,7 @@ from typing import Any, Literal
 from embodied_r.perception import prompts
 from embodied_r.backends.base import Conversation
 from embodied_r.perception.parse import FrameInfo, parse_frame_response, parse_question_pass
+from embodied_r.perception.prompts import PAPER_STYLE, PromptStyle
 
 Mode = Literal["per_question", "per_video"]
 # Calls of one phase share a token budget; per_video's question passes run after the
@@ -66,7 +67,16 @@ def windows(n_frames: int, size: int) -> list[range]:
     return spans
 
 
-class PerQuestion:
+class _Mode:
+    def __init__(self, style: PromptStyle = PAPER_STYLE):
+        self.style = style
+
+    def _schema(self, schema: dict[str, Any]) -> dict[str, Any] | None:
+        # Only JSON replies have a schema to hold them to.
+        return schema if self.style.reply_format == "json" else None
+
+
+class PerQuestion(_Mode):
     name: Mode = "per_question"
 
     @staticmethod
@@ -78,11 +88,11 @@ class PerQuestion:
         for q in questions:
             for f in range(len(q.frames)):
                 if f == 0:
-                    conv = prompts.first_frame_conversation(q.frames[0], q.text)
-                    schema = prompts.FIRST_FRAME_SCHEMA
+                    conv = prompts.first_frame_conversation(q.frames[0], q.text, self.style)
+                    schema = self._schema(prompts.FIRST_FRAME_SCHEMA)
                 else:
-                    conv = prompts.pair_conversation(q.frames[f - 1], q.frames[f], q.text)
-                    schema = prompts.PAIR_SCHEMA
+                    conv = prompts.pair_conversation(q.frames[f - 1], q.frames[f], q.text, self.style)
+                    schema = self._schema(prompts.PAIR_SCHEMA)
                 # Each frame needs the one before: once a question's call has failed, its
                 # later rounds are not sent.
                 needs = (self.key(q.uid, f - 1),) if f else ()
@@ -99,14 +109,16 @@ class PerQuestion:
         if missing is not None:
             return missing
         raws = [done[k]["raw"] for k in keys]
-        infos = [parse_frame_response(raw, first=f == 0) for f, raw in enumerate(raws)]
+        infos = [parse_frame_response(raw, first=f == 0, reply_format=self.style.reply_format)
+                 for f, raw in enumerate(raws)]
         return Assembled(infos, raws, keys)
 
 
-class PerVideo:
+class PerVideo(_Mode):
     name: Mode = "per_video"
 
-    def __init__(self, question_window: int):
+    def __init__(self, question_window: int, style: PromptStyle = PAPER_STYLE):
+        super().__init__(style)
         self.window = question_window
 
     @staticmethod
@@ -126,11 +138,12 @@ class PerVideo:
             for f in range(len(frames)):
                 if f == 0:
                     call = Call(self.video_key(vid, 0), "scene",
-                                prompts.scene_conversation(frames[0]), prompts.SCENE_SCHEMA)
+                                prompts.scene_conversation(frames[0], self.style),
+                                self._schema(prompts.SCENE_SCHEMA))
                 else:
                     call = Call(self.video_key(vid, f), "pair",
-                                prompts.video_pair_conversation(frames[f - 1], frames[f]),
-                                prompts.VIDEO_PAIR_SCHEMA)
+                                prompts.video_pair_conversation(frames[f - 1], frames[f], self.style),
+                                self._schema(prompts.VIDEO_PAIR_SCHEMA))
                 video_calls.append((f, vid, call))
         video_calls.sort(key=lambda item: item[:2])
         question_calls = []
@@ -138,11 +151,11 @@ class PerVideo:
         for q in sorted(questions, key=lambda q: (q.video_id, q.uid)):
             for span in windows(len(q.frames), self.window):
                 conv = prompts.question_pass_conversation(
-                    q.frames[span.start : span.stop], span.start, q.text
+                    q.frames[span.start : span.stop], span.start, q.text, self.style
                 )
                 question_calls.append(
                     Call(self.question_key(q.uid, span.start), QUESTION_PHASE, conv,
-                         prompts.question_pass_schema(span),
+                         self._schema(prompts.question_pass_schema(span)),
                          needs=tuple(self.video_key(q.video_id, f) for f in range(len(q.frames))))
                 )
         return [c for *_, c in video_calls] + question_calls
@@ -160,14 +173,14 @@ class PerVideo:
         raws = [done[k]["raw"] for k in video_keys]
         infos = []
         for f, raw in enumerate(raws):
-            seen = parse_frame_response(raw, first=f == 0)
+            seen = parse_frame_response(raw, first=f == 0, reply_format=self.style.reply_format)
             infos.append(FrameInfo(seen.action, seen.new_info, related.get(f, ""), seen.parsed_as))
         return Assembled(infos, raws, video_keys + question_keys)
 
 
-def make_mode(mode: Mode, question_window: int) -> PerQuestion | PerVideo:
+def make_mode(mode: Mode, question_window: int, style: PromptStyle = PAPER_STYLE) -> PerQuestion | PerVideo:
     if mode == "per_question":
-        return PerQuestion()
+        return PerQuestion(style)
     if mode == "per_video":
-        return PerVideo(question_window)
+        return PerVideo(question_window, style)
     raise ValueError(f"unknown perception mode {mode!r} (per_question or per_video)")

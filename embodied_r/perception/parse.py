@@ -1,10 +1,14 @@
 """Reading the perceiver's replies, and the video text built from them.
 
-Replies are read as a JSON object (bare, fenced, inside prose, or cut off by the token
-limit), else as labelled plain text (``Action: ...``), else as prose; the action is
-mapped to ``prompts.ACTIONS`` or recorded as ``unknown``. Nothing searches for "1." "2."
-"3.". The video text strings the frames together the way the reasoning prompt reads
-them: ``Frame 0: Observe: ...`` / ``Frame i: After <action>, Observe: ...``.
+A reply is read in the form it was asked for first, then in the others: numbered points
+(``1. ... 2. ... 3. ...``, at line starts or, failing that, inline, in order, labels such
+as "Action:" dropped), a JSON object (bare, fenced, inside prose, or cut off by the token
+limit), labelled plain text (``Action: ...``), and last the whole text as the observation.
+The action is mapped to ``prompts.ACTIONS`` or recorded as ``unknown``. The video text
+strings the frames together the way the reasoning prompt reads them:
+``Frame 0: Observe: ...`` / ``Frame i: After <action>, Observe: ...``, each observation
+being the new information and then what bears on the question (after a label, if the
+recipe sets one; the official text joins them with a space).
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import re
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from embodied_r.perception.prompts import ACTIONS, UNKNOWN_ACTION
+from embodied_r.perception.prompts import ACTIONS, UNKNOWN_ACTION, ReplyFormat
 
 # -- actions ------------------------------------------------------------------------------
 
@@ -47,6 +51,9 @@ _PHRASES = sorted([(a, a) for a in ACTIONS] + list(_SYNONYMS.items()), key=lambd
 
 
 _INFLECTIONS = [
+    # "move upward", "tilt downward" (the official list's words), "forwards".
+    (re.compile(r"\b(up|down|for|back)wards?\b"), lambda m: {"for": "forward", "back": "backward"}.get(
+        m.group(1), m.group(1))),
     (re.compile(r"\b(mov|rotat)(?:es|ed|ing)\b"), r"\1e"),
     (re.compile(r"\b(turn|tilt|look|yaw|pitch|ascend|descend|strafe)(?:s|ed|ing)\b"), r"\1"),
     (re.compile(r"\b(?:went|goes|going)\b"), "go"),
@@ -76,7 +83,7 @@ class FrameInfo:
     action: str  # one of ACTIONS, "unknown", or "" for frame 0
     new_info: str
     question_info: str
-    parsed_as: str  # "json" | "partial_json" | "labels" | "text"
+    parsed_as: str  # "numbered" | "json" | "partial_json" | "labels" | "text"
 
 
 _KEYS = {
@@ -178,24 +185,90 @@ def _labelled(text: str) -> dict[str, str]:
     return {k: " ".join(v).strip() for k, v in fields.items()}
 
 
-def parse_frame_response(text: str, first: bool) -> FrameInfo:
-    """Read a perceiver answer: a JSON object (bare, fenced or inside prose), else
-    labelled plain text (``Action: ...``), else the whole text as the observation."""
+# A numbered point's marker: "1.", "1)", "(1)", "1:", after markdown ("###", "**", "-").
+_POINT_AT_LINE = re.compile(r"^[ \t>#*_\-]*\(?([1-9])(?:[.):]|\)\.)(?!\d)[ \t*_]*", re.MULTILINE)
+_POINT_INLINE = re.compile(r"(?:^|(?<=\s))\(?([1-9])[.)](?!\d)\s*")
+# A label at the start of a point ("**Action:**", "New information -"), dropped.
+_POINT_LABEL = re.compile(r"^\s*\**\s*([A-Za-z][A-Za-z \-/]{0,40}?)\s*\**\s*[:\-–]\s*\**\s*")
+_LABEL_WORDS = ("action", "movement", "new", "info", "question", "object", "scene", "observ", "spatial")
+
+
+def _strip_label(text: str) -> str:
+    match = _POINT_LABEL.match(text)
+    if match and any(w in match.group(1).lower() for w in _LABEL_WORDS):
+        return text[match.end():]
+    return text
+
+
+def _ordered_points(markers: list[re.Match[str]], text: str) -> dict[int, str]:
+    """Points 1, 2, 3, ... in order: the first "1", then the first "2" after it, and so on."""
+    chosen: list[re.Match[str]] = []
+    for m in markers:
+        if int(m.group(1)) == len(chosen) + 1:
+            chosen.append(m)
+    points = {}
+    for i, m in enumerate(chosen):
+        end = chosen[i + 1].start() if i + 1 < len(chosen) else len(text)
+        points[i + 1] = _strip_label(text[m.end():end]).strip().strip("*_ ").strip()
+    return points
+
+
+def numbered_points(text: str) -> dict[int, str]:
+    """The numbered points of a reply, {1: ..., 2: ..., 3: ...}; {} when it has fewer than two.
+    Markers are looked for at line starts, then anywhere after a space."""
+    text = text or ""
+    for pattern in (_POINT_AT_LINE, _POINT_INLINE):
+        points = _ordered_points(list(pattern.finditer(text)), text)
+        if len(points) >= 2:
+            return points
+    return {}
+
+
+def _numbered_fields(text: str) -> dict[str, str]:
+    points = numbered_points(text)
+    if sum(1 for p in points.values() if p) < 2:  # bare markers ("1. 2. 3.") say nothing
+        return {}
+    fields = {"action": points.get(1, ""), "new_info": points.get(2, "")}
+    if points.get(3):
+        fields["question_info"] = points[3]
+    return fields
+
+
+def parse_frame_response(text: str, first: bool, reply_format: ReplyFormat = "json") -> FrameInfo:
+    """Read a perceiver answer about a first frame (a description) or a pair of frames
+    (action, new information, what bears on the question). The form it was asked for is
+    tried first: ``numbered`` points (for a first frame: the whole reply is the
+    description, as the official code reads it), or a ``json`` object; then the other
+    forms, labelled plain text (``Action: ...``), and last the whole text as the
+    observation."""
+    text = text or ""
     fields: dict[str, str] = {}
     parsed_as = "text"
-    for obj in _json_objects(text or ""):
-        found = _fields_from(obj)
-        if found:
-            fields, parsed_as = found, "json"
-            break
+    if reply_format == "numbered":
+        if first:
+            found = next((f for f in map(_fields_from, _json_objects(text)) if f), None)
+            if found is None:  # a description, as asked for
+                return FrameInfo(action="", new_info=text.strip(), question_info="", parsed_as="text")
+            return FrameInfo("", found.get("new_info", ""), found.get("question_info", ""), "json")
+        fields = _numbered_fields(text)
+        parsed_as = "numbered" if fields else "text"
     if not fields:
-        fields = _fields_from(_loose_pairs(text or ""))
+        for obj in _json_objects(text):
+            found = _fields_from(obj)
+            if found:
+                fields, parsed_as = found, "json"
+                break
+    if not fields:
+        fields = _fields_from(_loose_pairs(text))
         parsed_as = "partial_json" if fields else "text"
     if not fields:
-        fields = _labelled(text or "")
+        fields = _labelled(text)
         parsed_as = "labels" if fields else "text"
+    if not fields and not first:
+        fields = _numbered_fields(text)
+        parsed_as = "numbered" if fields else "text"
     if not fields:
-        fields = {"new_info": (text or "").strip()}
+        fields = {"new_info": text.strip()}
     action = "" if first else normalize_action(fields.get("action", ""))
     return FrameInfo(
         action=action,
@@ -205,9 +278,15 @@ def parse_frame_response(text: str, first: bool) -> FrameInfo:
     )
 
 
-def frame_reply(info: FrameInfo, first: bool) -> str:
-    """The reply a perceiver should give, in the JSON the prompts ask for: what a trained
-    perceiver is taught to write, so ``parse_frame_response`` reads it back unchanged."""
+def frame_reply(info: FrameInfo, first: bool, reply_format: ReplyFormat = "json") -> str:
+    """The reply a perceiver should give, in the form the prompts ask for: what a trained
+    perceiver is taught to write, so ``parse_frame_response`` reads it back unchanged.
+    Numbered: a first frame's reply is its description alone (the whole reply is read as
+    one), a pair's is the three points in order."""
+    if reply_format == "numbered":
+        if first:
+            return info.new_info
+        return f"1. {info.action}\n2. {info.new_info}\n3. {info.question_info}"
     fields = {} if first else {"action": info.action}
     fields.update(new_info=info.new_info, question_info=info.question_info)
     return json.dumps(fields)
@@ -265,18 +344,25 @@ def _one_line(text: str) -> str:
     return re.sub(r"\s+", " ", text or "").strip()
 
 
-def observation(new_info: str, question_info: str) -> str:
+# The label this project put before the question-related part of an observation.
+QUESTION_LABEL = "Question-related:"
+
+
+def observation(new_info: str, question_info: str, question_label: str = "") -> str:
+    """The new information, then what bears on the question, after ``question_label``
+    if one is given (the official text joins the two with a space and no label)."""
     parts = [_one_line(new_info)]
     if _one_line(question_info):
-        parts.append("Question-related: " + _one_line(question_info))
+        label = question_label.strip()
+        parts.append(f"{label} {_one_line(question_info)}" if label else _one_line(question_info))
     return " ".join(p for p in parts if p)
 
 
-def video_text(frames: list[FrameInfo]) -> str:
+def video_text(frames: list[FrameInfo], question_label: str = "") -> str:
     """One line per key frame, in order; frame 0 has no action."""
     lines = []
     for i, frame in enumerate(frames):
-        seen = observation(frame.new_info, frame.question_info)
+        seen = observation(frame.new_info, frame.question_info, question_label)
         if i == 0:
             lines.append(f"Frame 0: Observe: {seen}")
         else:

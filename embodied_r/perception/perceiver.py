@@ -44,6 +44,9 @@ NO_QUESTION_OBJECTS = "none"
 # Seeds of the clips it learns from, and of the held-out clips that measure it; the demo's
 # benchmark draws from other random streams altogether (``synthetic.urban`` / ``vsi``).
 TRAIN_SEED = 100_000
+# The reply form it is taught: the stage's default prompt style (``prompts.PAPER_STYLE``),
+# which its conversations are built in.
+REPLY_FORMAT = prompts.PAPER_STYLE.reply_format
 HELD_OUT_SEED = 900_000
 _SOURCES = ("embodied_r.perception.perceiver", "embodied_r.perception.prompts",
             "embodied_r.perception.parse", "embodied_r.synthetic.views", "embodied_r.synthetic.world",
@@ -61,7 +64,10 @@ _CORPUS = "\n".join([*URBAN_NAMES, *ROOM_NAMES, NOTHING, NO_QUESTION_OBJECTS,
 
 
 def _spec(**kw: Any) -> TinyVLMSpec:
-    phrases = (prompts.SYSTEM, prompts.FIRST_FRAME, prompts.PAIR, prompts.SCENE, prompts.VIDEO_PAIR)
+    phrases = tuple(dict.fromkeys(
+        [prompts.SYSTEM] + [make(fmt) for fmt in ("numbered", "json")
+                            for make in (prompts.first_frame_instruction, prompts.pair_instruction,
+                                         prompts.scene_instruction, prompts.video_pair_instruction)]))
     return TinyVLMSpec(phrases=phrases, corpus=_CORPUS, **kw)
 
 
@@ -178,7 +184,7 @@ def _batch(backend: Any, items: list[tuple[Conversation, FrameInfo, bool]]) -> A
     prepared, reply_lens = [], []
     for conversation, info, first in items:
         text, images = backend._prepare(conversation)
-        reply = frame_reply(info, first) + IM_END
+        reply = frame_reply(info, first, REPLY_FORMAT) + IM_END
         prepared.append((text + reply, images))
         reply_lens.append(len(backend.tokenizer(reply, add_special_tokens=False)["input_ids"]))
     batch = backend._encode(prepared)
@@ -288,7 +294,7 @@ def measure(model: str | Path, clips: int = 12, seed: int = HELD_OUT_SEED, side:
     names = URBAN_NAMES + ROOM_NAMES
     actions_right = pairs = both = either = 0
     for (_, want, first), gen in zip(items, gens):
-        got = parse_frame_response(gen.text, first)
+        got = parse_frame_response(gen.text, first, REPLY_FORMAT)
         if not first:
             pairs += 1
             actions_right += got.action == want.action

@@ -4,19 +4,37 @@
 shown with the key frame before it; the perceiver reports the action taken between them,
 what is newly visible, and what bears on the question. ``per_video``: the scene and each
 pair's action and new information are asked once per video, without a question, and one
-question pass per question asks what bears on it in every key frame. Replies are JSON;
-backends with structured output are held to the schemas below.
+question pass per question asks what bears on it in every key frame.
+
+The instructions cover every point of the official prompts, in this project's words:
+the action from a fixed list of ten; the newly visible objects with their colour and
+shape, noting that objects of one kind (a city's buildings) repeat; picturing the 3D scene
+around the agent; positions relative to the agent ("to the front-left"), not within the
+image; the objects the question names, without answering it; brevity.
+
+How a reply is asked for is a ``PromptStyle``, a named option of the stage:
+
+- ``reply_format``: ``numbered`` (free text in numbered points, the official form) or
+  ``json`` (a JSON object, held to a schema by backends with structured output);
+- ``image_order``: ``text_first`` (the official order) or ``images_first`` (every
+  question about the same frames shares the longest prefix, which servers cache);
+- ``system_message``: whether a system message frames the task (the official prompts
+  have none).
 
 The version is part of every perception stage's identity: change a prompt, bump it.
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from dataclasses import dataclass
+from typing import Any, Iterable, Literal
 
 from embodied_r.backends.base import Conversation
 
-PROMPT_VERSION = "1"
+PROMPT_VERSION = "2"
+
+ReplyFormat = Literal["numbered", "json"]
+ImageOrder = Literal["text_first", "images_first"]
 
 ACTIONS: tuple[str, ...] = (
     "move forward",
@@ -32,113 +50,175 @@ ACTIONS: tuple[str, ...] = (
 )
 UNKNOWN_ACTION = "unknown"
 
+
+@dataclass(frozen=True)
+class PromptStyle:
+    reply_format: ReplyFormat = "numbered"
+    image_order: ImageOrder = "text_first"
+    system_message: bool = False
+
+
+PAPER_STYLE = PromptStyle()
+
 SYSTEM = (
     "You are the eyes of an embodied agent that explores a scene and sees it through an "
     "egocentric camera. You describe what you see precisely and never answer the question "
     "you are given: another model will answer it from your descriptions."
 )
 
-FIRST_FRAME = (
-    "This is the first key frame of the video, seen from the agent's point of view.\n"
-    "Describe the scene. Give the spatial relations of the objects relative to the agent "
-    "(left, right, ahead, behind, above, below, near, far) and describe every object named "
-    "in the question below. Do not answer the question.\n"
-    'Reply with a JSON object only: {"new_info": "<the scene and its spatial relations>", '
-    '"question_info": "<the objects named in the question and where they are>"}'
+# -- the parts every instruction is made of ------------------------------------------------
+
+VIEWPOINT = (
+    "You see through the camera of an embodied agent: each image shows what the agent sees "
+    "from its own point of view."
 )
-
-_PAIR_HEAD = (
-    "These are two consecutive key frames of the video: the first image is the previous "
-    "key frame, the second image is the current one.\n"
-    "(1) Which action did the agent take between them? Choose exactly one of: "
-    + ", ".join(ACTIONS)
-    + ".\n"
-    "(2) What spatial information is newly visible in the current frame, relative to the agent?\n"
+# Colour and shape; the 3D scene; egocentric positions, not positions in the image.
+DESCRIBE = (
+    "Describe the objects by their colour and shape. First picture the three-dimensional "
+    "space around the agent, then say where each thing is relative to the agent itself, "
+    'with words such as "ahead", "to the front-left", "to the right", "behind", "above" or '
+    '"below", and not where it appears in the picture (not "at the top of the image").'
 )
-
-PAIR = (
-    _PAIR_HEAD
-    + "(3) Which objects related to the question are visible now, and where are they?\n"
-    "Do not answer the question.\n"
-    'Reply with a JSON object only: {"action": "<one action from the list>", '
-    '"new_info": "<newly seen spatial information>", '
-    '"question_info": "<question-related objects>"}'
+ACTION = (
+    "Which one movement did the agent make between the two views? Judge it from how the "
+    "objects shifted in view, and give exactly one of: " + ", ".join(ACTIONS) + ", with "
+    "nothing else."
 )
-
-
-# -- per_video mode: the video's own passes, shared by its questions, and one
-# question pass per question over all its key frames --------------------------------------
-
-SCENE = (
-    "This is the first key frame of the video, seen from the agent's point of view.\n"
-    "Describe the scene. Give the spatial relations of the objects relative to the agent "
-    "(left, right, ahead, behind, above, below, near, far).\n"
-    'Reply with a JSON object only: {"new_info": "<the scene and its spatial relations>"}'
+NEW_INFO = (
+    "What spatial information does the second view add to the first: objects that were "
+    "hidden, out of view or too unclear to make out before? Many objects of one kind look "
+    "alike and repeat (the buildings of a city, for instance), so tell them apart by colour "
+    "and shape. " + DESCRIBE
 )
-
-VIDEO_PAIR = (
-    _PAIR_HEAD
-    + 'Reply with a JSON object only: {"action": "<one action from the list>", '
-    '"new_info": "<newly seen spatial information>"}'
+QUESTION_OBJECTS = (
+    "If anything that the question below or its options name can be seen, describe it and "
+    "where it is relative to the agent. Do not answer the question and do not choose an "
+    "option: only report whether those things are visible, and where."
 )
+BRIEF = "Keep the answer short and clear."
+
+
+def _points(points: list[tuple[str, str]]) -> str:
+    return "\n".join(f"{i}. {label}: {text}" for i, (label, text) in enumerate(points, 1))
+
+
+def _json_reply(fields: dict[str, str]) -> str:
+    inner = ", ".join(f'"{k}": "<{v}>"' for k, v in fields.items())
+    return "Reply with a JSON object only: {" + inner + "}"
+
+
+_PAIR_POINTS = [("Action", ACTION), ("New information", NEW_INFO)]
+_QUESTION_POINT = ("Question objects", QUESTION_OBJECTS)
+
+
+def first_frame_instruction(fmt: ReplyFormat) -> str:
+    head = f"{VIEWPOINT}\nThis is the first key frame of the video. Describe the scene. {DESCRIBE}\n"
+    if fmt == "numbered":
+        # A free description, as the official first-frame prompt gets.
+        return head + f"{QUESTION_OBJECTS}\n{BRIEF}"
+    return head + f"{QUESTION_OBJECTS}\n{BRIEF}\n" + _json_reply(
+        {"new_info": "the scene, its objects and where they are",
+         "question_info": "the objects the question names, and where they are"})
+
+
+def pair_instruction(fmt: ReplyFormat) -> str:
+    head = (f"{VIEWPOINT}\nThe two images are consecutive key frames of the video: the first "
+            "shows the view before a movement, the second the view after it.\n")
+    if fmt == "numbered":
+        return head + "Reply in three numbered points:\n" + _points(_PAIR_POINTS + [_QUESTION_POINT]) + f"\n{BRIEF}"
+    return head + _points(_PAIR_POINTS + [_QUESTION_POINT]) + f"\n{BRIEF}\n" + _json_reply(
+        {"action": "one action from the list", "new_info": "the newly seen spatial information",
+         "question_info": "the objects the question names, and where they are"})
+
+
+def scene_instruction(fmt: ReplyFormat) -> str:
+    head = f"{VIEWPOINT}\nThis is the first key frame of the video. Describe the scene. {DESCRIBE}\n{BRIEF}"
+    if fmt == "numbered":
+        return head
+    return head + "\n" + _json_reply({"new_info": "the scene, its objects and where they are"})
+
+
+def video_pair_instruction(fmt: ReplyFormat) -> str:
+    head = (f"{VIEWPOINT}\nThe two images are consecutive key frames of the video: the first "
+            "shows the view before a movement, the second the view after it.\n")
+    if fmt == "numbered":
+        return head + "Reply in two numbered points:\n" + _points(_PAIR_POINTS) + f"\n{BRIEF}"
+    return head + _points(_PAIR_POINTS) + f"\n{BRIEF}\n" + _json_reply(
+        {"action": "one action from the list", "new_info": "the newly seen spatial information"})
+
 
 QUESTION_PASS = (
     "These are key frames {first} to {last} of an egocentric video, in order: the first "
-    "image is frame {first}, the next frame {next}, and so on.\n"
-    "For every frame, say which objects related to the question below are visible in it and "
-    'where they are relative to the agent; write "none" when there are none. '
-    "Do not answer the question.\n"
-    "Reply with a JSON object only, one key per frame: {example}"
+    "image is frame {first}, the next frame {next}, and so on. They show what an embodied "
+    "agent sees from its own point of view.\n"
+    "For every frame, say whether anything that the question below or its options name can "
+    "be seen in it, with its colour and shape, and where it is relative to the agent "
+    '("ahead", "to the front-left", "below"; not where it is in the picture); write "none" '
+    "when nothing is. Do not answer the question and do not choose an option.\n"
+    "{reply}"
 )
+
+
+def question_pass_instruction(fmt: ReplyFormat, frames: range) -> str:
+    if fmt == "numbered":
+        reply = 'Reply with one line per frame: "Frame <number>: <what you see>".'
+    else:
+        example = "{" + ", ".join(f'"{frame_key(f)}": "..."' for f in frames) + "}"
+        reply = f"Reply with a JSON object only, one key per frame: {example}"
+    return QUESTION_PASS.format(first=frames.start, last=frames[-1], next=frames.start + 1, reply=reply)
+
+
+# -- conversations ------------------------------------------------------------------------
 
 
 def _image(path: str) -> dict[str, str]:
     return {"type": "image", "path": path}
 
 
-def _conversation(images: list[str], instruction: str, question: str) -> Conversation:
-    # Images first, then the fixed instruction, then the question: every question about
-    # the same frames shares the longest possible prefix, which servers cache.
-    content: list[dict[str, str]] = [_image(p) for p in images]
-    content.append({"type": "text", "text": f"{instruction}\n\nQuestion: {question}"})
-    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": content}]
+def _conversation(images: list[str], text: str, style: PromptStyle) -> Conversation:
+    parts: list[dict[str, str]] = [_image(p) for p in images]
+    if style.image_order == "text_first":
+        content = [{"type": "text", "text": text}, *parts]
+    else:
+        # Images first: every question about the same frames shares the longest prefix.
+        content = [*parts, {"type": "text", "text": text}]
+    system = [{"role": "system", "content": SYSTEM}] if style.system_message else []
+    return [*system, {"role": "user", "content": content}]
 
 
-def first_frame_conversation(image: str, question: str) -> Conversation:
-    return _conversation([image], FIRST_FRAME, question)
+def _with_question(instruction: str, question: str) -> str:
+    return f"{instruction}\n\nQuestion: {question}"
 
 
-def pair_conversation(previous: str, current: str, question: str) -> Conversation:
-    return _conversation([previous, current], PAIR, question)
+def first_frame_conversation(image: str, question: str, style: PromptStyle = PAPER_STYLE) -> Conversation:
+    return _conversation([image], _with_question(first_frame_instruction(style.reply_format), question), style)
 
 
-def scene_conversation(image: str) -> Conversation:
-    return [
-        {"role": "system", "content": SYSTEM},
-        {"role": "user", "content": [_image(image), {"type": "text", "text": SCENE}]},
-    ]
+def pair_conversation(previous: str, current: str, question: str,
+                      style: PromptStyle = PAPER_STYLE) -> Conversation:
+    return _conversation([previous, current], _with_question(pair_instruction(style.reply_format), question), style)
 
 
-def video_pair_conversation(previous: str, current: str) -> Conversation:
-    content: list[dict[str, str]] = [_image(previous), _image(current)]
-    content.append({"type": "text", "text": VIDEO_PAIR})
-    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": content}]
+def scene_conversation(image: str, style: PromptStyle = PAPER_STYLE) -> Conversation:
+    return _conversation([image], scene_instruction(style.reply_format), style)
+
+
+def video_pair_conversation(previous: str, current: str, style: PromptStyle = PAPER_STYLE) -> Conversation:
+    return _conversation([previous, current], video_pair_instruction(style.reply_format), style)
 
 
 def frame_key(frame: int) -> str:
     return f"frame_{frame}"
 
 
-def question_pass_conversation(images: list[str], first: int, question: str) -> Conversation:
+def question_pass_conversation(images: list[str], first: int, question: str,
+                               style: PromptStyle = PAPER_STYLE) -> Conversation:
     """Key frames ``first .. first + len(images) - 1`` of one video and one question.
-    Every question of a video sees the same images and instruction before its own text,
-    so a server's prefix cache serves all but the first."""
+    With images first, every question of a video sees the same images before its own
+    text, so a server's prefix cache serves all but the first."""
     frames = range(first, first + len(images))
-    example = "{" + ", ".join(f'"{frame_key(f)}": "..."' for f in frames) + "}"
-    instruction = QUESTION_PASS.format(
-        first=first, last=frames[-1], next=first + 1, example=example
-    )
-    return _conversation(images, instruction, question)
+    text = _with_question(question_pass_instruction(style.reply_format, frames), question)
+    return _conversation(images, text, style)
 
 
 # -- structured output: JSON schemas of the replies, for backends that enforce one --------

@@ -42,13 +42,20 @@ from embodied_r.io import (
 )
 # Imported for its registration: the demo's perceiver reference resolves once it is.
 from embodied_r.perception import perceiver  # noqa: F401
-from embodied_r.perception.modes import QUESTION_PHASE, Assembled, Call, Question, make_mode
-from embodied_r.perception.parse import video_text
+from embodied_r.perception.modes import QUESTION_PHASE, Assembled, Call, PerQuestion, PerVideo, Question, make_mode
+from embodied_r.perception.parse import FrameInfo, video_text
+from embodied_r.perception.prompts import ImageOrder, PromptStyle, ReplyFormat
 
 log = logging.getLogger(__name__)
 
 STAGE = "perception"
 SUPPORTED_PROMPT_VERSIONS = {prompts.PROMPT_VERSION}
+
+
+# Qwen2.5-VL's own ceiling on an image (its processor's default max_pixels, 16384 patches
+# of 28 x 28): a frame up to 12.8 megapixels reaches the model at full resolution, as in
+# the official code, which sent full frames and set no limit.
+FULL_RESOLUTION_PIXELS = 16384 * 28 * 28
 
 
 def _paper_perceiver() -> BackendConfig:
@@ -58,7 +65,8 @@ def _paper_perceiver() -> BackendConfig:
         kind="openai",
         model="Qwen/Qwen2.5-VL-72B-Instruct",
         base_url="http://127.0.0.1:8000/v1",
-        max_new_tokens=512,
+        max_new_tokens=4096,
+        max_pixels=FULL_RESOLUTION_PIXELS,
     )
 
 
@@ -67,15 +75,29 @@ class PerceptionConfig(BaseModel):
 
     backend: BackendConfig = Field(default_factory=_paper_perceiver)
     mode: Literal["per_question", "per_video"] = "per_question"
-    # Reply budget of one call about a frame or a pair of frames.
-    max_new_tokens: int = Field(512, ge=1)
+    # How replies are asked for (the defaults are the official code's): "numbered" free
+    # text in numbered points, or "json" (a JSON object, held to a schema with
+    # ``structured_output``); the prompt's text before the images ("text_first") or after
+    # them ("images_first", which a server's prefix cache shares across the questions
+    # about the same frames); a system message framing the task, or none.
+    reply_format: ReplyFormat = "numbered"
+    image_order: ImageOrder = "text_first"
+    system_message: bool = False
+    # Put before the question-related part of each frame's observation in the video text
+    # ("Question-related:"); "" joins it to the new information with a space, as the
+    # official text does.
+    question_label: str = ""
+    # Reply budget of one call about a frame or a pair of frames. The official calls set
+    # none; 4096 tokens is far beyond any reply seen, so nothing is cut.
+    max_new_tokens: int = Field(4096, ge=1)
     # per_video: key frames shown in one question pass, and that pass's reply budget
     # (it answers for every frame it shows).
     question_window: int = Field(32, ge=2)
-    question_max_new_tokens: int = Field(1024, ge=1)
-    # Hold replies to a JSON schema where the backend can (openai: response_format,
-    # falling back to plain text when the server refuses it; vllm: structured outputs).
-    # The transformers backend has no such option and is always read as plain text.
+    question_max_new_tokens: int = Field(4096, ge=1)
+    # With reply_format json, hold replies to a JSON schema where the backend can (openai:
+    # response_format, falling back to plain text when the server refuses it; vllm:
+    # structured outputs). The transformers backend has no such option and is always read
+    # as plain text.
     structured_output: bool = True
     prompt_version: str = prompts.PROMPT_VERSION
     # More failed questions than this share fails the stage (kept .partial, never cached).
@@ -90,6 +112,16 @@ class PerceptionConfig(BaseModel):
                 f"(available: {sorted(SUPPORTED_PROMPT_VERSIONS)})"
             )
         return value
+
+    def style(self) -> PromptStyle:
+        return PromptStyle(self.reply_format, self.image_order, self.system_message)
+
+    def plan(self) -> PerQuestion | PerVideo:
+        """The calls and parsing of this config's mode and prompt style."""
+        return make_mode(self.mode, self.question_window, self.style())
+
+    def video_text(self, frames: list[FrameInfo]) -> str:
+        return video_text(frames, self.question_label)
 
 
 def _read_inputs(catalog: Path, keyframes: Path) -> tuple[list[Question], dict[str, list[str]]]:
@@ -217,7 +249,7 @@ def run_perception(catalog: Path, keyframes: Path, out: Path, cfg: PerceptionCon
     if is_complete(out):
         return read_summary(out)
     questions, frames = _read_inputs(catalog, keyframes)
-    mode = make_mode(cfg.mode, cfg.question_window)
+    mode = cfg.plan()
 
     with stage_folder(out) as work:
         item_log = ItemLog(work / "items.jsonl", key="key", validate=_valid_entry)
@@ -257,9 +289,11 @@ def run_perception(catalog: Path, keyframes: Path, out: Path, cfg: PerceptionCon
                 structured_output_refused=int(bool(getattr(backend, "structured_output_refused", False))),
             )
 
-        summary = _write_outputs(work, mode, ready, calls, done, errors, failures, len(questions))
+        summary = _write_outputs(work, mode, ready, calls, done, errors, failures, len(questions),
+                                 cfg.question_label)
         summary.update(stats)
         summary["structured_output"] = cfg.structured_output
+        summary["reply_format"] = cfg.reply_format
         check_failed_fraction(STAGE, summary["failed"], len(questions), cfg.max_failed_fraction,
                               f"reasons {summary['reasons']}; see failures.parquet")
         write_summary(work, summary)
@@ -279,6 +313,7 @@ def _write_outputs(
     errors: dict[str, str],
     failures: dict[str, str],
     n_questions: int,
+    question_label: str = "",
 ) -> dict[str, Any]:
     rows, frame_rows = [], []
     parsed_as: Counter[str] = Counter()
@@ -298,7 +333,7 @@ def _write_outputs(
         rows.append(
             {
                 "uid": q.uid,
-                "video_text": video_text(built.infos),
+                "video_text": video_text(built.infos, question_label),
                 "n_frames": len(built.infos),
                 "n_calls": len(recs),
                 "prompt_tokens": sum(int(r["prompt_tokens"]) for r in recs),

@@ -1,12 +1,14 @@
 """Reading answers out of model completions.
 
-The reasoner writes ``<think>...</think><answer>...</answer>``. Everything that scores a
-completion (rewards, evaluation) reads the answer only from inside the last ``<answer>``
-block, never from the reasoning: the original code scanned the whole completion, so a
-thought like "Option B is wrong" was read as the answer B.
+The reasoner writes ``<think>...</think><answer>...</answer>``. Two ways of reading it:
 
-Parsing is strict on purpose. An answer that names several options ("A or B") or none
-is unparseable and scores 0, so hedging never earns a reward.
+- ``strict`` (this project's): the answer is read only from inside the last ``<answer>``
+  block, never from the reasoning. An answer that names several options ("A or B") or
+  none is unparseable and scores 0, so hedging never earns a reward.
+- ``official``: the official code's readers, kept so that a run can reproduce it
+  (``official_reward_choice``, ``official_eval_choice``, ``OFFICIAL_FORMAT_RE``). Its
+  reward scans the whole completion, reasoning included, so a thought like
+  "Option A. is wrong" is read as the answer A whatever the ``<answer>`` block says.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import math
 import re
 import string
 import unicodedata
+from typing import Literal
 
 # Inner text may not contain another think/answer tag: a completion with repeated or
 # nested blocks is not in the format, and each block must say something.
@@ -163,3 +166,83 @@ def parse_number(text: str | None) -> float | None:
 def format_number(value: float) -> str:
     """A parsed number as text, without a trailing ``.0`` for whole numbers."""
     return f"{value:.15g}"
+
+
+# -- the official code's readers ----------------------------------------------------------
+#
+# ``official`` in a recipe: the training rewards read answers as ms-swift's plugin of the
+# official code does (train/reward/choice_accuracy_reward.py), the evaluation as its
+# scoring script does (calculate_acc in train/conver_format/VLM_perception_local.py).
+
+ChoiceParser = Literal["strict", "official_reward", "official_eval"]
+AnswerParser = Literal["strict", "official"]
+
+# ms-swift's built-in ``format`` reward: the completion starts with <think> (no leading
+# space), only whitespace between the blocks, and nothing at all after </answer>.
+OFFICIAL_FORMAT_RE = re.compile(r"^<think>.*?</think>\s*<answer>.*?</answer>(?![\s\S])", re.DOTALL | re.MULTILINE)
+
+_OFFICIAL_BOXED = re.compile(r"\$\\boxed\{([A-H])\}\$", re.IGNORECASE)
+_OFFICIAL_ANSWER_WORD = re.compile(r"answer\s+([A-H])\.?", re.IGNORECASE)
+_OFFICIAL_ANSWER_TAG = re.compile(r"<answer>\s*([A-H])", re.IGNORECASE)
+_OFFICIAL_DOT = re.compile(r"(?:^|[^A-Za-z])([A-H])\s*\.", re.IGNORECASE)
+_OFFICIAL_BARE = re.compile(r"(?:^|[^A-Za-z])([A-H])(?:$|[^A-Za-z])", re.IGNORECASE)
+
+
+def _first(pattern: re.Pattern[str], text: str) -> str | None:
+    match = pattern.search(text)
+    return match.group(1).upper() if match else None
+
+
+def _last(pattern: re.Pattern[str], text: str) -> str | None:
+    found = pattern.findall(text)
+    return found[-1].upper() if found else None
+
+
+def official_reward_choice(completion: str | None) -> str | None:
+    """The letter the official accuracy and consistency rewards read from a whole
+    completion, reasoning included; None where they read no letter (the official code then
+    compares the upper-cased text, which matches no solution letter).
+
+    In order: the last ``$\\boxed{X}$``; else the first "answer X"; else the last letter
+    followed by a dot; else the last standalone letter (A-H, any case). So
+    ``"<think>Option A. is wrong</think><answer>B</answer>"`` reads as A, and
+    ``"<think>To answer based on ...</think>"`` as B (from "answer b").
+    """
+    text = (completion or "").strip()
+    for pattern, pick in ((_OFFICIAL_BOXED, _last), (_OFFICIAL_ANSWER_WORD, _first),
+                          (_OFFICIAL_DOT, _last), (_OFFICIAL_BARE, _last)):
+        letter = pick(pattern, text)
+        if letter is not None:
+            return letter
+    return None
+
+
+def official_eval_choice(completion: str | None) -> str | None:
+    """The letter the official evaluation script reads: the first letter right after an
+    ``<answer>`` tag, else the last letter followed by a dot anywhere; None where it reads
+    none (counted wrong there, as here)."""
+    text = (completion or "").strip()
+    return _first(_OFFICIAL_ANSWER_TAG, text) or _last(_OFFICIAL_DOT, text)
+
+
+def read_choice(completion: str | None, n_options: int | None = None,
+                parser: ChoiceParser = "strict") -> str | None:
+    """The option letter a completion gives, read the way ``parser`` says."""
+    if parser == "strict":
+        return parse_choice(extract_answer(completion or ""), n_options)
+    if parser == "official_reward":
+        return official_reward_choice(completion)
+    if parser == "official_eval":
+        return official_eval_choice(completion)
+    raise ValueError(f"unknown answer parser {parser!r} (strict, official_reward, official_eval)")
+
+
+def format_ok(completion: str | None, rule: AnswerParser = "strict") -> bool:
+    """Whether a completion is in the ``<think>..</think><answer>..</answer>`` format:
+    ``strict`` (this project's ``FORMAT_RE``: non-empty blocks, no nested or repeated tags,
+    whitespace around allowed) or ``official`` (ms-swift's ``format`` reward)."""
+    if rule == "official":
+        return OFFICIAL_FORMAT_RE.match(completion or "") is not None
+    if rule == "strict":
+        return FORMAT_RE.match(completion or "") is not None
+    raise ValueError(f"unknown format rule {rule!r} (strict or official)")

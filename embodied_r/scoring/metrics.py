@@ -1,13 +1,20 @@
 """Scoring answers and summarising scores per task, as the benchmarks score them.
 
 Multiple-choice answers score 1 or 0; numeric answers score VSI-Bench's mean relative
-accuracy. An answer that cannot be parsed scores 0 and stays in the denominator: dropping
-it, as the original evaluation did, inflates accuracy.
+accuracy. An answer that cannot be parsed scores 0 and stays in the denominator, as in
+the official evaluation (its ``dropna`` removes only failed generations, which are left
+out here too, as failures).
 
-VSI-Bench's official aggregation averages its three relative-direction subtypes (easy:
-two options, medium: three, hard: four) as one task: the task's score is the mean of the
-three subtype accuracies, not the accuracy over their pooled questions. The catalog keeps
-one ``object_rel_direction`` category; the subtype is recovered from the option count.
+Relative direction has three subtypes (easy: two options, medium: three, hard: four),
+which the catalog keeps in one ``object_rel_direction`` category; the subtype is
+recovered from the option count. Two ways of scoring the task, both reported:
+
+- pooled (``accuracy/object_rel_direction``): every question counts once. The official
+  code merges the three subtypes into one category before scoring, so this is the figure
+  the paper's Table 1 reports, and the one the report sets beside it;
+- VSI-Bench's rule (``accuracy/object_rel_direction/subtype_mean``): the mean of the
+  three subtype accuracies. ``accuracy/macro`` (VSI-Bench's "overall" when all its tasks
+  are there) uses this one.
 """
 
 from __future__ import annotations
@@ -20,7 +27,13 @@ from typing import Any, Iterable, Literal, Mapping
 
 import numpy as np
 
-from embodied_r.scoring.answers import extract_answer, format_number, parse_choice, parse_number
+from embodied_r.scoring.answers import (
+    ChoiceParser,
+    extract_answer,
+    format_number,
+    parse_number,
+    read_choice,
+)
 from embodied_r.benchmarks import PAPER_TASKS
 
 # VSI-Bench's thresholds: 0.50, 0.55, ..., 0.95 (its scorer builds the same array).
@@ -83,23 +96,25 @@ def mean_relative_accuracy(prediction: Any, truth: Any) -> float:
 
 def score_answer(
     completion: str, solution: str, answer_type: str, n_options: int | None = None,
-    number_parsing: NumberParsing = "lenient",
+    number_parsing: NumberParsing = "lenient", choice_parser: ChoiceParser = "strict",
 ) -> tuple[str, float]:
     """(parsed prediction or "", score) for one completion.
 
-    The answer is read only inside the last ``<answer>`` block. Choice: 1.0 when the
-    letter equals the solution's. Number: mean relative accuracy, the answer read by
+    Choice: 1.0 when the letter equals the solution's; the letter is read by
+    ``answers.read_choice`` with ``choice_parser`` ("strict": only inside the last
+    ``<answer>`` block; "official_reward"/"official_eval": the official code's readers).
+    Number: the answer inside the last ``<answer>`` block, mean relative accuracy, read by
     ``answers.parse_number`` ("lenient", what the rewards use) or as VSI-Bench's scorer
     reads it ("official", what evaluation uses by default).
     """
     if answer_type not in ANSWER_TYPES:
         raise ValueError(f"answer_type must be one of {ANSWER_TYPES}, got {answer_type!r}")
-    answer = extract_answer(completion or "")
     if answer_type == "choice":
-        letter = parse_choice(answer, n_options)
+        letter = read_choice(completion or "", n_options, choice_parser)
         if letter is None:
             return "", 0.0
         return letter, 1.0 if letter == str(solution).strip().upper() else 0.0
+    answer = extract_answer(completion or "")
     if number_parsing == "official":
         value = parse_official_number(answer)
     elif number_parsing == "lenient":
@@ -144,8 +159,15 @@ def _length_stats(prefix: str, values: list[float]) -> dict[str, float]:
 
 
 def task_score(scores_by_subtask: Mapping[str | None, list[float]]) -> float:
-    """A task's score: the mean of its subtypes' means (one group: the plain mean)."""
+    """A task's score by VSI-Bench's rule: the mean of its subtypes' means (one group: the
+    plain mean)."""
     return float(statistics.fmean(statistics.fmean(s) for s in scores_by_subtask.values() if s))
+
+
+def pooled_score(scores_by_subtask: Mapping[str | None, list[float]]) -> float:
+    """A task's score with every question counted once, subtypes pooled (the official
+    code's and the paper's way)."""
+    return float(statistics.fmean(s for group in scores_by_subtask.values() for s in group))
 
 
 def _groups(rows: list[Mapping[str, Any]]) -> dict[tuple[str, str], dict[str | None, list[float]]]:
@@ -162,10 +184,13 @@ def aggregate(rows: Iterable[Mapping[str, Any]]) -> dict[str, float]:
 
     - ``accuracy/overall``: every question counts once (micro). The paper's "avg" is this
       figure over its eight tasks: ``accuracy/paper_tasks``.
-    - ``accuracy/<category>``: the task's score (relative direction: mean of its subtypes,
-      each also reported as ``accuracy/object_rel_direction/<subtype>``).
-    - ``accuracy/macro``: mean of the task scores (VSI-Bench's "overall" when all its tasks
-      are there); ``macro_by_benchmark/<benchmark>`` the same within one benchmark.
+    - ``accuracy/<category>``: the task's accuracy, every question counted once (relative
+      direction: its subtypes pooled, as the paper counts; each subtype is also reported as
+      ``accuracy/object_rel_direction/<subtype>``, and VSI-Bench's mean of the subtypes as
+      ``accuracy/object_rel_direction/subtype_mean``).
+    - ``accuracy/macro``: mean of the task scores by VSI-Bench's rule (subtype means; its
+      "overall" when all its tasks are there); ``macro_by_benchmark/<benchmark>`` the same
+      within one benchmark.
     - ``accuracy_by_benchmark/<benchmark>``: micro within one benchmark.
     - ``count/...``, ``parsed/overall`` (share of answers that could be read), and
       response length statistics in tokens and characters.
@@ -183,10 +208,11 @@ def aggregate(rows: Iterable[Mapping[str, Any]]) -> dict[str, float]:
         name = category_slug(cat)
         score = task_score(subtasks)
         task_scores[name] = score
-        out[f"accuracy/{name}"] = score
+        out[f"accuracy/{name}"] = pooled_score(subtasks)
         out[f"count/{name}"] = float(sum(len(s) for s in subtasks.values()))
         named = {k: v for k, v in subtasks.items() if k}
         if named:
+            out[f"accuracy/{name}/subtype_mean"] = score
             for sub, scores in sorted(named.items()):
                 out[f"accuracy/{name}/{slug(sub)}"] = float(statistics.fmean(scores))
                 out[f"count/{name}/{slug(sub)}"] = float(len(scores))
@@ -213,8 +239,9 @@ def aggregate(rows: Iterable[Mapping[str, Any]]) -> dict[str, float]:
 
 
 def category_table(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """One row per (benchmark, category): count, correct-equivalent sum, the task's score
-    (``accuracy``) and, for tasks with subtypes, ``subtasks``: {name: {count, accuracy}}."""
+    """One row per (benchmark, category): count, correct-equivalent sum, the task's
+    accuracy over its questions (``accuracy``) and, for tasks with subtypes, ``subtasks``:
+    {name: {count, accuracy}} and VSI-Bench's mean of them (``subtype_mean``)."""
     table = []
     for (bench, cat), subtasks in sorted(_groups(list(rows)).items()):
         scores = [s for group in subtasks.values() for s in group]
@@ -223,10 +250,11 @@ def category_table(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
             "category": cat,
             "count": len(scores),
             "score_sum": float(sum(scores)),
-            "accuracy": task_score(subtasks),
+            "accuracy": pooled_score(subtasks),
         }
         named = {k: v for k, v in subtasks.items() if k}
         if named:
+            entry["subtype_mean"] = task_score(subtasks)
             entry["subtasks"] = {
                 k: {"count": len(v), "accuracy": float(statistics.fmean(v))} for k, v in sorted(named.items())
             }

@@ -4,6 +4,9 @@ TRL calls each reward as ``f(prompts=..., completions=..., completion_ids=..., *
 trainer_state=..., log_metric=..., log_extra=...)`` with one list entry per completion
 and expects one float (or None, "not scored") per completion. Completions are strings or,
 for conversational prompts, lists of chat messages.
+
+How answers and the format are read is a choice a run records (``ScoringConfig``):
+``strict``, this project's, or ``official``, the official code's (see ``answers``).
 """
 
 from __future__ import annotations
@@ -12,15 +15,20 @@ import logging
 from typing import Any, Callable, Sequence
 
 from embodied_r.scoring.answers import (
-    FORMAT_RE,
+    AnswerParser,
+    ChoiceParser,
     completion_text,
     extract_answer,
     extract_think,
+    format_ok,
+    official_reward_choice,
     parse_choice,
     parse_number,
+    read_choice,
 )
 from embodied_r.backends.base import Backend, BackendConfig
 from embodied_r.backends.factory import make_backend
+from embodied_r.scoring.config import ReferenceDown, ScoringConfig
 from embodied_r.scoring.metrics import mean_relative_accuracy, score_answer
 
 log = logging.getLogger(__name__)
@@ -60,19 +68,23 @@ def _n_options(options: Any) -> int | None:
     return n or None
 
 
+def _format_scores(completions: list[Any], rule: AnswerParser) -> list[float]:
+    return [1.0 if format_ok(completion_text(c), rule) else 0.0 for c in completions]
+
+
 def format_reward(completions: list[Any], **kwargs: Any) -> list[float]:
     """1.0 when the whole completion is ``<think>...</think><answer>...</answer>``, else 0.0."""
-    return [1.0 if FORMAT_RE.match(completion_text(c)) else 0.0 for c in completions]
+    return _format_scores(completions, "strict")
 
 
-def accuracy_reward(completions: list[Any], solution: list[str], **kwargs: Any) -> list[float]:
-    """Score of the answer inside the last ``<answer>``: 0/1 by letter, or mean relative accuracy."""
+def _accuracy_scores(completions: list[Any], solution: list[str], parser: ChoiceParser,
+                     kwargs: dict[str, Any]) -> list[float]:
     n = len(completions)
     solutions = _column({"solution": solution}, "solution", n)
     answer_types = _column(kwargs, "answer_type", n, "choice")
     options = _column(kwargs, "options", n)
     scored = [
-        score_answer(completion_text(c), s, t or "choice", _n_options(o))
+        score_answer(completion_text(c), s, t or "choice", _n_options(o), choice_parser=parser)
         for c, s, t, o in zip(completions, solutions, answer_types, options)
     ]
     log_extra: Callable[[str, list[Any]], None] | None = kwargs.get("log_extra")
@@ -83,14 +95,48 @@ def accuracy_reward(completions: list[Any], solution: list[str], **kwargs: Any) 
     return [score for _, score in scored]
 
 
-def _policy_answer(text: str, answer_type: str, n_options: int | None) -> str | float | None:
-    answer = extract_answer(text)
+def accuracy_reward(completions: list[Any], solution: list[str], **kwargs: Any) -> list[float]:
+    """Score of the answer inside the last ``<answer>``: 0/1 by letter, or mean relative accuracy."""
+    return _accuracy_scores(completions, solution, "strict", kwargs)
+
+
+def make_format_reward(rule: AnswerParser = "strict") -> Callable[..., list[float]]:
+    """The format reward under ``rule``; named ``format_reward`` whatever the rule, so the
+    logged metrics keep their names."""
+    if rule == "strict":
+        return format_reward
+
+    def official_format(completions: list[Any], **kwargs: Any) -> list[float]:
+        return _format_scores(completions, rule)
+
+    official_format.__name__ = "format_reward"
+    return official_format
+
+
+def make_accuracy_reward(parser: AnswerParser = "strict") -> Callable[..., list[float]]:
+    """The accuracy reward reading letters with ``parser``; named ``accuracy_reward``."""
+    if parser == "strict":
+        return accuracy_reward
+
+    def official_accuracy(completions: list[Any], solution: list[str], **kwargs: Any) -> list[float]:
+        return _accuracy_scores(completions, solution, "official_reward", kwargs)
+
+    official_accuracy.__name__ = "accuracy_reward"
+    return official_accuracy
+
+
+def _policy_answer(text: str, answer_type: str, n_options: int | None,
+                   parser: ChoiceParser = "strict") -> str | float | None:
     if answer_type == "number":
-        return parse_number(answer)
-    return parse_choice(answer, n_options)
+        return parse_number(extract_answer(text))
+    return read_choice(text, n_options, parser)
 
 
-def _reference_answer(text: str, answer_type: str, n_options: int | None) -> str | float | None:
+def _reference_answer(text: str, answer_type: str, n_options: int | None,
+                      parser: ChoiceParser = "strict") -> str | float | None:
+    if answer_type != "number" and parser == "official_reward":
+        # The official reward reads the reference's reply with its own whole-text scan.
+        return official_reward_choice(text)
     # A chatty reference may still wrap its reply in tags; read inside them when it does.
     inner = extract_answer(text)
     reply = inner if inner is not None else text
@@ -137,8 +183,9 @@ class ConsistencyReward:
     0.0 when it does not, when the policy gave no reasoning or no readable answer, or
     when ``require_correct`` and the answer is wrong (the reference is then not asked).
     None (unscored) where the reference could not answer: an unknown reward must not
-    look like a bad one. The reference is its own frozen model behind a backend; the
-    policy under training never grades its own reasoning.
+    look like a bad one (``when_down="unscored"``); 0.0 with ``"zero"``, as the official
+    code scored it. Answers are read with ``parser``. The reference is its own frozen model
+    behind a backend; the policy under training never grades its own reasoning.
 
     With ``fill_unscored`` (the trainer's setting) an unscored completion gets the mean
     of the known scores of its group (the completions of the same record, ``uid``, in
@@ -147,10 +194,13 @@ class ConsistencyReward:
     """
 
     def __init__(self, backend: Backend | BackendConfig, require_correct: bool = True,
-                 fill_unscored: bool = False):
+                 fill_unscored: bool = False, parser: ChoiceParser = "strict",
+                 when_down: ReferenceDown = "unscored"):
         self.__name__ = "consistency_reward"  # TRL names the logged metrics after it
         self.require_correct = require_correct
         self.fill_unscored = fill_unscored
+        self.parser: ChoiceParser = parser
+        self.when_down: ReferenceDown = when_down
         self._cfg = backend if isinstance(backend, BackendConfig) else None
         self._backend: Backend | None = None if isinstance(backend, BackendConfig) else backend
         self.calls = 0  # generate calls made, one per step at most
@@ -205,11 +255,12 @@ class ConsistencyReward:
         policy_answers: dict[int, str | float] = {}
         for i, text in enumerate(texts):
             think = extract_think(text)
-            answer = _policy_answer(text, answer_types[i], _n_options(options[i]))
+            answer = _policy_answer(text, answer_types[i], _n_options(options[i]), self.parser)
             if not think or answer is None:
                 continue
             if self.require_correct:
-                _, score = score_answer(text, solutions[i], answer_types[i], _n_options(options[i]))
+                _, score = score_answer(text, solutions[i], answer_types[i], _n_options(options[i]),
+                                        choice_parser=self.parser)
                 if score < 1.0:
                     continue
             template = REFERENCE_TEMPLATE_NUMBER if answer_types[i] == "number" else REFERENCE_TEMPLATE_CHOICE
@@ -234,24 +285,26 @@ class ConsistencyReward:
             # The whole step in one call: the backend batches or runs it concurrently.
             generations = backend.generate(conversations)
         except Exception as exc:  # noqa: BLE001 - any failure of the reference is "unknown"
-            log.warning("consistency reward: reference model failed (%s); rewards left unscored", exc)
+            log.warning("consistency reward: reference model failed (%s); %s", exc, self._down_words())
             return self._log_skipped(self._unreachable(n, log_metric), log_metric), replies
         if len(generations) != len(asked) or all(g.error for g in generations):
             first = next((g.error for g in generations if g.error), "wrong number of replies")
-            log.warning("consistency reward: reference model unreachable (%s); rewards left unscored", first)
+            log.warning("consistency reward: reference model unreachable (%s); %s", first, self._down_words())
             return self._log_skipped(self._unreachable(n, log_metric), log_metric), replies
 
         failed = 0
         for i, generation in zip(asked, generations):
             if generation.error:
-                rewards[i] = None
+                rewards[i] = self._down_value()
                 failed += 1
                 continue
-            reference = _reference_answer(generation.text, answer_types[i], _n_options(options[i]))
+            reference = _reference_answer(generation.text, answer_types[i], _n_options(options[i]),
+                                          self.parser)
             replies[i] = None if reference is None else str(reference)
             rewards[i] = 1.0 if _agrees(reference, policy_answers[i], answer_types[i]) else 0.0
         if failed:
-            log.warning("consistency reward: %d of %d reference calls failed; left unscored", failed, len(asked))
+            log.warning("consistency reward: %d of %d reference calls failed; %s", failed, len(asked),
+                        "left unscored" if self.when_down == "unscored" else "scored 0")
         if log_metric is not None:
             log_metric("consistency/reference_failed", float(failed))
         self._log_skipped(rewards, log_metric)
@@ -268,13 +321,19 @@ class ConsistencyReward:
             log_metric("consistency/skipped_ratio", skipped / len(rewards) if rewards else 0.0)
         return rewards
 
-    @staticmethod
-    def _unreachable(n: int, log_metric: Callable[[str, float], None] | None) -> list[float | None]:
+    def _down_value(self) -> float | None:
         # Unknown, not wrong: a made-up 0 would punish the policy for the reference's outage,
-        # and falling back to the policy itself would let it grade its own reasoning.
+        # and falling back to the policy itself would let it grade its own reasoning. The
+        # official code scored 0; "zero" reproduces it.
+        return 0.0 if self.when_down == "zero" else None
+
+    def _down_words(self) -> str:
+        return "rewards left unscored" if self.when_down == "unscored" else "rewards scored 0"
+
+    def _unreachable(self, n: int, log_metric: Callable[[str, float], None] | None) -> list[float | None]:
         if log_metric is not None:
             log_metric("consistency/reference_unreachable", 1.0)
-        return [None] * n
+        return [self._down_value()] * n
 
 
 def reference_for_rank(cfg: BackendConfig, world_size: int) -> BackendConfig:
@@ -289,9 +348,12 @@ def reference_for_rank(cfg: BackendConfig, world_size: int) -> BackendConfig:
 
 def make_consistency_reward(
     backend_or_cfg: Backend | BackendConfig, require_correct: bool = True, fill_unscored: bool = False,
+    scoring: ScoringConfig | None = None,
 ) -> ConsistencyReward:
     """The consistency reward over a backend, or over a config whose backend is built lazily."""
-    return ConsistencyReward(backend_or_cfg, require_correct=require_correct, fill_unscored=fill_unscored)
+    scoring = scoring or ScoringConfig()
+    return ConsistencyReward(backend_or_cfg, require_correct=require_correct, fill_unscored=fill_unscored,
+                             parser=scoring.choice_parser(), when_down=scoring.consistency_when_reference_down)
 
 
 def consistency_ratio(

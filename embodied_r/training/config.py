@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from embodied_r.backends.base import BackendConfig
+from embodied_r.scoring.config import ScoringConfig
 from embodied_r.training.environment import TrainerEnvironment, num_processes, resolve_config_file
 
 
@@ -78,30 +79,69 @@ OWNED_GRPO_ARGS = frozenset({
     "output_dir", "run_name", "num_train_epochs", "max_steps", "reward_weights", "report_to",
     "use_vllm", "vllm_mode", "vllm_gpu_memory_utilization", "vllm_tensor_parallel_size",
     "vllm_max_model_length", "vllm_enable_sleep_mode", "vllm_server_base_url", "use_cpu",
+    # The settings that change results, typed below.
+    "learning_rate", "beta", "num_generations", "max_completion_length", "temperature", "top_p", "top_k",
+    "repetition_penalty", "loss_type", "scale_rewards", "epsilon", "epsilon_high", "lr_scheduler_type",
+    "weight_decay", "adam_beta1", "adam_beta2", "max_grad_norm", "warmup_steps", "warmup_ratio",
+    "vllm_importance_sampling_correction", "per_device_train_batch_size", "gradient_accumulation_steps",
 })
+
+LossType = Literal["grpo", "bnpo", "dr_grpo", "dapo"]
+SchedulerType = Literal["linear", "cosine", "cosine_with_restarts", "polynomial", "constant",
+                        "constant_with_warmup", "inverse_sqrt", "cosine_with_min_lr"]
 
 
 class TrainingConfig(TrainerEnvironment):
-    # The official script trains Qwen2.5-3B-Instruct (the language model of the 3B VL
-    # family); any causal LM folder or hub id works, and tiny:lm for the CPU demo.
-    policy: str = "Qwen/Qwen2.5-3B-Instruct"
+    # The official scripts train Qwen/Qwen2.5-VL-3B-Instruct (its first commit used the
+    # text-only Qwen2.5-3B-Instruct), as a text-only policy; any causal LM folder or hub
+    # id works, and tiny:lm for the CPU demo.
+    policy: str = "Qwen/Qwen2.5-VL-3B-Instruct"
     # A separate, frozen model (never the policy being trained). Every trainer process
     # builds its own from this; on several GPUs point it at a served model (kind "openai").
     reference: BackendConfig = Field(default_factory=_paper_reference)
     # The original rewards consistency only for correct answers.
     consistency_requires_correct: bool = True
+    # How the rewards read completions (strict or official parsers, the consistency
+    # reward when its reference is down).
+    scoring: ScoringConfig = Field(default_factory=ScoringConfig)
     stages: list[GRPOStageConfig] = Field(default_factory=paper_stages, min_length=1)
 
+    # -- Settings that change results. Each is passed to TRL's GRPOConfig explicitly
+    # (``grpo.grpo_kwargs``); the defaults are what the official script got from its
+    # arguments and from ms-swift 3.3's defaults (docs/fidelity.md), not TRL's.
     learning_rate: float = Field(5e-7, gt=0)
-    beta: float = Field(0.001, ge=0)
+    beta: float = Field(0.001, ge=0)  # KL weight, against the frozen initial weights
     num_generations: int = Field(8, ge=2)
     max_completion_length: int = Field(2048, ge=1)
+    # Prompt tokens (chat template included) the policy sees; longer prompts lose their
+    # beginning, as ms-swift's max_length (6144 in the official script) cut them. None: no limit.
+    max_prompt_length: int | None = Field(6144, ge=1)
     # Completions per device per micro-step. 8 x 4 accumulation = 32 completions (4 prompts
     # x 8 generations) per optimizer step, the original's 8 GPUs x 1 x 4.
     per_device_train_batch_size: int = Field(8, ge=1)
     gradient_accumulation_steps: int = Field(4, ge=1)
+    # Sampling of the rollouts: ms-swift passed top_p 0.9 and top_k 50 to vLLM.
     temperature: float = Field(1.0, gt=0)
+    top_p: float = Field(0.9, gt=0, le=1)
+    top_k: int = Field(50, ge=0)  # 0: off
+    repetition_penalty: float = Field(1.0, gt=0)
+    # The loss: "grpo" is a token mean per sequence, then a mean over sequences, ms-swift
+    # 3.3's loss with one completion per device micro-batch (TRL's default is "dapo").
+    loss_type: LossType = "grpo"
+    # Advantages: rewards minus the group mean, over the group's standard deviation.
+    scale_rewards: Literal["group", "batch", "none"] = "group"
+    epsilon: float = Field(0.2, gt=0)  # the PPO clip range
+    epsilon_high: float | None = Field(None, gt=0)  # None: symmetric clip
+    # The optimizer (AdamW) and schedule: ms-swift's defaults.
+    lr_scheduler_type: SchedulerType = "cosine"
     warmup_ratio: float = Field(0.05, ge=0, lt=1)
+    weight_decay: float = Field(0.1, ge=0)
+    adam_beta1: float = Field(0.9, ge=0, lt=1)
+    adam_beta2: float = Field(0.95, ge=0, lt=1)
+    max_grad_norm: float = Field(1.0, gt=0)
+    # TRL reweights vLLM rollouts by the trainer's and vLLM's token probabilities; the
+    # official ms-swift 3.3 run had no such correction.
+    vllm_importance_sampling_correction: bool = False
     max_steps_per_stage: int | None = Field(None, ge=1)  # a cap for the CPU demo
     vllm: VLLMRollouts | None = None  # None: rollouts with transformers' generate
     log_completions: bool = False  # TRL's own console print of completions
@@ -111,6 +151,37 @@ class TrainingConfig(TrainerEnvironment):
     completion_table_steps: int = Field(50, ge=1)
     # Further GRPOConfig arguments, passed through as they are.
     grpo_args: dict[str, Any] = Field(default_factory=dict)
+
+    def grpo_settings(self) -> dict[str, Any]:
+        """The GRPOConfig arguments that change results, from the typed training fields. Every
+        name exists in GRPOConfig of both TRL 1.16 + transformers 5.17 (the training
+        environment) and 5.23 (the base one); TRL has no warmup_ratio, and a float below 1 in
+        warmup_steps is a share of all steps."""
+        kwargs: dict[str, Any] = {
+            "learning_rate": self.learning_rate,
+            "beta": self.beta,
+            "num_generations": self.num_generations,
+            "max_completion_length": self.max_completion_length,
+            "per_device_train_batch_size": self.per_device_train_batch_size,
+            "gradient_accumulation_steps": self.gradient_accumulation_steps,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "repetition_penalty": self.repetition_penalty,
+            "loss_type": self.loss_type,
+            "scale_rewards": self.scale_rewards,
+            "epsilon": self.epsilon,
+            "lr_scheduler_type": self.lr_scheduler_type,
+            "warmup_steps": self.warmup_ratio,
+            "weight_decay": self.weight_decay,
+            "adam_beta1": self.adam_beta1,
+            "adam_beta2": self.adam_beta2,
+            "max_grad_norm": self.max_grad_norm,
+            "vllm_importance_sampling_correction": self.vllm_importance_sampling_correction,
+        }
+        if self.epsilon_high is not None:
+            kwargs["epsilon_high"] = self.epsilon_high
+        return kwargs
 
     @model_validator(mode="after")
     def _check(self) -> "TrainingConfig":
@@ -128,9 +199,17 @@ class TrainingConfig(TrainerEnvironment):
         clash = sorted(OWNED_GRPO_ARGS & set(self.grpo_args))
         if clash:
             raise ValueError(f"grpo_args may not set {', '.join(clash)}: use the typed training fields "
-                             "(stages, max_steps_per_stage, vllm, use_cpu)")
+                             "(stages, max_steps_per_stage, vllm, use_cpu, and the settings that change "
+                             "results: learning_rate, loss_type, warmup_ratio, ...)")
         if self.vllm is not None and self.use_cpu:
             raise ValueError("vllm rollouts need a GPU; remove training.vllm or set use_cpu: false")
+        if (self.vllm is not None and self.vllm.max_model_length is not None and self.max_prompt_length is not None
+                and self.vllm.max_model_length < self.max_prompt_length + self.max_completion_length):
+            raise ValueError(
+                f"vllm.max_model_length ({self.vllm.max_model_length}) must hold a prompt and a completion: "
+                f"at least max_prompt_length + max_completion_length = "
+                f"{self.max_prompt_length + self.max_completion_length}"
+            )
         names = [s.name for s in self.stages]
         if len(set(names)) != len(names):
             raise ValueError(f"stage names must be unique, got {names}")

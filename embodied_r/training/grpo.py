@@ -22,7 +22,7 @@ from typing import Any, Callable
 import pyarrow.parquet as pq
 
 from embodied_r.io import read_json, write_json_atomic
-from embodied_r.scoring.rewards import accuracy_reward, format_reward, make_consistency_reward, reference_for_rank
+from embodied_r.scoring.rewards import make_accuracy_reward, make_consistency_reward, make_format_reward, reference_for_rank
 from embodied_r.training.callbacks import reporting_callback
 from embodied_r.training.checkpoints import last_checkpoint
 from embodied_r.training.config import GRPOStageConfig, TrainingConfig
@@ -51,26 +51,37 @@ def read_records(records: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def load_dataset(records: Path) -> Any:
-    """``train.parquet`` as a conversational dataset: prompt = system + user turns."""
+def load_dataset(records: Path, max_prompt_length: int | None = None, model: str | None = None) -> Any:
+    """``train.parquet`` as a conversational dataset: prompt = system + user turns. With
+    ``max_prompt_length`` and any prompt longer, every prompt becomes its chat-templated
+    text, the long ones cut from the left (``truncation.limit_prompts``)."""
     from datasets import Dataset
 
     data = [{"prompt": conversation(r), **{c: r[c] for c in REWARD_COLUMNS}} for r in read_records(records)]
+    if max_prompt_length is not None and model is not None:
+        from embodied_r.training.truncation import limit_prompts
+
+        truncated = limit_prompts(data, model, max_prompt_length)
+        if truncated:
+            log.warning("%d of %d prompts are longer than max_prompt_length=%d tokens: their beginning is cut",
+                        truncated, len(data), max_prompt_length)
     return Dataset.from_list(data)
 
 
 def reward_setup(stage: GRPOStageConfig, cfg: TrainingConfig) -> tuple[list[Any], list[float]]:
-    """Reward functions and weights of a stage. A zero-weight consistency reward is left
-    out altogether, so its reference model is never loaded or asked. A completion the
-    reference failed to score gets its group's mean consistency score (``fill_unscored``):
-    TRL's ``nansum`` would otherwise count it as inconsistent."""
-    funcs: list[Any] = [format_reward, accuracy_reward]
+    """Reward functions and weights of a stage, reading completions as ``cfg.scoring``
+    says. A zero-weight consistency reward is left out altogether, so its reference model
+    is never loaded or asked. A completion the reference failed to score gets its group's
+    mean consistency score (``fill_unscored``): TRL's ``nansum`` would otherwise count it
+    as inconsistent."""
+    funcs: list[Any] = [make_format_reward(cfg.scoring.format_rule),
+                        make_accuracy_reward(cfg.scoring.answer_parser)]
     weights = [stage.format_weight, stage.accuracy_weight]
     if stage.consistency_weight > 0:
         # An HTTP reference's concurrency is shared by all trainer processes.
         reference = reference_for_rank(cfg.reference, int(os.environ.get("WORLD_SIZE", "1")))
         funcs.append(make_consistency_reward(reference, require_correct=cfg.consistency_requires_correct,
-                                             fill_unscored=True))
+                                             fill_unscored=True, scoring=cfg.scoring))
         weights.append(stage.consistency_weight)
     return funcs, weights
 
@@ -110,29 +121,28 @@ def common_args(env: TrainerEnvironment, work: Path, run_name: str, report_to: l
     return kwargs
 
 
-def grpo_args(stage: GRPOStageConfig, cfg: TrainingConfig, work: Path, weights: list[float],
-              report_to: list[str]) -> Any:
-    from trl import GRPOConfig
-
+def grpo_kwargs(stage: GRPOStageConfig, cfg: TrainingConfig, work: Path, weights: list[float],
+                report_to: list[str]) -> dict[str, Any]:
+    """Every keyword argument of a stage's GRPOConfig (a pure function: no trainer, no TRL)."""
     kwargs = common_args(cfg, work, stage.name, report_to)
+    kwargs.update(cfg.grpo_settings())
     kwargs.update({
         "num_train_epochs": stage.epochs,
         "max_steps": cfg.max_steps_per_stage or -1,
-        "learning_rate": cfg.learning_rate,
-        "warmup_steps": cfg.warmup_ratio,  # a float below 1 is a share of all steps
-        "beta": cfg.beta,
-        "num_generations": cfg.num_generations,
-        "max_completion_length": cfg.max_completion_length,
-        "per_device_train_batch_size": cfg.per_device_train_batch_size,
-        "gradient_accumulation_steps": cfg.gradient_accumulation_steps,
-        "temperature": cfg.temperature,
         "reward_weights": weights,
         "log_completions": cfg.log_completions,
     })
     if cfg.vllm is not None:
         kwargs.update(cfg.vllm.grpo_kwargs())
     kwargs.update(cfg.grpo_args)
-    return build_config(GRPOConfig, kwargs)
+    return kwargs
+
+
+def grpo_args(stage: GRPOStageConfig, cfg: TrainingConfig, work: Path, weights: list[float],
+              report_to: list[str]) -> Any:
+    from trl import GRPOConfig
+
+    return build_config(GRPOConfig, grpo_kwargs(stage, cfg, work, weights, report_to))
 
 
 def peft_config(lora: LoraSettings | None) -> Any:
@@ -244,7 +254,7 @@ def main(spec_path: str) -> int:
 
     from trl import GRPOTrainer
 
-    dataset = load_dataset(Path(spec["records"]))
+    dataset = load_dataset(Path(spec["records"]), cfg.max_prompt_length, spec["init_model"])
     funcs, weights = reward_setup(stage, cfg)
     run_id, uri = os.environ.get("MLFLOW_RUN_ID"), os.environ.get("MLFLOW_TRACKING_URI")
     # Our own reporting callback logs to MLflow (prefixed names, one global step over the

@@ -1,9 +1,10 @@
 """GRPO records: the reasoning prompt built from the perception text of each question.
 
 One record per catalog question that has a perception text. The user turn holds the
-video as text (frame-by-frame observations), the question, its options and the format
-instruction; ``question`` holds the question and options alone, for the consistency
-reference, which must not see the video text.
+video as text (frame-by-frame observations), the question and its options, and, when the
+recipe asks for one, an answer-format instruction (the official user turn has none: the
+format is asked for only in the system prompt); ``question`` holds the question and
+options alone, for the consistency reference, which must not see the video text.
 """
 
 from __future__ import annotations
@@ -29,8 +30,10 @@ from embodied_r.io import (
 
 SPLITS = ("train", "val", "test")
 
-# The official training script's system prompt, kept word for word so that a policy
-# trained here sees what the published one saw.
+# The official system prompt word for word, as its evaluation script writes it
+# (infer/batch_inference.py), tail "User: . Assistant:" included, so that a policy trained
+# here sees what the published one saw. The training scripts pass the same text through
+# bash, where "\n" stays two characters (backslash, n); here it is a newline, as at evaluation.
 DEFAULT_SYSTEM = (
     "A conversation between User and Assistant. The user asks a question, and the Assistant "
     "solves it. The assistant first thinks about the reasoning process in the mind and then "
@@ -38,7 +41,7 @@ DEFAULT_SYSTEM = (
     "<think> </think> and <answer> </answer> tags, respectively, i.e., <think> reasoning "
     "process here </think> \n<answer> answer here </answer>. Ensure that your answer is "
     "consistent with and directly derived from your thinking process, maintaining logical "
-    "coherence between the two sections."
+    "coherence between the two sections. User: . Assistant:"
 )
 
 DEFAULT_VIDEO_PREAMBLE = (
@@ -56,6 +59,8 @@ DEFAULT_TEMPLATE = (
     "{instruction}"
 )
 
+# This project's answer-format instructions. The official user turn has none; the paper
+# recipes set both to "" (then the user turn ends with the question and its options).
 DEFAULT_CHOICE_INSTRUCTION = (
     "Think about the question inside <think> </think>, then give only the letter of the "
     "one correct option inside <answer> </answer>."
@@ -73,6 +78,7 @@ class RecordsConfig(BaseModel):
     video_preamble: str = DEFAULT_VIDEO_PREAMBLE
     # Fields: {preamble}, {video_text}, {question} (question with options), {instruction}.
     template: str = DEFAULT_TEMPLATE
+    # Appended to the user turn; "" adds nothing (the official user turn).
     choice_instruction: str = DEFAULT_CHOICE_INSTRUCTION
     number_instruction: str = DEFAULT_NUMBER_INSTRUCTION
     # Every prompt is measured in tokens of this tokenizer: the policy's, which the pipeline
@@ -119,7 +125,7 @@ def build_record(row: dict[str, Any], video_text: str, cfg: RecordsConfig) -> di
         video_text=video_text.strip(),
         question=question,
         instruction=instruction,
-    )
+    ).rstrip()  # no trailing line where the instruction is empty
     return {
         "uid": row["uid"],
         "benchmark": row["benchmark"],
@@ -240,7 +246,8 @@ def run_records(catalog: Path, perception: Path, out: Path, cfg: RecordsConfig) 
 def prompt_token_limit(training: Any) -> int | None:
     """The longest prompt a training config's rollouts take: vLLM's ``max_model_length``
     less ``max_completion_length`` (prompt and completion share vLLM's context); None
-    without vLLM rollouts or a set length."""
+    without vLLM rollouts or a set length, or when the trainer's own ``max_prompt_length``
+    already cuts every prompt to fit."""
     vllm = getattr(training, "vllm", None)
     if vllm is None or vllm.max_model_length is None:
         return None
@@ -248,6 +255,11 @@ def prompt_token_limit(training: Any) -> int | None:
     if limit <= 0:
         raise ValueError(f"training.vllm.max_model_length {vllm.max_model_length} leaves no room for a prompt "
                          f"beside max_completion_length {training.max_completion_length}")
+    cut = getattr(training, "max_prompt_length", None)
+    if cut is not None and cut <= limit:
+        # The trainer cuts every prompt to max_prompt_length (from the left, as ms-swift
+        # did), so every record fits the rollouts: none is dropped here.
+        return None
     return limit
 
 

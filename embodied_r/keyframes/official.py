@@ -1,0 +1,218 @@
+"""Key frames chosen exactly as the official code chose them (``keyframes.mode: official``).
+
+The official code (``train/conver_format/utils.py`` of EmbodiedCity/Embodied-R.code):
+
+- samples one frame every ``int(fps)`` source frames (truncated: 29 for 29.97 fps), plus
+  the last frame;
+- runs ORB (OpenCV's defaults, 500 features) on each full-resolution sample, matches it
+  to the *last key frame* with a cross-check brute-force matcher (no ratio test, no
+  distance cut) and, with more than 10 matches, fits a homography by RANSAC (5 px);
+- measures the overlap by rasterising the reference frame and the current frame's warped
+  outline (corners truncated to integers) into two full-size masks;
+- keeps the sample as a key frame when the overlap is below the threshold, or when there
+  are no descriptors, no more than 10 matches or no homography; a kept frame becomes the
+  reference, a dropped one does not;
+- appends the last sample, then clamps the count: fewer than ``min_frames`` key frames are
+  discarded for ``min_frames`` frames taken from *all* samples, more than ``max_frames``
+  are thinned; both by ``constrained_sampling``, which keeps the first and last and picks
+  the rest at ``round(i * (n - 2) / (m - 2)) + 1``, so it leans towards the start.
+
+Differences kept on purpose: frames are streamed rather than all held in memory; a
+container that miscounts its frames still gets its true last frame; a sampling step
+below 1 frame (fps < 1) is 1 instead of the official crash; the chosen frames are saved
+as JPEGs directly, not first written to an mp4v video and read back.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import cv2
+import numpy as np
+
+from embodied_r.keyframes.video import FrameSampler, VideoError, probe_video, read_frames
+
+
+def constrained_sampling(items: Sequence[Any], m: int) -> list[Any]:
+    """The official thinning: ``items`` if at most ``m``, else the first, the items at
+    ``round(i * (n - 2) / (m - 2)) + 1`` for i = 0 .. m - 3 (Python's round: halves to
+    even), and the last. It always keeps the second item and leaves a gap before the
+    last, so it leans towards the start (10 items to 4: positions 0, 1, 5, 9)."""
+    n = len(items)
+    if n <= m:
+        return list(items)
+    if m <= 2:  # never asked by the official code (m is 4 or 32); its formula divides by zero
+        return [items[0], items[-1]][:m]
+    step = (n - 2) / (m - 2)
+    return [items[0], *[items[int(round(i * step)) + 1] for i in range(m - 2)], items[-1]]
+
+
+def official_step(fps: float, sample_fps: float = 1.0) -> int:
+    """Source frames between samples: ``int(fps)`` at 1 fps (truncated), at least 1."""
+    return max(1, int(fps / sample_fps))
+
+
+def sample_positions(frame_count: int, step: int) -> list[int]:
+    """The source frames the official code samples: 0, step, 2*step, ... and the last."""
+    keep = list(range(0, frame_count, step))
+    if frame_count > 0 and keep[-1] != frame_count - 1:
+        keep.append(frame_count - 1)
+    return keep
+
+
+class OfficialMatcher:
+    """ORB at full resolution, cross-check matching, RANSAC homography, mask overlap."""
+
+    def __init__(self, orb_features: int = 500, ransac_reproj_threshold: float = 5.0, min_matches: int = 10):
+        self.orb = cv2.ORB_create(nfeatures=orb_features)
+        self.bf = cv2.BFMatcher(cv2.NORM_HAMMING, crossCheck=True)
+        self.threshold = ransac_reproj_threshold
+        self.min_matches = min_matches
+
+    def features(self, image: np.ndarray) -> tuple[Any, Any, tuple[int, int]]:
+        gray = cv2.cvtColor(image, cv2.COLOR_BGR2GRAY) if image.ndim == 3 else image
+        keypoints, descriptors = self.orb.detectAndCompute(gray, None)
+        return keypoints, descriptors, gray.shape[:2]
+
+    def overlap(self, ref: tuple[Any, Any, tuple[int, int]], cur: tuple[Any, Any, tuple[int, int]]) -> float | None:
+        """The share of the reference frame covered by the current one; None when the
+        official code would keep the frame without measuring (no descriptors, too few
+        matches, no homography)."""
+        ref_kp, ref_des, (h, w) = ref
+        cur_kp, cur_des, _ = cur
+        if ref_des is None or cur_des is None:
+            return None
+        matches = sorted(self.bf.match(ref_des, cur_des), key=lambda m: m.distance)
+        if len(matches) <= self.min_matches:
+            return None
+        src = np.float32([ref_kp[m.queryIdx].pt for m in matches]).reshape(-1, 1, 2)
+        dst = np.float32([cur_kp[m.trainIdx].pt for m in matches]).reshape(-1, 1, 2)
+        homography, _ = cv2.findHomography(dst, src, cv2.RANSAC, self.threshold)
+        if homography is None:
+            return None
+        corners = np.float32([[0, 0], [w, 0], [w, h], [0, h]]).reshape(-1, 1, 2)
+        warped = cv2.perspectiveTransform(corners, homography)
+        return mask_overlap(corners, warped, w, h)
+
+
+def mask_overlap(corners: np.ndarray, warped: np.ndarray, w: int, h: int) -> float:
+    """The official ``calculate_overlap_ratio``: both outlines truncated to integers and
+    filled into w x h masks; the pixels in both over the frame's area. A degenerate fit
+    whose outline is not finite covers nothing (the official cast is undefined there);
+    far-away corners are clamped so that the cast to int32 cannot overflow."""
+    if not np.isfinite(warped).all():
+        return 0.0
+    a = np.zeros((h, w), np.uint8)
+    b = np.zeros((h, w), np.uint8)
+    cv2.fillPoly(a, np.int32([corners.reshape(-1, 2)]), 1)
+    limit = 1e6
+    cv2.fillPoly(b, np.int32([np.clip(warped.reshape(-1, 2), -limit, limit)]), 1)
+    return float(np.count_nonzero(cv2.bitwise_and(a, b))) / (w * h)
+
+
+def encode_jpeg(image: np.ndarray, max_side: int, quality: int) -> bytes:
+    """A frame as JPEG bytes, its longest side at most ``max_side`` (0: as it is)."""
+    h, w = image.shape[:2]
+    if max_side and max(h, w) > max_side:
+        s = max_side / max(h, w)
+        image = cv2.resize(image, (max(1, round(w * s)), max(1, round(h * s))), interpolation=cv2.INTER_AREA)
+    ok, buf = cv2.imencode(".jpg", image, [cv2.IMWRITE_JPEG_QUALITY, quality])
+    if not ok:
+        raise VideoError("encode_failed", "", "JPEG encoding failed")
+    return buf.tobytes()
+
+
+class _Spool:
+    """JPEG bytes in a temporary file: memory does not grow with the number of key frames."""
+
+    def __init__(self) -> None:
+        self.file = tempfile.TemporaryFile()
+        self.where: dict[int, tuple[int, int]] = {}
+
+    def put(self, index: int, data: bytes) -> None:
+        self.file.seek(0, os.SEEK_END)
+        self.where[index] = (self.file.tell(), len(data))
+        self.file.write(data)
+
+    def get(self, index: int) -> bytes:
+        offset, size = self.where[index]
+        self.file.seek(offset)
+        return self.file.read(size)
+
+    def close(self) -> None:
+        self.file.close()
+
+
+def extract_official(video_path: str | Path, cfg: Any, *, keep_images: bool = True) -> dict[str, Any]:
+    """Key frames of one video by the official rule, as the fields of a ``KeyframeResult``.
+    ``cfg`` is a ``KeyframeConfig``: sample_fps, overlap_threshold, min_frames, max_frames,
+    orb_features, ransac_reproj_threshold, min_matches, jpeg_max_side and jpeg_quality are
+    read; the fast mode's ratio test, inlier count and matching width are not."""
+
+    def encode(image: np.ndarray) -> bytes:
+        return encode_jpeg(image, cfg.jpeg_max_side, cfg.jpeg_quality)
+
+    start = time.perf_counter()
+    info = probe_video(video_path)
+    step = official_step(info.fps, cfg.sample_fps)
+    # The fill rule takes its frames from all samples: plan them from the container's count.
+    expected = sample_positions(info.frame_count, step)
+    planned = set(constrained_sampling(expected, cfg.min_frames)) if expected else set()
+    spool = _Spool() if keep_images else None
+    matcher = OfficialMatcher(cfg.orb_features, cfg.ransac_reproj_threshold, cfg.min_matches)
+    try:
+        # FrameSampler samples every round(fps / rate) frames: this rate gives the official step.
+        with FrameSampler(video_path, info.fps / step) as sampler:
+            samples: list[int] = []
+            kept: list[tuple[int, float, str]] = []
+            ref = None
+            for index, image, is_last in sampler:
+                samples.append(index)
+                feats = matcher.features(image)
+                overlap: float | None = None
+                if ref is None:
+                    reason: str | None = "first"
+                else:
+                    overlap = matcher.overlap(ref, feats)
+                    reason = ("match_failed" if overlap is None else
+                              "low_overlap" if overlap < cfg.overlap_threshold else None)
+                    if reason is None and is_last:
+                        reason = "last"  # appended after the loop in the official code
+                if reason is not None:
+                    if reason != "last":
+                        ref = feats
+                    kept.append((index, math.nan if overlap is None else overlap, reason))
+                if spool is not None and (reason is not None or index in planned):
+                    spool.put(index, encode(image))
+            n_frames, passes = sampler.frames_read, sampler.passes
+        if len(kept) < cfg.min_frames:
+            # Discard the key frames: min_frames of all the samples, by the same formula.
+            by_index = {k[0]: k for k in kept}
+            chosen = constrained_sampling(samples, cfg.min_frames)
+            kept = [by_index.get(i) or (i, math.nan, "fill") for i in chosen]
+        elif len(kept) > cfg.max_frames:
+            kept = constrained_sampling(kept, cfg.max_frames)
+        images = None
+        if spool is not None:
+            missing = [k[0] for k in kept if k[0] not in spool.where]
+            if missing:  # samples the container's count did not foresee: decode them again
+                passes += 1
+                frames = read_frames(video_path, missing)
+                for i in missing:
+                    if i not in frames:
+                        raise VideoError("unreadable", video_path, f"frame {i} could not be decoded again")
+                    spool.put(i, encode(frames[i]))
+            images = [spool.get(k[0]) for k in kept]
+    finally:
+        if spool is not None:
+            spool.close()
+    return dict(
+        video_path=str(video_path), fps=info.fps, n_frames=n_frames, width=info.width, height=info.height,
+        sample_step=step, n_samples=len(samples), indices=[k[0] for k in kept],
+        timestamps=[k[0] / info.fps for k in kept], overlaps=[k[1] for k in kept],
+        reasons=[k[2] for k in kept], images=images, seconds=time.perf_counter() - start, passes=passes)

@@ -1,0 +1,34 @@
+"""How the training rewards read completions: the named options a run records."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from embodied_r.scoring.answers import AnswerParser, ChoiceParser
+
+ReferenceDown = Literal["unscored", "zero"]
+
+
+class ScoringConfig(BaseModel):
+    """How the training rewards read completions; each choice is a named option a run
+    records. ``strict``/``unscored`` are this project's; ``official``/``zero`` the
+    official code's."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # Option letters: "strict" only inside the last <answer> block, exactly one option;
+    # "official" the official reward's scan of the whole completion, reasoning included
+    # (it reads "Option A. is wrong ... <answer>B</answer>" as A).
+    answer_parser: AnswerParser = "strict"
+    # The format reward: "strict" (non-empty blocks, no repeated tags, whitespace around
+    # allowed) or "official" (ms-swift's `format`: nothing before <think>, nothing after
+    # </answer>, not even a newline).
+    format_rule: AnswerParser = "strict"
+    # The consistency reward when the reference model cannot be reached: "unscored" (None:
+    # unknown is not wrong) or "zero" (the official code's 0).
+    consistency_when_reference_down: ReferenceDown = "unscored"
+
+    def choice_parser(self) -> ChoiceParser:
+        return "official_reward" if self.answer_parser == "official" else "strict"
