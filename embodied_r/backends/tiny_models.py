@@ -100,6 +100,11 @@ class _Spec(BaseModel):
     # thousand tokens with this small vocabulary.
     max_position_embeddings: int = 16384
     seed: int = 0
+    # Fixed texts kept as one token each, and more text for the BPE to learn from: a model
+    # trained on fixed prompts (the demo's perceiver) then reads a 500-token prompt as about
+    # 100 tokens, which is what makes training it on a CPU affordable.
+    phrases: tuple[str, ...] = ()
+    corpus: str = ""
 
     def digest(self) -> str:
         payload = {"build": BUILD_VERSION, "kind": type(self).__name__, **self.model_dump()}
@@ -110,21 +115,17 @@ class TinyLMSpec(_Spec):
     pass
 
 
+
 class TinyVLMSpec(_Spec):
     vision_hidden_size: int = 32
     vision_depth: int = 2
     vision_heads: int = 2
     # The processor's own pixel budget; backends resize images before it anyway.
     max_pixels: int = 112 * 112
-    # Fixed prompt texts kept as one token each, and more text for the BPE to learn from: a
-    # model trained on fixed prompts (the demo's perceiver) then reads a 500-token prompt as
-    # about 100 tokens, which is what makes training it on a CPU affordable.
-    phrases: tuple[str, ...] = ()
-    corpus: str = ""
 
 
-# Tiny models that need training rather than only building, registered by the package that
-# owns their training (backends may not import it): reference -> function giving the folder.
+# Tiny models built from another package's texts or trained by it, registered by that package
+# (backends may not import it): reference -> function giving the folder.
 TRAINED: dict[str, Callable[[], Path]] = {}
 
 
@@ -147,7 +148,8 @@ def resolve_model(ref: str) -> str:
         return str(TRAINED[ref]())
     if ref.startswith("tiny:"):
         raise ValueError(f"unknown tiny model {ref!r} (tiny:lm, tiny:vlm{''.join(', ' + r for r in TRAINED)}; "
-                         "tiny:vlm-perceiver is known once embodied_r.perception is imported)")
+                         "tiny:vlm-perceiver is known once embodied_r.perception is imported, "
+                         "tiny:lm-reasoner once embodied_r.training is)")
     return ref
 
 
@@ -251,7 +253,10 @@ def ensure_tiny_lm(root: Path, spec: TinyLMSpec = TinyLMSpec()) -> Path:
         import torch
         from transformers import Qwen2Config, Qwen2ForCausalLM
 
-        tok = train_tokenizer(spec.vocab_size, LM_SPECIAL)
+        from tokenizers import AddedToken
+
+        tok = train_tokenizer(spec.vocab_size, LM_SPECIAL, spec.corpus)
+        tok.add_tokens([AddedToken(p, normalized=False, special=False) for p in spec.phrases])
         torch.manual_seed(spec.seed)
         config = Qwen2Config(**_text_kwargs(spec, tok), tie_word_embeddings=True)
         model = Qwen2ForCausalLM(config)

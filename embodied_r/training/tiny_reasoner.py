@@ -1,0 +1,50 @@
+"""The demo's reasoner, ``tiny:lm-reasoner``: a tiny Qwen2 built for the policy's prompts.
+
+Its tokenizer keeps every fixed text of the reasoner's prompts as one token: the system
+prompt, the record template's fixed parts, the answer-format instructions and the
+consistency reference's prompts, and the four tags of the answer format. A 900-token prompt
+then reads as its content alone (the frames, the question, the options), which is what makes
+a warm start and three GRPO stages affordable on two CPU cores, and a well-formed reply is
+four tokens of structure around its content. The weights are random until the warm start.
+
+Registered under ``backends.tiny_models.TRAINED`` when ``embodied_r.training`` is imported.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from embodied_r.backends.tiny_models import TRAINED, TinyLMSpec, ensure_tiny_lm, home
+from embodied_r.scoring.rewards import REFERENCE_SYSTEM, REFERENCE_TEMPLATE_CHOICE, REFERENCE_TEMPLATE_NUMBER
+from embodied_r.training import records
+
+REASONER_REF = "tiny:lm-reasoner"
+TAGS = ("<think>", "</think>", "<answer>", "</answer>")
+# The words of the warm start's reasoning traces (``warmstart.think_text``), for the BPE's merges.
+CORPUS = "\n".join([
+    "I move forward, then rotate left, then move up. I see the red cube and the blue sphere. So A.",
+    "I rotate right, then tilt down, then move backward. I see nothing of the question. So B: I turn left.",
+    "I move left, then move right, then move down, then tilt up. I see the green cylinder. So C: I rise.",
+    "So D: I descend. So E: I fly forward. So F: I fly backward. So G: I rotate the camera upward.",
+])
+
+
+def fixed_parts(template: str) -> list[str]:
+    """The text between a template's ``{fields}`` (whitespace-only parts left out)."""
+    return [part for part in re.split(r"\{\w+\}", template) if part.strip()]
+
+
+def reasoner_spec() -> TinyLMSpec:
+    phrases = [records.DEFAULT_SYSTEM, records.DEFAULT_VIDEO_PREAMBLE, *fixed_parts(records.DEFAULT_TEMPLATE),
+               records.DEFAULT_CHOICE_INSTRUCTION, records.DEFAULT_NUMBER_INSTRUCTION, REFERENCE_SYSTEM,
+               *fixed_parts(REFERENCE_TEMPLATE_CHOICE), *fixed_parts(REFERENCE_TEMPLATE_NUMBER), *TAGS]
+    return TinyLMSpec(hidden_size=96, intermediate_size=192, num_hidden_layers=3, num_attention_heads=4,
+                      num_key_value_heads=2, phrases=tuple(dict.fromkeys(phrases)), corpus=CORPUS)
+
+
+def ensure_reasoner() -> Path:
+    return ensure_tiny_lm(home() / "models", reasoner_spec())
+
+
+TRAINED[REASONER_REF] = ensure_reasoner
