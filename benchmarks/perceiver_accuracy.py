@@ -7,8 +7,9 @@ Trains the perceiver as the demo does (or finds it cached in the home), then, in
 process, reads ``--clips`` held-out clips (seeds apart from the training clips and from the
 demo benchmark) through the perception stage's prompts, the transformers backend and the
 stage's parser, with the trained and with the untrained model. Prints the share of frame
-pairs whose action is named right and the share of objects named right (of the objects in
-view or named, those both in view and named), and the training time.
+pairs whose action is named right, the recall of the objects truly in view (the share of
+them named) and the precision of the objects named (the share of them truly in view), the
+replies' length, and the training time with the load average it ran under.
 """
 
 from __future__ import annotations
@@ -36,9 +37,11 @@ def main() -> int:
     from embodied_r.perception.perceiver import PerceiverTraining, ensure_perceiver, measure
 
     cfg = PerceiverTraining() if args.steps is None else PerceiverTraining(steps=args.steps)
+    load_before = os.getloadavg()
     started = time.perf_counter()
     trained = ensure_perceiver(cfg=cfg)
     ready = time.perf_counter() - started
+    load_after = os.getloadavg()
     report = json.loads((trained / "perceiver_training.json").read_text())
     untrained = ensure_tiny_vlm(home() / "models", cfg.spec)
     rows = []
@@ -51,10 +54,14 @@ def main() -> int:
           f"{report['train_seconds']:.1f} s (data {report['data_seconds']:.1f} s; "
           f"this run {'trained it' if ready > 5 else 'found it cached'} in {ready:.1f} s), "
           f"loss {report['first_loss']:.2f} -> {report['last_loss']:.2f}")
+    if ready > 5:
+        print(f"  load average (1 min) before {load_before[0]:.2f}, after {load_after[0]:.2f} "
+              f"on {os.cpu_count()} cores")
     print(f"  held-out: {args.clips} clips, {rows[0][1]['pairs']} frame pairs, {rows[0][1]['frames']} frames")
-    print(f"  {'model':10s} {'actions':>8s} {'objects':>8s} {'seconds':>8s}")
+    print(f"  {'model':10s} {'actions':>8s} {'obj-rec':>8s} {'obj-prec':>8s} {'tokens':>7s} {'seconds':>8s}")
     for name, scores, seconds in rows:
-        print(f"  {name:10s} {scores['action_accuracy']:8.3f} {scores['object_accuracy']:8.3f} {seconds:8.1f}")
+        print(f"  {name:10s} {scores['action_accuracy']:8.3f} {scores['object_recall']:8.3f} "
+              f"{scores['object_precision']:8.3f} {scores['reply_tokens']:7.1f} {seconds:8.1f}")
     print(f"  example reply (trained): {rows[1][1]['example']}")
     return 0
 

@@ -1,9 +1,9 @@
 """The demo's perceiver: its truth, its replies, and that training makes it perceive.
 
 The slow test trains the perceiver exactly as the demo does and measures it on held-out
-clips through the stage's own prompts, backend and parser. It fails when the training is
-broken: with ``shuffle_labels=True`` (each frame taught another frame's reply) it scores
-far below the targets.
+clips through the stage's own prompts, backend and parser, against the 70 % targets for
+actions and for the objects in view (recall), with the precision of the objects named held
+to the same bar so that naming everything cannot pass.
 """
 
 from __future__ import annotations
@@ -13,18 +13,24 @@ import os
 import numpy as np
 import pytest
 
-from embodied_r.backends.tiny_models import resolve_model
+from embodied_r.backends.base import BackendConfig
+from embodied_r.backends.tiny_models import IM_END, ensure_tiny_vlm, resolve_model
 from embodied_r.perception import prompts
 from embodied_r.perception.parse import FrameInfo, frame_reply, parse_frame_response
 from embodied_r.perception.perceiver import (
     HELD_OUT_SEED,
     NOTHING,
     PERCEIVER_REF,
+    REPLY_FORMAT,
     TRAIN_SEED,
     PerceiverTraining,
     clip_items,
+    collate,
+    encode_items,
     ensure_perceiver,
     measure,
+    sampling_weights,
+    score_replies,
     truth,
 )
 from embodied_r.synthetic.views import MIN_EFFECT, dominant_motion, make_clips
@@ -74,10 +80,60 @@ def test_the_reference_needs_perception_imported_to_train_and_seeds_are_apart() 
     assert abs(HELD_OUT_SEED - TRAIN_SEED) > 10_000
 
 
-# The demo's learning targets (issue 13) are not met yet and a run takes well over ten
-# minutes on two cores: these run only when asked for.
+def test_training_batches_are_what_the_backend_prepares(tmp_path) -> None:
+    """Calls encoded once and stacked per step give the very batch the backend's processor
+    makes of the same prompts and replies, and the targets are the replies' tokens only."""
+    from embodied_r.backends.hf_local import TransformersBackend
+
+    cfg = PerceiverTraining()
+    backend = TransformersBackend(BackendConfig(kind="transformers", model=str(ensure_tiny_vlm(tmp_path, cfg.spec)),
+                                                device="cpu", max_pixels=cfg.max_pixels))
+    items = clip_items(make_clips(HELD_OUT_SEED, "urban")[0], tmp_path, "c", 320, np.random.default_rng(0))[:4]
+    batch, keep, targets = collate(encode_items(backend, items), backend.tokenizer.pad_token_id)
+    prepared = [backend._prepare(conv) for conv, _, _ in items]
+    reference = backend._encode([(text + frame_reply(info, first, REPLY_FORMAT) + IM_END, images)
+                                 for (text, images), (_, info, first) in zip(prepared, items)])
+    assert set(batch) == set(reference)
+    for key in reference:
+        assert reference[key].shape == batch[key].shape and (reference[key] == batch[key]).all(), key
+    for row, (_, info, first) in enumerate(items):
+        reply = backend.tokenizer.decode([t for t in targets[row].tolist() if t != -100])
+        assert reply == frame_reply(info, first, REPLY_FORMAT) + IM_END
+    assert keep == targets.shape[1] + 1
+
+
+def test_actions_are_drawn_towards_balance() -> None:
+    def call(action: str, first: bool = False):
+        return (None, FrameInfo(action, "", "", "json"), first)
+
+    items = [call("", True)] * 2 + [call("rotate left")] * 6 + [call("move up")] * 2
+    even = sampling_weights(items, 1.0)
+    assert even[2:8].sum() == pytest.approx(even[8:].sum())  # each action drawn as often
+    assert even[2:].sum() == pytest.approx(0.8)  # pairs keep their share of the draws
+    assert sampling_weights(items, 0.0) == pytest.approx(np.full(10, 0.1))
+
+
+def test_object_scores_count_misses_and_wrong_names() -> None:
+    truths = [(FrameInfo("", "red cube, blue cylinder", "none", "json"), True),
+              (FrameInfo("rotate left", NOTHING, "none", "json"), False)]
+    perfect = [frame_reply(info, first, REPLY_FORMAT) for info, first in truths]
+    assert score_replies(truths, perfect) == {"frames": 2, "pairs": 1, "action_accuracy": 1.0,
+                                             "object_recall": 1.0, "object_precision": 1.0}
+    everything = [frame_reply(FrameInfo(info.action, "red cube, blue cylinder, green sphere, chair", "", "json"),
+                              first, REPLY_FORMAT) for info, first in truths]
+    scores = score_replies(truths, everything)
+    assert scores["object_recall"] == 1.0 and scores["object_precision"] == pytest.approx(2 / 8)
+    half = [frame_reply(FrameInfo("", "red cube", "", "json"), True, REPLY_FORMAT),
+            frame_reply(FrameInfo("rotate right", NOTHING, "", "json"), False, REPLY_FORMAT)]
+    scores = score_replies(truths, half)
+    assert scores["object_recall"] == 0.5 and scores["object_precision"] == 1.0
+    assert scores["action_accuracy"] == 0.0
+
+
+# The demo's learning targets are not met yet and a run takes minutes on two cores: this
+# runs only when asked for.
 LEARNING = pytest.mark.skipif(not os.environ.get("EMBODIED_R_LEARNING_TESTS"),
-                              reason="the demo-learning targets are not met yet (issue 13); "
+                              reason="the perceiver's 70 % targets are not met yet; "
                                      "set EMBODIED_R_LEARNING_TESTS=1 to run")
 
 
@@ -89,4 +145,5 @@ def test_trained_perceiver_names_actions_and_objects_on_held_out_clips() -> None
     assert resolve_model(PERCEIVER_REF) == str(folder)
     scores = measure(folder, clips=8)
     assert scores["action_accuracy"] >= TARGET, scores
-    assert scores["object_accuracy"] >= TARGET, scores
+    assert scores["object_recall"] >= TARGET, scores
+    assert scores["object_precision"] >= TARGET, scores

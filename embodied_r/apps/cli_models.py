@@ -51,5 +51,6 @@ def cmd_perceiver(_: argparse.Namespace) -> int:
     print(f"{PERCEIVER_REF}: {folder} (ready in {time.time() - started:.1f} s)")
     scores = measure(folder)
     print(f"held-out clips: actions {scores['action_accuracy']:.3f} of {scores['pairs']} pairs, "
-          f"objects {scores['object_accuracy']:.3f} over {scores['frames']} frames")
+          f"objects in view named {scores['object_recall']:.3f} (recall), objects named in view "
+          f"{scores['object_precision']:.3f} (precision) over {scores['frames']} frames")
     return 0
