@@ -4,9 +4,7 @@ stage), the stage configs (``config``), the trainer process and its launch
 SFT baseline's trainer (``sft``, child ``sft_child``); what the parent settles before a
 trainer starts: the policy as a causal LM (``policy``) and room for its checkpoints
 (``disk``); TRL configs built from the installed library's own names (``trl_args``); the
-demo's tiny reasoner, built for the policy's prompts (``tiny_reasoner``, registered here).
+demo's tiny reasoner, built for the policy's prompt texts (``prompts``, ``tiny_reasoner``).
 
 May import: the core, ``backends`` and ``scoring``.
 """
-
-from embodied_r.training import tiny_reasoner as _tiny_reasoner  # noqa: E402,F401  (registers tiny:lm-reasoner)

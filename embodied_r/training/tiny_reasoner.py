@@ -17,7 +17,13 @@ from pathlib import Path
 
 from embodied_r.backends.tiny_models import TRAINED, TinyLMSpec, ensure_tiny_lm, home
 from embodied_r.scoring.rewards import REFERENCE_SYSTEM, REFERENCE_TEMPLATE_CHOICE, REFERENCE_TEMPLATE_NUMBER
-from embodied_r.training import records
+from embodied_r.training.prompts import (
+    DEFAULT_CHOICE_INSTRUCTION,
+    DEFAULT_NUMBER_INSTRUCTION,
+    DEFAULT_SYSTEM,
+    DEFAULT_TEMPLATE,
+    DEFAULT_VIDEO_PREAMBLE,
+)
 
 REASONER_REF = "tiny:lm-reasoner"
 TAGS = ("<think>", "</think>", "<answer>", "</answer>")
@@ -36,8 +42,8 @@ def fixed_parts(template: str) -> list[str]:
 
 
 def reasoner_spec() -> TinyLMSpec:
-    phrases = [records.DEFAULT_SYSTEM, records.DEFAULT_VIDEO_PREAMBLE, *fixed_parts(records.DEFAULT_TEMPLATE),
-               records.DEFAULT_CHOICE_INSTRUCTION, records.DEFAULT_NUMBER_INSTRUCTION, REFERENCE_SYSTEM,
+    phrases = [DEFAULT_SYSTEM, DEFAULT_VIDEO_PREAMBLE, *fixed_parts(DEFAULT_TEMPLATE),
+               DEFAULT_CHOICE_INSTRUCTION, DEFAULT_NUMBER_INSTRUCTION, REFERENCE_SYSTEM,
                *fixed_parts(REFERENCE_TEMPLATE_CHOICE), *fixed_parts(REFERENCE_TEMPLATE_NUMBER), *TAGS]
     return TinyLMSpec(hidden_size=96, intermediate_size=192, num_hidden_layers=3, num_attention_heads=4,
                       num_key_value_heads=2, phrases=tuple(dict.fromkeys(phrases)), corpus=CORPUS)
