@@ -61,7 +61,7 @@ class KeyframeConfig(BaseModel):
     jpeg_max_side: int = Field(640, ge=0, description="longest side of saved frames; 0 = source")
     jpeg_quality: int = Field(90, ge=1, le=100)
     workers: int = Field(0, ge=0, description="video processes; 0 = one per core")
-    cv_threads: int = Field(0, ge=0, description="OpenCV threads per process; 0 = cores/workers")
+    cv_threads: int = Field(0, ge=0, description="OpenCV threads per process; 0 = its share of the cores")
     decode_threads: int = Field(1, ge=0, description="FFmpeg threads per video; 0 = one per core")
     decode_ahead: int = Field(4, ge=0, description="sampled frames decoded ahead in a second thread; 0 = none")
     cache: bool = Field(True, description="reuse key frames of a video with the same content and parameters")
@@ -76,7 +76,8 @@ class KeyframeConfig(BaseModel):
     def output_params(self) -> dict[str, Any]:
         """The settings that decide which frames are kept and how they are saved (not how
         the work is spread over processes and threads, nor where the cache lives)."""
-        return self.model_dump(exclude={"workers", "cv_threads", "decode_threads", "decode_ahead", "cache", "cache_dir"})
+        return self.model_dump(exclude={"workers", "cv_threads", "decode_threads", "decode_ahead", "cache",
+                                        "cache_dir"})
 
 
 @dataclass
