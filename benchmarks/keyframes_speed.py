@@ -206,16 +206,18 @@ def measure(path: Path, repeat: int) -> dict:
     return out
 
 
-def measure_reference(rev: str, paths: list[Path], repeat: int) -> dict[str, dict] | None:
+def measure_reference(rev: str, paths: list[Path], repeat: int, cv_threads: int) -> dict[str, dict] | None:
     """``measure`` run by the package of git revision ``rev``, in a subprocess."""
     root = Path(__file__).resolve().parents[1]
-    archive = subprocess.run(["git", "-C", str(root), "archive", rev, "embodied_r"], capture_output=True)
+    archive = subprocess.run(["git", "-C", str(root), "archive", rev, "embodied_r"], capture_output=True,
+                             check=False)
     if archive.returncode:
         print(f"no reference: git archive {rev}: {archive.stderr.decode().strip()}")
         return None
     with tempfile.TemporaryDirectory(prefix="kf-ref-") as code:
         subprocess.run(["tar", "-x", "-C", code], input=archive.stdout, check=True)
-        proc = subprocess.run([sys.executable, __file__, "--measure", *map(str, paths), "--repeat", str(repeat)],
+        proc = subprocess.run([sys.executable, __file__, "--measure", *map(str, paths), "--repeat", str(repeat),
+                               "--cv-threads", str(cv_threads)],
                               env={**os.environ, "KF_BENCH_CODE": code}, capture_output=True, text=True, check=True)
         out = json.loads(proc.stdout.splitlines()[-1])
     if any(m["code"] != code for m in out.values()):
@@ -239,8 +241,15 @@ def main() -> None:
     ap.add_argument("--reference", default="main",
                     help="git revision whose extractor must keep the same frames ('' to skip)")
     ap.add_argument("--no-original", action="store_true", help="skip the original approach and sha256")
+    ap.add_argument("--cv-threads", type=int, default=None,
+                    help="OpenCV threads (default: what the key-frame stage gives one video on this machine)")
     ap.add_argument("--measure", nargs="+", type=Path, help=argparse.SUPPRESS)  # the reference subprocess
     args = ap.parse_args()
+    if args.cv_threads is None:
+        from embodied_r.keyframes.stage import opencv_threads
+
+        args.cv_threads = opencv_threads(KeyframeConfig(), workers=1, cores=os.cpu_count() or 1)
+    cv2.setNumThreads(args.cv_threads)  # the reference revision runs with the same setting
     if args.measure:
         print(json.dumps({str(p): measure(p, args.repeat) for p in args.measure}))
         return
@@ -270,7 +279,7 @@ def main() -> None:
                 rows.append(r)
                 print(f"done {path.name} (load average {r['load']:.2f})", flush=True)
         if args.reference:
-            ref = measure_reference(args.reference, [Path(r["path"]) for r in rows], args.repeat)
+            ref = measure_reference(args.reference, [Path(r["path"]) for r in rows], args.repeat, args.cv_threads)
     finally:
         if args.folder is None:
             shutil.rmtree(folder, ignore_errors=True)
@@ -278,7 +287,7 @@ def main() -> None:
     print("\nOurs against decode-only in this process: wall = frames per wall-clock second, cpu = CPU seconds "
           "of all threads; the baseline is the cheaper decode (OpenCV's default FFmpeg threads or one).")
     head = ("video", "frames", "load", "decode wall s (default/1t)", "decode CPU s (default/1t)", "ours wall s",
-            "ours CPU s", "decode f/s", "ours f/s", "wall ratio", "CPU ratio",
+            "ours CPU s", "decode f/s", "ours f/s", "wall ratio", "CPU ratio", "CPU ratio to default decode",
             f"{args.reference or 'ref'} wall ratio", f"{args.reference or 'ref'} CPU ratio", "same kf")
     print("\n| " + " | ".join(head) + " |\n|" + "---|" * len(head))
     for r in rows:
@@ -289,7 +298,8 @@ def main() -> None:
         dec_wall = min(r["dec_default_wall"], r["dec_1_wall"])
         print(f"| {r['video']} | {n} | {r['load']:.1f} | {r['dec_default_wall']:.3f}/{r['dec_1_wall']:.3f} | "
               f"{r['dec_default_cpu']:.3f}/{r['dec_1_cpu']:.3f} | {r['ext_wall']:.3f} | {r['ext_cpu']:.3f} | "
-              f"{n / dec_wall:.0f} | {n / r['ext_wall']:.0f} | {wr:.2f}x | {cr:.2f}x | {rw} | {rc} | {same} |")
+              f"{n / dec_wall:.0f} | {n / r['ext_wall']:.0f} | {wr:.2f}x | {cr:.2f}x | "
+              f"{r['dec_default_cpu'] / r['ext_cpu']:.2f}x | {rw} | {rc} | {same} |")
     if args.no_original:
         return
     head = ("video", "MB", "orig f/s", "speed-up", "ceiling", "speed-up (wall)", "sha256/ours", "ours peak MB",
