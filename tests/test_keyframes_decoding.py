@@ -52,6 +52,7 @@ def test_key_frames_of_a_varied_flight_are_pinned(flight):
     {"min_frames": 2, "max_frames": 1000},  # the rule alone
     {"sample_fps": 3.0, "max_frames": 12},  # thinned
     {"min_frames": 16},  # topped up
+    {"mode": "official"},  # the official rule, decoded the same way
 ])
 def test_decoding_ahead_or_single_threaded_keeps_the_same_frames(flight, config):
     inline = extract_keyframes(flight, KeyframeConfig(**config, decode_threads=0, decode_ahead=0))
