@@ -63,7 +63,7 @@ class KeyframeConfig(BaseModel):
     workers: int = Field(0, ge=0, description="video processes; 0 = one per core")
     cv_threads: int = Field(0, ge=0, description="OpenCV threads per process; 0 = its share of the cores")
     decode_threads: int = Field(1, ge=0, description="FFmpeg threads per video; 0 = one per core")
-    decode_ahead: int = Field(4, ge=0, description="sampled frames decoded ahead in a second thread; 0 = none")
+    decode_ahead: int = Field(2, ge=0, description="sampled frames decoded ahead in a second thread; 0 = none")
     cache: bool = Field(True, description="reuse key frames of a video with the same content and parameters")
     cache_dir: str | None = Field(None, description="default: $EMBODIED_R_HOME/cache/keyframes")
 

@@ -8,7 +8,7 @@ FFmpeg's own frame threads cost more CPU than they save on small streams and a 2
 (about a third more CPU for 360p MPEG-4 here), so a sampler can decode with fewer of them and
 instead decode ahead in a second thread, overlapping decoding with whatever the caller does with
 the frames. OpenCV releases the GIL while it decodes, so the two run on two cores; a bounded
-queue keeps memory flat.
+queue keeps memory flat (at most ``ahead`` + 2 frames held at once, whatever the length).
 """
 
 from __future__ import annotations
