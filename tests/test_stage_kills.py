@@ -104,7 +104,10 @@ def database(path: Path) -> dict[str, Any]:
         return {name: con.execute(f"SELECT * FROM {name} ORDER BY ALL").fetchall() for name in names}
 
 
-def test_killed_convert_resumes_to_the_uninterrupted_result(tmp_path: Path) -> None:
+# After train and val are written; after every table, before the summary.
+@pytest.mark.parametrize("n, written", [(2, ["train.parquet", "val.parquet"]),
+                                        (4, ["failures.parquet", "test.parquet", "train.parquet", "val.parquet"])])
+def test_killed_convert_resumes_to_the_uninterrupted_result(tmp_path: Path, n: int, written: list[str]) -> None:
     rows = [catalog_row(f"urbanvideo:{i}", split=("train", "train", "val", "test")[i % 4]) for i in range(12)]
     texts = {r["uid"]: VIDEO for r in rows[:-1]}  # the last question has no perception text: a failure
     catalog, perception = write_inputs(tmp_path, rows, texts)
@@ -116,8 +119,8 @@ def test_killed_convert_resumes_to_the_uninterrupted_result(tmp_path: Path) -> N
         "from embodied_r.training.records import RecordsConfig, run_records\n"
         f"run_records(Path({str(catalog)!r}), Path({str(perception)!r}), Path({str(out)!r}), RecordsConfig())\n"
     )
-    kill_at_item(code, "convert", 2, tmp_path)  # train and val written, test and failures not
-    assert sorted(p.name for p in partial_path(out).iterdir()) == ["train.parquet", "val.parquet"]
+    kill_at_item(code, "convert", n, tmp_path)
+    assert sorted(p.name for p in partial_path(out).iterdir()) == written
 
     run_records(catalog, perception, out, RecordsConfig())
     assert_same_output(out, whole)
