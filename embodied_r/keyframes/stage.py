@@ -29,6 +29,7 @@ import pyarrow.parquet as pq
 
 from embodied_r import schemas
 from embodied_r import progress
+from embodied_r.faults import item_done
 from embodied_r.io import (ItemLog, is_complete, read_summary, stage_folder, table_from_records,
                            write_parquet_atomic, write_summary)
 from embodied_r.keyframes.extract import KeyframeConfig, extract_keyframes
@@ -214,6 +215,7 @@ def run_keyframes(catalog: Path, out: Path, cfg: KeyframeConfig | None = None) -
         threads = opencv_threads(cfg, workers, cores)
         for n, record in enumerate(_process_all(todo, work, cfg, cache, workers, threads), start=1):
             log.append(record)
+            item_done("keyframes")
             progress.update("keyframes", len(done) + n, len(videos))
         records = {r["video_id"]: r for r in log.read()}
         finished = [records[v] for v, _ in videos if v in records]
