@@ -1,28 +1,42 @@
 """Key-frame extraction speed and memory, against decoding alone and the original approach.
 
 Run:  python benchmarks/keyframes_speed.py [--short 60 --long 180 --sizes 640x360,1280x720]
+                                           [--reference main] [--repeat 3]
 
 Synthetic videos (30 fps, slow and fast motion) are generated into a temporary folder. In one
-process, each video is timed these ways (best of --repeat runs):
-  decode   every frame grab()-ed, nothing else (the floor for any method that must decode)
+process, each video is timed these ways (best of --repeat runs, the methods taken in turn
+within each round so that a change in the machine's load hits them alike):
+  decode   every frame grab()-ed, nothing else (the floor for any method that must decode),
+           with OpenCV's default FFmpeg threads (one per core) and with one thread; the
+           cheaper of the two, in wall-clock and in CPU time separately, is the baseline
   ours     embodied_r.keyframes.extract_keyframes with its defaults (JPEGs of kept frames included)
   original the official code (train/conver_format/utils.py of github.com/EmbodiedCity/Embodied-R.code)
            written plainly: every frame read() (decoded and converted), one frame a second kept
            in a list, full-resolution ORB on those kept frames only, cross-check matching,
            overlap from two full-size masks, key frames written as an mp4v video
   sha256   hashing the video file, which the key-frame cache does before extracting
-Peak memory is measured in a second pass with tracemalloc (OpenCV's frames are numpy arrays,
-so tracemalloc sees them), so the timings are not slowed by tracing. "ceiling" is the
-speed-up over the original that a method would reach if it cost nothing beyond grabbing every
-frame (original time / decode time): OpenCV must decode every frame of these streams (each
-frame depends on the ones before), so no extractor built on it can pass that line.
+The first table gives throughput (frames per second of wall-clock time) and the ratios of ours
+to decode-only in wall-clock time (what a user waits for; ours decodes ahead in a second thread)
+and in CPU time (all threads of the process: the work done, whatever else the machine runs).
+"same kf" checks that ours keeps exactly the frames (indices, reasons and overlaps, with and
+without the [4, 32] clamp) that the extractor of the git revision --reference keeps; that
+revision runs in a subprocess from a `git archive` of it, which also times it against its own
+decode-only baseline ("ref" columns). Peak memory is measured in a second pass with tracemalloc
+(OpenCV's frames are numpy arrays, so tracemalloc sees them), so the timings are not slowed by
+tracing. "ceiling" is the speed-up over the original that a method would reach if it cost
+nothing beyond grabbing every frame (original time / decode time): OpenCV must decode every
+frame of these streams (each frame depends on the ones before), so no extractor built on it
+can pass that line.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -32,7 +46,8 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# KF_BENCH_CODE: run another revision's package (see measure_reference).
+sys.path.insert(0, os.environ.get("KF_BENCH_CODE") or str(Path(__file__).resolve().parents[1]))
 from embodied_r.io import sha256_file  # noqa: E402
 from embodied_r.keyframes.extract import KeyframeConfig, extract_keyframes  # noqa: E402
 from embodied_r.synthetic.world import write_motion_video  # noqa: E402
@@ -41,6 +56,7 @@ from embodied_r.synthetic.world import write_motion_video  # noqa: E402
 PATTERN = [("turn right", 4.0, 15.0), ("fly forward", 3.0, 1.15), ("turn left", 2.0, 70.0),
            ("hover", 3.0, 0.0), ("rise", 2.0, 4.0), ("fly backward", 3.0, 1.15),
            ("turn right", 3.0, 40.0), ("descend", 2.0, 4.0), ("turn left", 2.0, 10.0)]
+UNCLAMPED = KeyframeConfig(min_frames=2, max_frames=1_000_000)  # the rule alone, no fill or thinning
 
 
 def make_video(path: Path, seconds: float, width: int, height: int) -> Path:
@@ -54,8 +70,9 @@ def make_video(path: Path, seconds: float, width: int, height: int) -> Path:
     return write_motion_video(path, motions, seed=1, width=width, height=height, fps=30.0)
 
 
-def decode_only(path: Path) -> int:
-    cap = cv2.VideoCapture(str(path))
+def decode_only(path: Path, threads: int = 0) -> int:
+    cap = (cv2.VideoCapture(str(path), cv2.CAP_ANY, [cv2.CAP_PROP_N_THREADS, threads]) if threads
+           else cv2.VideoCapture(str(path)))
     n = 0
     while cap.grab():
         n += 1
@@ -157,20 +174,91 @@ def peak_mb(fn, *args) -> float:
     return peak / 1e6
 
 
+def in_turns(methods: dict[str, tuple], repeat: int) -> dict[str, tuple[float, float, object]]:
+    """Best wall-clock and CPU seconds of each method, the methods run in turn ``repeat`` times."""
+    best: dict[str, tuple[float, float, object]] = {k: (math.inf, math.inf, None) for k in methods}
+    for _ in range(repeat):
+        for name, (fn, *args) in methods.items():
+            w0, c0 = time.perf_counter(), time.process_time()
+            out = fn(*args)
+            wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+            best[name] = (min(best[name][0], wall), min(best[name][1], cpu), out)
+    return best
+
+
+def selection(res) -> dict:
+    return {"indices": res.indices, "reasons": res.reasons,
+            "overlaps": [None if math.isnan(o) else o for o in res.overlaps]}
+
+
+def measure(path: Path, repeat: int) -> dict:
+    """Decode-only (OpenCV's default threads and one thread) and the extractor, timed in turns
+    in this process, and the frames the extractor keeps with and without the clamp."""
+    t = in_turns({"dec_default": (decode_only, path), "dec_1": (decode_only, path, 1),
+                  "ext": (extract_keyframes, path, KeyframeConfig())}, repeat)
+    out = {f"{k}_{m}": v[i] for k, v in t.items() for i, m in enumerate(("wall", "cpu"))}
+    out["frames"] = t["dec_default"][2]
+    out["kf"] = len(t["ext"][2])
+    out["selection"] = {"clamped": selection(t["ext"][2]),
+                        "unclamped": selection(extract_keyframes(path, UNCLAMPED, keep_images=False))}
+    out["load"] = os.getloadavg()[0]
+    out["code"] = str(Path(sys.modules[extract_keyframes.__module__].__file__).parents[2])
+    return out
+
+
+def measure_reference(rev: str, paths: list[Path], repeat: int, cv_threads: int) -> dict[str, dict] | None:
+    """``measure`` run by the package of git revision ``rev``, in a subprocess."""
+    root = Path(__file__).resolve().parents[1]
+    archive = subprocess.run(["git", "-C", str(root), "archive", rev, "embodied_r"], capture_output=True,
+                             check=False)
+    if archive.returncode:
+        print(f"no reference: git archive {rev}: {archive.stderr.decode().strip()}")
+        return None
+    with tempfile.TemporaryDirectory(prefix="kf-ref-") as code:
+        subprocess.run(["tar", "-x", "-C", code], input=archive.stdout, check=True)
+        proc = subprocess.run([sys.executable, __file__, "--measure", *map(str, paths), "--repeat", str(repeat),
+                               "--cv-threads", str(cv_threads)],
+                              env={**os.environ, "KF_BENCH_CODE": code}, capture_output=True, text=True, check=True)
+        out = json.loads(proc.stdout.splitlines()[-1])
+    if any(m["code"] != code for m in out.values()):
+        raise RuntimeError("the reference subprocess did not import the reference code")
+    return out
+
+
+def ratio(r: dict) -> tuple[float, float]:
+    """Wall-clock and CPU ratio of the extractor to the cheaper decode-only run (each separately)."""
+    return (min(r["dec_default_wall"], r["dec_1_wall"]) / r["ext_wall"],
+            min(r["dec_default_cpu"], r["dec_1_cpu"]) / r["ext_cpu"])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--short", type=float, default=60.0, help="seconds of the short video")
     ap.add_argument("--long", type=float, default=180.0, help="seconds of the long video")
     ap.add_argument("--sizes", default="640x360,1280x720")
-    ap.add_argument("--repeat", type=int, default=2, help="timed runs per method; the best counts")
+    ap.add_argument("--repeat", type=int, default=3, help="timed runs per method; the best counts")
     ap.add_argument("--folder", type=Path, default=None, help="keep the videos here (default: temporary)")
+    ap.add_argument("--reference", default="main",
+                    help="git revision whose extractor must keep the same frames ('' to skip)")
+    ap.add_argument("--no-original", action="store_true", help="skip the original approach and sha256")
+    ap.add_argument("--cv-threads", type=int, default=None,
+                    help="OpenCV threads (default: what the key-frame stage gives one video on this machine)")
+    ap.add_argument("--measure", nargs="+", type=Path, help=argparse.SUPPRESS)  # the reference subprocess
     args = ap.parse_args()
+    if args.cv_threads is None:
+        from embodied_r.keyframes.stage import opencv_threads
+
+        args.cv_threads = opencv_threads(KeyframeConfig(), workers=1, cores=os.cpu_count() or 1)
+    cv2.setNumThreads(args.cv_threads)  # the reference revision runs with the same setting
+    if args.measure:
+        print(json.dumps({str(p): measure(p, args.repeat) for p in args.measure}))
+        return
     folder = args.folder or Path(tempfile.mkdtemp(prefix="kf-bench-"))
     folder.mkdir(parents=True, exist_ok=True)
     cfg = KeyframeConfig()
-    unclamped = KeyframeConfig(min_frames=2, max_frames=1_000_000)  # the rule alone, no fill or thinning
-    print(f"OpenCV {cv2.__version__}, {cv2.getNumThreads()} threads, {os.cpu_count()} cores; videos in {folder}")
-    rows = []
+    print(f"OpenCV {cv2.__version__}, {cv2.getNumThreads()} threads, {os.cpu_count()} cores; videos in {folder}; "
+          f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    rows, ref = [], None
     try:
         for size in args.sizes.split(","):
             w, h = (int(v) for v in size.split("x"))
@@ -179,32 +267,51 @@ def main() -> None:
                 if not path.exists():
                     t, _, _ = timed(make_video, path, secs, w, h)
                     print(f"generated {path.name} in {t:.1f} s", flush=True)
-                r = {"video": f"{w}x{h} {label} ({secs:.0f} s)", "mb": path.stat().st_size / 1e6}
-                r["wall_dec"], r["cpu_dec"], r["frames"] = timed(decode_only, path, repeat=args.repeat)
-                r["wall_ours"], r["cpu_ours"], res = timed(extract_keyframes, path, cfg, repeat=args.repeat)
-                r["wall_orig"], r["cpu_orig"], (r["kf_orig"], r["raw_orig"]) = timed(
-                    original_approach, path, repeat=args.repeat)
-                r["wall_hash"], r["cpu_hash"], _ = timed(sha256_file, path, repeat=args.repeat)
-                r["kf_ours"] = len(res)
-                r["raw_ours"] = len(extract_keyframes(path, unclamped, keep_images=False))
-                r["mem_ours"], r["mem_orig"] = peak_mb(extract_keyframes, path, cfg), peak_mb(original_approach, path)
+                r = {"video": f"{w}x{h} {label} ({secs:.0f} s)", "path": str(path), "mb": path.stat().st_size / 1e6,
+                     **measure(path, args.repeat)}
+                if not args.no_original:
+                    r["wall_orig"], r["cpu_orig"], (r["kf_orig"], r["raw_orig"]) = timed(
+                        original_approach, path, repeat=args.repeat)
+                    r["wall_hash"], r["cpu_hash"], _ = timed(sha256_file, path, repeat=args.repeat)
+                    r["mem_orig"] = peak_mb(original_approach, path)
+                r["raw_ours"] = len(r["selection"]["unclamped"]["indices"])
+                r["mem_ours"] = peak_mb(extract_keyframes, path, cfg)
                 rows.append(r)
-                print(f"done {path.name}", flush=True)
+                print(f"done {path.name} (load average {r['load']:.2f})", flush=True)
+        if args.reference:
+            ref = measure_reference(args.reference, [Path(r["path"]) for r in rows], args.repeat, args.cv_threads)
     finally:
         if args.folder is None:
             shutil.rmtree(folder, ignore_errors=True)
-    head = ("video", "MB", "frames", "decode f/s", "ours f/s", "ours/decode", "orig f/s", "speed-up", "ceiling",
-            "speed-up (wall)", "sha256/ours", "ours peak MB", "orig peak MB", "ours kf", "orig kf",
-            "unclamped ours/orig")
-    print("\nThroughput and ratios from CPU time; 'speed-up (wall)' from wall-clock time.")
+    print(f"\nload average at the end {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print("\nOurs against decode-only in this process: wall = frames per wall-clock second, cpu = CPU seconds "
+          "of all threads; the baseline is the cheaper decode (OpenCV's default FFmpeg threads or one).")
+    head = ("video", "frames", "load", "decode wall s (default/1t)", "decode CPU s (default/1t)", "ours wall s",
+            "ours CPU s", "decode f/s", "ours f/s", "wall ratio", "CPU ratio", "CPU ratio to default decode",
+            f"{args.reference or 'ref'} wall ratio", f"{args.reference or 'ref'} CPU ratio", "same kf")
     print("\n| " + " | ".join(head) + " |\n|" + "---|" * len(head))
     for r in rows:
-        n = r["frames"]
-        print(f"| {r['video']} | {r['mb']:.1f} | {n} | {n / r['cpu_dec']:.0f} | {n / r['cpu_ours']:.0f} | "
-              f"{r['cpu_dec'] / r['cpu_ours']:.2f}x | {n / r['cpu_orig']:.0f} | {r['cpu_orig'] / r['cpu_ours']:.1f}x | "
-              f"{r['cpu_orig'] / r['cpu_dec']:.1f}x | {r['wall_orig'] / r['wall_ours']:.1f}x | "
-              f"{100 * r['cpu_hash'] / r['cpu_ours']:.1f}% | {r['mem_ours']:.1f} | {r['mem_orig']:.1f} | "
-              f"{r['kf_ours']} | {r['kf_orig']} | {r['raw_ours']}/{r['raw_orig']} |")
+        n, (wr, cr) = r["frames"], ratio(r)
+        b = ref.get(r["path"]) if ref else None
+        same = "-" if b is None else "yes" if b["selection"] == r["selection"] else "NO"
+        rw, rc = ("-", "-") if b is None else (f"{ratio(b)[0]:.2f}x", f"{ratio(b)[1]:.2f}x")
+        dec_wall = min(r["dec_default_wall"], r["dec_1_wall"])
+        print(f"| {r['video']} | {n} | {r['load']:.1f} | {r['dec_default_wall']:.3f}/{r['dec_1_wall']:.3f} | "
+              f"{r['dec_default_cpu']:.3f}/{r['dec_1_cpu']:.3f} | {r['ext_wall']:.3f} | {r['ext_cpu']:.3f} | "
+              f"{n / dec_wall:.0f} | {n / r['ext_wall']:.0f} | {wr:.2f}x | {cr:.2f}x | "
+              f"{r['dec_default_cpu'] / r['ext_cpu']:.2f}x | {rw} | {rc} | {same} |")
+    if args.no_original:
+        return
+    head = ("video", "MB", "orig f/s", "speed-up", "ceiling", "speed-up (wall)", "sha256/ours", "ours peak MB",
+            "orig peak MB", "ours kf", "orig kf", "unclamped ours/orig")
+    print("\nAgainst the original approach; throughput and ratios from CPU time, 'speed-up (wall)' from wall-clock.")
+    print("\n| " + " | ".join(head) + " |\n|" + "---|" * len(head))
+    for r in rows:
+        n, dec_cpu = r["frames"], min(r["dec_default_cpu"], r["dec_1_cpu"])
+        print(f"| {r['video']} | {r['mb']:.1f} | {n / r['cpu_orig']:.0f} | {r['cpu_orig'] / r['ext_cpu']:.1f}x | "
+              f"{r['cpu_orig'] / dec_cpu:.1f}x | {r['wall_orig'] / r['ext_wall']:.1f}x | "
+              f"{100 * r['cpu_hash'] / r['ext_cpu']:.1f}% | {r['mem_ours']:.1f} | {r['mem_orig']:.1f} | "
+              f"{r['kf']} | {r['kf_orig']} | {r['raw_ours']}/{r['raw_orig']} |")
 
 
 if __name__ == "__main__":

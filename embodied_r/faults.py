@@ -12,11 +12,16 @@ Two kinds of failure, treated differently:
 
 A stage whose item failures exceed its ``max_failed_fraction`` stops with
 :class:`TooManyFailures`: it is never renamed to its final name, so it is not cached.
+
+Stages mark their item boundaries with :func:`item_done`, where a test can make a stage stop
+and wait to be killed (``EMBODIED_R_STALL_AT``); unset, it does nothing.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import threading
 from typing import Literal
 
 ErrorKind = Literal["infra", "item"]
@@ -121,3 +126,41 @@ def die_with_parent(parent_pid: int | None = None, poll_s: float = 1.0) -> None:
                 os._exit(137)
 
     threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
+
+
+# -- a kill at a known point -------------------------------------------------------------
+
+STALL_ENV = "EMBODIED_R_STALL_AT"
+STALL_MARKER_ENV = "EMBODIED_R_STALL_MARKER"
+_stall_counts: dict[str, int] = {}
+_stall_lock = threading.Lock()
+
+
+def item_done(stage: str) -> None:
+    """An item boundary of ``stage``, where a fault can be injected for kill tests.
+
+    Unset (always, outside tests), this is one environment lookup. With
+    ``EMBODIED_R_STALL_AT=<stage>:<n>`` the stage, once it has finished its n-th item in this
+    process, creates the file ``$EMBODIED_R_STALL_MARKER`` (when set) and sleeps for an hour,
+    so a test can SIGKILL it at a known point instead of racing a stage that takes a second.
+    Only the place of the kill is arranged; the kill itself is a real one. Other threads of
+    the stage that reach a boundary meanwhile wait behind the sleeping one."""
+    spec = os.environ.get(STALL_ENV)
+    if not spec:
+        return
+    name, _, n = spec.rpartition(":")
+    if name != stage:
+        return
+    with _stall_lock:
+        _stall_counts[stage] = count = _stall_counts.get(stage, 0) + 1
+        if count != int(n):
+            return
+        import sys
+        import time
+
+        if marker := os.environ.get(STALL_MARKER_ENV):
+            with open(marker, "w", encoding="utf-8") as fh:
+                fh.write(f"{stage}:{count} {os.getpid()}\n")
+        print(f"{STALL_ENV}: {stage} stalled after item {count}", file=sys.stderr, flush=True)
+        time.sleep(3600)
+

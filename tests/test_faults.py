@@ -294,10 +294,14 @@ def test_a_second_run_on_a_stage_fails_at_once_or_waits(tmp_path: Path, monkeypa
             holder.kill()
 
 
+# The child's pid is printed once the child has armed its watch, so the kill never lands
+# before it (a child that is still starting would outlive its parent for another reason).
 PARENT = """
 import subprocess, sys, time
 child = subprocess.Popen([sys.executable, "-c",
-    "from embodied_r.faults import die_with_parent; import time; die_with_parent(); time.sleep(120)"])
+    "from embodied_r.faults import die_with_parent; import time; die_with_parent(); "
+    "print('armed', flush=True); time.sleep(120)"], stdout=subprocess.PIPE, text=True)
+assert child.stdout.readline().strip() == "armed"
 print(child.pid, flush=True)
 time.sleep(120)
 """
@@ -307,7 +311,6 @@ def test_children_die_with_a_killed_parent(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     parent = subprocess.Popen([sys.executable, "-c", PARENT], stdout=subprocess.PIPE, text=True, env=env)
     child = int(parent.stdout.readline())
-    time.sleep(3)  # the child has imported and armed its watch
     parent.send_signal(signal.SIGKILL)
     parent.wait()
     deadline = time.time() + 15

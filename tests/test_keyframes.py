@@ -5,12 +5,8 @@ from __future__ import annotations
 import json
 import math
 import os
-import signal
 import struct
-import subprocess
-import sys
 import textwrap
-import time
 from pathlib import Path
 
 import cv2
@@ -25,8 +21,7 @@ from embodied_r.keyframes.stage import run_keyframes
 from embodied_r.keyframes.stage import safe_name
 from embodied_r.synthetic.world import write_motion_video
 from embodied_r.keyframes.video import VideoError, read_frames
-
-ROOT = Path(__file__).resolve().parents[1]
+from tests.killing import kill_at_item
 
 
 @pytest.fixture(scope="module")
@@ -215,28 +210,22 @@ def test_killed_run_resumes_without_repeats_or_losses(tmp_path):
             for i in range(8)}
     catalog = _catalog(tmp_path / "catalog.parquet", list(vids.items()))
     out = tmp_path / "kf"
-    # Every frame examined: slow enough per video that the kill lands mid-run.
-    cfg = {"sample_fps": 30.0, "workers": 2}
+    cfg = {"workers": 2}
     script = textwrap.dedent(f"""
         from pathlib import Path
         from embodied_r.keyframes.extract import KeyframeConfig
         from embodied_r.keyframes.stage import run_keyframes
         run_keyframes(Path({str(catalog)!r}), Path({str(out)!r}), KeyframeConfig(**{cfg!r}))
     """)
-    proc = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, start_new_session=True,
-                            env={**os.environ, "PYTHONPATH": str(ROOT)})
-    log = tmp_path / "kf.partial" / "items.jsonl"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and proc.poll() is None:
-        if log.exists() and log.read_text().count("\n") >= 2:
-            break
-        time.sleep(0.01)
-    os.killpg(proc.pid, signal.SIGKILL)  # the run and its pool workers, mid-run
-    proc.wait()
-    killed_at = time.time()
-    assert not out.exists(), "the run finished before it could be killed"
-    first = [json.loads(x)["video_id"] for x in log.read_text().splitlines()]
-    assert 2 <= len(first) < 8
+    # The run and its pool workers, killed once two videos are logged.
+    kill_at_item(script, "keyframes", 2, tmp_path)
+    assert not out.exists()
+    work = tmp_path / "kf.partial"
+    first = [json.loads(x)["video_id"] for x in (work / "items.jsonl").read_text().splitlines()]
+    assert len(first) == 2
+    done_images = {p: (p.stat().st_ino, p.stat().st_mtime_ns)
+                   for vid in first for p in (work / "frames" / safe_name(vid)).iterdir()}
+    assert done_images
 
     summary = run_keyframes(catalog, out, KeyframeConfig(**cfg))
     assert (summary["videos"], summary["done"], summary["failed"]) == (8, 8, 0)
@@ -244,7 +233,8 @@ def test_killed_run_resumes_without_repeats_or_losses(tmp_path):
     assert sorted(lines) == sorted(vids) and lines[: len(first)] == first  # each video logged once
     rows = pq.read_table(out / "keyframes.parquet").to_pylist()
     assert {r["video_id"] for r in rows} == set(vids)
-    for vid in first:  # finished before the kill: not processed again
-        images = [out / r["image_path"] for r in rows if r["video_id"] == vid]
-        assert images and all(p.stat().st_mtime < killed_at for p in images)
+    # Finished before the kill, so not processed again: the same files, never rewritten.
+    images = [out / r["image_path"] for r in rows if r["video_id"] in first]
+    after = {work / p.relative_to(out): (p.stat().st_ino, p.stat().st_mtime_ns) for p in images}
+    assert after == done_images
     assert not math.isnan(summary["keyframes_mean"])

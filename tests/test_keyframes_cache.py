@@ -71,7 +71,8 @@ def test_a_later_stage_run_reuses_frames_of_the_same_video_content(tmp_path, cli
 
 def test_other_parameters_miss_and_spreading_settings_do_not(tmp_path, clips):
     cfg = KeyframeConfig(cache_dir=str(tmp_path / "cache"))
-    assert params_hash(cfg) == params_hash(cfg.model_copy(update={"workers": 3, "cv_threads": 1, "cache_dir": "/x"}))
+    spread = {"workers": 3, "cv_threads": 1, "decode_threads": 4, "decode_ahead": 0, "cache_dir": "/x"}
+    assert params_hash(cfg) == params_hash(cfg.model_copy(update=spread))
     assert params_hash(cfg) != params_hash(cfg.model_copy(update={"jpeg_quality": 80}))
     root = tmp_path / "cache"
     one = cached_keyframes(clips["rise"], cfg, root)

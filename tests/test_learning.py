@@ -4,13 +4,8 @@ raises its reward, a learning rate of 0 that moves nothing, and a trainer killed
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import pytest
 
@@ -19,10 +14,10 @@ from embodied_r.io import partial_path
 from embodied_r.training.config import GRPOStageConfig, SFTConfig, TrainingConfig
 from embodied_r.training.records import RecordsConfig, run_records
 from test_records import VIDEO, catalog_row, write_inputs
+from tests.killing import kill_at_item
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[1]
 STAGE = GRPOStageConfig(name="s", format_weight=0.5, accuracy_weight=0.5)
 
 
@@ -119,26 +114,6 @@ def test_learning_rate_zero_changes_nothing(records: Path, warm_policy: Path, tm
 # -- a real SIGKILL, then a rerun ---------------------------------------------------------
 
 
-def run_killed(code: str, ready: Callable[[], bool], limit_s: float = 300) -> None:
-    """Run ``code`` in a child python in its own process group; SIGKILL the whole group as
-    soon as ``ready()`` holds. Fails if the child ends before it could be killed."""
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + limit_s
-    try:
-        while not ready():
-            assert proc.poll() is None, "the stage finished before it could be killed"
-            assert time.monotonic() < deadline, "the stage never reached the point to kill it at"
-            time.sleep(0.05)
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-
-
 def test_killed_training_resumes_to_the_uninterrupted_result(records: Path, warm_policy: Path,
                                                              tmp_path: Path) -> None:
     from embodied_r.training.stage import run_training_stage
@@ -156,12 +131,13 @@ def test_killed_training_resumes_to_the_uninterrupted_result(records: Path, warm
         f"run_training_stage(Path({str(records)!r}), {str(warm_policy)!r}, Path({str(out)!r}),\n"
         f"                   GRPOStageConfig.model_validate_json({STAGE.model_dump_json()!r}), cfg)\n"
     )
-    # Killed once the step-2 checkpoint is whole (its trainer state is written last).
-    run_killed(code, lambda: (checkpoints / "checkpoint-2" / "trainer_state.json").is_file())
-    assert not out.exists() and partial_path(out).is_dir()
+    # Killed (the stage and its trainer child) once the step-2 checkpoint is saved.
+    kill_at_item(code, "train", 2, tmp_path)
+    assert (checkpoints / "checkpoint-2" / "trainer_state.json").is_file()
+    assert not out.exists() and not (checkpoints / "checkpoint-3").exists()
 
     resumed = run_training_stage(records, str(warm_policy), out, STAGE, grpo_cfg(**cfg))
-    assert resumed["resumed_from_step"] >= 2 and resumed["steps"] == 4
+    assert resumed["resumed_from_step"] == 2 and resumed["steps"] == 4
     assert changed(weights(tmp_path / "whole" / "model"), weights(out / "model")) == []
     assert resumed["final_reward"] == whole["final_reward"]
 
@@ -180,8 +156,10 @@ def test_killed_sft_resumes_to_the_uninterrupted_result(records: Path, tmp_path:
         f"run_sft(Path({str(records)!r}), 'tiny:lm', Path({str(out)!r}),\n"
         f"        SFTConfig.model_validate_json({cfg.model_dump_json()!r}))\n"
     )
-    run_killed(code, lambda: (checkpoints / "checkpoint-3" / "trainer_state.json").is_file())
+    kill_at_item(code, "train", 3, tmp_path)  # once the step-3 checkpoint is saved
+    assert (checkpoints / "checkpoint-3" / "trainer_state.json").is_file()
+    assert not (checkpoints / "checkpoint-4").exists()
     resumed = run_sft(records, "tiny:lm", out, cfg)
-    assert resumed["resumed_from_step"] >= 3 and resumed["steps"] == 6
+    assert resumed["resumed_from_step"] == 3 and resumed["steps"] == 6
     assert changed(weights(tmp_path / "whole" / "model"), weights(out / "model")) == []
     assert resumed["final_loss"] == whole["final_loss"]

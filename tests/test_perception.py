@@ -4,12 +4,8 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import signal
-import subprocess
 import sys
 import textwrap
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -24,9 +20,14 @@ from embodied_r.backends.base import BackendConfig
 from embodied_r.io import table_from_records, write_parquet_atomic
 from embodied_r.perception.stage import PerceptionConfig, run_perception
 from embodied_r.perception.parse import FrameInfo, normalize_action, parse_frame_response, video_text
+<<<<<<< HEAD
 from embodied_r.perception.prompts import ACTIONS, PromptStyle, first_frame_conversation, pair_conversation
 
 ROOT = Path(__file__).resolve().parents[1]
+=======
+from embodied_r.perception.prompts import ACTIONS, first_frame_conversation, pair_conversation
+from tests.killing import kill_at_item
+>>>>>>> r17
 
 # -- parsing ------------------------------------------------------------------------------
 
@@ -388,21 +389,13 @@ def test_kill_and_resume(tiny_vlm_path: Path, tmp_path: Path, mode: str) -> None
     log = tmp_path / "perception.partial" / "items.jsonl"
     script = tmp_path / "runner.py"
     script.write_text(RUNNER)
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(
-        [sys.executable, str(script), str(catalog), str(kf), str(out), str(tiny_vlm_path), mode], env=env
-    )
-    # Past half way: in per_video mode, inside the question passes.
+    # Killed past half way (in per_video mode, inside the question passes); one call at a
+    # time, so exactly that many calls are logged.
     threshold = total // 2 + 1
-    try:
-        while len(log_lines(log)) < threshold and proc.poll() is None:
-            time.sleep(0.02)
-        proc.send_signal(signal.SIGKILL)
-    finally:
-        proc.wait()
-    assert proc.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+    kill_at_item([sys.executable, str(script), str(catalog), str(kf), str(out), str(tiny_vlm_path), mode],
+                 "perception", threshold, tmp_path, env={"OMP_NUM_THREADS": "1"})
     before = [json.loads(line) for line in log_lines(log)]
-    assert threshold <= len(before) < total and not out.exists()
+    assert len(before) == threshold and not out.exists()
 
     cfg = tiny_cfg(tiny_vlm_path, batch_size=1, mode=mode)
     summary = run_perception(catalog, kf, out, cfg)

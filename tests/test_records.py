@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -121,3 +122,113 @@ def test_the_paper_user_turn_has_no_format_instruction() -> None:
     assert "<think> reasoning process here </think> \n<answer> answer here </answer>" in rec["system"]
     # This project's instruction stays an option.
     assert "<answer>" in build_record(catalog_row("urbanvideo:1"), VIDEO, RecordsConfig())["prompt"]
+
+
+# -- what mutation testing found unchecked ------------------------------------------------
+
+
+def test_solution_problems_are_named() -> None:
+    from embodied_r.training.records import question_with_options, solution_problem
+
+    assert solution_problem(catalog_row("u:1")) is None
+    assert solution_problem({**catalog_row("u:1"), "options": []}) == "choice_without_options"
+    assert solution_problem(catalog_row("u:1", answer="F")) == "answer_not_an_option"
+    assert solution_problem(catalog_row("u:1", answer="3", answer_type="number")) is None
+    assert solution_problem(catalog_row("u:1", answer="many", answer_type="number")) == "answer_not_a_number"
+    assert solution_problem(catalog_row("u:1", answer_type="free")) == "unknown_answer_type"
+    assert question_with_options(None, []) == ""
+
+
+def test_records_carry_the_right_instruction_preamble_and_solution() -> None:
+    from embodied_r.training.records import DEFAULT_CHOICE_INSTRUCTION, DEFAULT_NUMBER_INSTRUCTION, \
+        DEFAULT_VIDEO_PREAMBLE, conversation
+
+    choice = build_record(catalog_row("u:1", answer=" c "), VIDEO, RecordsConfig())
+    assert choice["solution"] == "C"
+    assert DEFAULT_CHOICE_INSTRUCTION in choice["prompt"] and DEFAULT_NUMBER_INSTRUCTION not in choice["prompt"]
+    assert DEFAULT_VIDEO_PREAMBLE in choice["prompt"]
+    number = build_record(catalog_row("u:2", answer=" 1e3 ", answer_type="number"), VIDEO, RecordsConfig())
+    assert number["solution"] == "1e3"  # as written, not upper-cased like a letter
+    assert DEFAULT_NUMBER_INSTRUCTION in number["prompt"]
+    assert conversation(choice) == [{"role": "system", "content": choice["system"]},
+                                    {"role": "user", "content": choice["prompt"]}]
+
+
+def test_run_records_reads_folders_and_names_every_reason(tmp_path: Path) -> None:
+    from embodied_r.training.records import run_stage
+
+    rows = [catalog_row("u:1", "train", category="A"), catalog_row("u:2", "val", category="B"),
+            catalog_row("u:3", "holdout"), catalog_row("u:4", "test")]
+    catalog, perception = write_inputs(tmp_path, rows, {"u:1": VIDEO, "u:2": VIDEO + " more", "u:3": VIDEO,
+                                                        "u:4": None})
+    # The stage folders, as the pipeline passes them.
+    summary = run_stage(tmp_path / "out", {}, {"catalog": str(catalog.parent), "perception": str(perception)})
+    assert summary["failure_reasons"] == {"unknown_split": 1, "empty_video_text": 1}
+    assert pq.read_table(tmp_path / "out" / "failures.parquet").to_pylist() == [
+        {"stage": "records", "item": "u:3", "reason": "unknown_split", "prompt_tokens": None},
+        {"stage": "records", "item": "u:4", "reason": "empty_video_text", "prompt_tokens": None}]
+    assert summary["categories"] == {"A": 1, "B": 1}
+    prompts = [r["prompt"] for s in ("train", "val") for r in pq.read_table(tmp_path / "out" / f"{s}.parquet").to_pylist()]
+    assert summary["prompt_chars_mean"] == sum(map(len, prompts)) / 2
+    assert isinstance(summary["seconds"], float) and 0 <= summary["seconds"] <= time.monotonic()
+
+    # Nothing usable: no records, and a mean of 0 rather than a division by zero.
+    catalog, perception = write_inputs(tmp_path / "none", rows[:1], {})
+    empty = run_records(catalog, perception, tmp_path / "none" / "out", RecordsConfig())
+    assert empty["done"] == 0 and empty["prompt_chars_mean"] == 0.0
+
+
+def test_missing_tables_and_bad_templates_name_the_fix(tmp_path: Path) -> None:
+    catalog, perception = write_inputs(tmp_path, [catalog_row("u:1")], {"u:1": VIDEO})
+    with pytest.raises(FileNotFoundError, match=r"^records: catalog table .*nowhere\.parquet does not exist "
+                                                r"\(run the preprocess stage first\)$"):
+        run_records(tmp_path / "nowhere.parquet", perception, tmp_path / "out", RecordsConfig())
+    with pytest.raises(FileNotFoundError, match=r"^records: perception table .*nowhere does not "
+                                                r"exist \(run the perception stage first\)$"):
+        run_records(catalog, tmp_path / "nowhere", tmp_path / "out", RecordsConfig())
+    with pytest.raises(ValueError, match=r"^records: template names an unknown field 'video'; use \{preamble\}, "
+                                         r"\{video_text\}, \{question\}, \{instruction\}$"):
+        run_records(catalog, perception, tmp_path / "out", RecordsConfig(template="{video}"))
+
+
+def test_prompt_token_limit_is_what_vllm_leaves_for_the_prompt() -> None:
+    from types import SimpleNamespace
+
+    from embodied_r.training.records import prompt_token_limit
+
+    assert prompt_token_limit(SimpleNamespace(max_completion_length=10)) is None  # no vLLM section at all
+    assert prompt_token_limit(SimpleNamespace(vllm=SimpleNamespace(max_model_length=11),
+                                              max_completion_length=10)) == 1
+    with pytest.raises(ValueError, match="no room for a prompt"):
+        prompt_token_limit(SimpleNamespace(vllm=SimpleNamespace(max_model_length=10), max_completion_length=10))
+
+
+def test_prompts_are_measured_with_the_generation_prompt_in_every_split(tiny_lm_path: Path) -> None:
+    from embodied_r.training.policy import load_tokenizer
+    from embodied_r.training.records import conversation, measure_prompts, prompt_lengths
+
+    tok = load_tokenizer(str(tiny_lm_path))
+    records = {"train": [build_record(catalog_row("u:1"), VIDEO, RecordsConfig())],
+               "val": [build_record(catalog_row("u:2", "val"), VIDEO + " a little more", RecordsConfig())],
+               "test": [build_record(catalog_row("u:3", "test"), VIDEO + " and much more text" * 8, RecordsConfig())]}
+    lengths = {s: prompt_lengths(r, str(tiny_lm_path))[0] for s, r in records.items()}
+    for split, (record,) in records.items():
+        text = tok.apply_chat_template(conversation(record), add_generation_prompt=True, tokenize=False)
+        assert lengths[split] == len(tok(text, add_special_tokens=False)["input_ids"])
+    assert sum(lengths.values()) % 3  # a mean with more than one decimal, to see its rounding
+
+    out = measure_prompts({s: list(r) for s, r in records.items()}, [], RecordsConfig(tokenizer=str(tiny_lm_path)))
+    assert out == {"prompt_tokenizer": str(tiny_lm_path), "max_prompt_tokens": None,
+                   "prompt_tokens_max": lengths["test"],
+                   "prompt_tokens_mean": round(sum(lengths.values()) / 3, 1)}
+    assert isinstance(out["prompt_tokens_mean"], float)
+
+    # A training prompt exactly at the limit is kept; one token over is not.
+    for limit, kept in ((lengths["train"], 1), (lengths["train"] - 1, 0)):
+        measured = {s: list(r) for s, r in records.items()}
+        failures: list[dict] = []
+        measure_prompts(measured, failures, RecordsConfig(tokenizer=str(tiny_lm_path), max_prompt_tokens=limit))
+        assert len(measured["train"]) == kept and len(failures) == 1 - kept
+
+    nothing = measure_prompts({s: [] for s in ("train", "val", "test")}, [], RecordsConfig(tokenizer=str(tiny_lm_path)))
+    assert (nothing["prompt_tokens_max"], nothing["prompt_tokens_mean"]) == (0, 0.0)

@@ -71,6 +71,22 @@ def test_accuracy_reward_reads_only_the_last_answer() -> None:
     assert accuracy_reward(completions=_as_messages(HOSTILE), **kwargs) == expected
 
 
+def test_accuracy_reward_without_type_or_options_scores_letters() -> None:
+    """A dataset without ``answer_type`` (or with an empty one) is scored by letter, and
+    without ``options`` any letter may be the answer."""
+    texts = ["<think>x</think><answer>E</answer>", "<think>x</think><answer>B</answer>"]
+    assert accuracy_reward(completions=texts, **_trl_kwargs(2, solution=["E", "E"])) == [1.0, 0.0]
+    kwargs = _trl_kwargs(2, solution=["E", "E"], answer_type=[None, ""])
+    assert accuracy_reward(completions=texts, **kwargs) == [1.0, 0.0]
+
+
+def test_accuracy_reward_refuses_a_letter_beyond_the_options() -> None:
+    # "E" would be right, but the question has only four options: it names none of them.
+    texts = ["<think>x</think><answer>E</answer>", "<think>x</think><answer>D</answer>"]
+    kwargs = _trl_kwargs(2, solution=["E", "D"], answer_type=["choice"] * 2, options=[OPTIONS] * 2)
+    assert accuracy_reward(completions=texts, **kwargs) == [0.0, 1.0]
+
+
 def test_accuracy_reward_numbers_use_mean_relative_accuracy() -> None:
     completions = ["<think>x</think><answer>3</answer>", "<think>x</think><answer>2.7</answer>",
                    "<think>x</think><answer>far</answer>"]

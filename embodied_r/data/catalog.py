@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from embodied_r import benchmarks as bm
 from embodied_r import schemas
+from embodied_r.faults import item_done
 from embodied_r.io import (
     is_complete,
     read_summary,
@@ -272,8 +273,11 @@ def run_catalog(raw: Path, out: Path, cfg: CatalogConfig) -> dict:
     start = time.time()
     rows, failures = build_catalog(raw, cfg)
     with stage_folder(out) as work:
+        # Items, for a test's kill at a known point: the files written.
         write_parquet_atomic(table_from_records(rows, schemas.CATALOG), work / "catalog.parquet")
+        item_done("preprocess")
         write_parquet_atomic(table_from_records(failures, schemas.FAILURES), work / "failures.parquet")
+        item_done("preprocess")
         db = work / "catalog.duckdb"
         db.unlink(missing_ok=True)
         with duckdb.connect(str(db)) as con:
@@ -283,6 +287,7 @@ def run_catalog(raw: Path, out: Path, cfg: CatalogConfig) -> dict:
                         [str(work / "catalog.parquet")])
             for name, sql in _VIEWS.items():
                 con.execute(f"CREATE VIEW {name} AS {sql}")
+        item_done("preprocess")
         summary: dict = {
             "questions": len(rows),
             "videos": len({r["video_path"] for r in rows}),

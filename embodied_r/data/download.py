@@ -25,6 +25,7 @@ from embodied_r import benchmarks as bm
 from embodied_r.data import hub as download_hub
 from embodied_r.benchmarks import DataSourceError
 from embodied_r.data.hub import HubConfig
+from embodied_r.faults import item_done
 from embodied_r.io import is_complete, sha256_file, read_summary, stage_folder, write_json_atomic, write_summary
 from embodied_r.synthetic.config import SyntheticConfig
 from embodied_r.synthetic.generate import make_synthetic_benchmark
@@ -150,6 +151,7 @@ def _extract(archive: Path, dest: Path, max_bytes: int) -> int:
                 shutil.copyfileobj(src, out, 1 << 20)
             os.replace(tmp, target)
             written += 1
+            item_done("download")
     return written
 
 
@@ -160,6 +162,7 @@ def _from_folder(root: Path, cfg: DownloadConfig, work: Path) -> dict[str, dict]
         sub = bm.BENCHMARK_DIRS[benchmark]
         for name in _needed(root, benchmark):
             _link_or_copy(root / sub / name, work / sub / name)
+            item_done("download")
         repo, _ = cfg.hub.repo(benchmark)
         origin[benchmark] = {"repo": repo, "requested_revision": None, "revision": _mirror_revision(root, benchmark),
                              "allow_patterns": bm.ALLOW_PATTERNS[benchmark], "source_dir": str(root)}

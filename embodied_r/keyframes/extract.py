@@ -7,8 +7,10 @@ half of it, or when no homography can be found. The first and last frames are al
 fewer than ``min_frames`` are topped up with evenly spaced frames and more than ``max_frames``
 are thinned evenly, first and last kept.
 
-Speed: unused frames are only grabbed, matching runs at ``match_width`` pixels (the overlap is
-a ratio of areas, so it does not depend on scale) and the overlap is the area of the
+Speed: unused frames are only grabbed; decoding runs in a second thread ahead of the matching,
+with one FFmpeg thread by default (cheaper in CPU than FFmpeg's frame threads, see ``video``);
+matching runs at ``match_width`` pixels (the overlap is a ratio of areas, so it does not
+depend on scale) and the overlap is the area of the
 intersection of two convex polygons, not of two full-size masks. Memory does not grow with
 the video: only the last key frame's features are held, and the JPEGs of candidate frames go
 to a temporary file until the final choice is made. The few frames a top-up may need are
@@ -59,7 +61,9 @@ class KeyframeConfig(BaseModel):
     jpeg_max_side: int = Field(640, ge=0, description="longest side of saved frames; 0 = source")
     jpeg_quality: int = Field(90, ge=1, le=100)
     workers: int = Field(0, ge=0, description="video processes; 0 = one per core")
-    cv_threads: int = Field(0, ge=0, description="OpenCV threads per process; 0 = cores/workers")
+    cv_threads: int = Field(0, ge=0, description="OpenCV threads per process; 0 = its share of the cores")
+    decode_threads: int = Field(1, ge=0, description="FFmpeg threads per video; 0 = one per core")
+    decode_ahead: int = Field(2, ge=0, description="sampled frames decoded ahead in a second thread; 0 = none")
     cache: bool = Field(True, description="reuse key frames of a video with the same content and parameters")
     cache_dir: str | None = Field(None, description="default: $EMBODIED_R_HOME/cache/keyframes")
 
@@ -71,8 +75,9 @@ class KeyframeConfig(BaseModel):
 
     def output_params(self) -> dict[str, Any]:
         """The settings that decide which frames are kept and how they are saved (not how
-        the work is spread over processes, nor where the cache lives)."""
-        return self.model_dump(exclude={"workers", "cv_threads", "cache", "cache_dir"})
+        the work is spread over processes and threads, nor where the cache lives)."""
+        return self.model_dump(exclude={"workers", "cv_threads", "decode_threads", "decode_ahead", "cache",
+                                        "cache_dir"})
 
 
 @dataclass
@@ -119,7 +124,7 @@ class _OverlapMatcher:
         if self.scale < 1.0:
             gray = cv2.resize(gray, self.size, interpolation=cv2.INTER_AREA)
         keypoints, descriptors = self.orb.detectAndCompute(gray, None)
-        points = np.float32([k.pt for k in keypoints]).reshape(-1, 2)
+        points = np.asarray(cv2.KeyPoint_convert(keypoints), np.float32).reshape(-1, 2)
         return _Features(points, descriptors, self.size)
 
     def overlap(self, ref: _Features, cur: _Features) -> float | None:
@@ -230,7 +235,7 @@ def extract_keyframes(video_path: str | Path, config: KeyframeConfig | None = No
     start = time.perf_counter()
     spool = _Spool() if keep_images else None
     try:
-        with FrameSampler(video_path, cfg.sample_fps) as sampler:
+        with FrameSampler(video_path, cfg.sample_fps, threads=cfg.decode_threads, ahead=cfg.decode_ahead) as sampler:
             info, step = sampler.info, sampler.step
             planned = set(fill_spots(info.frame_count, cfg.min_frames, step)) if info.frame_count else set()
             matcher: _OverlapMatcher | None = None
@@ -265,7 +270,7 @@ def extract_keyframes(video_path: str | Path, config: KeyframeConfig | None = No
             missing = [k[0] for k in kept if k[0] not in spool.where]
             if missing:  # top-up frames that were not planned (a miscounted container): decode again
                 passes += 1
-                frames = read_frames(video_path, missing)
+                frames = read_frames(video_path, missing, cfg.decode_threads)
                 for i in missing:
                     if i not in frames:
                         raise VideoError("unreadable", video_path, f"frame {i} could not be decoded again")

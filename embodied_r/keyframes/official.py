@@ -167,7 +167,7 @@ def extract_official(video_path: str | Path, cfg: Any, *, keep_images: bool = Tr
     matcher = OfficialMatcher(cfg.orb_features, cfg.ransac_reproj_threshold, cfg.min_matches)
     try:
         # FrameSampler samples every round(fps / rate) frames: this rate gives the official step.
-        with FrameSampler(video_path, info.fps / step) as sampler:
+        with FrameSampler(video_path, info.fps / step, threads=cfg.decode_threads, ahead=cfg.decode_ahead) as sampler:
             samples: list[int] = []
             kept: list[tuple[int, float, str]] = []
             ref = None
@@ -202,7 +202,7 @@ def extract_official(video_path: str | Path, cfg: Any, *, keep_images: bool = Tr
             missing = [k[0] for k in kept if k[0] not in spool.where]
             if missing:  # samples the container's count did not foresee: decode them again
                 passes += 1
-                frames = read_frames(video_path, missing)
+                frames = read_frames(video_path, missing, cfg.decode_threads)
                 for i in missing:
                     if i not in frames:
                         raise VideoError("unreadable", video_path, f"frame {i} could not be decoded again")

@@ -29,6 +29,7 @@ import pyarrow.parquet as pq
 
 from embodied_r import schemas
 from embodied_r import progress
+from embodied_r.faults import item_done
 from embodied_r.io import (ItemLog, is_complete, read_summary, stage_folder, table_from_records,
                            write_parquet_atomic, write_summary)
 from embodied_r.keyframes.extract import KeyframeConfig, extract_keyframes
@@ -159,6 +160,16 @@ def _process_video(video_id: str, video_path: str, work: str, cfg: KeyframeConfi
             "cache_hit": hit, "hash_seconds": round(hash_seconds, 4)}
 
 
+def opencv_threads(cfg: KeyframeConfig, workers: int, cores: int) -> int:
+    """OpenCV threads per process: the process's share of the cores, less the core its
+    decoding thread keeps busy when it decodes ahead (more threads would only contend with it
+    and spend CPU waiting)."""
+    if cfg.cv_threads:
+        return cfg.cv_threads
+    share = max(1, cores // workers)
+    return max(1, share - 1) if cfg.decode_ahead else share
+
+
 def _init_worker(threads: int, parent: int) -> None:
     from embodied_r.faults import die_with_parent
 
@@ -201,9 +212,10 @@ def run_keyframes(catalog: Path, out: Path, cfg: KeyframeConfig | None = None) -
         todo = [(v, p) for v, p in videos if v not in done]
         cores = os.cpu_count() or 1
         workers = max(1, min(cfg.workers or cores, len(todo)))
-        threads = cfg.cv_threads or max(1, cores // workers)
+        threads = opencv_threads(cfg, workers, cores)
         for n, record in enumerate(_process_all(todo, work, cfg, cache, workers, threads), start=1):
             log.append(record)
+            item_done("keyframes")
             progress.update("keyframes", len(done) + n, len(videos))
         records = {r["video_id"]: r for r in log.read()}
         finished = [records[v] for v, _ in videos if v in records]

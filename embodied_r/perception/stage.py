@@ -30,7 +30,7 @@ from embodied_r import progress, schemas
 from embodied_r.perception import prompts
 from embodied_r.backends.base import Backend, BackendConfig, Generation
 from embodied_r.backends.factory import make_backend
-from embodied_r.faults import DEFAULT_MAX_FAILED_FRACTION, InfraFailure, check_failed_fraction, redact
+from embodied_r.faults import DEFAULT_MAX_FAILED_FRACTION, InfraFailure, check_failed_fraction, item_done, redact
 from embodied_r.io import (
     ItemLog,
     is_complete,
@@ -202,6 +202,7 @@ class _Runner:
             "completion_tokens": gen.completion_tokens,
         }
         self.item_log.append(rec)
+        item_done("perception")
         with self._lock:
             self.done[call.key] = rec
             finished = len(self.done)

@@ -200,13 +200,19 @@ PROGRESS_MARK = "[embodied-r progress]"
 
 
 def progress_callback() -> Any:
-    """A TrainerCallback that prints a progress line after each step (main process only)."""
+    """A TrainerCallback that prints a progress line after each step (main process only) and
+    marks each saved checkpoint as an item boundary (``faults.item_done``)."""
     from transformers import TrainerCallback
 
     class PrintProgress(TrainerCallback):
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             if state.is_world_process_zero and state.max_steps:
                 print(f"{PROGRESS_MARK} {state.global_step} {state.max_steps}", flush=True)
+
+        def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            from embodied_r.faults import item_done
+
+            item_done("train")  # a checkpoint is whole once the trainer calls this
 
     return PrintProgress()
 

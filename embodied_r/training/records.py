@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field
 
 from embodied_r import schemas
+from embodied_r.faults import item_done
 # The demo's reasoner is registered with the texts it is built for: a recipe whose policy is
 # tiny:lm-reasoner resolves wherever its records are made.
 from embodied_r.training import tiny_reasoner  # noqa: F401
@@ -192,7 +193,9 @@ def run_records(catalog: Path, perception: Path, out: Path, cfg: RecordsConfig) 
     with stage_folder(out) as work:
         for split in SPLITS:
             write_parquet_atomic(table_from_records(records[split], schemas.RECORDS), work / f"{split}.parquet")
+            item_done("convert")  # items, for a test's kill at a known point: the files written
         write_parquet_atomic(table_from_records(failures, schemas.RECORD_FAILURES), work / "failures.parquet")
+        item_done("convert")
         done = sum(len(v) for v in records.values())
         all_records = [r for v in records.values() for r in v]
         summary: dict[str, Any] = {
