@@ -287,7 +287,7 @@ def _demo(home: Path) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "EMBODIED_R_HOME": str(home),
            "PREFECT_HOME": str(home / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
     log = open(home / f"demo-{time.time():.0f}.log", "w")
-    return subprocess.Popen([sys.executable, "-m", "embodied_r.apps.cli", "demo"], stdout=log,
+    return subprocess.Popen([sys.executable, "-m", "embodied_r.apps.cli", "run", "--recipe", "smoke"], stdout=log,
                             stderr=subprocess.STDOUT, env=env)
 
 

@@ -32,7 +32,7 @@ def merge(into: dict, more: dict) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--recipe", default="demo")
+    parser.add_argument("--recipe", default="smoke")
     parser.add_argument("--home", help="project home (default: a temporary folder)")
     parser.add_argument("--set", action="append", default=[], help="recipe override section.key=value")
     parser.add_argument("--json", help="also write the figures to this file")

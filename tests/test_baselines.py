@@ -114,12 +114,12 @@ def test_policy_baseline_is_an_evaluation_of_the_initial_model(inputs: dict[str,
 
 
 def test_baselines_of_a_recipe_need_its_stages(tmp_path: Path) -> None:
-    recipe = load_recipe("demo")
+    recipe = load_recipe("smoke")
     plans = plan_baselines(recipe, tmp_path)
     assert set(plans) == {"policy", "vlm"} and plans["policy"].out != plans["vlm"].out
     assert plans == plan_baselines(recipe, tmp_path)  # named by inputs, config and code: stable
     assert plans["policy"].inputs["policy"] == "tiny:lm"
-    other = plan_baselines(load_recipe("demo", {"evaluation": {"max_new_tokens": 7}}), tmp_path)
+    other = plan_baselines(load_recipe("smoke", {"evaluation": {"max_new_tokens": 7}}), tmp_path)
     assert other["policy"].out != plans["policy"].out
     with pytest.raises(StageError, match="embodied-r convert --recipe demo"):
         run_baselines(recipe, tmp_path, only=["policy"])

@@ -50,8 +50,8 @@ def test_recipe_errors_name_the_fix(tmp_path):
 
 
 def test_changing_a_stage_changes_its_key_and_its_dependants_only(tmp_path):
-    base = plan(load_recipe("demo"), tmp_path)
-    changed = plan(load_recipe("demo", {"perception": {"max_new_tokens": 7}}), tmp_path)
+    base = plan(load_recipe("smoke"), tmp_path)
+    changed = plan(load_recipe("smoke", {"perception": {"max_new_tokens": 7}}), tmp_path)
     differs = [n for n in base if base[n].key != changed[n].key]
     assert differs == downstream(base, "perception")
     assert differs[0] == "perception" and "keyframes" not in differs and differs[-1] == "evaluate"
@@ -59,12 +59,12 @@ def test_changing_a_stage_changes_its_key_and_its_dependants_only(tmp_path):
 
 
 def test_a_stage_alone_needs_its_inputs(tmp_path):
-    stages = plan(load_recipe("demo"), tmp_path)
+    stages = plan(load_recipe("smoke"), tmp_path)
     with pytest.raises(StageError, match="embodied-r preprocess --recipe demo"):
-        select_stages(stages, ["keyframes"], "demo")
-    assert select_stages(stages, ["download", "preprocess"], "demo") == ["download", "preprocess"]
+        select_stages(stages, ["keyframes"], "smoke")
+    assert select_stages(stages, ["download", "preprocess"], "smoke") == ["download", "preprocess"]
     with pytest.raises(StageError, match="unknown stage"):
-        select_stages(stages, ["nope"], "demo")
+        select_stages(stages, ["nope"], "smoke")
 
 
 def test_secrets_never_become_params():
@@ -115,7 +115,7 @@ def test_changing_a_module_changes_the_keys_of_the_stages_that_run_it_and_after(
                                                                                 module, changed):
     from embodied_r import runners
 
-    recipe = load_recipe("demo")
+    recipe = load_recipe("smoke")
     base = plan(recipe, tmp_path)
     real = runners.module_version
 

@@ -110,7 +110,7 @@ def test_full_pipeline_by_deployment_on_pools(tmp_path, monkeypatch):
                                                   tmp_path / f"worker-{pool}.log", env))
                    for pool in ("cpu", "gpu-infer", "gpu-train")]
 
-        run = _wait_flow_run(_deployment_run(env, "embodied-r/full-pipeline"), workers)
+        run = _wait_flow_run(_deployment_run(env, "embodied-r/full-pipeline", "recipe=smoke"), workers)
         logs = "".join(p.read_text()[-2000:] for p in tmp_path.glob("worker-*.log"))
         assert run.state.is_completed(), f"{run.state}\n{logs}"
 
@@ -141,7 +141,7 @@ def test_full_pipeline_by_deployment_on_pools(tmp_path, monkeypatch):
         assert champion.run_id == parents[0].info.run_id
 
         # Recompute one stage by deployment: only it and its dependants run again.
-        rerun = _wait_flow_run(_deployment_run(env, "embodied-r/full-pipeline", 'refresh=["train_stage3"]'),
+        rerun = _wait_flow_run(_deployment_run(env, "embodied-r/full-pipeline", "recipe=smoke", 'refresh=["train_stage3"]'),
                                workers)
         assert rerun.state.is_completed(), str(rerun.state)
         second = _parents(uri)[-1]

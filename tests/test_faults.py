@@ -205,7 +205,7 @@ def test_recipes_refuse_nonsense(override: dict) -> None:
     from embodied_r.config import RecipeError, load_recipe
 
     with pytest.raises(RecipeError):
-        load_recipe("demo", override)
+        load_recipe("smoke", override)
 
 
 def test_extends_resolves_beside_the_recipe_and_set_errors_are_one_line(tmp_path: Path,

@@ -38,7 +38,7 @@ def _runs(uri: str, parent_id: str):
 def test_demo_runs_then_is_served_from_cache(harness):
     from flows.pipeline import embodied_r
 
-    first = embodied_r(recipe="demo")
+    first = embodied_r(recipe="smoke")
     assert first["cached"] == []
     assert set(first["stages"]) == STAGE_RUNS
     uri = first["tracking_uri"]
@@ -67,7 +67,7 @@ def test_demo_runs_then_is_served_from_cache(harness):
     assert steps["train_stage2"][0] == steps["train_stage1"][-1] + 1
     assert children["train_stage1"].data.metrics["summary/epochs_reached"] < 1
     assert {c.info.run_name for c in children.values()} == STAGE_RUNS
-    assert parent.info.run_name.startswith("demo ") and parent.info.run_name.endswith("fresh")
+    assert parent.info.run_name.startswith("smoke ") and parent.info.run_name.endswith("fresh")
     assert any(k.startswith("accuracy/") for k in children["evaluate"].data.metrics)
 
     from embodied_r.evaluation.registry import version_of_folder
@@ -77,7 +77,7 @@ def test_demo_runs_then_is_served_from_cache(harness):
     assert champion.version == version_of_folder("embodied-r-reasoner", model, uri).version
     assert parent.data.tags["promoted"] == "true"
 
-    second = embodied_r(recipe="demo")
+    second = embodied_r(recipe="smoke")
     assert set(second["cached"]) == STAGE_RUNS
     assert second["stages"] == first["stages"]
     parent2, children2 = _runs(uri, second["mlflow_run_id"])
@@ -100,7 +100,7 @@ def test_scheduled_reevaluation_scores_the_champion(harness):
 
     from flows.reevaluate import reevaluate
 
-    result = reevaluate(model="models:/embodied-r-reasoner@champion", recipe="demo", split="test")
+    result = reevaluate(model="models:/embodied-r-reasoner@champion", recipe="smoke", split="test")
     uri = f"sqlite:///{harness / 'mlflow.db'}"
     run = MlflowClient(tracking_uri=uri).get_run(result["mlflow_run_id"])
     assert run.data.tags["stage"] == "reevaluate"
@@ -113,7 +113,7 @@ def test_scheduled_reevaluation_scores_the_champion(harness):
 def test_refresh_recomputes_a_stage_and_its_dependants_only(harness):
     from flows.pipeline import embodied_r
 
-    result = embodied_r(recipe="demo", refresh=["train_stage3"])
+    result = embodied_r(recipe="smoke", refresh=["train_stage3"])
     assert set(result["cached"]) == STAGE_RUNS - {"train_stage3", "evaluate"}
 
 

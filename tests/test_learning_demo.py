@@ -38,7 +38,7 @@ def _accuracy(folder: str) -> float:
 def demo_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """Every stage of the demo recipe, in this process, without Prefect or MLflow."""
     root = tmp_path_factory.mktemp("learning")
-    stages = plan(load_recipe("demo-learning"), root)
+    stages = plan(load_recipe("demo"), root)
     summaries = {name: execute(sp) for name, sp in stages.items()}
     return {"stages": stages, "summaries": summaries}
 

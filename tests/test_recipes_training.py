@@ -77,7 +77,7 @@ def test_single_gpu_uses_lora_without_deepspeed() -> None:
 
 
 def test_cpu_demo_runs_the_whole_schedule() -> None:
-    demo, cpu = load_recipe("demo"), load_recipe("cpu-demo")
+    demo, cpu = load_recipe("smoke"), load_recipe("cpu-demo")
     assert cpu.training.use_cpu and cpu.training.max_steps_per_stage is None
     assert demo.training.max_steps_per_stage is not None
     assert _schedule(cpu.training) == PAPER_WEIGHTS

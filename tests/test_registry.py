@@ -157,7 +157,7 @@ def demo_home(tmp_path: Path, embodied_r_home: Path, tiny_lm_path: Path,
     rows = [catalog_row(f"urbanvideo:{i}", split, answer="ABCD"[i % 4])
             for i, split in enumerate(["train", "val", "val", "test", "test", "test"])]
     catalog, perception = write_inputs(tmp_path, rows, {r["uid"]: VIDEO for r in rows})
-    convert = plan(load_recipe("demo"), home)["convert"]
+    convert = plan(load_recipe("smoke"), home)["convert"]
     run_records(catalog, perception, Path(convert.out), RecordsConfig())
     return home
 

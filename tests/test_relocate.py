@@ -68,8 +68,8 @@ def test_the_cli_says_how_to_relocate_in_one_line(tmp_path: Path, capsys: pytest
     monkeypatch.setenv("EMBODIED_R_HOME", str(new))
     claim_home(old)
     old.rename(new)
-    assert main(["--home", str(new), "plan", "--recipe", "demo"]) == 2
+    assert main(["--home", str(new), "plan", "--recipe", "smoke"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and f"embodied-r relocate --home {new}" in err
     assert main(["--home", str(new), "relocate"]) == 0
-    assert main(["--home", str(new), "plan", "--recipe", "demo"]) == 0
+    assert main(["--home", str(new), "plan", "--recipe", "smoke"]) == 0

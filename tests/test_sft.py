@@ -53,7 +53,7 @@ def test_target_is_in_the_output_format() -> None:
 
 
 def test_config_follows_the_recipes_training_environment() -> None:
-    demo = load_recipe("demo")
+    demo = load_recipe("smoke")
     cfg = sft_config_for(demo, epochs=1.0)
     assert cfg.use_cpu and cfg.max_steps == demo.training.max_steps_per_stage and cfg.epochs == 1.0
     assert cfg.learning_rate == 1e-5  # SFT's own rate, not GRPO's
@@ -115,13 +115,13 @@ def test_sft_command_trains_evaluates_and_tracks(tmp_path: Path, monkeypatch: py
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     parser = argparse.ArgumentParser(prog="embodied-r")
     cli_train.register(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["sft", "--recipe", "demo", "--max-steps", "2"])
+    args = parser.parse_args(["sft", "--recipe", "smoke", "--max-steps", "2"])
 
     # Before the convert stage has run, the command says which command makes its input.
     with pytest.raises(StageError, match="embodied-r convert --recipe demo"):
         args.handler(args)
 
-    recipe = load_recipe("demo")
+    recipe = load_recipe("smoke")
     _records(Path(plan(recipe, root)["convert"].out), tmp_path)
     assert args.handler(args) == 0
 

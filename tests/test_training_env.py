@@ -168,8 +168,8 @@ def test_recipes_measure_prompts_with_the_policy_against_the_rollouts_limit() ->
     assert eight.training.max_prompt_length == 6144 and eight.records.max_prompt_tokens is None
     uncut = load_recipe("paper-8gpu", {"training": {"max_prompt_length": None}})
     assert uncut.records.max_prompt_tokens == 8192 - 2048
-    assert load_recipe("demo").records.tokenizer == "tiny:lm"
-    assert load_recipe("demo").records.max_prompt_tokens is None  # no vLLM rollouts
+    assert load_recipe("smoke").records.tokenizer == "tiny:lm"
+    assert load_recipe("smoke").records.max_prompt_tokens is None  # no vLLM rollouts
     own = load_recipe("paper-8gpu", {"records": {"max_prompt_tokens": 3000}})
     assert own.records.max_prompt_tokens == 3000
     with pytest.raises(ValueError, match="no room for a prompt"):
@@ -321,7 +321,7 @@ def _case(name: str, **overrides: Any) -> dict[str, Any]:
             "sft": sft_config_for(recipe).model_dump(mode="json")}
 
 
-@pytest.mark.parametrize("recipe", ["demo", "paper", "single-gpu"])
+@pytest.mark.parametrize("recipe", ["smoke", "demo", "paper", "single-gpu"])
 def test_checker_builds_the_recipes_configs(recipe: str, tmp_path: Path) -> None:
     result = _child().run_case(_case(recipe), tmp_path)
     assert result["problems"] == [] and result["built"] == result["expected"]
@@ -331,7 +331,7 @@ def test_checker_builds_the_recipes_configs(recipe: str, tmp_path: Path) -> None
 def test_checker_sees_a_wrong_keyword_and_bf16_weights_under_adamw(tmp_path: Path,
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     child = _child()
-    planted = child.run_case(_case("demo", training={"grpo_args": {"no_such_argument": 1}}), tmp_path)
+    planted = child.run_case(_case("smoke", training={"grpo_args": {"no_such_argument": 1}}), tmp_path)
     assert planted["built"] == ["sft"] and all("no_such_argument" in p for p in planted["problems"])
     from embodied_r.training.environment import TrainerEnvironment
 

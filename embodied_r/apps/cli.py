@@ -59,7 +59,8 @@ def _all_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 DEMO_CAVEAT = ("The demo's models are tiny and its benchmark a few dozen synthetic questions: these "
-               "numbers prove the plumbing, not the science. See README, 'Running it for real'.")
+               "figures show the method learning in miniature, not the paper's results. See README, "
+               "'Running it for real'.")
 
 
 def _print_outcome(result: dict[str, Any], seconds: float, synthetic: bool = False) -> None:

@@ -101,7 +101,7 @@ NOTE = (
     "relative direction pools its three subtypes, as the official code and the paper's "
     "Table 1 count it (VSI-Bench's own rule, the mean of the subtypes, is reported apart as "
     "its subtype mean). The paper's figures are its Table 1 on its own test split; figures "
-    "from the tiny demo models only prove the plumbing."
+    "from the tiny demo models show the method in miniature, not the paper's results."
 )
 
 

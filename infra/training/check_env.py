@@ -70,7 +70,7 @@ def config_cases(recipes: list[str]) -> list[dict[str, Any]]:
                       "training": recipe.training.model_dump(mode="json"),
                       "sft": sft_config_for(recipe).model_dump(mode="json")})
     # The check must see a wrong keyword: one recipe with a name the pinned versions lack.
-    demo = load_recipe("demo", {"training": {"grpo_args": {PLANTED: True}}, "sft": {"sft_args": {PLANTED: True}}})
+    demo = load_recipe("smoke", {"training": {"grpo_args": {PLANTED: True}}, "sft": {"sft_args": {PLANTED: True}}})
     cases.append({"recipe": f"demo + {PLANTED} (planted)", "world": 1, "gpus": 0, "planted": True,
                   "training": demo.training.model_dump(mode="json"),
                   "sft": sft_config_for(demo).model_dump(mode="json")})
@@ -138,7 +138,7 @@ def step_runs(train_python: str, work: Path) -> list[dict[str, Any]]:
     from embodied_r.training.stage import run_training_stage
 
     records = write_records(work / "records")
-    demo = load_recipe("demo")
+    demo = load_recipe("smoke")
     demo_cfg = demo.training.model_copy(update={"python": train_python, "max_steps_per_stage": 1, "save_steps": 100})
     single = load_recipe("single-gpu").training
     eight = load_recipe("paper-8gpu").training
@@ -152,10 +152,10 @@ def step_runs(train_python: str, work: Path) -> list[dict[str, Any]]:
 
     sft_cfg = sft_config_for(demo, max_steps=1).model_copy(update={"python": train_python, "save_steps": 100})
     plan: list[tuple[str, str, int, Callable[[], dict[str, Any]]]] = [
-        ("demo", "stage1 (format 0.7, accuracy 0.3)", 1, grpo(demo_cfg, "stage1", "demo-stage1")),
-        ("demo", "stage2 (format 0.3, accuracy 0.7)", 1, grpo(demo_cfg, "stage2", "demo-stage2")),
-        ("demo", "stage3 (+ consistency 0.2, tiny reference)", 1, grpo(demo_cfg, "stage3", "demo-stage3")),
-        ("demo", "sft", 1, lambda: run_sft(records, "tiny:lm", work / "demo-sft", sft_cfg)),
+        ("smoke", "stage1 (format 0.7, accuracy 0.3)", 1, grpo(demo_cfg, "stage1", "demo-stage1")),
+        ("smoke", "stage2 (format 0.3, accuracy 0.7)", 1, grpo(demo_cfg, "stage2", "demo-stage2")),
+        ("smoke", "stage3 (+ consistency 0.2, tiny reference)", 1, grpo(demo_cfg, "stage3", "demo-stage3")),
+        ("smoke", "sft", 1, lambda: run_sft(records, "tiny:lm", work / "demo-sft", sft_cfg)),
         ("single-gpu", "stage3, LoRA, VL policy's LM", 1, grpo(single_cpu, "stage3", "single-gpu-stage3")),
         ("paper-8gpu", "stage1, accelerate launch, 2 CPU processes", 2, grpo(eight_cpu, "stage1", "paper-8gpu-stage1")),
     ]

@@ -267,7 +267,7 @@ def check_reference(reference: dict[str, Any]) -> dict[str, Any]:
     from embodied_r.scoring.rewards import make_consistency_reward
 
     started = time.monotonic()
-    row: dict[str, Any] = {"recipe": "demo", "what": "consistency reward asks its reference", "world": 1}
+    row: dict[str, Any] = {"recipe": "smoke", "what": "consistency reward asks its reference", "world": 1}
     reward = make_consistency_reward(BackendConfig.model_validate(reference), require_correct=True)
     metrics: dict[str, float] = {}
     try:
