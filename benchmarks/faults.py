@@ -283,11 +283,14 @@ def _lock(tmp: Path) -> tuple[str, str]:
 DEMO_DEADLINE_S = 1500
 
 
+KILL_RECIPE = "demo"  # the kill cases run the demo, whose training changes weights
+
+
 def _demo(home: Path) -> subprocess.Popen:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "EMBODIED_R_HOME": str(home),
            "PREFECT_HOME": str(home / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
     log = open(home / f"demo-{time.time():.0f}.log", "w")
-    return subprocess.Popen([sys.executable, "-m", "embodied_r.apps.cli", "run", "--recipe", "smoke"], stdout=log,
+    return subprocess.Popen([sys.executable, "-m", "embodied_r.apps.cli", "run", "--recipe", KILL_RECIPE], stdout=log,
                             stderr=subprocess.STDOUT, env=env)
 
 

@@ -281,7 +281,7 @@ def test_grpo_arguments_exist_in_the_installed_trl() -> None:
         cfg = load_recipe(name).training
         _, weights = reward_setup(cfg.stages[0], cfg)
         unknown = set(grpo_kwargs(cfg.stages[0], cfg, Path("/tmp/unused"), weights, [])) - fields
-        # activation_checkpointing is the training-env start-up's business (issue 11).
+        # activation_checkpointing is the training-env check's business (infra/training/check-env.sh).
         assert unknown <= {"activation_checkpointing"}, f"{name}: unknown GRPOConfig arguments {unknown}"
 
 

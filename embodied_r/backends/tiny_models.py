@@ -2,7 +2,9 @@
 
 Random-weight Qwen2 (text) and Qwen2.5-VL (vision-language) models with the real
 architectures, real tokenizers and real processors, small enough to build in about a
-second and generate in milliseconds. They prove the plumbing, not the science.
+second and generate in milliseconds. With random weights they prove the plumbing; the
+demo trains two of them (``tiny:vlm-perceiver``, registered by ``perception``, and
+``tiny:lm-reasoner``, registered by ``training``).
 
 A model reference ``tiny:lm`` or ``tiny:vlm`` resolves to a folder under
 ``$EMBODIED_R_HOME/models`` named by the hash of its spec, built on first use.

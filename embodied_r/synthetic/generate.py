@@ -1,8 +1,8 @@
 """A small synthetic benchmark laid out exactly like UrbanVideo-Bench and VSI-Bench.
 
 Every answer is computed from the generator's own camera path, object layout and per-frame
-visibility, so it is right by construction; the same seed gives byte-identical files. The
-benchmark proves the plumbing of the pipeline, not the science.
+visibility, so it is right by construction; the same seed gives byte-identical files. It is small
+enough for a CPU: the demo shows the method learning on it, not the paper's results.
 
 The parts: ``world`` (camera paths, objects, rendering), ``urban`` (UrbanVideo-style flights
 and questions) and ``vsi`` (VSI-style room scans and questions); ``config`` holds the
