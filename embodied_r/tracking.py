@@ -49,8 +49,10 @@ def safe_params(config: dict[str, Any]) -> dict[str, str]:
     return params
 
 
-# The MLflow UI groups charts by the name's first segment: one group per concern.
-METRIC_GROUPS = ("train", "reward", "eval", "perf", "summary")
+# The MLflow UI groups charts by the name's first segment, one group per concern, and lists the
+# groups alphabetically: timings go under a name after ``reward`` so a training run opens on its
+# rewards (eval, the one group before it, is never logged by a training run).
+METRIC_GROUPS = ("train", "reward", "eval", "timing", "summary")
 # The experiment kind that makes MLflow 3's UI open an experiment on its run list.
 EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
 EXPERIMENT_NOTE = (
@@ -59,13 +61,13 @@ EXPERIMENT_NOTE = (
     "stage for `reward/*` and `train/*` curves (one global step across the three GRPO stages), and "
     "the evaluate stage for `report.md` and the per-question `predictions_table.json`."
 )
-_PERF_KEYS = {"train_runtime", "train_samples_per_second", "train_steps_per_second", "step_time",
+_TIMING_KEYS = {"train_runtime", "train_samples_per_second", "train_steps_per_second", "step_time",
               "total_flos", "train_loss"}
 _EVAL_PREFIXES = ("consistency/", "count/", "parsed/", "response_tokens/")
 
 
 def trainer_metric_name(key: str) -> str:
-    """Where one of the trainer's per-step log keys goes: ``reward/...``, ``perf/...`` or
+    """Where one of the trainer's per-step log keys goes: ``reward/...``, ``timing/...`` or
     ``train/...`` (TRL's flat names otherwise land in one catch-all chart group)."""
     if key == "reward":
         return "reward/total"
@@ -75,22 +77,22 @@ def trainer_metric_name(key: str) -> str:
     if match:
         return f"reward/{match[1]}" + ("_std" if match[2] == "std" else "")
     if key.startswith("profiling/"):
-        return "perf/" + re.sub(r"[^\w./ -]+", "", key[len("profiling/"):]).replace("Time taken ", "seconds ")
-    if key in _PERF_KEYS:
-        return f"perf/{key}"
+        return "timing/" + re.sub(r"[^\w./ -]+", "", key[len("profiling/"):]).replace("Time taken ", "seconds ")
+    if key in _TIMING_KEYS:
+        return f"timing/{key}"
     return f"train/{key}"
 
 
 def stage_metric_name(key: str) -> str:
     """Where one figure of a stage summary goes: headline accuracies keep ``accuracy/...``
-    (the run list's column), other evaluation figures ``eval/...``, timings ``perf/...``,
+    (the run list's column), other evaluation figures ``eval/...``, timings ``timing/...``,
     the rest ``summary/...``."""
     if key.startswith("accuracy/") or key.split("/", 1)[0] in METRIC_GROUPS:
         return key
     if key.startswith(_EVAL_PREFIXES):
         return f"eval/{key}"
     if "seconds" in key:
-        return f"perf/{key}"
+        return f"timing/{key}"
     return f"summary/{key}"
 
 

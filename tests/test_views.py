@@ -21,11 +21,11 @@ def test_trainer_metrics_fall_into_named_groups() -> None:
     assert trainer_metric_name("rewards/consistency_reward/std") == "reward/consistency_std"
     assert trainer_metric_name("kl") == "train/kl"
     assert trainer_metric_name("completions/mean_length") == "train/completions/mean_length"
-    assert trainer_metric_name("profiling/Time taken: GRPOTrainer._calculate_rewards").startswith("perf/")
+    assert trainer_metric_name("profiling/Time taken: GRPOTrainer._calculate_rewards").startswith("timing/")
     assert stage_metric_name("accuracy/overall") == "accuracy/overall"  # the run list's column
     assert stage_metric_name("count/overall") == "eval/count/overall"
     assert stage_metric_name("final_reward") == "summary/final_reward"
-    assert stage_metric_name("seconds_per_step") == "perf/seconds_per_step"
+    assert stage_metric_name("seconds_per_step") == "timing/seconds_per_step"
     for key in ("loss", "grad_norm", "entropy", "step_time", "reward_std", "epoch", "rewards/x/mean"):
         assert trainer_metric_name(key).split("/", 1)[0] in METRIC_GROUPS
 
