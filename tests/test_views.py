@@ -12,7 +12,7 @@ import pytest
 from embodied_r import progress
 from embodied_r.evaluation.report import LEGEND, render_markdown, task_name, wilson_interval
 from embodied_r.tracking import METRIC_GROUPS, Tracker, stage_metric_name, trainer_metric_name
-from embodied_r.training.callbacks import sampled_steps, step_record
+from embodied_r.training.callbacks import sampled_steps, sft_step_record, step_record
 
 
 def test_trainer_metrics_fall_into_named_groups() -> None:
@@ -43,6 +43,11 @@ def test_one_compact_line_per_training_step() -> None:
     assert line.split() == ["train_stage2", "step", "2/3", "(global", "5)", "reward", "0.412", "format",
                             "0.500", "accuracy", "0.250", "kl", "0.0003"]
     assert "{" not in line
+    sft = sft_step_record({"loss": 1.23456, "mean_token_accuracy": 0.5, "learning_rate": 3e-5, "epoch": 0.1},
+                          "warmstart", 4, 10)
+    assert progress.step_line(sft).split() == ["warmstart", "step", "4/10", "loss", "1.2346", "token", "acc",
+                                               "0.500", "lr", "3.00e-05"]
+    assert progress.step_line({**sft, "lr": None, "token_accuracy": None}).split()[-4:] == ["acc", "-", "lr", "-"]
     assert progress.stage_line("evaluate", "done", 12.34, "accuracy 50.0 %").split() == \
         ["[stage]", "evaluate", "done", "12.3", "s", "accuracy", "50.0", "%"]
 
