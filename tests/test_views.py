@@ -11,7 +11,8 @@ import pytest
 
 from embodied_r import progress
 from embodied_r.evaluation.report import LEGEND, render_markdown, task_name, wilson_interval
-from embodied_r.tracking import METRIC_GROUPS, Tracker, stage_metric_name, trainer_metric_name
+from embodied_r.tracking import (METRIC_GROUPS, RUN_LIST_VIEW_TAG, Tracker, stage_metric_name,
+                                 trainer_metric_name)
 from embodied_r.training.callbacks import sampled_steps, sft_step_record, step_record
 
 
@@ -75,10 +76,24 @@ def tracker(tmp_path: Path) -> Tracker:
     return Tracker.open("views", f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path)
 
 
-def test_experiment_opens_on_the_run_list(tracker: Tracker) -> None:
+def test_experiment_opens_on_the_run_list(tracker: Tracker, tmp_path: Path) -> None:
+    from flows.mlflow_runs import runs_url
+
     experiment = tracker.client.get_experiment(tracker.experiment_id)
     assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
     assert "parent run" in experiment.tags["mlflow.note.content"]
+    # The saved view the printed link opens: the run list with accuracy/overall as a column
+    # (the browser test sees the column in the UI).
+    view = json.loads(experiment.tags[RUN_LIST_VIEW_TAG])
+    assert view["name"] and isinstance(view["createdAt"], int)
+    assert "metrics.`accuracy/overall`" in json.loads(view["state"])["selectedColumns"]
+    url = runs_url(tracker.uri, tracker.experiment_id)
+    assert url.endswith(f"/#/experiments/{tracker.experiment_id}/runs?workflowType=machine_learning"
+                        f"&viewStateShareKey={RUN_LIST_VIEW_TAG.rsplit('.', 1)[1]}")
+    # A view the user overwrote in the UI is kept when the experiment is opened again.
+    tracker.client.set_experiment_tag(tracker.experiment_id, RUN_LIST_VIEW_TAG, "{}")
+    again = Tracker.open("views", tracker.uri, tmp_path)
+    assert again.client.get_experiment(again.experiment_id).tags[RUN_LIST_VIEW_TAG] == "{}"
 
 
 def test_a_cached_stage_links_to_and_copies_its_source_run(tracker: Tracker, tmp_path: Path) -> None:
