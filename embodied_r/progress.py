@@ -108,11 +108,17 @@ def stage_line(stage: str, event: str, seconds: float | None = None, note: str =
 
 
 def step_line(record: dict) -> str:
-    """One training step in a line: stage, step/total, total reward, each component, KL."""
+    """One training step in a line: stage, step/total, then for GRPO the total reward, each
+    component and KL; for SFT the loss, the token accuracy and the learning rate."""
     def num(value: object, digits: int = 3) -> str:
         return "-" if not isinstance(value, (int, float)) else f"{value:.{digits}f}"
 
+    head = f"  {record.get('stage', ''):<13} step {record.get('step')}/{record.get('total')}"
+    if "loss" in record and "reward" not in record:
+        lr = record.get("lr")
+        rate = f"{lr:.2e}" if isinstance(lr, (int, float)) else "-"
+        return (f"{head}  loss {num(record.get('loss'), 4)}  token acc {num(record.get('token_accuracy'))}  "
+                f"lr {rate}")
     parts = "  ".join(f"{name} {num(value)}" for name, value in (record.get("components") or {}).items())
-    return (f"  {record.get('stage', ''):<13} step {record.get('step')}/{record.get('total')} "
-            f"(global {record.get('global')})  reward {num(record.get('reward'))}  {parts}  "
+    return (f"{head} (global {record.get('global')})  reward {num(record.get('reward'))}  {parts}  "
             f"kl {num(record.get('kl'), 4)}").rstrip()

@@ -49,23 +49,47 @@ def safe_params(config: dict[str, Any]) -> dict[str, str]:
     return params
 
 
-# The MLflow UI groups charts by the name's first segment: one group per concern.
-METRIC_GROUPS = ("train", "reward", "eval", "perf", "summary")
+# The MLflow UI groups charts by the name's first segment, one group per concern, and lists the
+# groups alphabetically: timings go under a name after ``reward`` so a training run opens on its
+# rewards (eval, the one group before it, is never logged by a training run).
+METRIC_GROUPS = ("train", "reward", "eval", "timing", "summary")
 # The experiment kind that makes MLflow 3's UI open an experiment on its run list.
 EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
 EXPERIMENT_NOTE = (
     "Embodied-R pipeline runs. Each parent run is one run of a recipe (named recipe, time, fresh or "
-    "cached); its children are the stages. Compare parents on `accuracy/overall`; open a training "
+    "cached); its children are the stages. Compare parents on `accuracy/overall` (the saved view "
+    "`Runs with accuracy/overall` shows it as a column); open a training "
     "stage for `reward/*` and `train/*` curves (one global step across the three GRPO stages), and "
     "the evaluate stage for `report.md` and the per-question `predictions_table.json`."
 )
-_PERF_KEYS = {"train_runtime", "train_samples_per_second", "train_steps_per_second", "step_time",
+# MLflow 3's run list shows no metric column until one is picked, and keeps that pick in the
+# browser's local storage. A saved view keeps it in the store: an experiment tag
+# ``mlflow.sharedViewState.<id>`` holding the view (its state a JSON string of the page's
+# ``selectedColumns``...), opened by the URL parameter ``viewStateShareKey=<id>`` on the run
+# list's own address (``#/experiments/<id>/runs``: the experiment's address redirects there and
+# drops the parameter).
+RUN_LIST_VIEW = "accuracy"
+RUN_LIST_VIEW_TAG = f"mlflow.sharedViewState.{RUN_LIST_VIEW}"
+# Instead of the UI's default Source, Models and Dataset columns, empty for pipeline runs and
+# wide enough to push a metric column off the screen.
+RUN_LIST_COLUMNS = ("metrics.`accuracy/overall`",)
+
+
+def run_list_view(now_ms: int | None = None) -> str:
+    """The saved view's tag value: the run list with the headline accuracy as a column."""
+    stamp = int(time.time() * 1000) if now_ms is None else now_ms
+    state = {"selectedColumns": list(RUN_LIST_COLUMNS)}
+    return json.dumps({"name": "Runs with accuracy/overall", "createdAt": stamp, "updatedAt": stamp,
+                       "state": json.dumps(state)})
+
+
+_TIMING_KEYS = {"train_runtime", "train_samples_per_second", "train_steps_per_second", "step_time",
               "total_flos", "train_loss"}
 _EVAL_PREFIXES = ("consistency/", "count/", "parsed/", "response_tokens/")
 
 
 def trainer_metric_name(key: str) -> str:
-    """Where one of the trainer's per-step log keys goes: ``reward/...``, ``perf/...`` or
+    """Where one of the trainer's per-step log keys goes: ``reward/...``, ``timing/...`` or
     ``train/...`` (TRL's flat names otherwise land in one catch-all chart group)."""
     if key == "reward":
         return "reward/total"
@@ -75,22 +99,22 @@ def trainer_metric_name(key: str) -> str:
     if match:
         return f"reward/{match[1]}" + ("_std" if match[2] == "std" else "")
     if key.startswith("profiling/"):
-        return "perf/" + re.sub(r"[^\w./ -]+", "", key[len("profiling/"):]).replace("Time taken ", "seconds ")
-    if key in _PERF_KEYS:
-        return f"perf/{key}"
+        return "timing/" + re.sub(r"[^\w./ -]+", "", key[len("profiling/"):]).replace("Time taken ", "seconds ")
+    if key in _TIMING_KEYS:
+        return f"timing/{key}"
     return f"train/{key}"
 
 
 def stage_metric_name(key: str) -> str:
     """Where one figure of a stage summary goes: headline accuracies keep ``accuracy/...``
-    (the run list's column), other evaluation figures ``eval/...``, timings ``perf/...``,
+    (the run list's column), other evaluation figures ``eval/...``, timings ``timing/...``,
     the rest ``summary/...``."""
     if key.startswith("accuracy/") or key.split("/", 1)[0] in METRIC_GROUPS:
         return key
     if key.startswith(_EVAL_PREFIXES):
         return f"eval/{key}"
     if "seconds" in key:
-        return f"perf/{key}"
+        return f"timing/{key}"
     return f"summary/{key}"
 
 
@@ -141,6 +165,9 @@ class Tracker:
         if exp is None or not exp.tags.get("mlflow.note.content"):
             for key, value in {**EXPERIMENT_KIND, "mlflow.note.content": EXPERIMENT_NOTE}.items():
                 client.set_experiment_tag(exp_id, key, value)
+        if exp is None or RUN_LIST_VIEW_TAG not in exp.tags:
+            # Only when missing: a view the user overwrote in the UI stays theirs.
+            client.set_experiment_tag(exp_id, RUN_LIST_VIEW_TAG, run_list_view())
         return cls(uri=uri, experiment_id=exp_id)
 
     def start_parent(self, name: str, tags: dict[str, str], params: dict[str, Any]) -> "Tracker":

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from embodied_r.pipeline import StagePlan
-from embodied_r.tracking import STAGE_ARTIFACTS, STAGE_TABLES, Tracker, record_stage
+from embodied_r.tracking import RUN_LIST_VIEW, STAGE_ARTIFACTS, STAGE_TABLES, Tracker, record_stage
 
 HEADLINE = ("accuracy/overall", "accuracy/macro", "accuracy/paper_tasks")
 
@@ -40,6 +40,15 @@ def run_url(uri: str, experiment_id: str, run_id: str) -> str:
     # MLflow 3.17's UI keeps a GenAI/training switch of its own (it ignores the experiment's
     # kind once that switch exists); the parameter opens the training side.
     return f"{ui_base(uri)}/#/experiments/{experiment_id}/runs/{run_id}?workflowType=machine_learning"
+
+
+def runs_url(uri: str, experiment_id: str) -> str:
+    """The experiment's run list in the saved view that shows ``accuracy/overall`` as a column."""
+    return f"{ui_base(uri)}/{run_list_path(experiment_id)}"
+
+
+def run_list_path(experiment_id: str) -> str:
+    return f"#/experiments/{experiment_id}/runs?workflowType=machine_learning&viewStateShareKey={RUN_LIST_VIEW}"
 
 
 def prefect_flow_run_url(flow_run_id: str) -> str:
@@ -138,6 +147,7 @@ def parent_note(*, recipe: str, status: str, final: dict[str, Any], split: str, 
                   + ", ".join(heads), ""]
     if registered:
         lines += [f"Registry: {registered}", ""]
+    lines.append(f"- [All runs with accuracy/overall]({run_list_path(experiment_id)})")
     if "evaluate" in children:
         lines.append(f"- [Evaluation report (report.md)](#/experiments/{experiment_id}/runs/"
                      f"{children['evaluate']}/artifacts/report.md), also attached to this run")

@@ -21,7 +21,7 @@ from flows.runner import (
     run_in_process,
     scoped_env,
 )
-from flows.mlflow_runs import run_url
+from flows.mlflow_runs import run_url, runs_url
 from flows.prefect_views import flow_run_name, publish_result, tag_flow_run
 from flows.stages import STAGE_POOLS, deployment_name
 
@@ -98,6 +98,7 @@ def run_dispatched(recipe_ref: str, recipe: Recipe, root: Path, refresh: list[st
     return {"mlflow_run_id": tracker.parent_run_id, "tracking_uri": uri, "cached": cached,
             "experiment_id": tracker.experiment_id,
             "mlflow_run_url": run_url(uri, tracker.experiment_id, tracker.parent_run_id or ""),
+            "mlflow_runs_url": runs_url(uri, tracker.experiment_id),
             "stages": {n: stages[n].out for n in selected}, "evaluation": final, "dispatched": True}
 
 

@@ -222,5 +222,6 @@ def run_in_process(recipe: Recipe, root: Path, refresh: list[str] | None = None,
         return {"mlflow_run_id": tracker.parent_run_id, "tracking_uri": uri, "cached": cached,
                 "experiment_id": tracker.experiment_id,
                 "mlflow_run_url": mlflow_runs.run_url(uri, tracker.experiment_id, tracker.parent_run_id or ""),
+                "mlflow_runs_url": mlflow_runs.runs_url(uri, tracker.experiment_id),
                 "stages": {n: stages[n].out for n in selected}, "evaluation": final,
                 "promotion": promotion}

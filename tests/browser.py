@@ -87,6 +87,23 @@ class Browser:
             time.sleep(1.0)
         raise AssertionError(f"page never showed {needles}; it shows:\n{text[:3000]}")
 
+    def texts(self, css: str) -> list[str]:
+        """The text of each element that matches a CSS selector, in document order."""
+        script = f"[...document.querySelectorAll({json.dumps(css)})].map(e => e.innerText.trim())"
+        result = self.call("Runtime.evaluate", expression=script, returnByValue=True)
+        return list(result.get("result", {}).get("value") or [])
+
+    def wait_for_texts(self, css: str, count: int, timeout: float = 90.0) -> list[str]:
+        """The texts of the elements matching ``css`` once ``count`` of them show text."""
+        deadline = time.monotonic() + timeout
+        found: list[str] = []
+        while time.monotonic() < deadline:
+            found = self.texts(css)
+            if sum(1 for t in found if t) >= count:
+                return found
+            time.sleep(1.0)
+        raise AssertionError(f"fewer than {count} elements {css} with text; found {found}:\n{self.text()[:3000]}")
+
     def click_text(self, label: str) -> None:
         """Click the first element whose own text is ``label`` (tabs, links)."""
         script = ("(() => { const all = [...document.querySelectorAll('a,button,[role=tab],span,div')];"

@@ -119,8 +119,10 @@ def test_refresh_recomputes_a_stage_and_its_dependants_only(harness):
 
 def test_mlflow_ui_shows_runs_metrics_and_the_report(harness, tmp_path):
     """The MLflow UI over the demo store, in headless Chromium: the experiment opens on the run
-    list with the parent runs, a parent shows `accuracy/overall`, and a cached run's evaluate
-    child lists `report.md`. Screenshots go to $EMBODIED_R_SCREENSHOTS when set."""
+    list with the parent runs, the printed run-list link shows `accuracy/overall` as a column,
+    a parent shows `accuracy/overall`, a training run's charts open on its rewards, and a cached
+    run's evaluate child lists and shows `report.md`. Screenshots go to $EMBODIED_R_SCREENSHOTS
+    when set."""
     from browser import ensure_chromium
 
     binary, why = ensure_chromium()
@@ -135,8 +137,12 @@ def check_mlflow_ui(binary, harness, tmp_path):
 
     from mlflow import MlflowClient
 
+    import re
+
     from browser import Browser
     from servers import background, free_port
+
+    from flows.mlflow_runs import runs_url
 
     uri = f"sqlite:///{harness / 'mlflow.db'}"
     client = MlflowClient(tracking_uri=uri)
@@ -167,9 +173,30 @@ def check_mlflow_ui(binary, harness, tmp_path):
             browser.open(f"{base}/#/experiments/{experiment.experiment_id}/runs/{cached_parent.info.run_id}?workflowType=machine_learning")
             browser.wait_for("accuracy/overall", "Recipe")
             browser.screenshot(shots / "mlflow-parent-run.png")
-            # The cached run's evaluate child lists the report among its artifacts.
+            # The printed link to all runs opens the saved view: accuracy/overall is a column of
+            # the run list, each parent's value in it.
+            browser.open(runs_url(base, experiment.experiment_id))
+            column = browser.wait_for_texts('[col-id="metrics.`accuracy/overall`"]', 1 + len(parents))
+            assert column[0] == "accuracy/overall", column
+            shown = [float(v) for v in column[1:] if v not in ("", "-")]
+            for parent in parents:
+                value = parent.data.metrics["accuracy/overall"]
+                assert any(abs(v - value) < 0.01 for v in shown), (parent.info.run_name, value, column)
+            browser.screenshot(shots / "mlflow-run-list-accuracy.png")
+            # A training run's chart page opens on the rewards: the groups are listed by name.
+            train = client.search_runs([experiment.experiment_id], filter_string=(
+                f"tags.mlflow.parentRunId = '{cached_parent.info.run_id}' and tags.stage = 'train_stage1'"))[0]
+            browser.open(f"{base}/#/experiments/{experiment.experiment_id}/runs/{train.info.run_id}/model-metrics?workflowType=machine_learning")
+            lines = browser.wait_for("reward/total", "timing").splitlines()
+            groups = [name for name, count in zip(lines, lines[1:]) if re.fullmatch(r"\(\d+\)", count)]
+            assert groups[0] == "reward" and {"summary", "timing", "train"} <= set(groups), groups
+            browser.screenshot(shots / "mlflow-train-charts.png")
+            # The cached run's evaluate child lists the report among its artifacts, and shows it.
             browser.open(f"{base}/#/experiments/{experiment.experiment_id}/runs/{evaluate.info.run_id}/artifacts?workflowType=machine_learning")
             browser.wait_for("report.md", "predictions_table.json")
             browser.screenshot(shots / "mlflow-evaluate-artifacts.png")
+            browser.click_text("report.md")
+            browser.wait_for("Accuracy per task", "Beside the paper")
+            browser.screenshot(shots / "mlflow-evaluate-report.png")
         finally:
             browser.close()

@@ -65,12 +65,25 @@ def test_config_follows_the_recipes_training_environment() -> None:
         SFTConfig(learning_rat=1e-5)
 
 
-def test_run_sft_trains_saves_and_lists_too_long_records(tmp_path: Path) -> None:
+def assert_compact_step_lines(out: str, stage: str, steps: int) -> None:
+    """One ``stage  step k/n  loss ...  token acc ...  lr ...`` line per step, no raw log dict."""
+    lines = [line for line in out.splitlines() if line.split()[:2] == [stage, "step"]]
+    assert [line.split()[2] for line in lines] == [f"{k}/{steps}" for k in range(1, steps + 1)], out
+    for line in lines:
+        words = line.split()
+        assert words[3] == "loss" and words[5:7] == ["token", "acc"] and words[8] == "lr", line
+        assert all(float(words[i]) >= 0 for i in (4, 7, 9)), line  # numbers, not "-"
+    assert "{'loss'" not in out and "'train_runtime'" not in out and "{" not in out, out
+    assert "examples/s" not in out, out  # nor the dataset passes' bars before training
+
+
+def test_run_sft_trains_saves_and_lists_too_long_records(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     from transformers import AutoModelForCausalLM
 
     records = _records(tmp_path / "records", tmp_path, long_one=True)
     out = tmp_path / "sft"
     summary = run_sft(records, "tiny:lm", out, tiny_sft())
+    assert_compact_step_lines(capsys.readouterr().out, "sft", 3)
     assert summary["steps"] == 3 and summary["steps_this_run"] == 3
     assert summary["seconds_per_step"] == pytest.approx(summary["seconds"] / 3, abs=1e-3)
     assert summary["done"] == 6 and summary["failed"] == 1 and summary["failure_reasons"] == {"too_long": 1}
@@ -85,6 +98,16 @@ def test_run_sft_trains_saves_and_lists_too_long_records(tmp_path: Path) -> None
     before = log.stat().st_mtime_ns
     assert run_sft(records, "tiny:lm", out, tiny_sft()) == summary
     assert log.stat().st_mtime_ns == before
+
+
+def test_warm_start_prints_its_own_step_lines(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from embodied_r.training.warmstart import WarmstartConfig, run_warmstart
+
+    records = _records(tmp_path / "records", tmp_path)
+    cfg = WarmstartConfig(**tiny_sft(max_steps=2).model_dump(include=set(SFTConfig.model_fields)))
+    summary = run_warmstart(records, "tiny:lm", tmp_path / "warm", cfg)
+    assert summary["stage"] == "warmstart" and summary["steps"] == 2
+    assert_compact_step_lines(capsys.readouterr().out, "warmstart", 2)
 
 
 def test_run_sft_resumes_from_its_checkpoint(tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ import pytest
 
 from embodied_r.backends.base import BackendConfig
 from embodied_r.io import partial_path
+from embodied_r.tracking import stage_metrics
 from embodied_r.training.records import RecordsConfig, run_records
 from embodied_r.training.config import GRPOStageConfig, TrainingConfig, VLLMRollouts
 from embodied_r.training.environment import PROJECT_ROOT, LoraSettings
@@ -165,8 +166,11 @@ def test_three_stages_chain_on_cpu(records: Path, tmp_path: Path, monkeypatch: p
     # The trainer logged its per-step figures into the given run.
     for name in ("reward/format", "reward/accuracy", "reward/format_std", "train/kl", "reward/total",
                  "train/completions/mean_length", "train/completions/max_length",
-                 "train/completions/clipped_ratio", "train/entropy", "perf/step_time"):
+                 "train/completions/clipped_ratio", "train/entropy", "timing/step_time"):
         assert len(client.get_metric_history(run_id, name)) == 2, name
+    # The run page lists its chart groups alphabetically: a training run opens on its rewards.
+    names = set(client.get_run(run_id).data.metrics) | set(stage_metrics(summaries[0]))
+    assert min(name.split("/", 1)[0] for name in names) == "reward", sorted(names)
     assert summaries[0]["stopped_by"] == "step cap" and summaries[0]["epochs_requested"] == 1.0
     assert [s["global_step_offset"] for s in summaries] == [0, 2, 4]
     # ... and a sample of completions as a table: one per table interval and the last step.

@@ -11,8 +11,9 @@ import pytest
 
 from embodied_r import progress
 from embodied_r.evaluation.report import LEGEND, render_markdown, task_name, wilson_interval
-from embodied_r.tracking import METRIC_GROUPS, Tracker, stage_metric_name, trainer_metric_name
-from embodied_r.training.callbacks import sampled_steps, step_record
+from embodied_r.tracking import (METRIC_GROUPS, RUN_LIST_VIEW_TAG, Tracker, stage_metric_name,
+                                 trainer_metric_name)
+from embodied_r.training.callbacks import sampled_steps, sft_step_record, step_record
 
 
 def test_trainer_metrics_fall_into_named_groups() -> None:
@@ -21,11 +22,11 @@ def test_trainer_metrics_fall_into_named_groups() -> None:
     assert trainer_metric_name("rewards/consistency_reward/std") == "reward/consistency_std"
     assert trainer_metric_name("kl") == "train/kl"
     assert trainer_metric_name("completions/mean_length") == "train/completions/mean_length"
-    assert trainer_metric_name("profiling/Time taken: GRPOTrainer._calculate_rewards").startswith("perf/")
+    assert trainer_metric_name("profiling/Time taken: GRPOTrainer._calculate_rewards").startswith("timing/")
     assert stage_metric_name("accuracy/overall") == "accuracy/overall"  # the run list's column
     assert stage_metric_name("count/overall") == "eval/count/overall"
     assert stage_metric_name("final_reward") == "summary/final_reward"
-    assert stage_metric_name("seconds_per_step") == "perf/seconds_per_step"
+    assert stage_metric_name("seconds_per_step") == "timing/seconds_per_step"
     for key in ("loss", "grad_norm", "entropy", "step_time", "reward_std", "epoch", "rewards/x/mean"):
         assert trainer_metric_name(key).split("/", 1)[0] in METRIC_GROUPS
 
@@ -43,6 +44,11 @@ def test_one_compact_line_per_training_step() -> None:
     assert line.split() == ["train_stage2", "step", "2/3", "(global", "5)", "reward", "0.412", "format",
                             "0.500", "accuracy", "0.250", "kl", "0.0003"]
     assert "{" not in line
+    sft = sft_step_record({"loss": 1.23456, "mean_token_accuracy": 0.5, "learning_rate": 3e-5, "epoch": 0.1},
+                          "warmstart", 4, 10)
+    assert progress.step_line(sft).split() == ["warmstart", "step", "4/10", "loss", "1.2346", "token", "acc",
+                                               "0.500", "lr", "3.00e-05"]
+    assert progress.step_line({**sft, "lr": None, "token_accuracy": None}).split()[-4:] == ["acc", "-", "lr", "-"]
     assert progress.stage_line("evaluate", "done", 12.34, "accuracy 50.0 %").split() == \
         ["[stage]", "evaluate", "done", "12.3", "s", "accuracy", "50.0", "%"]
 
@@ -70,10 +76,24 @@ def tracker(tmp_path: Path) -> Tracker:
     return Tracker.open("views", f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path)
 
 
-def test_experiment_opens_on_the_run_list(tracker: Tracker) -> None:
+def test_experiment_opens_on_the_run_list(tracker: Tracker, tmp_path: Path) -> None:
+    from flows.mlflow_runs import runs_url
+
     experiment = tracker.client.get_experiment(tracker.experiment_id)
     assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
     assert "parent run" in experiment.tags["mlflow.note.content"]
+    # The saved view the printed link opens: the run list with accuracy/overall as a column
+    # (the browser test sees the column in the UI).
+    view = json.loads(experiment.tags[RUN_LIST_VIEW_TAG])
+    assert view["name"] and isinstance(view["createdAt"], int)
+    assert "metrics.`accuracy/overall`" in json.loads(view["state"])["selectedColumns"]
+    url = runs_url(tracker.uri, tracker.experiment_id)
+    assert url.endswith(f"/#/experiments/{tracker.experiment_id}/runs?workflowType=machine_learning"
+                        f"&viewStateShareKey={RUN_LIST_VIEW_TAG.rsplit('.', 1)[1]}")
+    # A view the user overwrote in the UI is kept when the experiment is opened again.
+    tracker.client.set_experiment_tag(tracker.experiment_id, RUN_LIST_VIEW_TAG, "{}")
+    again = Tracker.open("views", tracker.uri, tmp_path)
+    assert again.client.get_experiment(again.experiment_id).tags[RUN_LIST_VIEW_TAG] == "{}"
 
 
 def test_a_cached_stage_links_to_and_copies_its_source_run(tracker: Tracker, tmp_path: Path) -> None:

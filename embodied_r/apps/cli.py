@@ -95,6 +95,8 @@ def _print_outcome(result: dict[str, Any], seconds: float, synthetic: bool = Fal
     print(f"Project home: {home()}")
     if result.get("mlflow_run_url"):
         print(f"This run in MLflow: {result['mlflow_run_url']}")
+    if result.get("mlflow_runs_url"):
+        print(f"All runs, with accuracy/overall: {result['mlflow_runs_url']}")
 
 
 def _print_learning(evaluation: dict[str, Any]) -> None:

@@ -1,6 +1,7 @@
-"""What a GRPO trainer child reports while it trains: per-step metrics into MLflow (grouped by
-prefix, on one global step across the stages), a compact step line for the parent's terminal,
-and a table of sampled completions from several steps of the stage.
+"""What a trainer child reports while it trains. A GRPO child: per-step metrics into MLflow
+(grouped by prefix, on one global step across the stages), a compact step line for the parent's
+terminal, and a table of sampled completions from several steps of the stage. An SFT child (the
+warm start, the SFT baseline): a compact step line. Neither prints the trainer's raw log dicts.
 
 TRL's own MLflow callback is not used: it logs flat names (one catch-all chart group), restarts
 the step at 1 in every stage and renames the run after the stage's short name.
@@ -89,6 +90,42 @@ def step_record(metrics: dict[str, float], stage: str, step: int, total: int, gl
              if k.startswith("reward/") and not k.endswith("_std") and k != "reward/total"}
     return {"stage": stage, "step": step, "total": total, "global": global_step,
             "reward": metrics.get("reward/total"), "components": parts, "kl": metrics.get("train/kl")}
+
+
+def sft_step_record(logs: dict[str, Any], stage: str, step: int, total: int) -> dict[str, Any]:
+    """What the parent prints for one SFT step: the loss, the token accuracy, the learning rate."""
+    def number(key: str) -> float | None:
+        value = logs.get(key)
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        return float(value) if ok else None
+
+    return {"stage": stage, "step": step, "total": total, "loss": number("loss"),
+            "token_accuracy": number("mean_token_accuracy"), "lr": number("learning_rate")}
+
+
+def sft_step_callback(stage: str) -> Any:
+    """A TrainerCallback that prints ``STEP_MARK {json}`` for each logged SFT step."""
+    from transformers import TrainerCallback
+
+    class SFTSteps(TrainerCallback):
+        def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None,
+                   **kwargs: Any) -> None:
+            # The end-of-training entry (train_runtime, train_loss) is no step of its own.
+            if not state.is_world_process_zero or not logs or "loss" not in logs or "train_runtime" in logs:
+                return
+            record = sft_step_record(logs, stage, int(state.global_step), int(state.max_steps))
+            print(STEP_MARK, json.dumps(record), flush=True)
+
+    return SFTSteps()
+
+
+def drop_raw_log_printers(trainer: Any) -> None:
+    """Remove the callbacks that print each log entry as a raw dict (the printer, and the
+    progress bar's own copy): our step callbacks print one compact line instead."""
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+    trainer.remove_callback(PrinterCallback)
+    trainer.remove_callback(ProgressCallback)
 
 
 def reporting_callback(stage: str, stage_index: int, offset: int, run_id: str | None, uri: str | None,

@@ -23,7 +23,7 @@ import pyarrow.parquet as pq
 
 from embodied_r.io import read_json, write_json_atomic
 from embodied_r.scoring.rewards import make_accuracy_reward, make_consistency_reward, make_format_reward, reference_for_rank
-from embodied_r.training.callbacks import reporting_callback
+from embodied_r.training.callbacks import drop_raw_log_printers, reporting_callback
 from embodied_r.training.checkpoints import last_checkpoint
 from embodied_r.training.config import GRPOStageConfig, TrainingConfig
 from embodied_r.training.learning import HISTORY_FILE, quarter_stats
@@ -265,9 +265,7 @@ def main(spec_path: str) -> int:
                                    run_id, uri, cfg.completion_table_rows, cfg.completion_table_steps, work)
     trainer = GRPOTrainer(model=spec["init_model"], reward_funcs=funcs, args=args, train_dataset=dataset,
                           peft_config=peft_config(cfg.lora), callbacks=[progress_callback(), reporting])
-    from transformers.trainer_callback import PrinterCallback
-
-    trainer.remove_callback(PrinterCallback)  # its raw dict per step; ours prints a compact line
+    drop_raw_log_printers(trainer)
     reporting.trainer = trainer
     timer = PhaseTimer(trainer)
 

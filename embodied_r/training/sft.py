@@ -46,7 +46,7 @@ def sft_target(record: dict[str, Any], think: str = DEFAULT_THINK) -> str:
 
 def run_sft(records: Path, init_model: str, out: Path, cfg: SFTConfig,
             mlflow_run_id: str | None = None, tracking_uri: str | None = None,
-            traces: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+            traces: list[dict[str, Any]] | None = None, stage: str = "sft") -> dict[str, Any]:
     """Fine-tune ``init_model`` on ``records/train.parquet`` into ``out/model``.
 
     With ``traces`` (records with a ``target`` column, e.g. the warm start's reasoning
@@ -54,7 +54,8 @@ def run_sft(records: Path, init_model: str, out: Path, cfg: SFTConfig,
 
     Writes ``out/model/`` (full weights and tokenizer, LoRA merged in), ``train.log``,
     ``failures.parquet`` (records too long for ``max_length``) and ``summary.json``. A
-    finished run is not redone; a crashed one resumes from its last checkpoint.
+    finished run is not redone; a crashed one resumes from its last checkpoint. ``stage``
+    names the trainer's step lines on the terminal.
     """
     out = Path(out)
     if is_complete(out):
@@ -75,6 +76,7 @@ def run_sft(records: Path, init_model: str, out: Path, cfg: SFTConfig,
             "records": str(Path(records).resolve()),
             "init_model": init_model,
             "work": str(work.resolve()),
+            "stage": stage,  # names the child's step lines
             # SFT's own fields only: a subclass (the warm start's config) adds trace settings.
             "sft": cfg.model_dump(mode="json", include=set(SFTConfig.model_fields)),
         }

@@ -27,6 +27,7 @@ from embodied_r.training.grpo import (
     read_records,
     save_trained_model,
 )
+from embodied_r.training.callbacks import drop_raw_log_printers, sft_step_callback
 from embodied_r.training.environment import RESULT_NAME, progress_callback
 from embodied_r.training.trl_args import build_config
 
@@ -85,9 +86,11 @@ def main(spec_path: str) -> int:
     cfg = SFTConfig.model_validate(spec["sft"])
     work = Path(spec["work"])
 
-    from datasets import Dataset
+    from datasets import Dataset, disable_progress_bars
     from transformers import AutoTokenizer
     from trl import SFTTrainer
+
+    disable_progress_bars()  # the dataset passes' bars; the parent draws the training's own
 
     tokenizer = AutoTokenizer.from_pretrained(spec["init_model"])
     examples, too_long = split_by_length(sft_examples(read_records(Path(spec["records"])), cfg.think),
@@ -100,7 +103,8 @@ def main(spec_path: str) -> int:
     report_to = ["mlflow"] if os.environ.get("MLFLOW_RUN_ID") else []
     trainer = SFTTrainer(model=spec["init_model"], args=sft_args(cfg, work, report_to), train_dataset=dataset,
                          processing_class=tokenizer, peft_config=peft_config(cfg.lora),
-                         callbacks=[progress_callback()])
+                         callbacks=[progress_callback(), sft_step_callback(spec.get("stage", "sft"))])
+    drop_raw_log_printers(trainer)
 
     resume, start_step = last_checkpoint(work)
     if resume:

@@ -122,7 +122,7 @@ def run_warmstart(records: Path, init_model: str, out: Path, cfg: WarmstartConfi
     """SFT ``init_model`` on traces of ``records/train.parquet`` into ``out/model``."""
     rows = pq.read_table(Path(records) / "train.parquet").to_pylist()
     summary = run_sft(Path(records), init_model, Path(out), cfg, mlflow_run_id=mlflow_run_id,
-                      traces=traces(rows, cfg))
+                      traces=traces(rows, cfg), stage="warmstart")
     return {**summary, "stage": "warmstart"}
 
 
