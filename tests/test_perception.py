@@ -20,14 +20,9 @@ from embodied_r.backends.base import BackendConfig
 from embodied_r.io import table_from_records, write_parquet_atomic
 from embodied_r.perception.stage import PerceptionConfig, run_perception
 from embodied_r.perception.parse import FrameInfo, normalize_action, parse_frame_response, video_text
-<<<<<<< HEAD
 from embodied_r.perception.prompts import ACTIONS, PromptStyle, first_frame_conversation, pair_conversation
-
-ROOT = Path(__file__).resolve().parents[1]
-=======
-from embodied_r.perception.prompts import ACTIONS, first_frame_conversation, pair_conversation
 from tests.killing import kill_at_item
->>>>>>> r17
+
 
 # -- parsing ------------------------------------------------------------------------------
 
