@@ -121,7 +121,7 @@ def test_baselines_of_a_recipe_need_its_stages(tmp_path: Path) -> None:
     assert plans["policy"].inputs["policy"] == "tiny:lm"
     other = plan_baselines(load_recipe("smoke", {"evaluation": {"max_new_tokens": 7}}), tmp_path)
     assert other["policy"].out != plans["policy"].out
-    with pytest.raises(StageError, match="embodied-r convert --recipe demo"):
+    with pytest.raises(StageError, match="embodied-r convert --recipe smoke"):
         run_baselines(recipe, tmp_path, only=["policy"])
     with pytest.raises(ValueError, match="unknown baseline"):
         run_baselines(recipe, tmp_path, only=["oracle"])

@@ -39,11 +39,11 @@ def test_recipe_errors_name_the_fix(tmp_path):
     with pytest.raises(RecipeError, match="choose one of"):
         load_recipe("no-such-recipe")
     bad = tmp_path / "bad.yaml"
-    bad.write_text("extends: demo\ntraining:\n  learning_rat: 1\n")
+    bad.write_text("extends: smoke\ntraining:\n  learning_rat: 1\n")
     with pytest.raises(RecipeError, match="learning_rat"):
         load_recipe(bad)
     child = tmp_path / "child.yaml"
-    child.write_text("extends: demo\nname: child\ntraining:\n  learning_rate: 3.0e-6\n")
+    child.write_text("extends: smoke\nname: child\ntraining:\n  learning_rate: 3.0e-6\n")
     r = load_recipe(child)
     assert r.training.learning_rate == 3e-6 and r.training.policy == "tiny:lm"
     assert parse_override("training.beta=0.01") == {"training": {"beta": 0.01}}
@@ -60,7 +60,7 @@ def test_changing_a_stage_changes_its_key_and_its_dependants_only(tmp_path):
 
 def test_a_stage_alone_needs_its_inputs(tmp_path):
     stages = plan(load_recipe("smoke"), tmp_path)
-    with pytest.raises(StageError, match="embodied-r preprocess --recipe demo"):
+    with pytest.raises(StageError, match="embodied-r preprocess --recipe smoke"):
         select_stages(stages, ["keyframes"], "smoke")
     assert select_stages(stages, ["download", "preprocess"], "smoke") == ["download", "preprocess"]
     with pytest.raises(StageError, match="unknown stage"):

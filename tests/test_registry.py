@@ -168,7 +168,7 @@ def test_commands_evaluate_register_and_promote(demo_home: Path, tiny_lm_path: P
 
     from embodied_r.apps.cli_eval import main
 
-    quick = ["--set", "evaluation.backend.max_new_tokens=6"]
+    quick = ["--recipe", "smoke", "--set", "evaluation.backend.max_new_tokens=6"]
     assert main(["eval-model", "tiny:lm", "--split", "val", *quick]) == 0
     out = capsys.readouterr().out
     assert "tiny:lm on the val split: overall 0.000" in out and "(2 answered, 0 failed)" in out
@@ -191,5 +191,5 @@ def test_commands_evaluate_register_and_promote(demo_home: Path, tiny_lm_path: P
     assert main(["baselines", "--only", "policy", "--no-track", "--report", str(demo_home / "cmp.md"), *quick]) == 0
     assert "| **untrained reasoning model** | 0.0 | 0.0 |" in (demo_home / "cmp.md").read_text()
 
-    assert main(["eval-model", "tiny:lm", "--set", "records.choice_instruction=Answer."]) == 2
-    assert "embodied-r convert --recipe demo" in capsys.readouterr().err  # other records: not converted
+    assert main(["eval-model", "tiny:lm", "--recipe", "smoke", "--set", "records.choice_instruction=Answer."]) == 2
+    assert "embodied-r convert --recipe smoke" in capsys.readouterr().err  # other records: not converted

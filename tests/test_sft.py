@@ -128,7 +128,7 @@ def test_missing_records_name_the_fix(tmp_path: Path) -> None:
 
 
 def test_sft_command_trains_evaluates_and_tracks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``embodied-r sft --recipe demo`` on the demo recipe's convert folder."""
+    """``embodied-r sft --recipe smoke`` on the smoke recipe's convert folder."""
     from mlflow import MlflowClient
 
     from embodied_r.apps import cli_train
@@ -141,7 +141,7 @@ def test_sft_command_trains_evaluates_and_tracks(tmp_path: Path, monkeypatch: py
     args = parser.parse_args(["sft", "--recipe", "smoke", "--max-steps", "2"])
 
     # Before the convert stage has run, the command says which command makes its input.
-    with pytest.raises(StageError, match="embodied-r convert --recipe demo"):
+    with pytest.raises(StageError, match="embodied-r convert --recipe smoke"):
         args.handler(args)
 
     recipe = load_recipe("smoke")
@@ -160,12 +160,12 @@ def test_sft_command_trains_evaluates_and_tracks(tmp_path: Path, monkeypatch: py
     client = MlflowClient(tracking_uri=f"sqlite:///{root / 'mlflow.db'}")
     experiment = client.get_experiment_by_name(recipe.tracking.experiment)
     runs = {r.info.run_name: r for r in client.search_runs([experiment.experiment_id])}
-    assert {"demo-sft-baseline", "sft", "sft_evaluate"} <= set(runs)
-    parent = runs["demo-sft-baseline"].info.run_id
+    assert {"smoke-sft-baseline", "sft", "sft_evaluate"} <= set(runs)
+    parent = runs["smoke-sft-baseline"].info.run_id
     for name in ("sft", "sft_evaluate"):
         assert runs[name].data.tags["mlflow.parentRunId"] == parent and runs[name].info.status == "FINISHED"
     assert "accuracy/overall" in runs["sft_evaluate"].data.metrics
-    assert runs["demo-sft-baseline"].data.metrics["accuracy/overall"] == evaluation["accuracy/overall"]
+    assert runs["smoke-sft-baseline"].data.metrics["accuracy/overall"] == evaluation["accuracy/overall"]
     assert "loss" in runs["sft"].data.metrics  # the trainer logged into the sft run
     assert runs["sft"].data.params["sft.learning_rate"] == "1e-05"
     assert runs["sft"].data.params["learning_rate"] == "1e-05"  # the trainer's own record

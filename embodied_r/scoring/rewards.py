@@ -30,21 +30,14 @@ from embodied_r.backends.base import Backend, BackendConfig
 from embodied_r.backends.factory import make_backend
 from embodied_r.scoring.config import ReferenceDown, ScoringConfig
 from embodied_r.scoring.metrics import mean_relative_accuracy, score_answer
+from embodied_r.scoring.reference_prompts import (  # noqa: F401  (re-exported)
+    REFERENCE_SYSTEM,
+    REFERENCE_TEMPLATE_CHOICE,
+    REFERENCE_TEMPLATE_NUMBER,
+)
 
 log = logging.getLogger(__name__)
 
-REFERENCE_SYSTEM = "You are a careful assistant who answers multiple-choice questions."
-REFERENCE_TEMPLATE_CHOICE = (
-    "This is a multiple-choice question. Based only on the question and the reasoning "
-    "below, choose the one option the reasoning supports.\n\n"
-    "Question:\n{question}\n\nReasoning:\n{think}\n\n"
-    "Answer with the option's letter only, without explanation."
-)
-REFERENCE_TEMPLATE_NUMBER = (
-    "Based only on the question and the reasoning below, give the number the reasoning "
-    "arrives at.\n\nQuestion:\n{question}\n\nReasoning:\n{think}\n\n"
-    "Answer with the number only, without explanation."
-)
 
 
 def _column(kwargs: dict[str, Any], name: str, n: int, default: Any = None) -> list[Any]:

@@ -16,7 +16,11 @@ import re
 from pathlib import Path
 
 from embodied_r.backends.tiny_models import TRAINED, TinyLMSpec, ensure_tiny_lm, home
-from embodied_r.scoring.rewards import REFERENCE_SYSTEM, REFERENCE_TEMPLATE_CHOICE, REFERENCE_TEMPLATE_NUMBER
+from embodied_r.scoring.reference_prompts import (
+    REFERENCE_SYSTEM,
+    REFERENCE_TEMPLATE_CHOICE,
+    REFERENCE_TEMPLATE_NUMBER,
+)
 from embodied_r.training.prompts import (
     DEFAULT_CHOICE_INSTRUCTION,
     DEFAULT_NUMBER_INSTRUCTION,
