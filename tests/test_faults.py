@@ -193,7 +193,7 @@ def test_truncated_video_is_recorded_with_both_counts(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("override", [
-    {"training": {"learning_rate": -1}}, {"training": {"learning_rate": float("nan")}},
+    {"training": {"learning_rate": -1}}, {"training": {"learning_rate": 0}}, {"training": {"learning_rate": float("nan")}},
     {"training": {"learning_rate": float("inf")}}, {"perception": {"backend": {"temperature": -3}}},
     {"perception": {"backend": {"timeout_s": 0}}}, {"evaluation": {"backend": {"max_new_tokens": 0}}},
     {"download": {"max_zip_bytes": -5}}, {"catalog": {"split": {"train": 0.9, "val": 0.9, "test": -0.8}}},

@@ -58,10 +58,7 @@ def grpo_cfg(**kw: Any) -> TrainingConfig:
         logging_steps=1,
     )
     base.update(kw)
-    if base["learning_rate"] == 0.0:
-        # Recipes refuse a rate of 0; the control run hands TRL a 0 through the pass-through
-        # arguments, which override the typed field in the trainer's own config.
-        base.update(learning_rate=1e-3, grpo_args={"learning_rate": 0.0})
+    # A rate of 0 is refused by recipes, not by the trainer's config: the control run uses it.
     return TrainingConfig(**base)
 
 

@@ -109,7 +109,7 @@ class TrainingConfig(TrainerEnvironment):
     # -- Settings that change results. Each is passed to TRL's GRPOConfig explicitly
     # (``grpo.grpo_kwargs``); the defaults are what the official script got from its
     # arguments and from ms-swift 3.3's defaults (docs/fidelity.md), not TRL's.
-    learning_rate: float = Field(5e-7, gt=0)
+    learning_rate: float = Field(5e-7, ge=0)  # recipes want it positive (config.Recipe)
     beta: float = Field(0.001, ge=0)  # KL weight, against the frozen initial weights
     num_generations: int = Field(8, ge=2)
     max_completion_length: int = Field(2048, ge=1)

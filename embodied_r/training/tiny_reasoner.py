@@ -2,12 +2,14 @@
 
 Its tokenizer keeps every fixed text of the reasoner's prompts as one token: the system
 prompt, the record template's fixed parts, the answer-format instructions and the
-consistency reference's prompts, and the four tags of the answer format. A 900-token prompt
-then reads as its content alone (the frames, the question, the options), which is what makes
-a warm start and three GRPO stages affordable on two CPU cores, and a well-formed reply is
-four tokens of structure around its content. The weights are random until the warm start.
+consistency reference's prompts, and the four tags of the answer format. The demo's prompts
+then shrink from about 790 tokens to about 340, mostly their content (the frames, the
+question, the options), which is what makes a warm start and three GRPO stages affordable
+on two CPU cores; a well-formed reply is four tokens of structure around its content. The
+weights are random until the warm start.
 
-Registered under ``backends.tiny_models.TRAINED`` when ``embodied_r.training`` is imported.
+Registered under ``backends.tiny_models.TRAINED`` by ``training.records``, which every
+process that makes records, trains or evaluates on them imports.
 """
 
 from __future__ import annotations
