@@ -71,7 +71,7 @@ def config_cases(recipes: list[str]) -> list[dict[str, Any]]:
                       "sft": sft_config_for(recipe).model_dump(mode="json")})
     # The check must see a wrong keyword: one recipe with a name the pinned versions lack.
     demo = load_recipe("smoke", {"training": {"grpo_args": {PLANTED: True}}, "sft": {"sft_args": {PLANTED: True}}})
-    cases.append({"recipe": f"demo + {PLANTED} (planted)", "world": 1, "gpus": 0, "planted": True,
+    cases.append({"recipe": f"smoke + {PLANTED} (planted)", "world": 1, "gpus": 0, "planted": True,
                   "training": demo.training.model_dump(mode="json"),
                   "sft": sft_config_for(demo).model_dump(mode="json")})
     return cases
