@@ -24,8 +24,6 @@ cache in ``keyframes_cache``.
 from __future__ import annotations
 
 import math
-import os
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +33,7 @@ import cv2
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from embodied_r.keyframes.video import FrameSampler, VideoError, read_frames
+from embodied_r.keyframes.video import FrameSampler, JpegSpool, VideoError, read_frames
 
 REASONS = ("first", "last", "low_overlap", "match_failed", "fill")
 
@@ -203,27 +201,6 @@ def thin_evenly(items: Sequence, m: int) -> list:
     return [items[round(x)] for x in np.linspace(0, n - 1, m)]
 
 
-class _Spool:
-    """JPEG bytes kept in a temporary file, so memory does not grow with the number of frames."""
-
-    def __init__(self) -> None:
-        self.file = tempfile.TemporaryFile()
-        self.where: dict[int, tuple[int, int]] = {}
-
-    def put(self, index: int, data: bytes) -> None:
-        self.file.seek(0, os.SEEK_END)
-        self.where[index] = (self.file.tell(), len(data))
-        self.file.write(data)
-
-    def get(self, index: int) -> bytes:
-        offset, size = self.where[index]
-        self.file.seek(offset)
-        return self.file.read(size)
-
-    def close(self) -> None:
-        self.file.close()
-
-
 def extract_keyframes(video_path: str | Path, config: KeyframeConfig | None = None, *,
                       keep_images: bool = True) -> KeyframeResult:
     """Key frames of one video; raises ``VideoError`` for a missing, empty, corrupt or 0-fps file."""
@@ -233,7 +210,7 @@ def extract_keyframes(video_path: str | Path, config: KeyframeConfig | None = No
 
         return KeyframeResult(**extract_official(video_path, cfg, keep_images=keep_images))
     start = time.perf_counter()
-    spool = _Spool() if keep_images else None
+    spool = JpegSpool() if keep_images else None
     try:
         with FrameSampler(video_path, cfg.sample_fps, threads=cfg.decode_threads, ahead=cfg.decode_ahead) as sampler:
             info, step = sampler.info, sampler.step

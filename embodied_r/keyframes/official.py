@@ -26,8 +26,6 @@ as JPEGs directly, not first written to an mp4v video and read back.
 from __future__ import annotations
 
 import math
-import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -35,7 +33,7 @@ from typing import Any, Sequence
 import cv2
 import numpy as np
 
-from embodied_r.keyframes.video import FrameSampler, VideoError, probe_video, read_frames
+from embodied_r.keyframes.video import FrameSampler, JpegSpool, VideoError, probe_video, read_frames
 
 
 def constrained_sampling(items: Sequence[Any], m: int) -> list[Any]:
@@ -127,27 +125,6 @@ def encode_jpeg(image: np.ndarray, max_side: int, quality: int) -> bytes:
     return buf.tobytes()
 
 
-class _Spool:
-    """JPEG bytes in a temporary file: memory does not grow with the number of key frames."""
-
-    def __init__(self) -> None:
-        self.file = tempfile.TemporaryFile()
-        self.where: dict[int, tuple[int, int]] = {}
-
-    def put(self, index: int, data: bytes) -> None:
-        self.file.seek(0, os.SEEK_END)
-        self.where[index] = (self.file.tell(), len(data))
-        self.file.write(data)
-
-    def get(self, index: int) -> bytes:
-        offset, size = self.where[index]
-        self.file.seek(offset)
-        return self.file.read(size)
-
-    def close(self) -> None:
-        self.file.close()
-
-
 def extract_official(video_path: str | Path, cfg: Any, *, keep_images: bool = True) -> dict[str, Any]:
     """Key frames of one video by the official rule, as the fields of a ``KeyframeResult``.
     ``cfg`` is a ``KeyframeConfig``: sample_fps, overlap_threshold, min_frames, max_frames,
@@ -163,7 +140,7 @@ def extract_official(video_path: str | Path, cfg: Any, *, keep_images: bool = Tr
     # The fill rule takes its frames from all samples: plan them from the container's count.
     expected = sample_positions(info.frame_count, step)
     planned = set(constrained_sampling(expected, cfg.min_frames)) if expected else set()
-    spool = _Spool() if keep_images else None
+    spool = JpegSpool() if keep_images else None
     matcher = OfficialMatcher(cfg.orb_features, cfg.ransac_reproj_threshold, cfg.min_matches)
     try:
         # FrameSampler samples every round(fps / rate) frames: this rate gives the official step.

@@ -14,7 +14,9 @@ queue keeps memory flat (at most ``ahead`` + 2 frames held at once, whatever the
 from __future__ import annotations
 
 import math
+import os
 import queue
+import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -241,3 +243,25 @@ def read_frames(path: str | Path, indices: Iterable[int], threads: int = 0) -> d
     finally:
         cap.release()
     return out
+
+
+class JpegSpool:
+    """JPEG bytes kept in a temporary file, so memory does not grow with the number of key
+    frames (both key-frame modes keep their chosen frames here until the end)."""
+
+    def __init__(self) -> None:
+        self.file = tempfile.TemporaryFile()
+        self.where: dict[int, tuple[int, int]] = {}
+
+    def put(self, index: int, data: bytes) -> None:
+        self.file.seek(0, os.SEEK_END)
+        self.where[index] = (self.file.tell(), len(data))
+        self.file.write(data)
+
+    def get(self, index: int) -> bytes:
+        offset, size = self.where[index]
+        self.file.seek(offset)
+        return self.file.read(size)
+
+    def close(self) -> None:
+        self.file.close()
