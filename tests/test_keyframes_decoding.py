@@ -8,11 +8,12 @@ import threading
 import time
 from pathlib import Path
 
+import cv2
 import pytest
 
 from embodied_r.keyframes.extract import KeyframeConfig, extract_keyframes
 from embodied_r.keyframes.stage import opencv_threads
-from embodied_r.keyframes.video import FrameSampler
+from embodied_r.keyframes.video import FrameSampler, auto_decode_threads
 from embodied_r.synthetic.world import write_motion_video
 
 # Slow pans, fast turns, flights and a still spell: key frames for every reason.
@@ -106,3 +107,19 @@ def test_opencv_threads_leave_a_core_to_the_decoding_thread():
     assert opencv_threads(cfg, workers=1, cores=8) == 7
     assert opencv_threads(KeyframeConfig(decode_ahead=0), workers=1, cores=2) == 2
     assert opencv_threads(KeyframeConfig(cv_threads=3), workers=1, cores=2) == 3
+
+
+def test_ffmpeg_threads_follow_the_frame_size_unless_forced(flight, tmp_path):
+    assert auto_decode_threads(640, 360) == auto_decode_threads(640, 480) == 1
+    assert auto_decode_threads(1280, 720) == auto_decode_threads(480, 854) == 0
+    large = write_motion_video(tmp_path / "large.mp4", FLIGHT[:1], seed=3, width=960, height=540)
+
+    def threads_used(path: Path, threads: int | None) -> float:
+        with FrameSampler(path, threads=threads) as sampler:
+            return sampler.cap.get(cv2.CAP_PROP_N_THREADS)
+
+    own = threads_used(large, 0)  # FFmpeg's own choice: one per core
+    assert (threads_used(flight, None), threads_used(large, None)) == (1, own)
+    assert (threads_used(flight, 2), threads_used(large, 1)) == (2, 1)  # forced either way
+    by_size = extract_keyframes(large, KeyframeConfig(min_frames=2))
+    assert _decision(extract_keyframes(large, KeyframeConfig(min_frames=2, decode_threads=1))) == _decision(by_size)

@@ -8,7 +8,8 @@ fewer than ``min_frames`` are topped up with evenly spaced frames and more than 
 are thinned evenly, first and last kept.
 
 Speed: unused frames are only grabbed; decoding runs in a second thread ahead of the matching,
-with one FFmpeg thread by default (cheaper in CPU than FFmpeg's frame threads, see ``video``);
+by default with one FFmpeg thread up to 640x480 (cheaper in CPU than FFmpeg's frame threads) and
+FFmpeg's own threads above (one thread would then be the slower path; see ``video``);
 matching runs at ``match_width`` pixels (the overlap is a ratio of areas, so it does not
 depend on scale) and the overlap is the area of the
 intersection of two convex polygons, not of two full-size masks. Memory does not grow with
@@ -60,7 +61,8 @@ class KeyframeConfig(BaseModel):
     jpeg_quality: int = Field(90, ge=1, le=100)
     workers: int = Field(0, ge=0, description="video processes; 0 = one per core")
     cv_threads: int = Field(0, ge=0, description="OpenCV threads per process; 0 = its share of the cores")
-    decode_threads: int = Field(1, ge=0, description="FFmpeg threads per video; 0 = one per core")
+    decode_threads: int | None = Field(None, ge=0, description="FFmpeg threads per video; 0 = one per core; "
+                                       "None = by frame size (video.auto_decode_threads)")
     decode_ahead: int = Field(2, ge=0, description="sampled frames decoded ahead in a second thread; 0 = none")
     cache: bool = Field(True, description="reuse key frames of a video with the same content and parameters")
     cache_dir: str | None = Field(None, description="default: $EMBODIED_R_HOME/cache/keyframes")
