@@ -133,13 +133,11 @@ class _OverlapMatcher:
             return None
         if self.cfg.cross_check:
             pairs = [(m.queryIdx, m.trainIdx) for m in self.bf.match(cur.descriptors, ref.descriptors)]
+            q, t = np.array(pairs, np.int64).reshape(-1, 2).T
         else:
-            pairs = [(m[0].queryIdx, m[0].trainIdx)
-                     for m in self.bf.knnMatch(cur.descriptors, ref.descriptors, k=2)
-                     if len(m) == 2 and m[0].distance < self.cfg.ratio_test * m[1].distance]
-        if len(pairs) < self.cfg.min_matches:
+            q, t = self._ratio_matches(cur.descriptors, ref.descriptors)
+        if len(q) < self.cfg.min_matches:
             return None
-        q, t = np.array(pairs).T
         homography, mask = cv2.findHomography(cur.points[q], ref.points[t], cv2.RANSAC, self.threshold)
         if homography is None or mask is None or int(mask.sum()) < self.cfg.min_inliers:
             return None
@@ -149,6 +147,19 @@ class _OverlapMatcher:
             return None
         area, _ = cv2.intersectConvexConvex(self.rect, quad.astype(np.float32))
         return float(area) / (self.size[0] * self.size[1])
+
+
+    def _ratio_matches(self, query: np.ndarray, train: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Query and train indices of the nearest neighbours that pass the ratio test.
+
+        ``BFMatcher.knnMatch(k=2)`` is ``batchDistance(K=2)`` whose arrays are wrapped in a
+        DMatch object per neighbour; reading the arrays gives the same pairs in the same order
+        (ties go to the lower index either way) without a Python object per descriptor.
+        """
+        dist, nearest = cv2.batchDistance(query, train, cv2.CV_32S, normType=cv2.NORM_HAMMING, K=2, update=0,
+                                          crosscheck=False)
+        q = np.flatnonzero((nearest[:, 1] >= 0) & (dist[:, 0] < self.cfg.ratio_test * dist[:, 1]))
+        return q, nearest[q, 0]
 
 
 def _signed_area(poly: np.ndarray) -> float:
