@@ -257,7 +257,7 @@ def print_target(rows: list[dict], target: float) -> None:
         words = []
         for kind, value in zip(met, ratio(r)):
             met[kind] += value >= target
-            words.append(f"{kind} {value:.2f}x {'reaches it' if value >= target else 'MISSES it'}")
+            words.append(f"{kind} {value:.3f}x {'reaches it' if value >= target else 'MISSES it'}")
         print(f"  {r['video']} (load {r['load']:.1f}): " + ", ".join(words))
     print("  " + "; ".join(f"{kind}: {n} of {len(rows)} videos reach it" for kind, n in met.items()))
 
