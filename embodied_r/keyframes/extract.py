@@ -158,6 +158,10 @@ class _OverlapMatcher:
         return q, nearest[q]
 
 
+_POPCOUNT = getattr(np, "bitwise_count", None)  # numpy >= 2.0
+_TABLE_CELLS = 1 << 18
+
+
 def nearest_two(query: np.ndarray, train: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """For each query descriptor (rows of bytes), the index of the nearest of at least two train
     descriptors by Hamming distance, that distance and the second-nearest's.
@@ -193,10 +197,6 @@ def nearest_two(query: np.ndarray, train: np.ndarray) -> tuple[np.ndarray, np.nd
         d[rows, best] = np.iinfo(d.dtype).max
         second[start:stop] = d.min(axis=1)
     return nearest, first, second
-
-
-_POPCOUNT = getattr(np, "bitwise_count", None)  # numpy >= 2.0
-_TABLE_CELLS = 1 << 18
 
 
 def _signed_area(poly: np.ndarray) -> float:
