@@ -1,7 +1,8 @@
 """Key-frame extraction speed and memory, against decoding alone and the original approach.
 
 Run:  python benchmarks/keyframes_speed.py [--short 60 --long 180 --sizes 640x360,1280x720]
-                                           [--reference main] [--repeat 3]
+                                           [--reference main] [--repeat 3] [--target 0.7]
+                                           [--variant decode_threads=1 ...]
 
 Synthetic videos (30 fps, slow and fast motion) are generated into a temporary folder. In one
 process, each video is timed these ways (best of --repeat runs, the methods taken in turn
@@ -18,6 +19,9 @@ within each round so that a change in the machine's load hits them alike):
 The first table gives throughput (frames per second of wall-clock time) and the ratios of ours
 to decode-only in wall-clock time (what a user waits for; ours decodes ahead in a second thread)
 and in CPU time (all threads of the process: the work done, whatever else the machine runs).
+A summary says, per video, whether ours reaches --target times decode-only throughput in each
+of the two. --variant KEY=VALUE (repeatable) also times ours with that setting changed, in the same
+turns, so that a setting is compared with the default under the same load.
 "same kf" checks that ours keeps exactly the frames (indices, reasons and overlaps, with and
 without the [4, 32] clamp) that the extractor of the git revision --reference keeps; that
 revision runs in a subprocess from a `git archive` of it, which also times it against its own
@@ -191,14 +195,20 @@ def selection(res) -> dict:
             "overlaps": [None if math.isnan(o) else o for o in res.overlaps]}
 
 
-def measure(path: Path, repeat: int) -> dict:
-    """Decode-only (OpenCV's default threads and one thread) and the extractor, timed in turns
-    in this process, and the frames the extractor keeps with and without the clamp."""
+def measure(path: Path, repeat: int, variants: dict[str, dict] | None = None) -> dict:
+    """Decode-only (OpenCV's default threads and one thread) and the extractor (with its defaults,
+    and with each of ``variants``' settings), timed in turns in this process, and the frames the
+    extractor keeps with and without the clamp."""
+    variants = variants or {}
     t = in_turns({"dec_default": (decode_only, path), "dec_1": (decode_only, path, 1),
-                  "ext": (extract_keyframes, path, KeyframeConfig())}, repeat)
+                  "ext": (extract_keyframes, path, KeyframeConfig()),
+                  **{f"var {k}": (extract_keyframes, path, KeyframeConfig(**v)) for k, v in variants.items()}},
+                 repeat)
     out = {f"{k}_{m}": v[i] for k, v in t.items() for i, m in enumerate(("wall", "cpu"))}
     out["frames"] = t["dec_default"][2]
     out["kf"] = len(t["ext"][2])
+    out["variants"] = {k: {"wall": t[f"var {k}"][0], "cpu": t[f"var {k}"][1],
+                           "same": selection(t[f"var {k}"][2]) == selection(t["ext"][2])} for k in variants}
     out["selection"] = {"clamped": selection(t["ext"][2]),
                         "unclamped": selection(extract_keyframes(path, UNCLAMPED, keep_images=False))}
     out["load"] = os.getloadavg()[0]
@@ -225,10 +235,31 @@ def measure_reference(rev: str, paths: list[Path], repeat: int, cv_threads: int)
     return out
 
 
-def ratio(r: dict) -> tuple[float, float]:
-    """Wall-clock and CPU ratio of the extractor to the cheaper decode-only run (each separately)."""
-    return (min(r["dec_default_wall"], r["dec_1_wall"]) / r["ext_wall"],
-            min(r["dec_default_cpu"], r["dec_1_cpu"]) / r["ext_cpu"])
+def ratio(r: dict, wall: float | None = None, cpu: float | None = None) -> tuple[float, float]:
+    """Wall-clock and CPU ratio of the extractor (or of the given times) to the cheaper
+    decode-only run (each separately)."""
+    return (min(r["dec_default_wall"], r["dec_1_wall"]) / (wall or r["ext_wall"]),
+            min(r["dec_default_cpu"], r["dec_1_cpu"]) / (cpu or r["ext_cpu"]))
+
+
+def parse_variant(text: str) -> tuple[str, dict]:
+    key, _, value = text.partition("=")
+    setting = {key: None if value.lower() in ("none", "null") else json.loads(value)}
+    KeyframeConfig(**setting)  # refuse an unknown or invalid setting before any timing
+    return text, setting
+
+
+def print_target(rows: list[dict], target: float) -> None:
+    """Whether each video reaches ``target`` times decode-only throughput, wall-clock and CPU."""
+    print(f"\nTarget: {target:.2f}x of decode-only throughput (the ratios above).")
+    met = {"wall": 0, "CPU": 0}
+    for r in rows:
+        words = []
+        for kind, value in zip(met, ratio(r)):
+            met[kind] += value >= target
+            words.append(f"{kind} {value:.3f}x {'reaches it' if value >= target else 'MISSES it'}")
+        print(f"  {r['video']} (load {r['load']:.1f}): " + ", ".join(words))
+    print("  " + "; ".join(f"{kind}: {n} of {len(rows)} videos reach it" for kind, n in met.items()))
 
 
 def main() -> None:
@@ -243,6 +274,9 @@ def main() -> None:
     ap.add_argument("--no-original", action="store_true", help="skip the original approach and sha256")
     ap.add_argument("--cv-threads", type=int, default=None,
                     help="OpenCV threads (default: what the key-frame stage gives one video on this machine)")
+    ap.add_argument("--target", type=float, default=0.7, help="ratio to decode-only each video should reach")
+    ap.add_argument("--variant", action="append", type=parse_variant, default=[], metavar="KEY=VALUE",
+                    help="also time ours with this setting (JSON value, or none), in the same turns")
     ap.add_argument("--measure", nargs="+", type=Path, help=argparse.SUPPRESS)  # the reference subprocess
     args = ap.parse_args()
     if args.cv_threads is None:
@@ -268,7 +302,7 @@ def main() -> None:
                     t, _, _ = timed(make_video, path, secs, w, h)
                     print(f"generated {path.name} in {t:.1f} s", flush=True)
                 r = {"video": f"{w}x{h} {label} ({secs:.0f} s)", "path": str(path), "mb": path.stat().st_size / 1e6,
-                     **measure(path, args.repeat)}
+                     **measure(path, args.repeat, dict(args.variant))}
                 if not args.no_original:
                     r["wall_orig"], r["cpu_orig"], (r["kf_orig"], r["raw_orig"]) = timed(
                         original_approach, path, repeat=args.repeat)
@@ -300,6 +334,16 @@ def main() -> None:
               f"{r['dec_default_cpu']:.3f}/{r['dec_1_cpu']:.3f} | {r['ext_wall']:.3f} | {r['ext_cpu']:.3f} | "
               f"{n / dec_wall:.0f} | {n / r['ext_wall']:.0f} | {wr:.2f}x | {cr:.2f}x | "
               f"{r['dec_default_cpu'] / r['ext_cpu']:.2f}x | {rw} | {rc} | {same} |")
+    if args.variant:
+        print("\nOurs with one setting changed, timed in the same turns (same kf: against ours with the defaults).")
+        head = ("video", "setting", "wall s", "CPU s", "wall ratio", "CPU ratio", "same kf")
+        print("\n| " + " | ".join(head) + " |\n|" + "---|" * len(head))
+        for r in rows:
+            for name, v in r["variants"].items():
+                wr, cr = ratio(r, v["wall"], v["cpu"])
+                print(f"| {r['video']} | {name} | {v['wall']:.3f} | {v['cpu']:.3f} | {wr:.2f}x | {cr:.2f}x | "
+                      f"{'yes' if v['same'] else 'NO'} |")
+    print_target(rows, args.target)
     if args.no_original:
         return
     head = ("video", "MB", "orig f/s", "speed-up", "ceiling", "speed-up (wall)", "sha256/ours", "ours peak MB",

@@ -1,5 +1,5 @@
-"""How frames are decoded (FFmpeg threads, decoding ahead in a second thread) must not change
-which frames are kept; the frames kept from a varied flight are pinned."""
+"""How frames are decoded (FFmpeg threads, decoding ahead in a second thread) and how descriptors
+are matched must not change which frames are kept; the frames kept from a varied flight are pinned."""
 
 from __future__ import annotations
 
@@ -8,11 +8,14 @@ import threading
 import time
 from pathlib import Path
 
+import cv2
+import numpy as np
 import pytest
 
-from embodied_r.keyframes.extract import KeyframeConfig, extract_keyframes
+from embodied_r.keyframes import extract
+from embodied_r.keyframes.extract import KeyframeConfig, extract_keyframes, nearest_two
 from embodied_r.keyframes.stage import opencv_threads
-from embodied_r.keyframes.video import FrameSampler
+from embodied_r.keyframes.video import FrameSampler, auto_decode_threads
 from embodied_r.synthetic.world import write_motion_video
 
 # Slow pans, fast turns, flights and a still spell: key frames for every reason.
@@ -106,3 +109,42 @@ def test_opencv_threads_leave_a_core_to_the_decoding_thread():
     assert opencv_threads(cfg, workers=1, cores=8) == 7
     assert opencv_threads(KeyframeConfig(decode_ahead=0), workers=1, cores=2) == 2
     assert opencv_threads(KeyframeConfig(cv_threads=3), workers=1, cores=2) == 3
+
+
+def test_ffmpeg_threads_follow_the_frame_size_unless_forced(flight, tmp_path):
+    assert auto_decode_threads(640, 360) == auto_decode_threads(640, 480) == 1
+    assert auto_decode_threads(1280, 720) == auto_decode_threads(480, 854) == 0
+    large = write_motion_video(tmp_path / "large.mp4", FLIGHT[:1], seed=3, width=960, height=540)
+
+    def threads_used(path: Path, threads: int | None) -> float:
+        with FrameSampler(path, threads=threads) as sampler:
+            return sampler.cap.get(cv2.CAP_PROP_N_THREADS)
+
+    own = threads_used(large, 0)  # FFmpeg's own choice: one per core
+    assert (threads_used(flight, None), threads_used(large, None)) == (1, own)
+    assert (threads_used(flight, 2), threads_used(large, 1)) == (2, 1)  # forced either way
+    by_size = extract_keyframes(large, KeyframeConfig(min_frames=2))
+    assert _decision(extract_keyframes(large, KeyframeConfig(min_frames=2, decode_threads=1))) == _decision(by_size)
+
+
+@pytest.mark.parametrize("popcount", [True, False], ids=["numpy-popcount", "opencv"])
+def test_nearest_two_agrees_with_opencvs_knn_match_ties_included(flight, monkeypatch, popcount):
+    if not popcount:
+        monkeypatch.setattr(extract, "_POPCOUNT", None)
+    monkeypatch.setattr(extract, "_TABLE_CELLS", 1000)  # query rows in several blocks
+    orb = cv2.ORB_create(500)
+    with FrameSampler(flight, 0.5) as sampler:
+        real = [orb.detectAndCompute(cv2.cvtColor(img, cv2.COLOR_BGR2GRAY), None)[1] for _, img, _ in sampler]
+    rng = np.random.default_rng(0)
+    base = rng.integers(0, 256, (6, 32), dtype=np.uint8)
+
+    def near_copies(n: int) -> np.ndarray:  # few distinct rows, few bits flipped: many equal distances
+        return base[rng.integers(0, len(base), n)] ^ np.packbits(rng.random((n, 256)) < 0.01, axis=1)
+
+    cases = [*zip(real[1:], real[:-1]), (near_copies(300), near_copies(200)), (near_copies(50), base[[0, 0, 1, 1]]),
+             (~base[:3], base[:2])]  # the farthest possible: every bit differs
+    for query, train in cases:
+        knn = cv2.BFMatcher(cv2.NORM_HAMMING).knnMatch(query, train, k=2)
+        want = [(m[0].trainIdx, m[0].distance, m[1].distance) for m in knn]
+        nearest, first, second = nearest_two(query, train)
+        assert list(zip(nearest.tolist(), first.tolist(), second.tolist())) == want

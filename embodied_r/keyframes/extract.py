@@ -8,7 +8,8 @@ fewer than ``min_frames`` are topped up with evenly spaced frames and more than 
 are thinned evenly, first and last kept.
 
 Speed: unused frames are only grabbed; decoding runs in a second thread ahead of the matching,
-with one FFmpeg thread by default (cheaper in CPU than FFmpeg's frame threads, see ``video``);
+by default with one FFmpeg thread up to 640x480 (cheaper in CPU than FFmpeg's frame threads) and
+FFmpeg's own threads above (one thread would then be the slower path; see ``video``);
 matching runs at ``match_width`` pixels (the overlap is a ratio of areas, so it does not
 depend on scale) and the overlap is the area of the
 intersection of two convex polygons, not of two full-size masks. Memory does not grow with
@@ -60,7 +61,8 @@ class KeyframeConfig(BaseModel):
     jpeg_quality: int = Field(90, ge=1, le=100)
     workers: int = Field(0, ge=0, description="video processes; 0 = one per core")
     cv_threads: int = Field(0, ge=0, description="OpenCV threads per process; 0 = its share of the cores")
-    decode_threads: int = Field(1, ge=0, description="FFmpeg threads per video; 0 = one per core")
+    decode_threads: int | None = Field(None, ge=0, description="FFmpeg threads per video; 0 = one per core; "
+                                       "None = by frame size (video.auto_decode_threads)")
     decode_ahead: int = Field(2, ge=0, description="sampled frames decoded ahead in a second thread; 0 = none")
     cache: bool = Field(True, description="reuse key frames of a video with the same content and parameters")
     cache_dir: str | None = Field(None, description="default: $EMBODIED_R_HOME/cache/keyframes")
@@ -131,13 +133,11 @@ class _OverlapMatcher:
             return None
         if self.cfg.cross_check:
             pairs = [(m.queryIdx, m.trainIdx) for m in self.bf.match(cur.descriptors, ref.descriptors)]
+            q, t = np.array(pairs, np.int64).reshape(-1, 2).T
         else:
-            pairs = [(m[0].queryIdx, m[0].trainIdx)
-                     for m in self.bf.knnMatch(cur.descriptors, ref.descriptors, k=2)
-                     if len(m) == 2 and m[0].distance < self.cfg.ratio_test * m[1].distance]
-        if len(pairs) < self.cfg.min_matches:
+            q, t = self._ratio_matches(cur.descriptors, ref.descriptors)
+        if len(q) < self.cfg.min_matches:
             return None
-        q, t = np.array(pairs).T
         homography, mask = cv2.findHomography(cur.points[q], ref.points[t], cv2.RANSAC, self.threshold)
         if homography is None or mask is None or int(mask.sum()) < self.cfg.min_inliers:
             return None
@@ -147,6 +147,56 @@ class _OverlapMatcher:
             return None
         area, _ = cv2.intersectConvexConvex(self.rect, quad.astype(np.float32))
         return float(area) / (self.size[0] * self.size[1])
+
+    def _ratio_matches(self, query: np.ndarray, train: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Query and train indices of the nearest neighbours that pass the ratio test, in query
+        order: the pairs ``BFMatcher.knnMatch(k=2)`` and the test on its DMatch objects give."""
+        if len(train) < 2:  # knnMatch finds no second neighbour, so nothing passes
+            return np.empty(0, np.intp), np.empty(0, np.intp)
+        nearest, first, second = nearest_two(query, train)
+        q = np.flatnonzero(first < self.cfg.ratio_test * second.astype(np.float64))
+        return q, nearest[q]
+
+
+_POPCOUNT = getattr(np, "bitwise_count", None)  # numpy >= 2.0
+_TABLE_CELLS = 1 << 18
+
+
+def nearest_two(query: np.ndarray, train: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For each query descriptor (rows of bytes), the index of the nearest of at least two train
+    descriptors by Hamming distance, that distance and the second-nearest's.
+
+    Ties go to the lower index, as in OpenCV's ``batchDistance`` (what ``BFMatcher.knnMatch``
+    runs), so both give the same matches. With numpy >= 2 the distances are popcounts of 64-bit
+    words over a whole table, about a third cheaper than OpenCV's call per descriptor pair at
+    500 features (the largest cost of matching after ORB itself).
+    """
+    if _POPCOUNT is None or query.shape[1] % 8 or query.shape[1] > 4096:
+        dist, index = cv2.batchDistance(query, train, cv2.CV_32S, normType=cv2.NORM_HAMMING, K=2, update=0,
+                                        crosscheck=False)
+        return index[:, 0], dist[:, 0], dist[:, 1]
+    words = np.ascontiguousarray(query).view(np.uint64)
+    train_words = np.ascontiguousarray(np.ascontiguousarray(train).view(np.uint64).T)  # one row per word
+    n = len(words)
+    nearest, first, second = np.empty(n, np.intp), np.empty(n, np.uint16), np.empty(n, np.uint16)
+    block = max(1, _TABLE_CELLS // len(train))  # query rows at a time: a few MB, whatever the counts
+    xor = np.empty((min(n, block), len(train)), np.uint64)
+    bits = np.empty(xor.shape, np.uint8)
+    dist = np.empty(xor.shape, np.uint16)  # up to 8 bits a byte: more than uint8 holds
+    for start in range(0, n, block):
+        stop = min(n, start + block)
+        x, b, d = xor[:stop - start], bits[:stop - start], dist[:stop - start]
+        d[:] = 0
+        for k in range(words.shape[1]):
+            np.bitwise_xor(words[start:stop, k, None], train_words[k], out=x)
+            _POPCOUNT(x, out=b)
+            d += b
+        rows = np.arange(stop - start)
+        nearest[start:stop] = best = d.argmin(axis=1)  # the first of equal distances
+        first[start:stop] = d[rows, best]
+        d[rows, best] = np.iinfo(d.dtype).max
+        second[start:stop] = d.min(axis=1)
+    return nearest, first, second
 
 
 def _signed_area(poly: np.ndarray) -> float:
