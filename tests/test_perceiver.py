@@ -8,6 +8,7 @@ to the same bar so that naming everything cannot pass.
 
 from __future__ import annotations
 
+import json
 import os
 
 import numpy as np
@@ -17,18 +18,17 @@ from embodied_r.backends.base import BackendConfig
 from embodied_r.backends.tiny_models import IM_END, ensure_tiny_vlm, resolve_model
 from embodied_r.perception import prompts
 from embodied_r.perception.parse import FrameInfo, frame_reply, parse_frame_response
-from embodied_r.perception.perceiver import (
+from embodied_r.perception.perceiver import PERCEIVER_REF, PerceiverTraining, ensure_perceiver, measure
+from embodied_r.perception.perceiver_data import (
     HELD_OUT_SEED,
+    LOOKS,
     NOTHING,
-    PERCEIVER_REF,
     REPLY_FORMAT,
     TRAIN_SEED,
-    PerceiverTraining,
     clip_items,
     collate,
     encode_items,
-    ensure_perceiver,
-    measure,
+    looks_in_view,
     sampling_weights,
     score_replies,
     truth,
@@ -128,6 +128,32 @@ def test_object_scores_count_misses_and_wrong_names() -> None:
     scores = score_replies(truths, half)
     assert scores["object_recall"] == 0.5 and scores["object_precision"] == 1.0
     assert scores["action_accuracy"] == 0.0
+
+
+def test_the_vision_target_names_looks_so_rooms_and_flights_share_them() -> None:
+    """A room's cabinet is drawn as a flight's purple cube: the image alone cannot tell the
+    names apart, so the vision tower's target is the look."""
+    calls = [(None, FrameInfo("", "cabinet, chair", "", "json"), True),
+             (None, FrameInfo("rotate left", "purple cube", "", "json"), False),
+             (None, FrameInfo("", NOTHING, "", "json"), True)]
+    target = looks_in_view(calls)
+    assert target.shape == (3, len(LOOKS))
+    assert [LOOKS[i] for i in np.flatnonzero(target[0])] == ["red cube", "purple cube"]
+    assert [LOOKS[i] for i in np.flatnonzero(target[1])] == ["purple cube"]
+    assert not target[2].any()
+
+
+def test_perceiver_training_runs_both_phases(tmp_path, monkeypatch) -> None:
+    """A few steps of each phase on two worlds: the objects read-out and the replies are both
+    trained, and the saved model is the demo backend's to load."""
+    monkeypatch.setenv("EMBODIED_R_HOME", str(tmp_path))
+    cfg = PerceiverTraining(worlds=2, chains=1, vision_steps=3, steps=2, batch_size=4)
+    folder = ensure_perceiver(cfg=cfg)
+    report = json.loads((folder / "perceiver_training.json").read_text())
+    assert report["vision_steps"] == 3 and report["steps"] == 2 and report["vision_last_loss"] > 0
+    from transformers import AutoConfig
+
+    assert AutoConfig.from_pretrained(folder).text_config.rope_parameters["rope_theta"] == 10.0
 
 
 # The demo's learning targets are not met yet and a run takes minutes on two cores: this

@@ -122,6 +122,11 @@ class TinyVLMSpec(_Spec):
     vision_hidden_size: int = 32
     vision_depth: int = 2
     vision_heads: int = 2
+    # Multimodal RoPE gives time, rows and columns the head's rotary frequencies in that
+    # order, so the columns get the slowest ones: at Qwen's 1e6 and a head of 24 they turn
+    # by about 1e-4 radians per column and attention cannot tell left from right. A model
+    # that must see where things are (the demo's perceiver) needs a base near 10.
+    rope_theta: float = Field(1_000_000.0, gt=1.0)
     # The processor's own pixel budget; backends resize images before it anyway.
     max_pixels: int = 112 * 112
 
@@ -293,7 +298,7 @@ def ensure_tiny_vlm(root: Path, spec: TinyVLMSpec = TinyVLMSpec()) -> Path:
         text = _text_kwargs(spec, tok)
         text["rope_parameters"] = {
             "rope_type": "default",
-            "rope_theta": 1_000_000.0,
+            "rope_theta": spec.rope_theta,
             "mrope_section": mrope,
         }
         config = Qwen2_5_VLConfig(
