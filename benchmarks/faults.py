@@ -4,11 +4,11 @@
 
 Prints a table: case, outcome, verdict. A verdict reads "clear error, nothing lost" (the
 run stopped with a message, its work kept, nothing cached as done) or "recovered" (a rerun
-finished the job); anything else is a finding. The kill cases run the demo uninterrupted
-once, then kill -9 the CLI N times at random moments inside key frames, perception and
-training (in turn), rerunning each time, and compare the final outputs (key frames,
-perception, records, trained weights) with the uninterrupted run's. Bounded: every
-subprocess has a deadline.
+finished the job); anything else is a finding. The kill cases (``fault_kills``) run the demo
+uninterrupted once, then kill -9 the CLI N times at random moments inside key frames,
+perception and training, in fresh homes, three kills a home, rerunning after each, and
+compare each home's final outputs (key frames, perception, records, trained weights) with
+the uninterrupted run's. Bounded: every subprocess has a deadline.
 """
 
 from __future__ import annotations
@@ -16,8 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
-import signal
 import subprocess
 import sys
 import tempfile
@@ -30,10 +28,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(1, str(ROOT / "tests"))  # test modules import each other by bare name
 
-from embodied_r.apps.reaper import descendants  # noqa: E402
+from benchmarks.fault_kills import OK_ERROR, RECOVERED, kill_cases  # noqa: E402
 from tests.servers import ChatStub, StubReply, completion, free_port  # noqa: E402
 
-OK_ERROR, RECOVERED = "clear error, nothing lost", "recovered"
 CASES: list[tuple[str, Callable[[Path], tuple[str, str]]]] = []
 
 
@@ -278,133 +275,12 @@ def _lock(tmp: Path) -> tuple[str, str]:
     return f"second run refused: {msg}...", OK_ERROR
 
 
-# -- kill -9 of the demo -------------------------------------------------------------------
-
-DEMO_DEADLINE_S = 1500
-
-
-KILL_RECIPE = "demo"  # the kill cases run the demo, whose training changes weights
-
-
-def _demo(home: Path) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "EMBODIED_R_HOME": str(home),
-           "PREFECT_HOME": str(home / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"}
-    log = open(home / f"demo-{time.time():.0f}.log", "w")
-    return subprocess.Popen([sys.executable, "-m", "embodied_r.apps.cli", "run", "--recipe", KILL_RECIPE], stdout=log,
-                            stderr=subprocess.STDOUT, env=env)
-
-
-def _outputs(home: Path) -> dict[str, str]:
-    """Digest of every final data output: key frames, perception, records, trained weights."""
-    import hashlib
-
-    import pyarrow.parquet as pq
-
-    out = {}
-    for stage in sorted((home / "stages").iterdir()):
-        for folder in stage.iterdir():
-            if folder.suffix in (".partial", ".lock") or not (folder / "summary.json").is_file():
-                continue
-            files = [*folder.glob("*.parquet"), *folder.glob("model/*.safetensors")]
-            for f in files:
-                if f.name == "failures.parquet" and stage.name != "perception":
-                    continue
-                if f.suffix == ".parquet":
-                    table = pq.read_table(f)
-                    # The catalog names each video by its absolute path, which holds the home.
-                    data = table.drop_columns([c for c in ("video_path",) if c in table.column_names]) \
-                        .to_pandas().to_json()
-                else:
-                    data = f.read_bytes().hex()
-                out[f"{stage.name}/{f.relative_to(folder)}"] = hashlib.sha256(data.encode()).hexdigest()[:12]
-    return out
-
-
-def _stage_started(home: Path, stage: str) -> bool:
-    return any((home / "stages").glob(f"{stage}/*.partial"))
-
-
-def kill_cases(tmp: Path, kills: int, seed: int, baseline_home: Path | None = None) -> list[tuple[str, str, str]]:
-    rng = random.Random(seed)
-    rows = []
-    clean, killed = baseline_home or tmp / "clean", tmp / "killed"
-    clean.mkdir(parents=True, exist_ok=True)
-    killed.mkdir(parents=True)
-    if baseline_home is None:
-        t0 = time.monotonic()
-        proc = _demo(clean)
-        proc.wait(DEMO_DEADLINE_S)
-        rows.append(("demo, uninterrupted", f"rc {proc.returncode} in {time.monotonic() - t0:.0f} s",
-                     RECOVERED if proc.returncode == 0 else "FAIL"))
-    targets = ["keyframes", "perception", "train_*"]
-    for i in range(kills):
-        target = targets[i % len(targets)]
-        proc = _demo(killed)
-        deadline = time.monotonic() + DEMO_DEADLINE_S
-        while proc.poll() is None and not _stage_started(killed, target) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        time.sleep(rng.uniform(0.0, 4.0))
-        if proc.poll() is not None:
-            rows.append((f"kill -9 #{i + 1} in {target}", f"run ended (rc {proc.returncode}) before the kill",
-                         RECOVERED if proc.returncode == 0 else "FAIL"))
-            continue
-        kids = descendants(proc.pid)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-        gone_by = time.monotonic() + 20
-        while time.monotonic() < gone_by and any(Path(f"/proc/{p}").exists() and _zombie(p) is False for p in kids):
-            time.sleep(0.25)
-        left = [p for p in kids if Path(f"/proc/{p}").exists() and _zombie(p) is False]
-        for p in left:  # the script's own cleanup, so one finding does not spoil the next case
-            try:
-                os.kill(p, signal.SIGKILL)
-            except OSError:
-                pass
-        partial = sorted(p.parent.name for p in (killed / "stages").glob("*/*.partial"))
-        rows.append((f"kill -9 #{i + 1} in {target}",
-                     f"{len(kids)} children, {len(left)} left after 20 s; partial: {','.join(partial) or '-'}",
-                     OK_ERROR if not left else "FAIL: processes outlived the run"))
-    proc = _demo(killed)
-    proc.wait(DEMO_DEADLINE_S)
-    final = _outputs(killed)
-    # A baseline given by --baseline may be another process's run still going: wait for it.
-    deadline = time.monotonic() + DEMO_DEADLINE_S
-    while not any((clean / "stages").glob("evaluate/*/summary.json")) and time.monotonic() < deadline:
-        time.sleep(5)
-    baseline = _outputs(clean)
-    differ = sorted(k for k in set(baseline) | set(final) if baseline.get(k) != final.get(k))
-    running = _running_runs(killed)
-    rows.append((f"rerun after {kills} kills", f"rc {proc.returncode}; {len(final)} outputs, "
-                 f"{len(differ)} differ {differ[:4]}; MLflow runs left RUNNING: {running}",
-                 RECOVERED if proc.returncode == 0 and not differ and running == 0 else "FAIL"))
-    return rows
-
-
-def _zombie(pid: int) -> bool | None:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return None
-
-
-def _running_runs(home: Path) -> int:
-    from mlflow import MlflowClient
-
-    db = next(home.rglob("mlflow.db"), None)
-    if db is None:
-        return 0
-    client = MlflowClient(f"sqlite:///{db}")
-    exps = [e.experiment_id for e in client.search_experiments()]
-    return len(client.search_runs(exps, filter_string="attributes.status = 'RUNNING'"))
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--kills", type=int, default=3, help="kill -9 moments across the demo (default 3)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip-kills", action="store_true", help="only the server and input cases")
     parser.add_argument("--work", help="keep the work here (default: a temporary folder)")
-    parser.add_argument("--baseline", help="home of an uninterrupted demo run to compare with (default: run one)")
     parser.add_argument("--only-kills", action="store_true", help="skip the server and input cases")
     args = parser.parse_args()
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
@@ -423,7 +299,7 @@ def main() -> int:
         rows.append((name, f"{outcome} [{time.monotonic() - started:.1f} s]", verdict))
         print(f"{name}: {verdict}", file=sys.stderr, flush=True)
     if not args.skip_kills:
-        rows += kill_cases(base / "kills", args.kills, args.seed, Path(args.baseline) if args.baseline else None)
+        rows += kill_cases(base / "kills", args.kills, args.seed)
     width = max(len(r[0]) for r in rows)
     print(f"\n| {'case':{width}} | outcome | verdict |\n|{'-' * (width + 2)}|---|---|")
     for name, outcome, verdict in rows:
