@@ -17,7 +17,7 @@ from embodied_r.synthetic.world import write_motion_video
 from test_evaluation import ScriptedModels, text_of
 
 ROOT = Path(__file__).resolve().parents[1]
-TIMEOUT = 240  # a cold start loads torch and two models; never a measured figure
+TIMEOUT = 600  # a cold start loads torch, two models and may train the demo perceiver; never a measured figure
 
 
 @pytest.fixture(scope="module")
