@@ -7,7 +7,9 @@ over that part's duration), each kill followed by a rerun that goes on to the ne
 home's last rerun finishes the demo, and its final outputs (key frames, perception, records,
 trained weights) must equal the uninterrupted run's. Homes follow one another until N kills
 are done. The first killed home trains its own tiny models; the others start from a copy of
-the uninterrupted run's ``models`` folder, so that their time goes to the stages killed.
+the uninterrupted run's ``models`` folder, so that their time goes to the stages killed. Such
+a home's perception skips the perceiver's training, so its parts are timed again in a second
+uninterrupted run that starts from the copied models, and the kills there draw over those.
 """
 
 from __future__ import annotations
@@ -137,23 +139,45 @@ def running_runs(home: Path) -> int:
     return len(client.search_runs(exps, filter_string="attributes.status = 'RUNNING'"))
 
 
+def _timed_row(label: str, home: Path) -> tuple[tuple[str, str, str], dict[str, float]]:
+    rc, wall, seconds = timed_demo(home)
+    return ((label, f"rc {rc} in {wall:.0f} s; partial for "
+             + ", ".join(f"{t.rstrip('_')} {s:.0f} s" for t, s in seconds.items()),
+             RECOVERED if rc == 0 and set(seconds) == set(TARGETS) else "FAIL"), seconds)
+
+
+def _final_row(label: str, home: Path, baseline: dict[str, str], rc: int | None) -> tuple[str, str, str]:
+    final = outputs(home)
+    differ = sorted(k for k in set(baseline) | set(final) if baseline.get(k) != final.get(k))
+    running = running_runs(home)
+    return (label, f"rc {rc}; {len(final)} outputs, {len(differ)} differ {differ[:4]}; "
+            f"MLflow runs left RUNNING: {running}",
+            RECOVERED if rc == 0 and not differ and running == 0 else "FAIL")
+
+
 def kill_cases(tmp: Path, kills: int, seed: int) -> list[tuple[str, str, str]]:
     rng = random.Random(seed)
-    clean = tmp / "clean"
+    clean, warm = tmp / "clean", tmp / "warm"
     clean.mkdir(parents=True, exist_ok=True)
-    rc, wall, seconds = timed_demo(clean)
-    rows = [("demo, uninterrupted", f"rc {rc} in {wall:.0f} s; partial for "
-             + ", ".join(f"{t.rstrip('_')} {s:.0f} s" for t, s in seconds.items()),
-             RECOVERED if rc == 0 and set(seconds) == set(TARGETS) else "FAIL")]
-    if rows[0][2] != RECOVERED:
+    row, cold_seconds = _timed_row("demo, uninterrupted", clean)
+    rows = [row]
+    if row[2] != RECOVERED:
         return rows
     baseline = outputs(clean)
+    warm.mkdir(parents=True, exist_ok=True)
+    shutil.copytree(clean / "models", warm / "models", dirs_exist_ok=True)
+    row, warm_seconds = _timed_row("demo, uninterrupted, from the copied models", warm)
+    rows += [row, _final_row("  its outputs against the first", warm, baseline, 0 if row[2] == RECOVERED else 1)]
+    if row[2] != RECOVERED:
+        return rows
     done, n_home = 0, 0
     while done < kills:
         home = tmp / f"killed{n_home}"
         home.mkdir(parents=True)
+        seconds = cold_seconds
         if n_home:
             shutil.copytree(clean / "models", home / "models")
+            seconds = warm_seconds
         n_home += 1
         for target in TARGETS[: kills - done]:
             done += 1
@@ -161,10 +185,5 @@ def kill_cases(tmp: Path, kills: int, seed: int) -> list[tuple[str, str, str]]:
             rows.append((f"kill -9 #{done} in {target.rstrip('_')}", outcome, verdict))
         proc = demo(home)
         proc.wait(DEMO_DEADLINE_S)
-        final = outputs(home)
-        differ = sorted(k for k in set(baseline) | set(final) if baseline.get(k) != final.get(k))
-        running = running_runs(home)
-        rows.append((f"home {n_home}: rerun to the end", f"rc {proc.returncode}; {len(final)} outputs, "
-                     f"{len(differ)} differ {differ[:4]}; MLflow runs left RUNNING: {running}",
-                     RECOVERED if proc.returncode == 0 and not differ and running == 0 else "FAIL"))
+        rows.append(_final_row(f"home {n_home}: rerun to the end", home, baseline, proc.returncode))
     return rows
