@@ -34,6 +34,7 @@ from embodied_r.perception import prompts
 from embodied_r.perception.perceiver_data import (
     HELD_OUT_SEED,
     LOOKS,
+    NAMES,
     NO_QUESTION_OBJECTS,
     NOTHING,
     TRAIN_SEED,
@@ -46,7 +47,7 @@ from embodied_r.perception.perceiver_data import (
     score_replies,
 )
 from embodied_r.runners import modules_version
-from embodied_r.synthetic.views import KINDS, ROOM_NAMES, URBAN_NAMES, make_clips
+from embodied_r.synthetic.views import KINDS, make_clips
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +59,7 @@ _SOURCES = ("embodied_r.perception.perceiver", "embodied_r.perception.perceiver_
 
 
 # Words of the replies and of the questions, for the tokenizer's merges.
-_CORPUS = "\n".join([*URBAN_NAMES, *ROOM_NAMES, NOTHING, NO_QUESTION_OBJECTS,
+_CORPUS = "\n".join([*NAMES, NOTHING, NO_QUESTION_OBJECTS,
                      '{"action": "", "new_info": "", "question_info": ""}',
                      "At the initial position, you are asked to navigate to the destination.",
                      "Which of the following objects do you see during the flight? ahead of me on my left",
@@ -131,21 +132,33 @@ def _reinitialise(model: Any, std: float) -> None:
                     module.bias.zero_()
 
 
-def _objects_loss(model: Any, head: Any, chunk: list[dict[str, Any]], target: Any) -> Any:
+def _objects_loss(model: Any, head: Any, chunk: list[dict[str, Any]], target: Any, merged: Any = None) -> Any:
     """The objects read-out's loss: the mean image token of each call's last image, through
-    a linear head, against the objects that image shows."""
+    a linear head, against the objects that image shows. ``merged``: the vision tower's
+    output for the chunk's images, when a forward has just computed it."""
     import torch
 
     thw = torch.cat([e["image_grid_thw"] for e in chunk])
-    out = model.model.get_image_features(pixel_values=torch.cat([e["pixel_values"] for e in chunk]),
-                                         image_grid_thw=thw)
-    feats = getattr(out, "pooler_output", out)
-    if isinstance(feats, torch.Tensor):  # one tensor for all images: split it per image
-        merge = model.config.vision_config.spatial_merge_size ** 2
-        feats = torch.split(feats, [int(t.prod()) // merge for t in thw])
+    if merged is None:
+        merged = model.model.visual(torch.cat([e["pixel_values"] for e in chunk]).type(model.model.visual.dtype),
+                                    grid_thw=thw).pooler_output
+    merge = model.config.vision_config.spatial_merge_size ** 2
+    feats = torch.split(merged, [int(t.prod()) // merge for t in thw])
     last = np.cumsum([len(e["image_grid_thw"]) for e in chunk]) - 1
     pooled = torch.stack([feats[i].mean(0) for i in last])
     return torch.nn.functional.binary_cross_entropy_with_logits(head(pooled), target)
+
+
+def _catch_vision(model: Any) -> tuple[dict[str, Any], Any]:
+    """Keep the vision tower's merged output of each forward, so the objects read-out reuses
+    the forward's image features rather than encoding every image a second time."""
+    caught: dict[str, Any] = {}
+
+    def hook(_module: Any, _args: Any, out: Any) -> None:
+        # Taken at once: the model replaces ``pooler_output`` with per-image splits after.
+        caught["merged"] = out.pooler_output
+
+    return caught, model.model.visual.register_forward_hook(hook)
 
 
 def _cosine(steps: int) -> Any:
@@ -196,11 +209,12 @@ def train_perceiver(folder: Path, cfg: PerceiverTraining) -> dict[str, Any]:
                 log.info("perceiver vision step %d/%d objects loss %.3f", step + 1, cfg.vision_steps, loss.item())
         opt = torch.optim.AdamW([*model.parameters(), *head.parameters()], lr=cfg.learning_rate, weight_decay=0.01)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, _cosine(cfg.steps))
+        caught, handle = _catch_vision(model)
         for step in range(cfg.steps):
             pick = rng.choice(len(encoded), cfg.batch_size, replace=False, p=weights)
             chunk = [encoded[i] for i in pick]
             loss = _loss(model, *collate(chunk, pad_id))
-            total = loss + cfg.objects_weight * _objects_loss(model, head, chunk, objects[pick]) \
+            total = loss + cfg.objects_weight * _objects_loss(model, head, chunk, objects[pick], caught.pop("merged")) \
                 if cfg.objects_weight else loss
             total.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -210,6 +224,7 @@ def train_perceiver(folder: Path, cfg: PerceiverTraining) -> dict[str, Any]:
             losses.append(loss.item())
             if step % 10 == 0 or step == cfg.steps - 1:
                 log.info("perceiver step %d/%d loss %.3f", step + 1, cfg.steps, losses[-1])
+        handle.remove()
     finally:
         torch.set_num_threads(threads)
     model.eval()
