@@ -143,6 +143,45 @@ def test_the_vision_target_names_looks_so_rooms_and_flights_share_them() -> None
     assert not target[2].any()
 
 
+def test_the_objects_read_out_reuses_the_forwards_image_features(tmp_path) -> None:
+    """Phase 2 takes the vision tower's output from the reply forward it follows: the same
+    loss and vision gradients as encoding the images a second time, from one vision pass."""
+    import torch
+
+    from embodied_r.backends.hf_local import TransformersBackend
+    from embodied_r.perception.perceiver import _catch_vision, _loss, _objects_loss
+    from embodied_r.perception.perceiver_data import LOOKS
+
+    cfg = PerceiverTraining()
+    backend = TransformersBackend(BackendConfig(kind="transformers", model=str(ensure_tiny_vlm(tmp_path, cfg.spec)),
+                                                device="cpu", max_pixels=cfg.max_pixels))
+    model = backend.model
+    items = clip_items(make_clips(HELD_OUT_SEED, "urban")[0], tmp_path, "c", 320, np.random.default_rng(0))[:3]
+    chunk = encode_items(backend, items)
+    head = torch.nn.Linear(model.config.text_config.hidden_size, len(LOOKS))
+    target = torch.rand(len(chunk), len(LOOKS))
+    visual = model.model.visual
+    runs = []
+    for reuse in (False, True):
+        caught, handle = _catch_vision(model)
+        calls = []
+        counter = visual.register_forward_hook(lambda *_: calls.append(1))
+        loss = _loss(model, *collate(chunk, backend.tokenizer.pad_token_id))
+        objects = _objects_loss(model, head, chunk, target, caught.pop("merged") if reuse else None)
+        (loss + objects).backward()
+        handle.remove()
+        counter.remove()
+        grads = [p.grad.clone() for p in visual.parameters()]
+        model.zero_grad(set_to_none=True)
+        head.zero_grad(set_to_none=True)
+        runs.append((objects.item(), grads, len(calls)))
+    (fresh, fresh_grads, fresh_calls), (reused, reused_grads, reused_calls) = runs
+    assert (fresh_calls, reused_calls) == (2, 1)
+    assert reused == pytest.approx(fresh, rel=1e-6)
+    for a, b in zip(fresh_grads, reused_grads):  # summed in another order: equal to rounding
+        assert (a - b).norm() <= 1e-4 * a.norm() + 1e-8
+
+
 def test_perceiver_training_runs_both_phases(tmp_path, monkeypatch) -> None:
     """A few steps of each phase on two worlds: the objects read-out and the replies are both
     trained, and the saved model is the demo backend's to load."""
