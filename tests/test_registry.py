@@ -182,7 +182,7 @@ def test_commands_evaluate_register_and_promote(demo_home: Path, tiny_lm_path: P
     assert main(["register-model", str(tiny_lm_path), *quick]) == 0
     assert "as embodied-r-reasoner version 1" in capsys.readouterr().out
     assert main(["promote", "--version", "1", *quick]) == 0
-    assert "v1 scores 0.0000 on accuracy/overall (no current champion): promoted to @champion" in \
+    assert "v1 scores 0.0000 on accuracy/overall of the val split (no current champion): promoted to @champion" in \
         capsys.readouterr().out
     assert main(["promote", str(tiny_lm_path), *quick]) == 0  # registers v2: a tie keeps v1
     assert "champion v1 scores 0.0000): not promoted" in capsys.readouterr().out

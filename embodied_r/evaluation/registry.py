@@ -286,6 +286,9 @@ class Promotion:
     champion_version: str | None
     champion_score: float | None
     promoted: bool
+    # The split both sides were scored on: the pipeline prints its test accuracy just before,
+    # and a bare score reads as that one.
+    split: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -294,7 +297,8 @@ class Promotion:
         against = ("no current champion" if self.champion_version is None else
                    f"champion v{self.champion_version} scores {self.champion_score:.4f}")
         verdict = "promoted" if self.promoted else "not promoted"
-        return (f"{self.name} v{self.candidate_version} scores {self.candidate_score:.4f} on {self.metric} "
+        on = f"{self.metric} of the {self.split} split" if self.split else self.metric
+        return (f"{self.name} v{self.candidate_version} scores {self.candidate_score:.4f} on {on} "
                 f"({against}): {verdict} to @{self.alias}")
 
 

@@ -3,6 +3,7 @@ sides evaluated by the same code on the same split."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -42,4 +43,5 @@ def register_and_promote(recipe: Any, root: Path, folder: Path | None = None, *,
                              "and promote again so both answer the same questions")
         return float(summary[metric])
 
-    return promote_if_better(name, version, score, alias=alias, metric=metric, tracking_uri=store)
+    return replace(promote_if_better(name, version, score, alias=alias, metric=metric, tracking_uri=store),
+                   split=split)
