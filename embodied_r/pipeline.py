@@ -48,6 +48,17 @@ class StagePlan:
     def complete(self) -> bool:
         return is_complete(Path(self.out))
 
+    @property
+    def params(self) -> dict[str, Any]:
+        """What its MLflow run records as params. A trainer that reports its own arguments
+        into the same run (``learning_rate``, ``bf16``, ...) gets the config under the stage's
+        kind: MLflow refuses a param logged twice with two values, and drops the whole batch."""
+        return {self.kind: self.config} if self.kind in _SELF_REPORTING else self.config
+
+
+# Stage kinds whose trainer child logs its own arguments through transformers' MLflow callback.
+_SELF_REPORTING = frozenset({"warmstart"})
+
 
 def _key(kind: str, config: dict[str, Any], upstream: list[str], extra: str = "") -> str:
     payload = json.dumps(

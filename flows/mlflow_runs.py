@@ -114,7 +114,7 @@ def log_cached_stage(tracker: Tracker, sp: StagePlan, summary: dict[str, Any]) -
     run. Returns the source run's id ("" when no run of this store made it)."""
     source = source_run(tracker, sp)
     source_id = source.info.run_id if source is not None else ""
-    run_id = tracker.start_stage(sp.name, sp.config, tags={
+    run_id = tracker.start_stage(sp.name, sp.params, tags={
         "stage_key": sp.key, "output": sp.out, "cache_hit": "true", "source_run_id": source_id})
     if source is not None:
         copy_history(tracker, source_id, run_id)

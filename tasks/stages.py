@@ -98,7 +98,7 @@ def run_stage(stage: dict[str, Any], tracker: Tracker | None = None) -> dict[str
     sp = StagePlan.from_dict(stage)
     run_id = None
     if tracker is not None:
-        run_id = tracker.start_stage(sp.name, sp.config, tags={"stage_key": sp.key, "output": sp.out})
+        run_id = tracker.start_stage(sp.name, sp.params, tags={"stage_key": sp.key, "output": sp.out})
     _announce(sp, "started")
     started = time.monotonic()
     try:

@@ -180,3 +180,29 @@ def test_training_config_still_validates_with_sft_fields() -> None:
     # SFT shares the trainer environment with GRPO; GRPO's own checks are untouched.
     with pytest.raises(ValueError, match="divisible"):
         TrainingConfig(num_generations=8, per_device_train_batch_size=3, gradient_accumulation_steps=1)
+
+
+def test_warm_start_stage_run_keeps_its_config_and_the_trainers_own_params(tmp_path: Path,
+                                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The warm start's trainer logs its own arguments into the stage's MLflow run, and MLflow
+    refuses a param logged twice with two values (the recipe's bf16 None, the trainer's
+    False): without the stage's config under ``warmstart.``, the trainer's batch is lost."""
+    from mlflow import MlflowClient
+
+    from embodied_r.pipeline import StagePlan
+    from embodied_r.tracking import Tracker
+    from embodied_r.training.warmstart import WarmstartConfig
+    from tasks.stages import run_stage
+
+    records = _records(tmp_path / "records", tmp_path)
+    cfg = WarmstartConfig(**tiny_sft(max_steps=1).model_dump(include=set(SFTConfig.model_fields)))
+    sp = StagePlan("warmstart", "warmstart", "key", str(tmp_path / "warm"), ("convert",),
+                   {"records": str(records), "init_model": "tiny:lm", "python": ""},
+                   cfg.model_dump(mode="json", exclude={"python"}))
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)  # the store the trainer child reports to
+    tracker = Tracker.open("warm", uri, tmp_path)
+    run_id = run_stage(sp.to_dict(), tracker)["mlflow_run_id"]
+    params = MlflowClient(tracking_uri=uri).get_run(run_id).data.params
+    assert params["warmstart.bf16"] == "None" and params["warmstart.max_steps"] == "1"
+    assert params["bf16"] == "False" and params["learning_rate"] == "0.001"  # the trainer's own
