@@ -182,7 +182,7 @@ def test_the_objects_read_out_reuses_the_forwards_image_features(tmp_path) -> No
         assert (a - b).norm() <= 1e-4 * a.norm() + 1e-8
 
 
-def test_perceiver_training_runs_both_phases(tmp_path, monkeypatch) -> None:
+def test_perceiver_training_runs_both_phases(tmp_path, monkeypatch, capsys) -> None:
     """A few steps of each phase on two worlds: the objects read-out and the replies are both
     trained, and the saved model is the demo backend's to load."""
     monkeypatch.setenv("EMBODIED_R_HOME", str(tmp_path))
@@ -193,6 +193,10 @@ def test_perceiver_training_runs_both_phases(tmp_path, monkeypatch) -> None:
     from transformers import AutoConfig
 
     assert AutoConfig.from_pretrained(folder).text_config.rope_parameters["rope_theta"] == 10.0
+    # Minutes inside the perception stage: the terminal hears of them, a line now and then.
+    out = capsys.readouterr().out
+    assert "perceiver     training once (2 worlds" in out
+    assert "perceiver     vision step 3/3  objects loss" in out and "perceiver     step 2/2  loss" in out
 
 
 # The demo's learning targets are not met yet and a run takes minutes on two cores: this

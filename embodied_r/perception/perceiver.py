@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from embodied_r import progress
 from embodied_r.backends.base import BackendConfig
 from embodied_r.backends.tiny_models import TRAINED, TinyVLMSpec, _build_atomically, ensure_tiny_vlm, home
 from embodied_r.perception import prompts
@@ -161,6 +162,13 @@ def _catch_vision(model: Any) -> tuple[dict[str, Any], Any]:
     return caught, model.model.visual.register_forward_hook(hook)
 
 
+def _say(text: str) -> None:
+    # Minutes of training inside the perception stage (or a first chat): a line now and
+    # then on the terminal, as a training stage prints its steps.
+    progress.say(f"  {'perceiver':<13} {text}")
+    log.info("perceiver %s", text)
+
+
 def _cosine(steps: int) -> Any:
     warm = max(1, steps // 20)
     return lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps))
@@ -173,6 +181,8 @@ def train_perceiver(folder: Path, cfg: PerceiverTraining) -> dict[str, Any]:
     from embodied_r.backends.hf_local import TransformersBackend
 
     started = time.perf_counter()
+    _say(f"training once ({cfg.worlds} worlds, {cfg.vision_steps} vision steps, then {cfg.steps} steps); "
+         f"kept in {folder.parent}")
     base = ensure_tiny_vlm(home() / "models", cfg.spec)
     backend = TransformersBackend(BackendConfig(kind="transformers", model=str(base), device="cpu",
                                                 max_pixels=cfg.max_pixels))
@@ -206,7 +216,7 @@ def train_perceiver(folder: Path, cfg: PerceiverTraining) -> dict[str, Any]:
             opt.zero_grad(set_to_none=True)
             vision_losses.append(loss.item())
             if step % 100 == 0 or step == cfg.vision_steps - 1:
-                log.info("perceiver vision step %d/%d objects loss %.3f", step + 1, cfg.vision_steps, loss.item())
+                _say(f"vision step {step + 1}/{cfg.vision_steps}  objects loss {loss.item():.3f}")
         opt = torch.optim.AdamW([*model.parameters(), *head.parameters()], lr=cfg.learning_rate, weight_decay=0.01)
         sched = torch.optim.lr_scheduler.LambdaLR(opt, _cosine(cfg.steps))
         caught, handle = _catch_vision(model)
@@ -222,8 +232,8 @@ def train_perceiver(folder: Path, cfg: PerceiverTraining) -> dict[str, Any]:
             sched.step()
             opt.zero_grad(set_to_none=True)
             losses.append(loss.item())
-            if step % 10 == 0 or step == cfg.steps - 1:
-                log.info("perceiver step %d/%d loss %.3f", step + 1, cfg.steps, losses[-1])
+            if step % 50 == 0 or step == cfg.steps - 1:
+                _say(f"step {step + 1}/{cfg.steps}  loss {losses[-1]:.3f}")
         handle.remove()
     finally:
         torch.set_num_threads(threads)
