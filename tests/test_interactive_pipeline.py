@@ -40,13 +40,20 @@ def test_loss_on_assistant_turns_after_the_first_feedback_only():
 
 
 @pytest.mark.slow
-def test_reasoner_demo_end_to_end(tmp_path, monkeypatch):
+def test_reasoner_demo_end_to_end(tmp_path, monkeypatch, capsys):
     from mlflow import MlflowClient
 
     from embodied_r.apps.cli import main
 
     monkeypatch.setenv("EMBODIED_R_HOME", str(tmp_path))
     assert main(["reasoner", "--recipe", "reasoner-demo"]) == 0
+    out = capsys.readouterr().out
+    # Each SFT stage prints one compact line per logged step, never the trainer's raw dicts.
+    for stage in ("reasoner_sft_imitation", "reasoner_sft_exploration", "reasoner_sft_correction"):
+        steps = [line.split() for line in out.splitlines() if line.split()[:2] == [stage, "step"]]
+        assert steps and all(w[3] == "loss" and float(w[4]) >= 0 for w in steps), out
+        assert steps[-1][2].split("/")[0] == steps[-1][2].split("/")[1], steps[-1]
+    assert "{'loss'" not in out and "'train_runtime'" not in out, out
     evaluation = json.loads(next((tmp_path / "stages" / "reasoner_evaluate").glob("*/summary.json")).read_text())
     assert evaluation["episodes"] == 11
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")

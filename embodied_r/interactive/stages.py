@@ -65,7 +65,8 @@ def run_sft_stage(out: Path, config: dict[str, Any], inputs: dict[str, str],
     with stage_folder(out) as work:
         write_json_atomic(work / "data.json", data)
         spec = {"init_model": init, "work": str(work.resolve()), "data": str((work / "data.json").resolve()),
-                "sft": cfg.model_dump(mode="json"), "name": f"reasoner-sft-{config['name']}"}
+                "sft": cfg.model_dump(mode="json"), "name": f"reasoner-sft-{config['name']}",
+                "stage": f"reasoner_sft_{config['name']}"}
         result = run_child("embodied_r.interactive.sft_child", spec, work, cfg, mlflow_run_id,
                            f"SFT {config['name']}")
         if not cfg.keep_checkpoints:
