@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from embodied_r.evaluation.learning import chance_accuracy, learning_figures, reward_curves
+from embodied_r.evaluation.learning import learning_figures, reward_curves
+from embodied_r.scoring.metrics import chance_accuracy, chance_levels
 from embodied_r.training.learning import quarter_stats, reward_series
 from embodied_r.training.warmstart import WarmstartConfig, frames, think_text, trace, traces
 from embodied_r.scoring.rewards import format_reward, accuracy_reward
@@ -59,10 +60,13 @@ def test_reward_curves_put_stages_on_one_axis(tmp_path):
 
 
 def test_chance_counts_options_and_numbers_zero():
-    records = [{"answer_type": "choice", "options": ["A. x", "B. y"]},
-               {"answer_type": "choice", "options": ["A. x", "B. y", "C. z", "D. w"]},
-               {"answer_type": "number", "options": []}]
+    records = [{"category": "a", "answer_type": "choice", "options": ["A. x", "B. y"]},
+               {"category": "a", "answer_type": "choice", "options": ["A. x", "B. y", "C. z", "D. w"]},
+               {"category": "n", "answer_type": "number", "options": []}]
     assert chance_accuracy(records) == pytest.approx((0.5 + 0.25) / 3)
+    # Per task, numeric tasks have no chance level: the report leaves their cell empty.
+    assert chance_levels(records) == {"a": pytest.approx(0.375)}
+    assert chance_accuracy([]) == 0.0
     figures = learning_figures({"untrained": 0.0, "trained": 0.5}, 0.25,
                                {"stage2": {"accuracy_reward": {"first": 0.2, "last": 0.6}}})
     assert figures["learning/accuracy/trained"] == 0.5

@@ -14,21 +14,12 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from embodied_r.io import read_json
+from embodied_r.scoring.metrics import chance_accuracy
 
 CURVES_PNG = "reward_curves.png"
 PREFIX = "learning"
 HISTORY_FILE = "history.json"  # written by the GRPO trainer (training.learning.HISTORY_FILE)
 ACCURACY = "accuracy/overall"
-
-
-def chance_accuracy(records: Sequence[Mapping[str, Any]]) -> float:
-    """Expected accuracy of a uniform guess among each question's options. A numeric
-    question counts 0: a guessed number almost never meets VSI-Bench's thresholds."""
-    if not records:
-        return 0.0
-    total = sum(1.0 / len(r["options"]) if r.get("answer_type") == "choice" and r.get("options") else 0.0
-                for r in records)
-    return total / len(records)
 
 
 def _series(history: list[dict[str, Any]], key: str) -> list[tuple[int, float]]:

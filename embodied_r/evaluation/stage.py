@@ -40,7 +40,14 @@ from embodied_r.io import (
     write_summary,
 )
 from embodied_r.scoring.answers import ChoiceParser
-from embodied_r.scoring.metrics import NumberParsing, aggregate, category_table, score_answer, subtask_of
+from embodied_r.scoring.metrics import (
+    NumberParsing,
+    aggregate,
+    category_table,
+    chance_levels,
+    score_answer,
+    subtask_of,
+)
 from embodied_r.evaluation.config import EvaluationConfig
 from embodied_r.evaluation.learning import write_learning
 from embodied_r.evaluation.report import write_report
@@ -120,16 +127,6 @@ def resolve_model_ref(model: str) -> str:
     from embodied_r.backends.tiny_models import resolve_model
 
     return resolve_model(model)
-
-
-def chance_levels(records: list[dict[str, Any]]) -> dict[str, float]:
-    """Per task, the accuracy of picking an option at random (choice questions only)."""
-    by_task: dict[str, list[float]] = {}
-    for r in records:
-        options = list(r.get("options") or [])
-        if r.get("answer_type") != "number" and options:
-            by_task.setdefault(r["category"], []).append(1.0 / len(options))
-    return {task: sum(v) / len(v) for task, v in by_task.items()}
 
 
 TABLE_FILE = "predictions_table.json"

@@ -260,3 +260,28 @@ def category_table(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
             }
         table.append(entry)
     return table
+
+
+def guess_chance(record: Mapping[str, Any]) -> float | None:
+    """A uniform guess's expected score on one question: one over its options, or None for
+    a question without options (a guessed number almost never meets VSI-Bench's thresholds)."""
+    options = record.get("options")
+    if record.get("answer_type") == "number" or not options:
+        return None
+    return 1.0 / len(options)
+
+
+def chance_accuracy(records: Iterable[Mapping[str, Any]]) -> float:
+    """Overall accuracy of uniform guessing, numeric questions counted as 0."""
+    guesses = [guess_chance(r) or 0.0 for r in records]
+    return sum(guesses) / len(guesses) if guesses else 0.0
+
+
+def chance_levels(records: Iterable[Mapping[str, Any]]) -> dict[str, float]:
+    """Per task, the accuracy of uniform guessing (tasks with options only)."""
+    by_task: dict[str, list[float]] = {}
+    for r in records:
+        chance = guess_chance(r)
+        if chance is not None:
+            by_task.setdefault(r["category"], []).append(chance)
+    return {task: sum(v) / len(v) for task, v in by_task.items()}
