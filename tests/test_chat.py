@@ -6,6 +6,7 @@ import io
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -111,6 +112,10 @@ def test_chat_shows_thinking_apart_and_keeps_history(clip: Path, tiny_vlm_path: 
         child.sendline("/history")
         child.expect_exact("1. Where is the door? Options: A. right B. left -> B")
         child.expect_exact("you> ")
+        # As a person would, press Ctrl-C once the prompt waits: readline writes the prompt
+        # before it takes over the terminal's signals, and on a loaded machine a Ctrl-C sent
+        # in that instant was once not seen at all.
+        time.sleep(1.0)
         child.sendintr()  # Ctrl-C saves too
         child.expect_exact("History saved to")
         child.expect(pexpect.EOF)
