@@ -220,7 +220,9 @@ def build_parser() -> argparse.ArgumentParser:
     recipe_args(val)
     val.add_argument("--show", action="store_true", help="print the full resolved recipe")
     sub.add_parser("recipes", help="list the recipes shipped with the package")
-    sub.add_parser("relocate", help="rewrite the paths a copied or moved project home records (--home)")
+    moved = sub.add_parser("relocate", help="rewrite the paths a copied or moved project home records (--home)")
+    # Also after the command, as the moved home's error message writes it.
+    moved.add_argument("--home", default=argparse.SUPPRESS, help="the home to relocate")
     import importlib
 
     for module in EXTENSIONS:
