@@ -17,7 +17,7 @@ ALLOWED: dict[str, set[str]] = {
     "synthetic": set(),
     "keyframes": set(),
     "data": {"synthetic"},
-    "perception": {"backends", "synthetic"},
+    "perception": {"backends", "synthetic", "keyframes"},
     "scoring": {"backends"},
     "training": {"backends", "scoring"},
     "evaluation": {"backends", "scoring"},

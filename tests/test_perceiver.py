@@ -29,12 +29,14 @@ from embodied_r.perception.perceiver_data import (
     collate,
     encode_items,
     looks_in_view,
+    sample_clips,
     sampling_weights,
+    stage_keyframes,
     score_replies,
     truth,
 )
 from embodied_r.synthetic.views import MIN_EFFECT, dominant_motion, make_clips
-from embodied_r.synthetic.world import Pose, segments_from
+from embodied_r.synthetic.world import HFOV, Pose, segments_from, wrap180
 
 TARGET = 0.70
 
@@ -52,6 +54,32 @@ def test_the_dominant_motion_is_the_one_that_moved_the_view_most() -> None:
     assert dominant_motion(segs, start, 0.0, 0.9, 0.5625) == "fly forward"
     assert dominant_motion(segs, start, 2.0, 4.0, 0.5625) is None  # hovering shows nothing
     assert MIN_EFFECT > 0
+
+
+def test_the_perceiver_learns_from_key_frames_the_demos_stage_would_keep() -> None:
+    from embodied_r.config import load_recipe
+    from embodied_r.keyframes.extract import KeyframeConfig
+
+    demo, cfg = load_recipe("demo").keyframes, PerceiverTraining().keyframes()
+    assert (demo.sample_fps, demo.max_frames, demo.overlap_threshold) == (cfg.sample_fps, cfg.max_frames,
+                                                                          cfg.overlap_threshold)
+
+    def turns(keyframes: KeyframeConfig) -> np.ndarray:
+        """How far the camera turned between consecutive key frames, in fields of view."""
+        out = []
+        for w in range(4):
+            clip = sample_clips(HELD_OUT_SEED + w, "room", 1, keyframes)[0]
+            out += [abs(wrap180(b.yaw - a.yaw)) / HFOV for a, b in zip(clip.poses, clip.poses[1:])]
+        return np.array(out)
+
+    # At the demo's sampling the key frames of a room scan are a little over half a view
+    # apart, so each shares part of the one before; sampled once a second, as the stage's
+    # default, most pairs turned most of a view or more and share little or nothing.
+    dense, sparse = turns(cfg), turns(KeyframeConfig(sample_fps=1.0, max_frames=16))
+    assert np.median(dense) < 0.7 and np.mean(dense > 1.0) < 0.05, dense
+    assert np.median(sparse) > 0.75, sparse
+    # The picker is the stage's: every sample is kept when each one already overlaps little.
+    assert stage_keyframes(KeyframeConfig(max_frames=8))([np.zeros((36, 64, 3), np.uint8)] * 3) == [0, 1, 2]
 
 
 def test_clips_and_their_calls_carry_the_worlds_truth(tmp_path) -> None:

@@ -239,6 +239,35 @@ def fill_indices(kept: Sequence[int], n_frames: int, target: int, step: int = 1)
     return sorted(chosen - set(kept))
 
 
+class OverlapRule:
+    """Whether each sampled frame, taken in order, is a key frame: the first and the last are,
+    and so is any frame whose overlap with the last key frame is below the threshold or
+    cannot be measured. Shared with the synthetic clips that teach the demo's perceiver, so
+    that it learns from the pairs this stage makes."""
+
+    def __init__(self, cfg: KeyframeConfig):
+        self.cfg = cfg
+        self.matcher: _OverlapMatcher | None = None
+        self.ref: _Features | None = None
+
+    def consider(self, image: np.ndarray, is_last: bool) -> tuple[str | None, float]:
+        """The reason the frame is kept (None: skipped) and its overlap (NaN: not measured)."""
+        if self.matcher is None:
+            self.matcher = _OverlapMatcher(self.cfg, image.shape[1], image.shape[0])
+        feats = self.matcher.features(image)
+        overlap: float | None = None
+        if self.ref is None:
+            reason: str | None = "first"
+        else:
+            overlap = self.matcher.overlap(self.ref, feats)
+            reason = ("match_failed" if overlap is None else
+                      "low_overlap" if overlap < self.cfg.overlap_threshold else None)
+            reason = "last" if is_last else reason
+        if reason is not None:
+            self.ref = feats
+        return reason, math.nan if overlap is None else overlap
+
+
 def thin_evenly(items: Sequence, m: int) -> list:
     """Keep m evenly spaced items, first and last included.
 
@@ -265,26 +294,14 @@ def extract_keyframes(video_path: str | Path, config: KeyframeConfig | None = No
         with FrameSampler(video_path, cfg.sample_fps, threads=cfg.decode_threads, ahead=cfg.decode_ahead) as sampler:
             info, step = sampler.info, sampler.step
             planned = set(fill_spots(info.frame_count, cfg.min_frames, step)) if info.frame_count else set()
-            matcher: _OverlapMatcher | None = None
-            ref: _Features | None = None
+            rule = OverlapRule(cfg)
             kept: list[tuple[int, float, str]] = []
             n_samples = 0
             for index, image, is_last in sampler:
                 n_samples += 1
-                if matcher is None:
-                    matcher = _OverlapMatcher(cfg, image.shape[1], image.shape[0])
-                feats = matcher.features(image)
-                overlap: float | None = None
-                if ref is None:
-                    reason: str | None = "first"
-                else:
-                    overlap = matcher.overlap(ref, feats)
-                    reason = ("match_failed" if overlap is None else
-                              "low_overlap" if overlap < cfg.overlap_threshold else None)
-                    reason = "last" if is_last else reason
+                reason, overlap = rule.consider(image, is_last)
                 if reason is not None:
-                    ref = feats
-                    kept.append((index, math.nan if overlap is None else overlap, reason))
+                    kept.append((index, overlap, reason))
                 if spool is not None and (reason is not None or index in planned):
                     spool.put(index, _jpeg(image, cfg))
             n_frames, passes = sampler.frames_read, sampler.passes

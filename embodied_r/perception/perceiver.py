@@ -44,11 +44,13 @@ from embodied_r.perception.perceiver_data import (
     encode_items,
     make_items,
     looks_in_view,
+    sample_clips,
     sampling_weights,
     score_replies,
 )
+from embodied_r.keyframes.extract import KeyframeConfig
 from embodied_r.runners import modules_version
-from embodied_r.synthetic.views import KINDS, make_clips
+from embodied_r.synthetic.views import KINDS
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +58,8 @@ PERCEIVER_REF = "tiny:vlm-perceiver"
 _SOURCES = ("embodied_r.perception.perceiver", "embodied_r.perception.perceiver_data",
             "embodied_r.perception.prompts", "embodied_r.perception.parse", "embodied_r.synthetic.views",
             "embodied_r.synthetic.world", "embodied_r.synthetic.urban", "embodied_r.synthetic.vsi",
-            "embodied_r.backends.tiny_models", "embodied_r.backends.hf_local", "embodied_r.backends.images")
+            "embodied_r.backends.tiny_models", "embodied_r.backends.hf_local", "embodied_r.backends.images",
+            "embodied_r.keyframes.extract")
 
 
 # Words of the replies and of the questions, for the tokenizer's merges.
@@ -99,10 +102,17 @@ class PerceiverTraining(BaseModel):
     learning_rate: float = Field(3e-3, gt=0)
     max_pixels: int = 112 * 112  # the demo backend's budget: what the model sees at run time
     jpeg_side: int = 320  # the key-frame stage's jpeg_max_side in the demo
+    # The demo's key-frame sampling (``recipes/demo.yaml``): the pairs it learns from are
+    # picked by the stage's own rule, so they are as far apart as the ones it will see.
+    sample_fps: float = Field(4.0, gt=0)
+    max_frames: int = Field(16, ge=2)
     balance: float = Field(0.5, ge=0.0, le=1.0)  # 0: actions drawn as they come, 1: evenly
     threads: int = Field(1, ge=1)
     init_std: float = Field(0.02, ge=0.0)  # 0 keeps the tiny build's own random weights
     seed: int = 0
+
+    def keyframes(self) -> KeyframeConfig:
+        return KeyframeConfig(sample_fps=self.sample_fps, max_frames=self.max_frames, jpeg_max_side=self.jpeg_side)
 
     def digest(self) -> str:
         payload = {"settings": self.model_dump(), "code": modules_version(list(_SOURCES))}
@@ -193,7 +203,8 @@ def train_perceiver(folder: Path, cfg: PerceiverTraining) -> dict[str, Any]:
     head = torch.nn.Linear(model.config.text_config.hidden_size, len(LOOKS))
     rng = np.random.default_rng(cfg.seed)
     with tempfile.TemporaryDirectory(prefix="perceiver-") as tmp:
-        items = make_items(TRAIN_SEED + cfg.seed * 1000, cfg.worlds, cfg.chains, Path(tmp), cfg.jpeg_side)
+        items = make_items(TRAIN_SEED + cfg.seed * 1000, cfg.worlds, cfg.chains, Path(tmp), cfg.jpeg_side,
+                           cfg.keyframes())
         encoded = encode_items(backend, items)
     made = time.perf_counter() - started
     objects = torch.from_numpy(looks_in_view(items))
@@ -254,7 +265,8 @@ def train_perceiver(folder: Path, cfg: PerceiverTraining) -> dict[str, Any]:
 
 
 def measure(model: str | Path, clips: int = 12, seed: int = HELD_OUT_SEED, side: int = 320,
-            max_pixels: int = 112 * 112, batch_size: int = 16, max_new_tokens: int = 48) -> dict[str, Any]:
+            max_pixels: int = 112 * 112, batch_size: int = 16, max_new_tokens: int = 48,
+            keyframes: KeyframeConfig | None = None) -> dict[str, Any]:
     """Action and object scores of a perceiver on held-out clips, read through the stage's
     own prompts, backend and parser.
 
@@ -269,7 +281,7 @@ def measure(model: str | Path, clips: int = 12, seed: int = HELD_OUT_SEED, side:
     with tempfile.TemporaryDirectory(prefix="perceiver-eval-") as tmp:
         items = []
         for w in range(clips):
-            clip = make_clips(seed + w, KINDS[w % len(KINDS)])[0]
+            clip = sample_clips(seed + w, KINDS[w % len(KINDS)], 1, keyframes or PerceiverTraining().keyframes())[0]
             items += clip_items(clip, Path(tmp), f"w{w}", side, rng)
         backend = make_backend(BackendConfig(kind="transformers", model=str(model), device="cpu",
                                              max_pixels=max_pixels, batch_size=batch_size,

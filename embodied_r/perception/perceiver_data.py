@@ -11,12 +11,13 @@ through the backend's own preparation; training (``perceiver``) only stacks tens
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import cv2
 import numpy as np
 
 from embodied_r.backends.base import Conversation
+from embodied_r.keyframes.extract import KeyframeConfig, OverlapRule, fill_indices, thin_evenly
 from embodied_r.perception import prompts
 from embodied_r.perception.parse import FrameInfo, frame_reply, normalize_action, parse_frame_response
 from embodied_r.synthetic.urban import URBAN_THINGS
@@ -109,14 +110,33 @@ def clip_items(clip: Clip, folder: Path, tag: str, side: int, rng: np.random.Gen
     return items
 
 
-def make_items(seed: int, worlds: int, chains: int, folder: Path, side: int
+def stage_keyframes(cfg: KeyframeConfig) -> Callable[[list[np.ndarray]], list[int]]:
+    """The key-frame stage's choice among a clip's sampled views (its overlap rule, its fill
+    up to ``min_frames``, its even thinning to ``max_frames``), so that the perceiver learns
+    from and is measured on the frame pairs the stage hands it at run time."""
+
+    def keep(frames: list[np.ndarray]) -> list[int]:
+        rule = OverlapRule(cfg)
+        kept = [i for i, f in enumerate(frames) if rule.consider(f, i == len(frames) - 1)[0] is not None]
+        if len(kept) < cfg.min_frames:
+            kept = sorted(kept + fill_indices(kept, len(frames), cfg.min_frames))
+        return thin_evenly(kept, cfg.max_frames)
+
+    return keep
+
+
+def sample_clips(seed: int, kind: str, chains: int, keyframes: KeyframeConfig) -> list[Clip]:
+    return make_clips(seed, kind, chains, sample_fps=keyframes.sample_fps, keep=stage_keyframes(keyframes))
+
+
+def make_items(seed: int, worlds: int, chains: int, folder: Path, side: int, keyframes: KeyframeConfig
                ) -> list[Item]:
     items = []
     rng = np.random.default_rng(seed)
     for w in range(worlds):
         kind = KINDS[w % len(KINDS)]
         # One world, several key-frame sequences: the panorama is the costly part.
-        for c, clip in enumerate(make_clips(seed + w, kind, chains)):
+        for c, clip in enumerate(sample_clips(seed + w, kind, chains, keyframes)):
             items += clip_items(clip, folder, f"w{w}c{c}", side, rng)
     return items
 

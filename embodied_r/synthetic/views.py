@@ -1,8 +1,8 @@
 """Key-frame clips with their truth, for teaching and measuring a perceiver.
 
 A clip is a world of the benchmark's two kinds (an UrbanVideo-style flight outdoors, a
-VSI-style room scan indoors), its camera plan, and frames rendered at key-frame times about
-a second or more apart, as the key-frame stage keeps them. Each frame comes with the objects
+VSI-style room scan indoors), its camera plan, and the frames a caller's key-frame rule
+keeps of the views sampled along it. Each frame comes with the objects
 whose centre is in view, left to right, and each pair of consecutive frames with the camera
 motion that changed the view most between them. Nothing is written to disk.
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
@@ -43,6 +44,7 @@ class Clip:
     names: list[str]  # every object of the world, for question writers
     frames: list[np.ndarray] = field(default_factory=list)  # BGR key frames
     times: list[float] = field(default_factory=list)
+    poses: list[Pose] = field(default_factory=list)  # the camera's, per frame
     visible: list[list[str]] = field(default_factory=list)  # per frame, left to right
     # Per frame after the first: the world motion (``world.MOTIONS``) that changed the view
     # most since the frame before, or None where the view hardly changed.
@@ -84,9 +86,12 @@ def dominant_motion(segs: list[Segment], start: Pose, t0: float, t1: float, aspe
 
 
 def make_clips(seed: int, kind: str, chains: int = 1, *, seconds: float = 8.0, width: int = 640,
-               height: int = 360, gaps: tuple[float, ...] = (1.0, 1.0, 1.0, 2.0, 3.0)) -> list[Clip]:
-    """``chains`` clips of one world of ``kind`` made from ``seed``: key frames ``gaps`` seconds
-    apart (drawn at random), the first chain from 0 s, the others from a random start."""
+               height: int = 360, sample_fps: float = 1.0,
+               keep: Callable[[list[np.ndarray]], list[int]] | None = None) -> list[Clip]:
+    """``chains`` clips of one world of ``kind`` made from ``seed``: the camera's view sampled
+    ``sample_fps`` times a second (the first chain from 0 s, the others from a random start)
+    and the samples ``keep`` picks as key frames (every sample without it). The key-frame
+    stage's own rule is passed in by the caller, which may import it."""
     if kind not in KINDS:
         raise ValueError(f"unknown clip kind {kind!r}; use one of {KINDS}")
     rng = np.random.default_rng([seed, 11, KINDS.index(kind)])
@@ -98,18 +103,19 @@ def make_clips(seed: int, kind: str, chains: int = 1, *, seconds: float = 8.0, w
     end = min(seconds, segs[-1].end)
     clips = []
     for c in range(chains):
-        times = [float(rng.uniform(0, 1.5)) if c else 0.0]
-        while times[-1] + min(gaps) <= end:
-            times.append(times[-1] + float(rng.choice(gaps)))
-        times = [t for t in times if t <= end]
+        first = float(rng.uniform(0, 1.5)) if c else 0.0
+        times = [float(t) for t in np.arange(first, end + 1e-9, 1.0 / sample_fps)]
+        poses = [inside(pose_at(segs, t, start), aspect) for t in times]
+        frames = [camera_view(pano, pose, width, height) for pose in poses]
+        chosen = keep(frames) if keep is not None else list(range(len(frames)))
         clip = Clip(kind, sorted({t.name for t in things}))
-        for i, t in enumerate(times):
-            pose = inside(pose_at(segs, t, start), aspect)
-            clip.frames.append(camera_view(pano, pose, width, height))
-            clip.times.append(t)
-            shown = sorted((wrap180(o.azimuth - pose.yaw), o.name) for o in things if in_view(o, pose, aspect))
+        for n, i in enumerate(chosen):
+            clip.frames.append(frames[i])
+            clip.times.append(times[i])
+            clip.poses.append(poses[i])
+            shown = sorted((wrap180(o.azimuth - poses[i].yaw), o.name) for o in things if in_view(o, poses[i], aspect))
             clip.visible.append(list(dict.fromkeys(name for _, name in shown)))
-            if i:
-                clip.motions.append(dominant_motion(segs, start, times[i - 1], t, aspect))
+            if n:
+                clip.motions.append(dominant_motion(segs, start, clip.times[-2], times[i], aspect))
         clips.append(clip)
     return clips
