@@ -128,8 +128,8 @@ def main(spec_path: str) -> int:
         gradient_accumulation_steps=cfg.gradient_accumulation_steps, warmup_steps=cfg.warmup_ratio,
         lr_scheduler_type=cfg.lr_scheduler_type, logging_steps=cfg.logging_steps, save_steps=cfg.save_steps,
         save_total_limit=cfg.save_total_limit, gradient_checkpointing=cfg.gradient_checkpointing and on_gpu,
-        report_to=report_to, remove_unused_columns=False, disable_tqdm=True, dataset_kwargs={"skip_prepare_dataset": True},
-        max_length=None, run_name=spec.get("name", "reasoner-sft"))
+        report_to=report_to, remove_unused_columns=False, disable_tqdm=True,
+        dataset_kwargs={"skip_prepare_dataset": True}, max_length=None, run_name=spec.get("name", "reasoner-sft"))
     trainer = SFTTrainer(model=model, args=args, train_dataset=Dataset.from_list(kept), data_collator=collator,
                          processing_class=processor.tokenizer,
                          callbacks=[progress_callback(), sft_step_callback(spec.get("stage", "reasoner_sft"))])
