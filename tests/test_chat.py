@@ -6,7 +6,6 @@ import io
 import json
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -112,11 +111,9 @@ def test_chat_shows_thinking_apart_and_keeps_history(clip: Path, tiny_vlm_path: 
         child.sendline("/history")
         child.expect_exact("1. Where is the door? Options: A. right B. left -> B")
         child.expect_exact("you> ")
-        # As a person would, press Ctrl-C once the prompt waits: readline writes the prompt
-        # before it takes over the terminal's signals, and on a loaded machine a Ctrl-C sent
-        # in that instant was once not seen at all.
-        time.sleep(1.0)
-        child.sendintr()  # Ctrl-C saves too
+        # Ctrl-C through the pseudo-terminal was lost now and then in the full suite (only the
+        # echoed ^C came back), so leaving by Ctrl-C is tested apart, below.
+        child.sendline("/quit")
         child.expect_exact("History saved to")
         child.expect(pexpect.EOF)
     finally:
@@ -147,3 +144,23 @@ def test_show_turn_without_the_format() -> None:
     out = io.StringIO()
     show_turn(Turn("q?", "", "", "", False, 0.0, error="http 500"), out)
     assert "the reasoning model failed: http 500" in out.getvalue()
+
+
+class _CtrlC(io.StringIO):
+    """A terminal whose user presses Ctrl-C at the first prompt."""
+
+    def readline(self, *args: Any) -> str:
+        raise KeyboardInterrupt
+
+
+def test_ctrl_c_at_the_prompt_saves_the_history(clip: Path, embodied_r_home: Path, tmp_path: Path) -> None:
+    from embodied_r.apps.chat import ChatSession, chat_loop
+    from embodied_r.config import load_recipe
+
+    recipe = load_recipe("smoke", {"keyframes": {"max_frames": 4, "workers": 1}})
+    session = ChatSession(video=clip, reasoner=recipe.evaluation.backend, perception=recipe.perception,
+                          keyframes=recipe.keyframes, records_cfg=recipe.records, work=tmp_path / "work")
+    out = io.StringIO()
+    assert chat_loop(session, tmp_path / "history.json", stdin=_CtrlC(), out=out) == 0
+    assert f"History saved to {tmp_path / 'history.json'}" in out.getvalue()
+    assert json.loads((tmp_path / "history.json").read_text())["turns"] == []
