@@ -280,6 +280,18 @@ def thin_evenly(items: Sequence, m: int) -> list:
     return [items[round(x)] for x in np.linspace(0, n - 1, m)]
 
 
+def final_selection(kept: Sequence[tuple[int, float, str]], n_frames: int, cfg: KeyframeConfig, step: int = 1
+                    ) -> list[tuple[int, float, str]]:
+    """The rule's key frames ``(index, overlap, reason)``, topped up with evenly spaced
+    ``fill`` frames to ``min_frames`` and thinned evenly to ``max_frames``: the stage's last
+    word on a video, shared with the synthetic clips that teach the demo's perceiver."""
+    kept = list(kept)
+    if len(kept) < cfg.min_frames:
+        fills = fill_indices([k[0] for k in kept], n_frames, cfg.min_frames, step)
+        kept = sorted(kept + [(i, math.nan, "fill") for i in fills])
+    return thin_evenly(kept, cfg.max_frames)
+
+
 def extract_keyframes(video_path: str | Path, config: KeyframeConfig | None = None, *,
                       keep_images: bool = True) -> KeyframeResult:
     """Key frames of one video; raises ``VideoError`` for a missing, empty, corrupt or 0-fps file."""
@@ -305,10 +317,7 @@ def extract_keyframes(video_path: str | Path, config: KeyframeConfig | None = No
                 if spool is not None and (reason is not None or index in planned):
                     spool.put(index, _jpeg(image, cfg))
             n_frames, passes = sampler.frames_read, sampler.passes
-        if len(kept) < cfg.min_frames:
-            fills = fill_indices([k[0] for k in kept], n_frames, cfg.min_frames, step)
-            kept = sorted(kept + [(i, math.nan, "fill") for i in fills])
-        kept = thin_evenly(kept, cfg.max_frames)
+        kept = final_selection(kept, n_frames, cfg, step)
         images = None
         if spool is not None:
             missing = [k[0] for k in kept if k[0] not in spool.where]

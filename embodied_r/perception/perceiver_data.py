@@ -17,7 +17,7 @@ import cv2
 import numpy as np
 
 from embodied_r.backends.base import Conversation
-from embodied_r.keyframes.extract import KeyframeConfig, OverlapRule, fill_indices, thin_evenly
+from embodied_r.keyframes.extract import KeyframeConfig, OverlapRule, final_selection
 from embodied_r.perception import prompts
 from embodied_r.perception.parse import FrameInfo, frame_reply, normalize_action, parse_frame_response
 from embodied_r.synthetic.urban import URBAN_THINGS
@@ -117,10 +117,12 @@ def stage_keyframes(cfg: KeyframeConfig) -> Callable[[list[np.ndarray]], list[in
 
     def keep(frames: list[np.ndarray]) -> list[int]:
         rule = OverlapRule(cfg)
-        kept = [i for i, f in enumerate(frames) if rule.consider(f, i == len(frames) - 1)[0] is not None]
-        if len(kept) < cfg.min_frames:
-            kept = sorted(kept + fill_indices(kept, len(frames), cfg.min_frames))
-        return thin_evenly(kept, cfg.max_frames)
+        kept = []
+        for i, frame in enumerate(frames):
+            reason, overlap = rule.consider(frame, i == len(frames) - 1)
+            if reason is not None:
+                kept.append((i, overlap, reason))
+        return [i for i, *_ in final_selection(kept, len(frames), cfg)]
 
     return keep
 
