@@ -158,6 +158,25 @@ def test_object_scores_count_misses_and_wrong_names() -> None:
     assert scores["action_accuracy"] == 0.0
 
 
+def test_action_scores_per_setting_stand_beside_what_a_guess_scores() -> None:
+    """A perceiver that always names the commonest action must not look like one that reads:
+    the scores by setting come with what such guesses earn."""
+    def pair(action: str):
+        return (FrameInfo(action, NOTHING, "none", "json"), False)
+
+    truths = [pair("rotate left"), pair("rotate left"), pair("rotate right"),  # a room scan
+              pair("rotate right"), pair("move up"), pair("rotate right")]  # a flight
+    settings = ["room"] * 3 + ["urban"] * 3
+    say = [frame_reply(FrameInfo(a, NOTHING, "none", "json"), False, REPLY_FORMAT)
+           for a in ("rotate left", "rotate left", "rotate left", "rotate right", "move up", "move up")]
+    scores = score_replies(truths, say, settings)
+    assert scores["action_accuracy"] == pytest.approx(4 / 6)
+    assert scores["actions_by_setting"] == {"room": pytest.approx(2 / 3), "urban": pytest.approx(2 / 3)}
+    assert scores["action_guess"] == pytest.approx(3 / 6)  # "rotate right" everywhere
+    assert scores["action_guess_by_setting"] == pytest.approx(4 / 6)  # left in rooms, right in flights
+    assert "actions_by_setting" not in score_replies(truths, say)
+
+
 def test_the_vision_target_names_looks_so_rooms_and_flights_share_them() -> None:
     """A room's cabinet is drawn as a flight's purple cube: the image alone cannot tell the
     names apart, so the vision tower's target is the look."""

@@ -274,15 +274,19 @@ def measure(model: str | Path, clips: int = 12, seed: int = HELD_OUT_SEED, side:
     ``object_recall``: of the objects truly in view, over all frames, the share named;
     ``object_precision``: of the objects named, the share truly in view (naming every object
     scores a full recall and a poor precision).
+    ``actions_by_setting``, beside ``action_guess`` and ``action_guess_by_setting``: whether
+    the actions are read from the images or guessed from the setting (``score_replies``).
     """
     from embodied_r.backends.factory import make_backend
 
     rng = np.random.default_rng(seed)
     with tempfile.TemporaryDirectory(prefix="perceiver-eval-") as tmp:
-        items = []
+        items, settings = [], []
         for w in range(clips):
             clip = sample_clips(seed + w, KINDS[w % len(KINDS)], 1, keyframes or PerceiverTraining().keyframes())[0]
-            items += clip_items(clip, Path(tmp), f"w{w}", side, rng)
+            made = clip_items(clip, Path(tmp), f"w{w}", side, rng)
+            items += made
+            settings += [clip.kind] * len(made)
         backend = make_backend(BackendConfig(kind="transformers", model=str(model), device="cpu",
                                              max_pixels=max_pixels, batch_size=batch_size,
                                              max_new_tokens=max_new_tokens))
@@ -290,7 +294,7 @@ def measure(model: str | Path, clips: int = 12, seed: int = HELD_OUT_SEED, side:
             gens = backend.generate([conv for conv, _, _ in items])
         finally:
             backend.close()
-    return {**score_replies([(want, first) for _, want, first in items], [g.text for g in gens]),
+    return {**score_replies([(want, first) for _, want, first in items], [g.text for g in gens], settings),
             "reply_tokens": float(np.mean([g.completion_tokens for g in gens])),
             "example": gens[1].text if len(gens) > 1 else ""}
 

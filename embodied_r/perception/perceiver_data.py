@@ -225,22 +225,39 @@ def _named(text: str, names: tuple[str, ...]) -> set[str]:
     return {n for n in names if n in text}
 
 
-def score_replies(truths: list[tuple[FrameInfo, bool]], replies: list[str]) -> dict[str, Any]:
-    """Replies read by the stage's parser against the truth of their calls (see ``measure``)."""
+def score_replies(truths: list[tuple[FrameInfo, bool]], replies: list[str],
+                  settings: list[str] | None = None) -> dict[str, Any]:
+    """Replies read by the stage's parser against the truth of their calls (see ``measure``).
+    With ``settings`` (each call's world kind), also the action accuracy per setting and
+    what a perceiver that reads no image could score: always naming the commonest action
+    (``action_guess``), or the commonest one of each setting (``action_guess_by_setting``)."""
     from embodied_r.perception.parse import parse_frame_response
 
     actions_right = pairs = hits = in_view = named_total = 0
-    for (want, first), text in zip(truths, replies):
+    right: dict[str, list[int]] = {}  # setting -> [right, pairs]
+    wanted: dict[str, list[str]] = {}  # setting -> true actions
+    for i, ((want, first), text) in enumerate(zip(truths, replies)):
         got = parse_frame_response(text, first, REPLY_FORMAT)
         if not first:
             pairs += 1
             actions_right += got.action == want.action
+            if settings is not None:
+                tally = right.setdefault(settings[i], [0, 0])
+                tally[0] += got.action == want.action
+                tally[1] += 1
+                wanted.setdefault(settings[i], []).append(want.action)
         truth_set = set() if want.new_info == NOTHING else set(want.new_info.split(", "))
         named = _named(got.new_info, NAMES)
         hits += len(truth_set & named)
         in_view += len(truth_set)
         named_total += len(named)
-    return {"frames": len(truths), "pairs": pairs,
-            "action_accuracy": actions_right / pairs if pairs else 0.0,
-            "object_recall": hits / in_view if in_view else 1.0,
-            "object_precision": hits / named_total if named_total else 0.0}
+    scores: dict[str, Any] = {"frames": len(truths), "pairs": pairs,
+                              "action_accuracy": actions_right / pairs if pairs else 0.0,
+                              "object_recall": hits / in_view if in_view else 1.0,
+                              "object_precision": hits / named_total if named_total else 0.0}
+    if settings is not None and pairs:
+        every = [a for actions in wanted.values() for a in actions]
+        scores["actions_by_setting"] = {k: r / n for k, (r, n) in sorted(right.items())}
+        scores["action_guess"] = max(every.count(a) for a in set(every)) / pairs
+        scores["action_guess_by_setting"] = sum(max(v.count(a) for a in set(v)) for v in wanted.values()) / pairs
+    return scores
