@@ -34,7 +34,7 @@ def main() -> int:
         os.environ["EMBODIED_R_HOME"] = args.home
 
     from embodied_r.backends.tiny_models import ensure_tiny_vlm, home
-    from embodied_r.perception.perceiver import PerceiverTraining, ensure_perceiver, measure
+    from embodied_r.perception.perceiver import PerceiverTraining, ensure_perceiver, guess_levels, measure
 
     cfg = PerceiverTraining() if args.steps is None else PerceiverTraining(steps=args.steps)
     load_before = os.getloadavg()
@@ -62,11 +62,7 @@ def main() -> int:
     for name, scores, seconds in rows:
         print(f"  {name:10s} {scores['action_accuracy']:8.3f} {scores['object_recall']:8.3f} "
               f"{scores['object_precision']:8.3f} {scores['reply_tokens']:7.1f} {seconds:8.1f}")
-    trained_scores = rows[1][1]
-    print("  trained actions by setting: " + ", ".join(
-        f"{'flights' if k == 'urban' else 'rooms'} {v:.3f}" for k, v in trained_scores["actions_by_setting"].items()))
-    print(f"  reading no image: the commonest action scores {trained_scores['action_guess']:.3f}, "
-          f"the commonest of each setting {trained_scores['action_guess_by_setting']:.3f}")
+    print(f"  trained {guess_levels(rows[1][1])}")
     print(f"  example reply (trained): {rows[1][1]['example']}")
     return 0
 

@@ -43,12 +43,8 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     return 0
 
 
-def _by_setting(scores: dict) -> str:
-    return ", ".join(f"{'flights' if k == 'urban' else 'rooms'} {v:.3f}" for k, v in scores["actions_by_setting"].items())
-
-
 def cmd_perceiver(_: argparse.Namespace) -> int:
-    from embodied_r.perception.perceiver import PERCEIVER_REF, ensure_perceiver, measure
+    from embodied_r.perception.perceiver import PERCEIVER_REF, ensure_perceiver, guess_levels, measure
 
     started = time.time()
     folder = ensure_perceiver()
@@ -57,6 +53,5 @@ def cmd_perceiver(_: argparse.Namespace) -> int:
     print(f"held-out clips: actions {scores['action_accuracy']:.3f} of {scores['pairs']} pairs, "
           f"objects in view named {scores['object_recall']:.3f} (recall), objects named in view "
           f"{scores['object_precision']:.3f} (precision) over {scores['frames']} frames")
-    print(f"actions by setting: {_by_setting(scores)}; naming the commonest action scores "
-          f"{scores['action_guess']:.3f}, the commonest of each setting {scores['action_guess_by_setting']:.3f}")
+    print(guess_levels(scores))
     return 0

@@ -299,6 +299,14 @@ def measure(model: str | Path, clips: int = 12, seed: int = HELD_OUT_SEED, side:
             "example": gens[1].text if len(gens) > 1 else ""}
 
 
+def guess_levels(scores: dict[str, Any]) -> str:
+    """``measure``'s actions per setting beside what naming the commonest action scores."""
+    by_setting = ", ".join(f"{'flights' if k == 'urban' else 'rooms'} {v:.3f}"
+                           for k, v in scores["actions_by_setting"].items())
+    return (f"actions by setting: {by_setting}; naming the commonest action scores {scores['action_guess']:.3f}, "
+            f"the commonest of each setting {scores['action_guess_by_setting']:.3f}")
+
+
 def ensure_perceiver(root: Path | None = None, cfg: PerceiverTraining = PerceiverTraining()) -> Path:
     """The trained perceiver's folder, trained on first use."""
     root = Path(root) if root else home() / "models"

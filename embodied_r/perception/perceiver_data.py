@@ -234,18 +234,14 @@ def score_replies(truths: list[tuple[FrameInfo, bool]], replies: list[str],
     from embodied_r.perception.parse import parse_frame_response
 
     actions_right = pairs = hits = in_view = named_total = 0
-    right: dict[str, list[int]] = {}  # setting -> [right, pairs]
-    wanted: dict[str, list[str]] = {}  # setting -> true actions
+    actions: dict[str, list[tuple[str, str]]] = {}  # setting -> (true, named) action of each pair
     for i, ((want, first), text) in enumerate(zip(truths, replies)):
         got = parse_frame_response(text, first, REPLY_FORMAT)
         if not first:
             pairs += 1
             actions_right += got.action == want.action
             if settings is not None:
-                tally = right.setdefault(settings[i], [0, 0])
-                tally[0] += got.action == want.action
-                tally[1] += 1
-                wanted.setdefault(settings[i], []).append(want.action)
+                actions.setdefault(settings[i], []).append((want.action, got.action))
         truth_set = set() if want.new_info == NOTHING else set(want.new_info.split(", "))
         named = _named(got.new_info, NAMES)
         hits += len(truth_set & named)
@@ -256,8 +252,10 @@ def score_replies(truths: list[tuple[FrameInfo, bool]], replies: list[str],
                               "object_recall": hits / in_view if in_view else 1.0,
                               "object_precision": hits / named_total if named_total else 0.0}
     if settings is not None and pairs:
-        every = [a for actions in wanted.values() for a in actions]
-        scores["actions_by_setting"] = {k: r / n for k, (r, n) in sorted(right.items())}
-        scores["action_guess"] = max(every.count(a) for a in set(every)) / pairs
-        scores["action_guess_by_setting"] = sum(max(v.count(a) for a in set(v)) for v in wanted.values()) / pairs
+        def commonest(wanted: list[str]) -> int:
+            return max(wanted.count(a) for a in set(wanted))
+
+        scores["actions_by_setting"] = {k: sum(w == g for w, g in v) / len(v) for k, v in sorted(actions.items())}
+        scores["action_guess"] = commonest([w for v in actions.values() for w, _ in v]) / pairs
+        scores["action_guess_by_setting"] = sum(commonest([w for w, _ in v]) for v in actions.values()) / pairs
     return scores
