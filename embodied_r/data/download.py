@@ -29,6 +29,7 @@ from embodied_r.faults import item_done
 from embodied_r.io import is_complete, sha256_file, read_summary, stage_folder, write_json_atomic, write_summary
 from embodied_r.synthetic.config import SyntheticConfig
 from embodied_r.synthetic.generate import make_synthetic_benchmark
+from embodied_r.synthetic.truth import TRUTH_FILE
 
 __all__ = ["DataSourceError", "DownloadConfig", "HubConfig", "run_download", "safe_extract", "source_fingerprint"]
 
@@ -163,6 +164,9 @@ def _from_folder(root: Path, cfg: DownloadConfig, work: Path) -> dict[str, dict]
         for name in _needed(root, benchmark):
             _link_or_copy(root / sub / name, work / sub / name)
             item_done("download")
+        # A synthetic benchmark's per-frame truth, which the demo's world perceiver reads.
+        if (root / sub / TRUTH_FILE).is_file():
+            _link_or_copy(root / sub / TRUTH_FILE, work / sub / TRUTH_FILE)
         repo, _ = cfg.hub.repo(benchmark)
         origin[benchmark] = {"repo": repo, "requested_revision": None, "revision": _mirror_revision(root, benchmark),
                              "allow_patterns": bm.ALLOW_PATTERNS[benchmark], "source_dir": str(root)}

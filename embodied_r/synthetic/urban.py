@@ -16,6 +16,7 @@ import numpy as np
 from embodied_r import schemas
 from embodied_r.io import table_from_records, write_parquet_atomic
 from embodied_r.synthetic.config import SyntheticConfig
+from embodied_r.synthetic.truth import side, video_truth, write_truth
 from embodied_r.synthetic.world import (
     HFOV,
     LETTERS,
@@ -132,8 +133,12 @@ def place_urban_things(rng: np.random.Generator, segs: list[Segment]) -> tuple[l
     return things, landmark
 
 
+SIDE_PHRASE = {"left": "on my left", "ahead": "ahead of me", "right": "on my right"}
+SIDE_MOVE = {"left": "I turn left.", "ahead": "I fly forward.", "right": "I turn right."}
+
+
 def _urban_scene(rng: np.random.Generator, cfg: "SyntheticConfig", prefix: str, clips: int,
-                 root: Path, qid: int) -> list[dict]:
+                 root: Path, qid: int, truth: list[dict]) -> list[dict]:
     segs = _flight_plan(rng, cfg.seconds, clips)
     pose = lambda t: pose_at(segs, t)  # noqa: E731
     things, landmark = place_urban_things(rng, segs)
@@ -149,10 +154,13 @@ def _urban_scene(rng: np.random.Generator, cfg: "SyntheticConfig", prefix: str, 
     steps = _step_phrases(segs, landmark)
     rows: list[dict] = []
     for vid, end, n in zip(vids, ends, n_frames):
+        frames = video_truth(vid, things, segs, pose, n, cfg.fps, cfg.height / cfg.width)
+        truth += frames
+        last = {name: side(x) for name, x in zip(frames[-1]["objects"], frames[-1]["x"])}
         seen = [t.name for t, f in zip(things, seen_at) if f is not None and f < n]
         glimpsed_names = {t.name for t, f in zip(things, glimpsed_at) if f is not None and f < n}
         for cat, question, options, answer, header in _urban_questions(
-                rng, cfg, segs, end, things, seen, glimpsed_names, landmark, target, steps):
+                rng, cfg, segs, end, things, seen, glimpsed_names, landmark, target, steps, last):
             rows.append({"Question_id": qid + len(rows), "video_id": vid, "question_category": cat,
                          "question": _mcq(question, options, header), "answer": answer})
     return rows
@@ -160,33 +168,37 @@ def _urban_scene(rng: np.random.Generator, cfg: "SyntheticConfig", prefix: str, 
 
 def _urban_questions(rng: np.random.Generator, cfg: "SyntheticConfig", segs: list[Segment], end: int,
                      things: list[Thing], seen: list[str], glimpsed_names: set[str],
-                     landmark: dict[int, Thing], target: Thing, steps: list[str]
+                     landmark: dict[int, Thing], target: Thing, steps: list[str], last: dict[str, str]
                      ) -> Iterator[tuple[str, str, list[str], str, str]]:
-    """Yield (category, question, options, answer letter, header) for the clip ending with segment ``end``."""
+    """Yield (category, question, options, answer letter, header) for the clip ending with
+    segment ``end``. ``last``: the objects in view in the clip's last frame, each with its
+    third of the frame (``truth.side``), which is where the agent sees it now."""
     k = cfg.questions_per_category
     done = segs[: end + 1]
-    yaw = pose_at(segs, segs[end].end).yaw
-    goal = f"At the initial position, you are asked to navigate to the {target.name}."
-    # Action Generation: the clip stops on a segment boundary; the next move is the next segment.
-    nxt = AG_OPTION[segs[end + 1].action]
-    others = [o for o in AG_OPTION.values() if o != nxt] + AG_DISTRACTORS
-    opts, ans = shuffled_options(rng, nxt, [others[i] for i in rng.permutation(len(others))[:6]])
-    yield ("Action Generation", f"{goal} What is your next move, given the target location for "
-           "your next move?", opts, ans, "choose")
-    # Landmark Position: bearing of a landmark at the end of the clip.
-    for thing in [target, *[t for t in things if t is not target]][:k]:
-        rel = wrap180(thing.azimuth - yaw)
-        side = ("ahead of me" if abs(rel) <= 30 else "behind me" if abs(rel) > 135
-                else "on my right" if rel > 0 else "on my left")
+    # The goals of the questions about the end of the clip are things in view there, so what
+    # the last frame shows answers them: the target first when it is in view.
+    goals = sorted(last, key=lambda n: (n != target.name, n))
+    goals = [goals[0]] + [goals[1:][i] for i in rng.permutation(len(goals) - 1)] if goals else []
+    # Action Generation: the next move heads for the goal: turn toward it, or fly on when ahead.
+    for name in goals[:1]:
+        nxt = SIDE_MOVE[last[name]]
+        others = [o for o in AG_OPTION.values() if o != nxt] + AG_DISTRACTORS
+        opts, ans = shuffled_options(rng, nxt, [others[i] for i in rng.permutation(len(others))[:6]])
+        yield ("Action Generation", f"At the initial position, you are asked to navigate to the {name}. "
+               "What is your next move, given the target location for your next move?", opts, ans, "choose")
+    # Landmark Position: where a landmark is at the end of the clip.
+    for name in goals[:k]:
+        where = SIDE_PHRASE[last[name]]
         all_sides = ["ahead of me", "on my left", "on my right", "behind me"]
-        opts, ans = shuffled_options(rng, f"The {thing.name} is {side}.",
-                             [f"The {thing.name} is {s}." for s in all_sides if s != side])
+        opts, ans = shuffled_options(rng, f"The {name} is {where}.",
+                                     [f"The {name} is {s}." for s in all_sides if s != where])
         yield ("Landmark Position", f"At the initial position, you are asked to navigate to the "
-               f"{thing.name}. When you reach the current location, what is the direction to the "
+               f"{name}. When you reach the current location, what is the direction to the "
                "destination?", opts, ans, "choose")
-    # Progress Evaluation: which instruction step the last frames belong to.
+    # Progress Evaluation: which instruction step the last frames belong to; the other
+    # options are steps of other movements, so the last movement seen tells them apart.
     instruction = " ".join(s[2].lower() + s[3:] for s in steps)
-    wrong = [steps[i] for i in rng.permutation(len(steps)) if i != end][:4]
+    wrong = [steps[i] for i in rng.permutation(len(steps)) if segs[i].action != segs[end].action][:4]
     opts, ans = shuffled_options(rng, steps[end], wrong)
     yield ("Progress Evaluation", f"Navigation Instruction given at initial position: [{instruction}]. "
            "You move according to a series of movement instructions. What are you doing now?",
@@ -234,6 +246,7 @@ def write_urban_bench(root: Path, cfg: "SyntheticConfig") -> dict:
     """Write ``root/UrbanVideo-Bench`` (``videos/`` and ``MCQ.parquet``) as the hub repo lays it out."""
     top = np.random.default_rng([cfg.seed, 7])
     rows: list[dict] = []
+    truth: list[dict] = []
     families = ["EmbodiedCity", "AerialVLN", "RealWorld"]
     numbers = (1 + top.permutation(120)).tolist()
     left, scene = cfg.urban_videos, 0
@@ -244,8 +257,9 @@ def write_urban_bench(root: Path, cfg: "SyntheticConfig") -> dict:
         if family == "AerialVLN":
             prefix += "_" + "".join(top.choice(list("ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"), 30))
         rng = np.random.default_rng([cfg.seed, 1, scene])
-        rows += _urban_scene(rng, cfg, prefix, clips, root / URBAN_DIR, len(rows))
+        rows += _urban_scene(rng, cfg, prefix, clips, root / URBAN_DIR, len(rows), truth)
         left -= clips
         scene += 1
+    write_truth(truth, root / URBAN_DIR)
     write_parquet_atomic(table_from_records(rows, schemas.URBANVIDEO_MCQ), root / URBAN_DIR / "MCQ.parquet")
     return {"urban_videos": cfg.urban_videos, "urban_scenes": scene, "urban_questions": len(rows)}

@@ -20,6 +20,7 @@ import numpy as np
 from embodied_r import schemas
 from embodied_r.io import table_from_records, write_parquet_atomic
 from embodied_r.synthetic.config import SyntheticConfig
+from embodied_r.synthetic.truth import video_truth, write_truth
 from embodied_r.synthetic.world import (
     EXTENT,
     HFOV,
@@ -91,7 +92,7 @@ def _turn_class(rel: float) -> str:
 
 
 def _vsi_questions(rng: np.random.Generator, cfg: "SyntheticConfig", dims: tuple[float, float],
-                   things: list[Thing], glimpsed_at: list[int | None]
+                   things: list[Thing], seen_at: list[int | None]
                    ) -> Iterator[tuple[str, str, list[str] | None, str]]:
     """Yield (question_type, question, options or None, ground_truth)."""
     length, width = dims
@@ -162,11 +163,12 @@ def _vsi_questions(rng: np.random.Generator, cfg: "SyntheticConfig", dims: tuple
                    f"fill in]. 2. Go forward until the {c.name}. 3. [please fill in]. 4. Go forward until the "
                    f"{d.name}. You have reached the final destination.",
                    [f"{LETTERS[i]}. {o}" for i, o in enumerate(opts)], ans)
-    # Appearance order: when any part first shows, for objects that show at clearly different moments.
-    order = sorted((f, t.name) for t, f in zip(things, glimpsed_at) if t in single and f is not None)
+    # Appearance order: when each first shows in full view (its centre in the frame, what a
+    # perceiver names), for objects that show at clearly different moments.
+    order = sorted((f, t.name) for t, f in zip(things, seen_at) if t in single and f is not None)
     spaced = [order[0]] if order else []
     for f, name in order[1:]:
-        if f - spaced[-1][0] >= 0.3 * cfg.fps:
+        if f - spaced[-1][0] >= 0.8 * cfg.fps:
             spaced.append((f, name))
     for _ in range(k if len(spaced) >= 4 else 0):
         pick = sorted(spaced[i] for i in rng.permutation(len(spaced))[:4])
@@ -200,6 +202,7 @@ def _zip_add(zf: zipfile.ZipFile, path: Path, arcname: str) -> None:
 def write_vsi_bench(root: Path, cfg: "SyntheticConfig") -> dict:
     """Write ``root/VSI-Bench``: the three video zips and the questions Parquet, as on the hub."""
     rows: list[dict] = []
+    world: list[dict] = []  # per-frame truth rows
     vsi = root / VSI_DIR
     tmp = vsi / ".render"
     vsi.mkdir(parents=True, exist_ok=True)
@@ -213,18 +216,21 @@ def write_vsi_bench(root: Path, cfg: "SyntheticConfig") -> dict:
             while name in used:
                 name = _scene_name(rng, dataset)
             used.add(name)
-            length, width, _, things = _room(rng)
+            length, width, cam, things = _room(rng)
             segs = _room_scan(rng, cfg.seconds)
             start_pose = Pose(float(rng.uniform(0, 360)), 0.0, 1.0)
             pano = panorama(rng, cfg.width, indoor=True)
             for t in things:
                 draw_thing(pano, t, cfg.width / HFOV)
             video = tmp / f"{dataset}_{name}.mp4"
-            _, glimpsed_at = render(pano, things, lambda t: pose_at(segs, t, start_pose),
-                                    [(video, round(cfg.seconds * cfg.fps))], cfg.fps, cfg.width, cfg.height)
+            pose_fn = lambda t: pose_at(segs, t, start_pose)  # noqa: E731
+            n_frames = round(cfg.seconds * cfg.fps)
+            seen_at, _ = render(pano, things, pose_fn, [(video, n_frames)], cfg.fps, cfg.width, cfg.height)
+            world += video_truth(f"{dataset}/{name}", things, segs, pose_fn, n_frames, cfg.fps,
+                                 cfg.height / cfg.width, camera=cam)
             _zip_add(zips[dataset], video, f"{dataset}/{name}.mp4")
             video.unlink()
-            for qtype, question, options, truth in _vsi_questions(rng, cfg, (length, width), things, glimpsed_at):
+            for qtype, question, options, truth in _vsi_questions(rng, cfg, (length, width), things, seen_at):
                 rows.append({"id": len(rows), "dataset": dataset, "scene_name": name,
                              "question_type": qtype, "question": question, "options": options,
                              "ground_truth": truth})
@@ -237,5 +243,6 @@ def write_vsi_bench(root: Path, cfg: "SyntheticConfig") -> dict:
             tmp.rmdir()
     for d in VSI_DATASETS:
         os.replace(vsi / f"{d}.zip.tmp", vsi / f"{d}.zip")
+    write_truth(world, vsi)
     write_parquet_atomic(table_from_records(rows, schemas.VSIBENCH), vsi / "test-00000-of-00001.parquet")
     return {"vsi_scenes": cfg.vsi_scenes, "vsi_questions": len(rows)}

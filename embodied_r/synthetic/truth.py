@@ -1,0 +1,83 @@
+"""What each synthetic video truly shows, frame by frame, written beside the videos.
+
+The generator knows the camera's pose and every object's place at every frame, so it records
+them in ``world_truth.parquet`` in each benchmark's folder: per video and frame, the pose, the
+motion under way, and the objects whose centre is in view with where they are (their place
+across the frame, their bearing from the heading and, in rooms, their distance). The demo's
+stand-in perceiver (``embodied_r.demo.world_perceiver``) reads it at the key frames the
+key-frame stage chose; the question writers use the same ``side`` rule, so a question about
+where a thing is has the answer a perfect perceiver reports.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Callable, Sequence
+
+import pyarrow as pa
+
+from embodied_r.io import table_from_records, write_parquet_atomic
+from embodied_r.synthetic.world import HFOV, Pose, Segment, Thing, in_view, inside, wrap180
+
+TRUTH_FILE = "world_truth.parquet"
+
+WORLD_TRUTH = pa.schema(
+    [
+        ("video_id", pa.string()),  # as the catalog names the video
+        ("frame_index", pa.int64()),
+        ("time", pa.float64()),
+        ("yaw", pa.float64()),  # degrees, clockwise seen from above
+        ("pitch", pa.float64()),
+        ("zoom", pa.float64()),
+        ("motion", pa.string()),  # world.MOTIONS: the segment under way at this frame
+        ("objects", pa.list_(pa.string())),  # centre in view, left to right
+        ("x", pa.list_(pa.float64())),  # place across the frame, 0 (left edge) .. 1 (right edge)
+        ("bearing", pa.list_(pa.float64())),  # degrees from the heading, right positive
+        ("distance", pa.list_(pa.float64())),  # metres from the camera; NaN outdoors
+    ]
+)
+
+SIDES = ("left", "ahead", "right")
+
+
+def side(x: float) -> str:
+    """Where a thing in view is for the agent: the left, middle or right third of the frame."""
+    return "left" if x < 1 / 3 else "right" if x > 2 / 3 else "ahead"
+
+
+def frame_x(thing: Thing, pose: Pose) -> float:
+    return 0.5 + wrap180(thing.azimuth - pose.yaw) * pose.zoom / HFOV
+
+
+def motion_at(segments: Sequence[Segment], t: float) -> str:
+    for s in segments:
+        if s.start <= t < s.end:
+            return s.action
+    return "hover"
+
+
+def video_truth(video_id: str, things: Sequence[Thing], segments: Sequence[Segment],
+                pose_fn: Callable[[float], Pose], n_frames: int, fps: float, aspect: float,
+                camera: tuple[float, float] | None = None) -> list[dict]:
+    """One row per frame of a video, in the ``WORLD_TRUTH`` schema. ``camera`` is the room
+    position the scan turns on (rooms only), for distances."""
+    rows = []
+    for f in range(n_frames):
+        t = f / fps
+        pose = inside(pose_fn(t), aspect)
+        shown = sorted((frame_x(o, pose), o) for o in things if in_view(o, pose, aspect))
+        rows.append({
+            "video_id": video_id, "frame_index": f, "time": t, "yaw": pose.yaw, "pitch": pose.pitch,
+            "zoom": pose.zoom, "motion": motion_at(segments, t),
+            "objects": [o.name for _, o in shown], "x": [x for x, _ in shown],
+            "bearing": [wrap180(o.azimuth - pose.yaw) for _, o in shown],
+            "distance": [math.hypot(o.x - camera[0], o.y - camera[1]) if camera else math.nan for _, o in shown],
+        })
+    return rows
+
+
+def write_truth(rows: list[dict], folder: Path) -> Path:
+    path = Path(folder) / TRUTH_FILE
+    write_parquet_atomic(table_from_records(rows, WORLD_TRUTH), path)
+    return path
