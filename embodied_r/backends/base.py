@@ -4,7 +4,9 @@ One interface, three backends chosen in config:
 - ``transformers``: the model in this process (CPU or GPU);
 - ``openai``: any OpenAI-compatible HTTP endpoint (``vllm serve``, a hosted API,
   ``transformers serve``);
-- ``vllm``: vLLM in this process (GPU, separate environment).
+- ``vllm``: vLLM in this process (GPU, separate environment);
+- ``world``: the demo's stand-in perceiver (``embodied_r.demo.world_perceiver``), which reports
+  the synthetic benchmark's truth; perception only.
 
 Conversations use the OpenAI chat format. An image part is
 ``{"type": "image", "path": "/abs/file.jpg"}``; backends translate it to what their
@@ -25,7 +27,7 @@ Conversation = list[Message]
 class BackendConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    kind: Literal["transformers", "openai", "vllm"] = "transformers"
+    kind: Literal["transformers", "openai", "vllm", "world"] = "transformers"
     # A local folder, a hub id (only with a download stage) or, for ``openai``, the served name.
     model: str = ""
     base_url: str | None = None  # openai: e.g. http://127.0.0.1:8000/v1
@@ -42,6 +44,8 @@ class BackendConfig(BaseModel):
     seed: int = 0
     # vllm: extra vllm.LLM arguments (tensor_parallel_size, gpu_memory_utilization, max_model_len)
     engine_kwargs: dict[str, Any] = Field(default_factory=dict)
+    # world: the stand-in perceiver's error rates (``demo.world_perceiver.WorldErrors``).
+    world: dict[str, float] = Field(default_factory=dict)
 
 
 @dataclass

@@ -271,7 +271,7 @@ def run_perception(catalog: Path, keyframes: Path, out: Path, cfg: PerceptionCon
         errors: dict[str, str] = {}
         if pending:
             backend_cfg = cfg.backend.model_copy(update={"max_new_tokens": cfg.max_new_tokens})
-            backend: Backend = make_backend(backend_cfg)
+            backend: Backend = make_backend(backend_cfg, catalog=catalog)
             try:
                 runner = _Runner(backend, item_log, done, cfg.structured_output)
                 runner.total = len(calls)
