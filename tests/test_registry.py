@@ -171,11 +171,14 @@ def test_commands_evaluate_register_and_promote(demo_home: Path, tiny_lm_path: P
     quick = ["--recipe", "smoke", "--set", "evaluation.backend.max_new_tokens=6"]
     assert main(["eval-model", "tiny:lm", "--split", "val", *quick]) == 0
     out = capsys.readouterr().out
-    assert "tiny:lm on the val split: overall 0.000" in out and "(2 answered, 0 failed)" in out
+    assert "tiny:lm on the val split: overall 0.0 % [0.0, 65.8]" in out and "(2 answered, 0 failed)" in out
     store = f"sqlite:///{demo_home / 'mlflow.db'}"
     client = MlflowClient(tracking_uri=store)
     run = client.search_runs([client.get_experiment_by_name("embodied-r").experiment_id])[0]
     assert run.data.tags["stage"] == "eval-model" and run.data.metrics["eval/count/overall"] == 2.0
+    # The 95 % interval's bounds are logged beside the accuracy (Wilson's for 0 of 2).
+    assert run.data.metrics["accuracy/overall_ci_low"] == 0.0
+    assert round(run.data.metrics["accuracy/overall_ci_high"], 3) == 0.658
     assert {"report.md", "accuracy_by_task.png", "paper_comparison.csv", "metrics.json"} <= \
         {a.path for a in client.list_artifacts(run.info.run_id)}
 
