@@ -263,7 +263,8 @@ def register(sub: Any) -> None:
     p.add_argument("--alias", help="also point this alias at the new version")
     p.set_defaults(handler=_guard(cmd_register))
 
-    p = sub.add_parser("promote", help="give @champion to a model version that beats it on the validation split")
+    p = sub.add_parser("promote", help="give @champion to a model version that beats chance, the warm-started "
+                       "policy and the champion on the validation split")
     _recipe_args(p)
     p.add_argument("folder", nargs="?", help="model folder to register first (default: the recipe's last trained stage)")
     p.add_argument("--version", help="an already registered version instead of a folder")
