@@ -34,7 +34,8 @@ class TrackingConfig(BaseModel):
     tracking_uri: str | None = None
     registered_model: str = "embodied-r-reasoner"
     # After evaluation, register the trained reasoner (once per model) and give it the
-    # champion alias when it beats the current champion on ``promote_split``.
+    # champion alias when it beats chance, the warm-started policy (recipes with a warm
+    # start) and the current champion on ``promote_split``.
     promote: bool = False
     promote_split: Literal["train", "val", "test"] = "val"
     promote_metric: str = "accuracy/overall"

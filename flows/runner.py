@@ -107,8 +107,9 @@ def log_cached_stage(tracker: Tracker, sp: StagePlan, summary: dict[str, Any]) -
 
 
 def promote_trained(recipe: Recipe, root: Path, stages: dict[str, StagePlan], tracker: Tracker) -> str:
-    """Register the trained reasoner once and let it take the champion alias if it beats the
-    current one on the validation split (``tracking.promote``)."""
+    """Register the trained reasoner once and let it take the champion alias if it beats
+    chance, the warm-started policy and the current champion on the validation split
+    (``tracking.promote``)."""
     from embodied_r.pipeline import training_stage_names
     from embodied_r.lifecycle.promote import register_and_promote
     from embodied_r.evaluation.registry import version_of_folder
@@ -119,11 +120,15 @@ def promote_trained(recipe: Recipe, root: Path, stages: dict[str, StagePlan], tr
     known = version_of_folder(recipe.tracking.registered_model, folder, tracker.uri)
     if known is not None:
         return f"{recipe.tracking.registered_model} v{known.version} is this model (registered before)"
+    # The evaluate stage scored this very folder: its summary is the version's test score.
+    evaluate = Path(stages["evaluate"].out)
+    final = read_summary(evaluate) if is_complete(evaluate) else {}
     # The model's files are logged under the pipeline run that made it.
     result = register_and_promote(recipe, root, folder, run_id=tracker.parent_run_id,
                                   split=recipe.tracking.promote_split,
                                   metric=recipe.tracking.promote_metric,
-                                  tags={"pipeline_run": tracker.parent_run_id or ""})
+                                  tags={"pipeline_run": tracker.parent_run_id or ""},
+                                  known={str(final["split"]): final} if final.get("split") else None)
     get_run_logger().info(result.describe())
     tracker.set_tags(tracker.parent_run_id, {
         "registered_version": result.candidate_version, "promoted": str(result.promoted).lower()})

@@ -130,7 +130,10 @@ def run_stage(stage: dict[str, Any], tracker: Tracker | None = None) -> dict[str
 def _headline(summary: dict[str, Any]) -> str:
     """The one figure worth a glance on a stage's done line."""
     if isinstance(summary.get("accuracy/overall"), (int, float)):
-        return f"accuracy {100 * summary['accuracy/overall']:.1f} % on {summary.get('count/overall', 0):.0f} questions"
+        from embodied_r.scoring.metrics import format_accuracy, summary_interval
+
+        accuracy = format_accuracy(summary["accuracy/overall"], summary_interval(summary, "accuracy/overall"))
+        return f"accuracy {accuracy} on {summary.get('count/overall', 0):.0f} questions"
     if "steps" in summary and "stopped_by" in summary:
         return f"{summary['steps']} steps, epoch {summary.get('epochs_reached', 0):.2f}, stopped by {summary['stopped_by']}"
     failed = summary.get("failed")

@@ -134,11 +134,13 @@ def test_full_pipeline_by_deployment_on_pools(tmp_path, monkeypatch):
         assert set(children) == STAGES
         assert all(c.info.status == "FINISHED" and c.data.metrics for c in children.values())
         assert any(k.startswith("accuracy/") for k in parents[0].data.metrics)
-        # The trained reasoner was registered under the pipeline run and made champion.
+        # The trained reasoner was registered under the pipeline run (the smoke recipe's random
+        # model is below chance, so it is not made champion).
         from mlflow import MlflowClient
 
-        champion = MlflowClient(tracking_uri=uri).get_model_version_by_alias("embodied-r-reasoner", "champion")
-        assert champion.run_id == parents[0].info.run_id
+        versions = MlflowClient(tracking_uri=uri).search_model_versions("name='embodied-r-reasoner'")
+        assert [v.run_id for v in versions] == [parents[0].info.run_id]
+        assert parents[0].data.tags["promoted"] == "false"
 
         # Recompute one stage by deployment: only it and its dependants run again.
         rerun = _wait_flow_run(_deployment_run(env, "embodied-r/full-pipeline", "recipe=smoke", 'refresh=["train_stage3"]'),

@@ -6,7 +6,14 @@ import json
 
 import pytest
 
-from embodied_r.evaluation.learning import learning_figures, reward_curves
+from embodied_r.evaluation.learning import (
+    accuracy_lines,
+    learning_figures,
+    learning_verdict,
+    render_learning,
+    reward_curves,
+    verdict_of,
+)
 from embodied_r.scoring.metrics import chance_accuracy, chance_levels
 from embodied_r.training.learning import quarter_stats, reward_series
 from embodied_r.training.warmstart import WarmstartConfig, frames, think_text, trace, traces
@@ -71,6 +78,46 @@ def test_chance_counts_options_and_numbers_zero():
                                {"stage2": {"accuracy_reward": {"first": 0.2, "last": 0.6}}})
     assert figures["learning/accuracy/trained"] == 0.5
     assert figures["learning/stage2/accuracy_reward/last_quarter"] == 0.6
+
+
+def test_the_verdict_claims_learning_only_above_chance_and_the_start():
+    below_chance = learning_verdict(0.045, 0.221, 0.30)
+    assert below_chance == ("The GRPO-trained reasoner scores 4.5 %, below chance (22.1 %) and below the "
+                            "warm-started policy (30.0 %): no learning shown at this seed.")
+    below_start = learning_verdict(0.25, 0.221, 0.30)
+    assert "below the warm-started policy (30.0 %): no gain from GRPO shown" in below_start
+    assert "chance" not in below_start
+    tie = learning_verdict(0.30, 0.221, 0.30)
+    assert "no higher than the warm-started policy (30.0 %)" in tie and "learned" not in tie
+    # Above both, but the interval reaches down to the warm start: not enough to say.
+    unsure = learning_verdict(0.35, 0.221, 0.30, trained_low=0.28)
+    assert "above chance (22.1 %) and the warm-started policy (30.0 %)" in unsure
+    assert "too few questions" in unsure and "the method learned" not in unsure
+    learned = learning_verdict(0.45, 0.221, 0.30, trained_low=0.375)
+    assert learned.endswith("above chance (22.1 %) and the warm-started policy (30.0 %): the method learned "
+                            "at this seed.")
+    # Without a starting policy's figure, chance is the only bar.
+    assert learning_verdict(0.40, 0.25).endswith("above chance (25.0 %): the method learned at this seed.")
+    for verdict in (below_chance, below_start, tie, unsure):
+        assert "the method learned" not in verdict
+
+
+def test_the_figures_carry_intervals_and_the_verdict_into_console_and_report():
+    figures = learning_figures({"untrained": 0.0, "warmstart": 0.30, "trained": 0.20}, 0.221, {},
+                               {"untrained": (0.0, 0.08), "warmstart": (0.2, 0.4), "trained": (0.12, 0.31),
+                                "chance": (0.15, 0.29)})
+    assert figures["learning/accuracy/trained_ci_low"] == 0.12
+    assert accuracy_lines(figures) == [("untrained", "0.0 % [0.0, 8.0]"), ("warm-started", "30.0 % [20.0, 40.0]"),
+                                       ("GRPO-trained", "20.0 % [12.0, 31.0]"),
+                                       ("chance", "22.1 % (a guesser lands in [15.0, 29.0])")]
+    assert "below chance (22.1 %) and below the warm-started policy (30.0 %)" in verdict_of(figures)
+    md = render_learning(figures, [], has_curves=False)
+    assert "| GRPO-trained | 20.0 % [12.0, 31.0] |" in md and verdict_of(figures) in md
+    # A recipe without a warm start: the untrained policy is where GRPO started.
+    no_warm = learning_figures({"untrained": 0.10, "trained": 0.50}, 0.25, {}, {"trained": (0.4, 0.6)})
+    assert verdict_of(no_warm).endswith("above chance (25.0 %) and the untrained policy (10.0 %): "
+                                        "the method learned at this seed.")
+    assert verdict_of({"learning/accuracy/chance": 0.25}) is None
 
 
 RECORD = {

@@ -6,12 +6,18 @@ import numpy as np
 import pytest
 
 from embodied_r.scoring.metrics import (
+    accuracy_interval,
     aggregate,
     category_table,
+    chance_interval,
+    chance_metrics,
+    format_accuracy,
+    mean_of_means_interval,
     mean_relative_accuracy,
     parse_official_number,
     score_answer,
     subtask_of,
+    summary_interval,
 )
 
 
@@ -194,6 +200,63 @@ def test_aggregate_micro_and_macro() -> None:
 
 def test_aggregate_of_nothing() -> None:
     assert aggregate([]) == {"count/overall": 0.0}
+
+
+# -- 95 % intervals ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("right", "n", "low", "high"), [
+    (0, 10, 0.0, 0.2775), (5, 10, 0.2366, 0.7634), (10, 10, 0.7225, 1.0), (81, 100, 0.7222, 0.8749),
+    (68, 150, 0.3758, 0.5332),
+])
+def test_accuracy_interval_is_wilsons(right: int, n: int, low: float, high: float) -> None:
+    # Wilson score intervals at z = 1.96, as published (e.g. 0 of 10: [0, 0.2775]).
+    assert accuracy_interval(right, n) == pytest.approx((low, high), abs=1e-4)
+
+
+def test_accuracy_interval_of_fractional_scores_and_of_nothing() -> None:
+    # Numeric answers' fractional scores are summed: 10 questions at 0.5 read as 5 of 10.
+    assert accuracy_interval(10 * 0.5, 10) == accuracy_interval(5, 10)
+    assert accuracy_interval(0, 0) == (0.0, 1.0)
+    assert format_accuracy(68 / 150, accuracy_interval(68, 150)) == "45.3 % [37.6, 53.3]"
+    assert format_accuracy(0.25) == "25.0 %"
+
+
+def test_mean_of_means_interval() -> None:
+    # Two groups, one all wrong and one all right: centred on the mean, and wide.
+    low, high = mean_of_means_interval([(0.5, 0.0, 10), (0.5, 10.0, 10)])
+    assert (low + high) / 2 == pytest.approx(0.5) and high - low == pytest.approx(0.2576, abs=1e-4)
+    # One group of 50 comes out close to Wilson's interval.
+    assert mean_of_means_interval([(1.0, 15.0, 50)]) == pytest.approx(accuracy_interval(15, 50), abs=0.02)
+    assert mean_of_means_interval([]) == (0.0, 1.0)
+
+
+def test_aggregate_writes_the_headline_intervals() -> None:
+    rows = [{"benchmark": "urbanvideo", "category": "Landmark Position", "score": float(i < 5)} for i in range(10)]
+    m = aggregate(rows)
+    assert (m["accuracy/overall_ci_low"], m["accuracy/overall_ci_high"]) == accuracy_interval(5, 10)
+    assert (m["accuracy/paper_tasks_ci_low"], m["accuracy/paper_tasks_ci_high"]) == accuracy_interval(5, 10)
+    assert m["accuracy/macro_ci_low"] < 0.5 < m["accuracy/macro_ci_high"]
+    assert summary_interval(m, "accuracy/overall") == accuracy_interval(5, 10)
+    # Without written bounds, Wilson's from the question count; a mean of means has none.
+    assert summary_interval({"accuracy/x": 0.5, "count/x": 10.0}, "accuracy/x") == accuracy_interval(5, 10)
+    assert summary_interval({"accuracy/x/subtype_mean": 0.5}, "accuracy/x/subtype_mean") is None
+
+
+def test_chance_of_every_metric_and_a_guessers_range() -> None:
+    records = [{"benchmark": "vsibench", "category": "object_rel_direction", "answer_type": "choice",
+                "options": ["A. l", "B. r"]},
+               {"benchmark": "vsibench", "category": "object_rel_direction", "answer_type": "choice",
+                "options": ["A. l", "B. r", "C. b", "D. f"]},
+               {"benchmark": "vsibench", "category": "object_counting", "answer_type": "number", "options": []}]
+    chance = chance_metrics(records)
+    assert chance["accuracy/overall"] == pytest.approx(0.75 / 3)
+    assert chance["accuracy/object_rel_direction"] == pytest.approx(0.375)
+    assert chance["accuracy/macro"] == pytest.approx(0.375 / 2)  # counting's chance is 0
+    assert not any(k.endswith(("_ci_low", "_ci_high")) for k in chance)
+    # 100 four-option questions: a guesser lands within 1.96 * sqrt(100 * 3/16) / 100 of 25 %.
+    assert chance_interval([0.25] * 100) == pytest.approx((0.25 - 0.08487, 0.25 + 0.08487), abs=1e-4)
+    assert chance_interval([0.0, 0.0]) == (0.0, 0.0)
 
 
 # -- found by mutation testing (make mutation) -------------------------------------------

@@ -162,6 +162,99 @@ def demo_home(tmp_path: Path, embodied_r_home: Path, tiny_lm_path: Path,
     return home
 
 
+@pytest.fixture()
+def promoting(demo_home: Path, tiny_lm_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict:
+    """``register_and_promote`` on the smoke recipe's records (two val questions of four
+    options: chance 25 %) against a real store, each model's score set by the test and the
+    warm-started policy a folder; the evaluations it asks for are recorded."""
+    from embodied_r.config import load_recipe
+    from embodied_r.lifecycle import promote
+
+    state: dict = {"scores": {}, "asked": [], "warm": None, "recipe": load_recipe("smoke")}
+
+    def evaluate(recipe, ref, split, root):  # noqa: ANN001 - evaluate_model's signature
+        state["asked"].append((ref, split))
+        value = state["scores"][ref] if split == "val" else 0.5
+        return demo_home / "eval", {"accuracy/overall": value, "count/overall": 2.0, "question_set": "same"}
+
+    monkeypatch.setattr(promote, "evaluate_model", evaluate)
+    monkeypatch.setattr(promote, "warm_started_model", lambda recipe, root: state["warm"])
+    state["promote"] = lambda version: promote.register_and_promote(state["recipe"], demo_home, version=version)
+    state["versions"] = [str(register_model_folder(tiny_lm_path, NAME, tracking_uri=promote_store(demo_home)).version)
+                         for _ in range(3)]
+    return state
+
+
+def promote_store(home: Path) -> str:
+    return f"sqlite:///{home / 'mlflow.db'}"
+
+
+def test_a_model_below_chance_is_not_promoted(promoting: dict, demo_home: Path) -> None:
+    v1 = promoting["versions"][0]
+    promoting["scores"][f"models:/{NAME}/{v1}"] = 0.0
+    result = promoting["promote"](v1)
+    assert not result.promoted and alias_version(NAME, "champion", promote_store(demo_home)) is None
+    assert [b.score for b in result.bars] == [0.25]  # the val split's chance, from its records
+    assert "not promoted to @champion: val accuracy/overall 0.0 % [0.0, 65.8] is not above chance 25.0 %" \
+        in result.describe()
+    # Chance at a tie is not beaten either.
+    promoting["scores"][f"models:/{NAME}/{v1}"] = 0.25
+    assert not promoting["promote"](v1).promoted
+
+
+def test_a_model_below_the_warm_start_is_not_promoted(promoting: dict, demo_home: Path) -> None:
+    v1 = promoting["versions"][0]
+    promoting["warm"] = "/warm/model"
+    promoting["scores"].update({f"models:/{NAME}/{v1}": 0.5, "/warm/model": 0.75})
+    result = promoting["promote"](v1)
+    assert not result.promoted and alias_version(NAME, "champion", promote_store(demo_home)) is None
+    assert result.describe().endswith("val accuracy/overall 50.0 % [9.5, 90.5] is not above "
+                                      "the warm-started policy's 75.0 %")
+    # The warm start is scored as the candidate is: on the validation split.
+    assert ("/warm/model", "val") in promoting["asked"]
+    assert not any(ref == "/warm/model" and split != "val" for ref, split in promoting["asked"])
+
+
+def test_a_model_above_chance_and_the_warm_start_is_promoted(promoting: dict, demo_home: Path) -> None:
+    from mlflow import MlflowClient
+
+    v1, v2, v3 = promoting["versions"]
+    promoting["warm"] = "/warm/model"
+    promoting["scores"].update({f"models:/{NAME}/{v1}": 0.5, f"models:/{NAME}/{v2}": 1.0,
+                                f"models:/{NAME}/{v3}": 1.0, "/warm/model": 0.4})
+    result = promoting["promote"](v1)
+    store = promote_store(demo_home)
+    assert result.promoted and str(alias_version(NAME, "champion", store).version) == v1
+    assert "above chance 25.0 % and the warm-started policy's 40.0 % (no current champion): promoted" \
+        in result.describe()
+    description = MlflowClient(tracking_uri=store, registry_uri=store).get_model_version(NAME, v1).description
+    assert ("accuracy/overall on the val split (2 questions): 50.0 % [9.5, 90.5]; chance 25.0 %, "
+            "the warm-started policy's 40.0 %") in description
+    assert "accuracy/overall on the test split (2 questions): 50.0 % [9.5, 90.5]; chance 25.0 %" in description
+    # Above the bars, a champion must still be beaten; a tie keeps it.
+    assert promoting["promote"](v2).promoted
+    tie = promoting["promote"](v3)
+    assert not tie.promoted and tie.champion_version == v2
+    assert str(alias_version(NAME, "champion", store).version) == v2
+
+
+def test_promotion_refuses_scores_on_different_questions(promoting: dict) -> None:
+    from embodied_r.lifecycle import promote
+
+    v1 = promoting["versions"][0]
+    promoting["warm"] = "/warm/model"
+    promoting["scores"].update({f"models:/{NAME}/{v1}": 0.5, "/warm/model": 0.4})
+    evaluate = promote.evaluate_model
+
+    def lost_calls(recipe, ref, split, root):  # noqa: ANN001
+        out, summary = evaluate(recipe, ref, split, root)
+        return out, {**summary, "question_set": "fewer" if ref == "/warm/model" else "same"}
+
+    promote.evaluate_model = lost_calls
+    with pytest.raises(ValueError, match="different question sets"):
+        promoting["promote"](v1)
+
+
 def test_commands_evaluate_register_and_promote(demo_home: Path, tiny_lm_path: Path,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
     from mlflow import MlflowClient
@@ -171,21 +264,31 @@ def test_commands_evaluate_register_and_promote(demo_home: Path, tiny_lm_path: P
     quick = ["--recipe", "smoke", "--set", "evaluation.backend.max_new_tokens=6"]
     assert main(["eval-model", "tiny:lm", "--split", "val", *quick]) == 0
     out = capsys.readouterr().out
-    assert "tiny:lm on the val split: overall 0.000" in out and "(2 answered, 0 failed)" in out
+    assert "tiny:lm on the val split: overall 0.0 % [0.0, 65.8]" in out and "(2 answered, 0 failed)" in out
     store = f"sqlite:///{demo_home / 'mlflow.db'}"
     client = MlflowClient(tracking_uri=store)
     run = client.search_runs([client.get_experiment_by_name("embodied-r").experiment_id])[0]
     assert run.data.tags["stage"] == "eval-model" and run.data.metrics["eval/count/overall"] == 2.0
+    # The 95 % interval's bounds are logged beside the accuracy (Wilson's for 0 of 2).
+    assert run.data.metrics["accuracy/overall_ci_low"] == 0.0
+    assert round(run.data.metrics["accuracy/overall_ci_high"], 3) == 0.658
     assert {"report.md", "accuracy_by_task.png", "paper_comparison.csv", "metrics.json"} <= \
         {a.path for a in client.list_artifacts(run.info.run_id)}
 
     assert main(["register-model", str(tiny_lm_path), *quick]) == 0
     assert "as embodied-r-reasoner version 1" in capsys.readouterr().out
+    # The random tiny model answers nothing right: below chance, it is not promoted even with
+    # no champion to beat (the smoke recipe has no warm start: chance is the only bar).
     assert main(["promote", "--version", "1", *quick]) == 0
-    assert "v1 scores 0.0000 on accuracy/overall of the val split (no current champion): promoted to @champion" in \
-        capsys.readouterr().out
-    assert main(["promote", str(tiny_lm_path), *quick]) == 0  # registers v2: a tie keeps v1
-    assert "champion v1 scores 0.0000): not promoted" in capsys.readouterr().out
+    assert ("embodied-r-reasoner v1 not promoted to @champion: val accuracy/overall 0.0 % [0.0, 65.8] "
+            "is not above chance 25.0 %") in capsys.readouterr().out
+    assert alias_version(NAME, "champion", store) is None
+    # Its description gives its validation and test scores beside chance.
+    description = client.get_model_version(NAME, "1").description
+    assert "accuracy/overall on the val split (2 questions): 0.0 % [0.0, 65.8]; chance 25.0 %" in description
+    assert "accuracy/overall on the test split (3 questions): 0.0 % [0.0, 56.2]; chance 25.0 %" in description
+    assert "not promoted to @champion" in description
+    assert main(["register-model", str(tiny_lm_path), "--alias", "champion", *quick]) == 0
     assert main(["eval-model", "models:/embodied-r-reasoner@champion", "--no-track", *quick]) == 0
     assert "on the test split" in capsys.readouterr().out
     assert main(["baselines", "--only", "policy", "--no-track", "--report", str(demo_home / "cmp.md"), *quick]) == 0

@@ -73,7 +73,14 @@ def test_write_report_files(tmp_path: Path) -> None:
     md = (tmp_path / "report.md").read_text()
     assert "- split: `val`, 6 questions" in md
     assert "logically consistent answers (judge model): 50.0 % of 4 judged" in md
-    assert "| | &nbsp;&nbsp;easy | 1 | 100.0 | | | |" in md
+    # Every accuracy has its 95 % interval beside it: tasks, subtypes, and the summary rows.
+    assert "| | &nbsp;&nbsp;easy | 1 | 100.0 | [20.7, 100.0] | | |" in md
+    assert "| urbanvideo | Landmark Position ⚠ | 2 | 50.0 | [9.5, 90.5] |" in md
+    assert "| all | every question (micro) | 6 | 61.7 | [26.4, 87.8] | | |" in md
+    for label in ("mean of the subtypes (VSI-Bench's rule)", "the paper's eight tasks (per question)",
+                  "mean over tasks (macro)"):
+        row = next(line for line in md.splitlines() if label in line)
+        assert row.split("|")[5].strip().startswith("["), row
     # Every row of the per-task table has the header's seven cells.
     table = md.split("## Accuracy per task")[1].split("\n\n")[1].splitlines()
     assert {row.count("|") for row in table} == {8}

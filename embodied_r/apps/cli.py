@@ -58,9 +58,11 @@ def _all_overrides(args: argparse.Namespace) -> dict[str, Any]:
     return merged
 
 
+# Whether the figures show learning is the learning block's verdict to say, from the figures.
 DEMO_CAVEAT = ("The demo's models are tiny and its benchmark a few dozen synthetic questions: these "
-               "figures show the method learning in miniature, not the paper's results. See README, "
+               "figures show the method in miniature, not the paper's results. See README, "
                "'Running it for real'.")
+HEADLINE = ("overall", "macro", "paper_tasks")
 
 
 def _print_outcome(result: dict[str, Any], seconds: float, synthetic: bool = False) -> None:
@@ -74,15 +76,15 @@ def _print_outcome(result: dict[str, Any], seconds: float, synthetic: bool = Fal
         print(f"  {name:14s} {out}")
     evaluation = result.get("evaluation") or {}
     if "accuracy/overall" in evaluation:
-        summary = ", ".join(f"{k} {evaluation[f'accuracy/{k}']:.3f}" for k in ("overall", "macro", "paper_tasks")
-                            if isinstance(evaluation.get(f"accuracy/{k}"), (int, float)))
-        print(f"\nTest accuracy: {summary}")
-        # One line per task; subtypes (e.g. object_rel_direction/easy) are in the report.
+        print("\nTest accuracy [95 % interval]: " + ", ".join(
+            f"{k} {_accuracy(evaluation, f'accuracy/{k}')}" for k in HEADLINE
+            if isinstance(evaluation.get(f"accuracy/{k}"), (int, float))))
+        # One line per task (the keys with a question count); subtypes are in the report.
         for key, value in sorted(evaluation.items()):
             task = key[len("accuracy/"):]
-            if (key.startswith("accuracy/") and "/" not in task and task not in ("overall", "macro", "paper_tasks")
-                    and isinstance(value, (int, float))):
-                print(f"  {task:28s} {value:.3f}")
+            if (key.startswith("accuracy/") and "/" not in task and task not in HEADLINE
+                    and f"count/{task}" in evaluation and isinstance(value, (int, float))):
+                print(f"  {task:28s} {_accuracy(evaluation, key)}")
     _print_learning(evaluation)
     if synthetic:
         print(DEMO_CAVEAT)
@@ -99,13 +101,26 @@ def _print_outcome(result: dict[str, Any], seconds: float, synthetic: bool = Fal
         print(f"All runs, with accuracy/overall: {result['mlflow_runs_url']}")
 
 
+def _accuracy(summary: dict[str, Any], key: str) -> str:
+    from embodied_r.scoring.metrics import format_accuracy, summary_interval
+
+    return format_accuracy(summary[key], summary_interval(summary, key))
+
+
 def _print_learning(evaluation: dict[str, Any]) -> None:
-    """The learning block: accuracy per phase beside chance, rewards per stage by quarter."""
-    acc = {k.rsplit("/", 1)[1]: v for k, v in evaluation.items() if k.startswith("learning/accuracy/")}
-    if not acc:
+    """The learning block: accuracy per phase beside chance, what they show, rewards per
+    stage by quarter."""
+    from embodied_r.evaluation.learning import accuracy_lines, verdict_of
+
+    phases = accuracy_lines(evaluation)
+    if not phases:
         return
-    print("\nLearning (test accuracy): " + ", ".join(
-        f"{label} {acc[label]:.3f}" for label in ("untrained", "warmstart", "trained", "chance") if label in acc))
+    print("\nLearning (test accuracy [95 % interval]):")
+    for name, text in phases:
+        print(f"  {name:14s} {text}")
+    verdict = verdict_of(evaluation)
+    if verdict:
+        print(verdict)
     stages = sorted({k.split("/")[1] for k in evaluation if k.startswith("learning/") and k.endswith("_quarter")})
     for stage in stages:
         parts = []

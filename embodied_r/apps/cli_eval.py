@@ -138,13 +138,20 @@ def _track(recipe: Any, name: str, out: Path, summary: dict[str, Any], params: d
     return run_id
 
 
+def _accuracy(summary: dict[str, Any], key: str) -> str:
+    """An accuracy of an evaluation summary with its 95 % interval (0 when there were no answers)."""
+    from embodied_r.scoring.metrics import format_accuracy, summary_interval
+
+    return format_accuracy(float(summary.get(key, 0.0)), summary_interval(summary, key))
+
+
 def cmd_eval_model(args: argparse.Namespace) -> int:
     from embodied_r.lifecycle.models import evaluate_model
 
     recipe = _recipe(args)
     out, summary = evaluate_model(recipe, args.model, args.split, _root(), Path(args.out) if args.out else None)
-    print(f"{args.model} on the {args.split} split: overall {summary.get('accuracy/overall', 0.0):.3f}, "
-          f"macro {summary.get('accuracy/macro', 0.0):.3f} ({summary['done']} answered, {summary['failed']} failed)")
+    print(f"{args.model} on the {args.split} split: overall {_accuracy(summary, 'accuracy/overall')}, "
+          f"macro {_accuracy(summary, 'accuracy/macro')} ({summary['done']} answered, {summary['failed']} failed)")
     print(f"Report: {out / 'report.md'}")
     if not args.no_track:
         run_id = _track(recipe, "eval-model", out, summary, {"model": args.model, "split": args.split})
@@ -164,7 +171,7 @@ def cmd_baselines(args: argparse.Namespace) -> int:
         runs["trained reasoner"] = json.loads((Path(evaluate.out) / "metrics.json").read_text())["metrics"]
     for name, summary in results.items():
         runs[LABELS[name]] = json.loads((Path(summary["out"]) / "metrics.json").read_text())["metrics"]
-        print(f"{LABELS[name]}: overall {summary.get('accuracy/overall', 0.0):.3f}  ({summary['out']})")
+        print(f"{LABELS[name]}: overall {_accuracy(summary, 'accuracy/overall')}  ({summary['out']})")
         if not args.no_track:
             _track(recipe, f"baseline-{name}", Path(summary["out"]), summary, {"baseline": name})
     if args.report:
@@ -256,7 +263,8 @@ def register(sub: Any) -> None:
     p.add_argument("--alias", help="also point this alias at the new version")
     p.set_defaults(handler=_guard(cmd_register))
 
-    p = sub.add_parser("promote", help="give @champion to a model version that beats it on the validation split")
+    p = sub.add_parser("promote", help="give @champion to a model version that beats chance, the warm-started "
+                       "policy and the champion on the validation split")
     _recipe_args(p)
     p.add_argument("folder", nargs="?", help="model folder to register first (default: the recipe's last trained stage)")
     p.add_argument("--version", help="an already registered version instead of a folder")

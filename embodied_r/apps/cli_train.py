@@ -50,7 +50,11 @@ def cmd_sft(args: argparse.Namespace) -> int:
           f"{sft.get('done')} records, {sft.get('failed')} too long)")
     print(f"  evaluation  {result['stages']['sft_evaluate']}")
     if "accuracy/overall" in evaluation:
-        print(f"\nTest accuracy: overall {evaluation['accuracy/overall']:.3f}, "
-              f"average over categories {evaluation.get('accuracy/macro', 0.0):.3f}")
+        from embodied_r.scoring.metrics import format_accuracy, summary_interval
+
+        print("\nTest accuracy [95 % interval]: " + ", ".join(
+            f"{name} {format_accuracy(evaluation[key], summary_interval(evaluation, key))}"
+            for name, key in (("overall", "accuracy/overall"), ("average over categories", "accuracy/macro"))
+            if isinstance(evaluation.get(key), (int, float))))
     print(f"MLflow store: {result['tracking_uri']}  (parent run {result['mlflow_run_id']})")
     return 0

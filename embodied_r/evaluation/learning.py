@@ -1,6 +1,7 @@
 """The learning figures of a run: test accuracy before training, after the warm start and
-after GRPO beside chance, each training stage's rewards in its first and last quarter,
-and the reward curves of all stages on one step axis (``reward_curves.png``).
+after GRPO beside chance, each with its 95 % interval, the verdict they support (did GRPO
+beat chance and the policy it started from?), each training stage's rewards in its first
+and last quarter, and the reward curves of all stages on one step axis (``reward_curves.png``).
 
 The evaluation stage writes them when the recipe compares baselines; they come from the
 baseline evaluations' summaries and the training stages' ``summary.json`` (quarters)
@@ -14,12 +15,23 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from embodied_r.io import read_json
-from embodied_r.scoring.metrics import chance_accuracy
+from embodied_r.scoring.metrics import (
+    CI_HIGH,
+    CI_LOW,
+    chance_accuracy,
+    chance_interval,
+    format_accuracy,
+    format_interval,
+    guess_chance,
+    summary_interval,
+)
 
 CURVES_PNG = "reward_curves.png"
 PREFIX = "learning"
 HISTORY_FILE = "history.json"  # written by the GRPO trainer (training.learning.HISTORY_FILE)
 ACCURACY = "accuracy/overall"
+PHASES = ("untrained", "warmstart", "trained", "chance")
+PHASE_NAMES = {"untrained": "untrained", "warmstart": "warm-started", "trained": "GRPO-trained", "chance": "chance"}
 
 
 def _series(history: list[dict[str, Any]], key: str) -> list[tuple[int, float]]:
@@ -78,12 +90,18 @@ def plot_reward_curves(training: Mapping[str, str], path: Path) -> Path | None:
 
 
 def learning_figures(accuracies: Mapping[str, float | None], chance: float,
-                     quarters: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> dict[str, float]:
-    """Flat ``learning/...`` figures: accuracies beside chance, quarters per stage and reward."""
+                     quarters: Mapping[str, Mapping[str, Mapping[str, Any]]],
+                     intervals: Mapping[str, tuple[float, float] | None] | None = None) -> dict[str, float]:
+    """Flat ``learning/...`` figures: accuracies beside chance, with the 95 % interval of each
+    (``intervals`` by the same labels; chance's is the range a guesser lands in) as
+    ``learning/accuracy/<label>_ci_low`` and ``_ci_high``, and quarters per stage and reward."""
     out: dict[str, float] = {f"{PREFIX}/accuracy/chance": chance}
     for label, value in accuracies.items():
         if value is not None:
             out[f"{PREFIX}/accuracy/{label}"] = float(value)
+    for label, span in (intervals or {}).items():
+        if span is not None and f"{PREFIX}/accuracy/{label}" in out:
+            out[f"{PREFIX}/accuracy/{label}{CI_LOW}"], out[f"{PREFIX}/accuracy/{label}{CI_HIGH}"] = map(float, span)
     for stage, rewards in quarters.items():
         for reward, stats in rewards.items():
             for which in ("first", "last"):
@@ -93,13 +111,73 @@ def learning_figures(accuracies: Mapping[str, float | None], chance: float,
     return out
 
 
+def accuracy_lines(figures: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(phase name, its accuracy as text) for each phase there, in training order: the accuracy
+    with its 95 % interval; chance with the range a uniform guesser's accuracy lands in."""
+    lines = []
+    for label in PHASES:
+        key = f"{PREFIX}/accuracy/{label}"
+        value = figures.get(key)
+        if not isinstance(value, (int, float)):
+            continue
+        span = summary_interval(figures, key)
+        if label == "chance":
+            text = format_accuracy(value) + ("" if span is None else f" (a guesser lands in {format_interval(span)})")
+        else:
+            text = format_accuracy(value, span)
+        lines.append((PHASE_NAMES[label], text))
+    return lines
+
+
+def _pct(value: float) -> str:
+    return f"{100 * value:.1f} %"
+
+
+def learning_verdict(trained: float, chance: float, start: float | None = None,
+                     start_name: str = "the warm-started policy", trained_low: float | None = None) -> str:
+    """One sentence on what the GRPO-trained reasoner's test accuracy shows beside chance and
+    the policy GRPO started from (``start``; None when it was not evaluated).
+
+    Learning is claimed only when the accuracy beats both; when ``trained_low`` (the low end
+    of its 95 % interval) does not, too few questions separate them to claim it. That test
+    treats the other figures as exact, which they are not: it is a floor, not a proof.
+    """
+    short = [(name, value) for name, value in (("chance", chance), (start_name, start))
+             if value is not None and not trained > value]
+    if short:
+        where = " and ".join(f"{'below' if trained < value else 'no higher than'} {name} ({_pct(value)})"
+                             for name, value in short)
+        tail = ("no learning shown at this seed" if short[0][0] == "chance"
+                else "no gain from GRPO shown at this seed")
+        return f"The GRPO-trained reasoner scores {_pct(trained)}, {where}: {tail}."
+    above = f"chance ({_pct(chance)})" + ("" if start is None else f" and {start_name} ({_pct(start)})")
+    bar = max(chance, start if start is not None else chance)
+    if trained_low is not None and not trained_low > bar:
+        return (f"The GRPO-trained reasoner scores {_pct(trained)}, above {above}, but the low end of its "
+                f"95 % interval ({_pct(trained_low)}) is not: too few questions to say it learned at this seed.")
+    return f"The GRPO-trained reasoner scores {_pct(trained)}, above {above}: the method learned at this seed."
+
+
+def verdict_of(figures: Mapping[str, Any]) -> str | None:
+    """``learning_verdict`` of a run's learning figures, beside the warm-started policy or, in a
+    recipe without a warm start, the untrained one; None without a trained accuracy."""
+    trained = figures.get(f"{PREFIX}/accuracy/trained")
+    if not isinstance(trained, (int, float)):
+        return None
+    start_label = "warmstart" if f"{PREFIX}/accuracy/warmstart" in figures else "untrained"
+    span = summary_interval(figures, f"{PREFIX}/accuracy/trained")
+    return learning_verdict(float(trained), float(figures.get(f"{PREFIX}/accuracy/chance", 0.0)),
+                            figures.get(f"{PREFIX}/accuracy/{start_label}"),
+                            f"the {PHASE_NAMES[start_label]} policy", None if span is None else span[0])
+
+
 def render_learning(figures: Mapping[str, float], stages: Sequence[str], has_curves: bool) -> str:
-    lines = ["", "## Learning", "", "Test accuracy (overall) of the policy at each phase, beside chance:", "",
-             "| policy | accuracy |", "|---|---|"]
-    for label in ("untrained", "warmstart", "trained", "chance"):
-        value = figures.get(f"{PREFIX}/accuracy/{label}")
-        if value is not None:
-            lines.append(f"| {label} | {100 * value:.1f} % |")
+    lines = ["", "## Learning", "", "Test accuracy (overall) of the policy at each phase, with its 95 % interval, "
+             "beside chance:", "", "| policy | accuracy [95 % interval] |", "|---|---|"]
+    lines += [f"| {name} | {text} |" for name, text in accuracy_lines(figures)]
+    verdict = verdict_of(figures)
+    if verdict:
+        lines += ["", f"**{verdict}**"]
     lines += ["", "Mean reward per training stage, first and last quarter of its steps:", "",
               "| stage | reward | first quarter | last quarter |", "|---|---|---|---|"]
     for stage in stages:
@@ -117,16 +195,19 @@ def write_learning(work: Path, records: Sequence[Mapping[str, Any]], metrics: Ma
     """Write the learning section into ``work/report.md`` and ``reward_curves.png``; return
     the figures for the stage summary."""
     accuracies: dict[str, float | None] = {}
+    intervals: dict[str, tuple[float, float] | None] = {}
     for label, folder in baselines.items():
         summary_path = Path(folder) / "summary.json"
-        accuracies[label] = read_json(summary_path).get(ACCURACY) if summary_path.is_file() else None
-    accuracies["trained"] = metrics.get(ACCURACY)
+        summary = read_json(summary_path) if summary_path.is_file() else {}
+        accuracies[label], intervals[label] = summary.get(ACCURACY), summary_interval(summary, ACCURACY)
+    accuracies["trained"], intervals["trained"] = metrics.get(ACCURACY), summary_interval(metrics, ACCURACY)
+    intervals["chance"] = chance_interval([guess_chance(r) or 0.0 for r in records])
     quarters = {}
     for stage, folder in training.items():
         summary_path = Path(folder) / "summary.json"
         if summary_path.is_file():
             quarters[stage.removeprefix("train_")] = read_json(summary_path).get("quarters") or {}
-    figures = learning_figures(accuracies, chance_accuracy(records), quarters)
+    figures = learning_figures(accuracies, chance_accuracy(records), quarters, intervals)
     has_curves = plot_reward_curves(training, work / CURVES_PNG) is not None
     report = work / "report.md"
     text = report.read_text() if report.is_file() else ""

@@ -9,12 +9,18 @@ from __future__ import annotations
 
 import csv
 import io
-import math
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from embodied_r.io import read_json
-from embodied_r.scoring.metrics import REL_DIRECTION, category_slug
+from embodied_r.scoring.metrics import (
+    REL_DIRECTION,
+    accuracy_interval,
+    category_slug,
+    format_interval,
+    mean_of_means_interval,
+    summary_interval,
+)
 
 REPORT_MD = "report.md"
 CHART_PNG = "accuracy_by_task.png"
@@ -81,26 +87,28 @@ def task_name(category: str) -> str:
     return category.replace("_", " ").title() if category == category.lower() else category
 
 
-def wilson_interval(score_sum: float, n: int, z: float = 1.96) -> tuple[float, float]:
-    """95 % Wilson interval of a proportion (scores in [0, 1] summed to ``score_sum``)."""
-    if n <= 0:
-        return 0.0, 1.0
-    p = min(max(score_sum / n, 0.0), 1.0)
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
-
-
 def _interval(c: Mapping[str, Any]) -> tuple[float, float]:
     n = int(c["count"])
-    return wilson_interval(float(c.get("score_sum", float(c["accuracy"]) * n)), n)
+    return accuracy_interval(float(c.get("score_sum", float(c["accuracy"]) * n)), n)
+
+
+def _subtype_mean_interval(c: Mapping[str, Any]) -> tuple[float, float]:
+    subs = list((c.get("subtasks") or {}).values())
+    return mean_of_means_interval([(1 / len(subs), float(s["accuracy"]) * int(s["count"]), int(s["count"]))
+                                   for s in subs])
+
+
+def _span(interval: tuple[float, float] | None) -> str:
+    return "" if interval is None else format_interval(interval)
 
 NOTE = (
     "Choice questions score 1 or 0; numeric ones VSI-Bench's mean relative accuracy. "
     "Unreadable answers count as wrong. Each task's accuracy counts every question once: "
     "relative direction pools its three subtypes, as the official code and the paper's "
     "Table 1 count it (VSI-Bench's own rule, the mean of the subtypes, is reported apart as "
-    "its subtype mean). The paper's figures are its Table 1 on its own test split; figures "
+    "its subtype mean). Intervals are 95 %: Wilson's score interval, numeric answers' fractional "
+    "scores summed as successes; a mean of means (macro, subtype mean) adds its groups' "
+    "Agresti-Coull variances. The paper's figures are its Table 1 on its own test split; figures "
     "from the tiny demo models show the method in miniature, not the paper's results."
 )
 
@@ -181,19 +189,23 @@ def render_markdown(categories: Sequence[Mapping[str, Any]], metrics: Mapping[st
         small += few
         guess = chance.get(c["category"])
         lines.append(f"| {c['benchmark']} | {task_name(c['category'])}{' ⚠' if few else ''} | {c['count']} | "
-                     f"{_pct(c['accuracy'])} | {_pct(low)}–{_pct(high)} | {'' if guess is None else _pct(guess)} | "
+                     f"{_pct(c['accuracy'])} | {_span((low, high))} | {'' if guess is None else _pct(guess)} | "
                      f"{'' if paper is None else f'{paper:.1f}'} |")
         for sub, s in (c.get("subtasks") or {}).items():
-            lines.append(f"| | &nbsp;&nbsp;{sub} | {s['count']} | {_pct(s['accuracy'])} | | | |")
+            span = _span(accuracy_interval(float(s["accuracy"]) * int(s["count"]), int(s["count"])))
+            lines.append(f"| | &nbsp;&nbsp;{sub} | {s['count']} | {_pct(s['accuracy'])} | {span} | | |")
         if "subtype_mean" in c:
             lines.append(f"| | &nbsp;&nbsp;mean of the subtypes (VSI-Bench's rule) | {c['count']} | "
-                         f"{_pct(c['subtype_mean'])} | | | |")
+                         f"{_pct(c['subtype_mean'])} | {_span(_subtype_mean_interval(c))} | | |")
     if n:
         if "accuracy/paper_tasks" in metrics:
             lines.append(f"| all | the paper's eight tasks (per question) | {int(metrics['count/paper_tasks'])} | "
-                         f"{_pct(metrics['accuracy/paper_tasks'])} | | | {PAPER_AVERAGE:.1f} |")
-        lines.append(f"| all | every question (micro) | {n} | {_pct(metrics['accuracy/overall'])} | | | |")
-        lines.append(f"| all | mean over tasks (macro) | {n} | {_pct(metrics['accuracy/macro'])} | | | |")
+                         f"{_pct(metrics['accuracy/paper_tasks'])} | "
+                         f"{_span(summary_interval(metrics, 'accuracy/paper_tasks'))} | | {PAPER_AVERAGE:.1f} |")
+        lines.append(f"| all | every question (micro) | {n} | {_pct(metrics['accuracy/overall'])} | "
+                     f"{_span(summary_interval(metrics, 'accuracy/overall'))} | | |")
+        lines.append(f"| all | mean over tasks (macro) | {n} | {_pct(metrics['accuracy/macro'])} | "
+                     f"{_span(summary_interval(metrics, 'accuracy/macro'))} | | |")
     if small:
         lines += ["", f"⚠ {small} task(s) have fewer than {SMALL_TASK} questions: their accuracy is "
                   "little more than chance either way; read the interval, not the figure."]

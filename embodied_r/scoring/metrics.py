@@ -23,7 +23,7 @@ import math
 import re
 import statistics
 from collections import defaultdict
-from typing import Any, Iterable, Literal, Mapping
+from typing import Any, Iterable, Literal, Mapping, Sequence
 
 import numpy as np
 
@@ -48,6 +48,10 @@ REL_DIRECTION_SUBTASKS = {2: "easy", 3: "medium", 4: "hard"}
 
 # Summary keys a category slug must not take.
 _RESERVED = {"overall", "macro", "paper_tasks"}
+# The normal quantile of a two-sided 95 % interval.
+Z95 = 1.96
+# The bounds of an accuracy's 95 % interval sit beside it: ``accuracy/overall_ci_low``.
+CI_LOW, CI_HIGH = "_ci_low", "_ci_high"
 _PAPER_CATEGORIES = {c for cats in PAPER_TASKS.values() for c in cats}
 
 
@@ -158,6 +162,76 @@ def _length_stats(prefix: str, values: list[float]) -> dict[str, float]:
     }
 
 
+def accuracy_interval(score_sum: float, n: int, z: float = Z95) -> tuple[float, float]:
+    """The 95 % Wilson score interval of an accuracy of ``score_sum`` over ``n`` questions.
+
+    Choice answers score 0 or 1, so ``score_sum`` is the count right and this is Wilson's
+    interval exactly. Numeric answers score a fraction (mean relative accuracy): their
+    scores are summed and the sum taken as that many successes (Wilson on the summed
+    score). A score in [0, 1] with mean p varies by at most p(1 - p), the binomial's
+    variance, so the interval errs wide, never narrow. With no questions: (0, 1).
+    """
+    if n <= 0:
+        return 0.0, 1.0
+    p = min(max(score_sum / n, 0.0), 1.0)
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def mean_of_means_interval(groups: Sequence[tuple[float, float, int]], z: float = Z95) -> tuple[float, float]:
+    """The 95 % interval of a weighted mean of group accuracies (``accuracy/macro``, a task's
+    mean of its subtypes); ``groups`` are (weight, score_sum, n), the weights summing to 1.
+
+    Centred on the weighted mean; the groups are independent, so their variances add. Each
+    group's variance is taken at Agresti and Coull's adjusted accuracy (z^2/2 successes and
+    failures added), so a group scored all 0 or all 1 still has a spread. For one group of a
+    few dozen questions it is close to ``accuracy_interval``; at the extremes it is narrower.
+    """
+    groups = [(w, s, n) for w, s, n in groups if n > 0]
+    if not groups:
+        return 0.0, 1.0
+    centre = variance = 0.0
+    for weight, score_sum, n in groups:
+        n_adj = n + z * z
+        p_adj = (score_sum + z * z / 2) / n_adj
+        centre += weight * score_sum / n
+        variance += weight * weight * p_adj * (1 - p_adj) / n_adj
+    half = z * math.sqrt(variance)
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def format_interval(interval: tuple[float, float]) -> str:
+    """``[37.5, 53.3]``: an interval of fractions, in percent."""
+    return f"[{100 * interval[0]:.1f}, {100 * interval[1]:.1f}]"
+
+
+def format_accuracy(value: float, interval: tuple[float, float] | None = None) -> str:
+    """``45.3 % [37.5, 53.3]``: an accuracy in percent with its 95 % interval when known."""
+    text = f"{100 * value:.1f} %"
+    return text if interval is None else f"{text} {format_interval(interval)}"
+
+
+def summary_interval(summary: Mapping[str, Any], key: str) -> tuple[float, float] | None:
+    """The 95 % interval of ``key`` (an accuracy of an evaluation summary): the bounds
+    ``aggregate`` wrote beside it, else Wilson's from its question count (``count/...``);
+    None when neither is there (a task's mean of its subtypes)."""
+    low, high = summary.get(key + CI_LOW), summary.get(key + CI_HIGH)
+    if isinstance(low, (int, float)) and isinstance(high, (int, float)):
+        return float(low), float(high)
+    value = summary.get(key)
+    if not key.startswith("accuracy"):
+        return None
+    count = summary.get("count" + key[len("accuracy"):])
+    if isinstance(value, (int, float)) and isinstance(count, (int, float)) and count > 0:
+        return accuracy_interval(float(value) * count, int(count))
+    return None
+
+
+def _with_interval(out: dict[str, float], key: str, interval: tuple[float, float]) -> None:
+    out[key + CI_LOW], out[key + CI_HIGH] = interval
+
+
 def task_score(scores_by_subtask: Mapping[str | None, list[float]]) -> float:
     """A task's score by VSI-Bench's rule: the mean of its subtypes' means (one group: the
     plain mean)."""
@@ -192,6 +266,8 @@ def aggregate(rows: Iterable[Mapping[str, Any]]) -> dict[str, float]:
       "overall" when all its tasks are there); ``macro_by_benchmark/<benchmark>`` the same
       within one benchmark.
     - ``accuracy_by_benchmark/<benchmark>``: micro within one benchmark.
+    - ``accuracy/{overall,macro,paper_tasks}_ci_low`` and ``_ci_high``: their 95 % intervals
+      (``accuracy_interval``; the macro's ``mean_of_means_interval``).
     - ``count/...``, ``parsed/overall`` (share of answers that could be read), and
       response length statistics in tokens and characters.
     """
@@ -200,14 +276,19 @@ def aggregate(rows: Iterable[Mapping[str, Any]]) -> dict[str, float]:
     if not rows:
         return out
     out["accuracy/overall"] = float(statistics.fmean(float(r["score"]) for r in rows))
+    _with_interval(out, "accuracy/overall", accuracy_interval(sum(float(r["score"]) for r in rows), len(rows)))
 
     task_scores: dict[str, float] = {}
+    # (group weight within its task, score sum, count) of each subtype: the macro's interval.
+    task_groups: dict[str, list[tuple[float, float, int]]] = {}
     by_benchmark: dict[str, list[float]] = defaultdict(list)
     tasks_by_benchmark: dict[str, list[float]] = defaultdict(list)
     for (bench, cat), subtasks in sorted(_groups(rows).items()):
         name = category_slug(cat)
         score = task_score(subtasks)
         task_scores[name] = score
+        filled = [g for g in subtasks.values() if g]
+        task_groups[name] = [(1 / len(filled), float(sum(g)), len(g)) for g in filled]
         out[f"accuracy/{name}"] = pooled_score(subtasks)
         out[f"count/{name}"] = float(sum(len(s) for s in subtasks.values()))
         named = {k: v for k, v in subtasks.items() if k}
@@ -220,6 +301,8 @@ def aggregate(rows: Iterable[Mapping[str, Any]]) -> dict[str, float]:
     for row in rows:
         by_benchmark[slug(row.get("benchmark", "unknown"))].append(float(row["score"]))
     out["accuracy/macro"] = float(statistics.fmean(task_scores.values()))
+    _with_interval(out, "accuracy/macro", mean_of_means_interval(
+        [(w / len(task_groups), s, n) for groups in task_groups.values() for w, s, n in groups]))
     for name, scores in sorted(by_benchmark.items()):
         out[f"accuracy_by_benchmark/{name}"] = float(statistics.fmean(scores))
         out[f"macro_by_benchmark/{name}"] = float(statistics.fmean(tasks_by_benchmark[name]))
@@ -228,6 +311,7 @@ def aggregate(rows: Iterable[Mapping[str, Any]]) -> dict[str, float]:
     paper = [float(r["score"]) for r in rows if r.get("category") in _PAPER_CATEGORIES]
     if paper:
         out["accuracy/paper_tasks"] = float(statistics.fmean(paper))
+        _with_interval(out, "accuracy/paper_tasks", accuracy_interval(sum(paper), len(paper)))
         out["count/paper_tasks"] = float(len(paper))
     if all("prediction" in r for r in rows):
         out["parsed/overall"] = float(statistics.fmean(1.0 if r["prediction"] else 0.0 for r in rows))
@@ -275,6 +359,30 @@ def chance_accuracy(records: Iterable[Mapping[str, Any]]) -> float:
     """Overall accuracy of uniform guessing, numeric questions counted as 0."""
     guesses = [guess_chance(r) or 0.0 for r in records]
     return sum(guesses) / len(guesses) if guesses else 0.0
+
+
+def chance_metrics(records: Iterable[Mapping[str, Any]]) -> dict[str, float]:
+    """What uniform guessing is expected to score on ``records`` under each ``aggregate``
+    accuracy key (numeric questions 0): every figure is a mean, or a mean of means, of the
+    questions' scores, so the guesses' expected scores aggregate to the expected figure.
+    A model compared on a metric must clear the same metric's chance."""
+    rows = [{"benchmark": r.get("benchmark", ""), "category": r.get("category", ""),
+             "subtask": subtask_of(str(r.get("category", "")), r.get("options")),
+             "score": guess_chance(r) or 0.0} for r in records]
+    return {k: v for k, v in aggregate(rows).items()
+            if k.startswith(("accuracy", "macro_by")) and not k.endswith((CI_LOW, CI_HIGH))}
+
+
+def chance_interval(chances: Sequence[float], z: float = Z95) -> tuple[float, float]:
+    """Where a uniform guesser's accuracy on these questions lands 95 % of the time: each
+    question is right with its own chance (``guess_chance``, numbers 0), the normal
+    approximation of their mean. A range of outcomes, not an estimate's interval: chance
+    itself is known exactly."""
+    if not chances:
+        return 0.0, 1.0
+    mean = sum(chances) / len(chances)
+    half = z * math.sqrt(sum(p * (1 - p) for p in chances)) / len(chances)
+    return max(0.0, mean - half), min(1.0, mean + half)
 
 
 def chance_levels(records: Iterable[Mapping[str, Any]]) -> dict[str, float]:
