@@ -65,7 +65,25 @@ DEMO_CAVEAT = ("The demo's models are tiny and its benchmark a few dozen synthet
 HEADLINE = ("overall", "macro", "paper_tasks")
 
 
-def _print_outcome(result: dict[str, Any], seconds: float, synthetic: bool = False) -> None:
+def _print_ceiling(result: dict[str, Any], recipe: Any) -> None:
+    """With the demo's world perceiver: what a scripted reader of the perception text alone
+    scores on the evaluated split, the most a reasoner could read out of that text."""
+    stages = result.get("stages") or {}
+    if recipe.perception.backend.kind != "world" or not {"preprocess", "perception"} <= set(stages):
+        return
+    from embodied_r.demo.ceiling import ceiling
+    from embodied_r.scoring.metrics import accuracy_interval, format_accuracy
+
+    found = ceiling(Path(stages["preprocess"]) / "catalog.parquet", Path(stages["perception"]),
+                    recipe.evaluation.split)
+    n = found["questions"]
+    print(f"Ceiling: a scripted reader of the perception text alone (no model) answers "
+          f"{format_accuracy(found['accuracy'], accuracy_interval(found['accuracy'] * n, n))} of the "
+          f"{n} {found['split']} questions with options; chance {100 * found['chance']:.1f} %")
+
+
+def _print_outcome(result: dict[str, Any], seconds: float, synthetic: bool = False,
+                   recipe: Any = None) -> None:
     from embodied_r.paths import home
 
     print(f"\nDone in {seconds:.1f} s.")
@@ -86,6 +104,8 @@ def _print_outcome(result: dict[str, Any], seconds: float, synthetic: bool = Fal
                     and f"count/{task}" in evaluation and isinstance(value, (int, float))):
                 print(f"  {task:28s} {_accuracy(evaluation, key)}")
     _print_learning(evaluation)
+    if recipe is not None:
+        _print_ceiling(result, recipe)
     if synthetic:
         print(DEMO_CAVEAT)
     if result.get("promotion"):
@@ -163,8 +183,8 @@ def _cmd_run(args: argparse.Namespace, stage: str | None = None) -> int:
                                         overrides=_all_overrides(args) or None)
     from embodied_r.config import load_recipe
 
-    synthetic = load_recipe(args.recipe, _all_overrides(args) or None).download.source == "synthetic"
-    _print_outcome(result, time.time() - start, synthetic)
+    recipe = load_recipe(args.recipe, _all_overrides(args) or None)
+    _print_outcome(result, time.time() - start, recipe.download.source == "synthetic", recipe)
     return 0
 
 
