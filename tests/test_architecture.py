@@ -17,7 +17,7 @@ ALLOWED: dict[str, set[str]] = {
     "synthetic": set(),
     "keyframes": set(),
     "data": {"synthetic"},
-    "perception": {"backends", "synthetic", "keyframes"},
+    "perception": {"backends"},
     "scoring": {"backends"},
     "training": {"backends", "scoring"},
     "evaluation": {"backends", "scoring"},

@@ -3,8 +3,7 @@
 Random-weight Qwen2 (text) and Qwen2.5-VL (vision-language) models with the real
 architectures, real tokenizers and real processors, small enough to build in about a
 second and generate in milliseconds. With random weights they prove the plumbing; the
-demo trains two of them (``tiny:vlm-perceiver``, registered by ``perception``, and
-``tiny:lm-reasoner``, registered by ``training``).
+demo's reasoner is one of them (``tiny:lm-reasoner``, registered by ``training``).
 
 A model reference ``tiny:lm`` or ``tiny:vlm`` resolves to a folder under
 ``$EMBODIED_R_HOME/models`` named by the hash of its spec, built on first use.
@@ -103,8 +102,8 @@ class _Spec(BaseModel):
     max_position_embeddings: int = 16384
     seed: int = 0
     # Fixed texts kept as one token each, and more text for the BPE to learn from: a model
-    # trained on fixed prompts (the demo's perceiver) then reads a 500-token prompt as about
-    # 100 tokens, which is what makes training it on a CPU affordable.
+    # trained on fixed prompts (the demo's reasoner) then reads them as their content alone,
+    # which is what makes training it on a CPU affordable.
     phrases: tuple[str, ...] = ()
     corpus: str = ""
 
@@ -125,7 +124,7 @@ class TinyVLMSpec(_Spec):
     # Multimodal RoPE gives time, rows and columns the head's rotary frequencies in that
     # order, so the columns get the slowest ones: at Qwen's 1e6 and a head of 24 they turn
     # by about 1e-4 radians per column and attention cannot tell left from right. A model
-    # that must see where things are (the demo's perceiver) needs a base near 10.
+    # trained to see where things are needs a base near 10.
     rope_theta: float = Field(1_000_000.0, gt=1.0)
     # The processor's own pixel budget; backends resize images before it anyway.
     max_pixels: int = 112 * 112
@@ -155,8 +154,7 @@ def resolve_model(ref: str) -> str:
         return str(TRAINED[ref]())
     if ref.startswith("tiny:"):
         raise ValueError(f"unknown tiny model {ref!r} (tiny:lm, tiny:vlm{''.join(', ' + r for r in TRAINED)}; "
-                         "tiny:vlm-perceiver is known once embodied_r.perception is imported, "
-                         "tiny:lm-reasoner once embodied_r.training is)")
+                         "tiny:lm-reasoner is known once embodied_r.training is imported)")
     return ref
 
 
