@@ -115,8 +115,8 @@ def test_resolve_model(tiny_lm_path: Path, tiny_vlm_path: Path) -> None:
 
 
 def test_an_unknown_tiny_model_is_refused_with_the_known_names() -> None:
-    with pytest.raises(ValueError, match="'tiny:vlm-perceiver'; the tiny models are tiny:lm, tiny:vlm, tiny:lm-reasoner"):
-        resolve_model("tiny:vlm-perceiver")
+    with pytest.raises(ValueError, match="'tiny:unknown'; the tiny models are tiny:lm, tiny:vlm, tiny:lm-reasoner"):
+        resolve_model("tiny:unknown")
 
 
 def test_vlm_processor_and_generation(tiny_vlm_path: Path) -> None:
