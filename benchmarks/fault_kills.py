@@ -8,8 +8,8 @@ home's last rerun finishes the demo, and its final outputs (key frames, percepti
 trained weights) must equal the uninterrupted run's. Homes follow one another until N kills
 are done. The first killed home trains its own tiny models; the others start from a copy of
 the uninterrupted run's ``models`` folder, so that their time goes to the stages killed. Such
-a home's perception skips the perceiver's training, so its parts are timed again in a second
-uninterrupted run that starts from the copied models, and the kills there draw over those.
+a home skips building its models, so its parts are timed again in a second uninterrupted run
+that starts from the copied models, and the kills there draw over those.
 """
 
 from __future__ import annotations

@@ -10,9 +10,10 @@ log into; it returns the stage's summary.
 
 A stage's code version hashes the source of every library module its runner imports,
 directly or through other modules, at module level or inside a function, and of every
-module it starts by name (a trainer child, ``python -m MODULE``). The set is read
-from the code's own imports, so a module that a stage starts using joins its key without
-anyone keeping a list.
+module it names in a string to start or import it (a trainer child, ``python -m MODULE``;
+the demo's code, which the backends import by name: ``MODULE`` or ``MODULE:attribute``).
+The set is read from the code's own imports, so a module that a stage starts using joins
+its key without anyone keeping a list.
 """
 
 from __future__ import annotations
@@ -126,18 +127,28 @@ def imports_of(module: str) -> frozenset[str]:
     return frozenset(found)
 
 
+def named_module(text: str) -> str | None:
+    """The library module a string names, as ``MODULE`` or ``MODULE:attribute`` (None for any
+    other string; the module need not exist)."""
+    name, _, attribute = text.partition(":")
+    parts = name.split(".")
+    if parts[0] != PACKAGE or len(parts) < 2 or not all(p.isidentifier() for p in parts):
+        return None
+    return name if not attribute or attribute.isidentifier() else None
+
+
 @lru_cache(maxsize=None)
 def launches_of(module: str) -> frozenset[str]:
     """The library modules ``module`` names in a string: a trainer child it starts as
-    ``python -m embodied_r.training.grpo`` runs that module's code as surely as an import."""
+    ``python -m embodied_r.training.grpo``, or a class it imports by name as
+    ``embodied_r.demo.world_perceiver:WorldPerceiver``, runs that module's code as surely as
+    an import."""
     path = _source(module)
     if path is None:
         return frozenset()
-    return frozenset(
-        node.value for node in ast.walk(ast.parse(path.read_text(), str(path)))
-        if isinstance(node, ast.Constant) and isinstance(node.value, str)
-        and node.value.startswith(PACKAGE + ".") and node.value != module and _is_module(node.value)
-    )
+    named = (named_module(node.value) for node in ast.walk(_parse(path))
+             if isinstance(node, ast.Constant) and isinstance(node.value, str))
+    return frozenset(name for name in named if name and name != module and _is_module(name))
 
 
 @lru_cache(maxsize=None)
@@ -156,10 +167,14 @@ def closure(module: str) -> tuple[str, ...]:
 
 @lru_cache(maxsize=None)
 def module_version(module: str) -> str:
-    """sha256 of one module's source (``module`` dotted, with or without the package)."""
+    """sha256 of one module's source (``module`` dotted, with or without the package); a
+    module that does not exist is an error, never a constant hash."""
     name = module if module.startswith(PACKAGE) else f"{PACKAGE}.{module}"
     path = _source(name)
-    return hashlib.sha256(path.read_bytes()).hexdigest() if path else "absent"
+    if path is None:
+        raise ValueError(f"no library module {name!r} to hash (moved or renamed? its name is kept "
+                         "as a string somewhere)")
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def modules_version(modules: tuple[str, ...] | list[str]) -> str:

@@ -66,7 +66,7 @@ def embodied_r_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 @pytest.fixture(scope="session")
 def tiny_lm_path(embodied_r_home: Path) -> Path:
     """A tiny random-weight Qwen2 causal LM with tokenizer, built once per session."""
-    from embodied_r.backends.tiny_models import ensure_tiny_lm
+    from embodied_r.demo.tiny_models import ensure_tiny_lm
 
     return ensure_tiny_lm(embodied_r_home / "models")
 
@@ -74,6 +74,6 @@ def tiny_lm_path(embodied_r_home: Path) -> Path:
 @pytest.fixture(scope="session")
 def tiny_vlm_path(embodied_r_home: Path) -> Path:
     """A tiny random-weight Qwen2.5-VL model, tokenizer and image processor, built once."""
-    from embodied_r.backends.tiny_models import ensure_tiny_vlm
+    from embodied_r.demo.tiny_models import ensure_tiny_vlm
 
     return ensure_tiny_vlm(embodied_r_home / "models")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from embodied_r.runners import ROOT, imports_of
+from embodied_r.runners import ROOT, _is_module, imports_of, launches_of, module_version, named_module
 
 # Modules at the top of the package that every stage may use.
 FOUNDATION = {"io", "paths", "progress", "schemas", "benchmarks", "tracking", "runners", "faults"}
@@ -17,7 +17,7 @@ ALLOWED: dict[str, set[str]] = {
     "synthetic": set(),
     "keyframes": set(),
     "data": {"synthetic"},
-    "perception": {"backends", "synthetic", "keyframes"},
+    "perception": {"backends"},
     "scoring": {"backends"},
     "training": {"backends", "scoring"},
     "evaluation": {"backends", "scoring"},
@@ -27,8 +27,9 @@ ALLOWED: dict[str, set[str]] = {
     "lifecycle": {"config", "pipeline", "data", "synthetic", "keyframes", "perception", "backends", "scoring",
                   "training", "evaluation"},
     "apps": {"*"},
-    # Demo-only code; the backends' factory reaches the world perceiver by module name.
-    "demo": {"backends", "synthetic", "perception", "scoring"},
+    # Demo-only code, which no other package imports: the backends reach the world perceiver
+    # and the tiny models by module name.
+    "demo": {"backends", "synthetic", "perception", "scoring", "training"},
 }
 
 
@@ -147,6 +148,42 @@ def test_modules_stay_readable(limit):
     long = [f"{p.relative_to(ROOT.parent)}: {n}" for p in ROOT.rglob("*.py")
             if (n := len(p.read_text().splitlines())) > limit]
     assert not long, f"modules above {limit} lines: {long}"
+
+
+def test_modules_named_in_strings_exist():
+    """A module reached by name (a stage runner, a trainer child, the demo's code that the
+    backends import by name) must exist: one that was moved or renamed would otherwise drop
+    out of the stage keys unnoticed. Strings that only look like names (MLflow tags such as
+    ``embodied_r.owner``) are told apart by their first part, which is no sub-package."""
+    import ast
+
+    units = {p.name for p in ROOT.iterdir() if (p / "__init__.py").is_file()}
+    missing = []
+    for path in sorted(ROOT.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                name = named_module(node.value)
+                if name and name.split(".")[1] in units and not _is_module(name):
+                    missing.append(f"{path.relative_to(ROOT.parent)}: {node.value!r}")
+    assert not missing, "strings naming modules that do not exist:\n" + "\n".join(missing)
+
+
+def test_the_demo_is_reached_by_name_only():
+    """The method's packages import nothing of the demo's; the backends name its modules, and
+    those names join the stage keys as imports would."""
+    method = ("backends", "perception", "training", "evaluation", "scoring", "keyframes", "data", "lifecycle",
+              "interactive")
+    importers = sorted(f"{m} -> {d}" for m, deps in graph().items() if owner(m) in method
+                       for d in deps if owner(d) == "demo")
+    assert not importers, importers
+    assert "embodied_r.demo.world_perceiver" in launches_of("embodied_r.backends.factory")
+    assert "embodied_r.demo.models" in launches_of("embodied_r.backends.models")
+
+
+def test_a_module_that_does_not_exist_has_no_version():
+    assert len(module_version("runners")) == 64
+    with pytest.raises(ValueError, match="no library module 'embodied_r.apps.baselines'"):
+        module_version("apps.baselines")
 
 
 def test_the_checks_see_a_planted_circle(tmp_path: Path):

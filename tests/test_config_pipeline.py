@@ -107,6 +107,10 @@ TRAIN_AND_AFTER = ["train_stage1", "train_stage2", "train_stage3", "evaluate"]
     ("embodied_r.synthetic.urban", ["download", "preprocess", "keyframes", "perception", "convert",
                                     *TRAIN_AND_AFTER]),
     ("embodied_r.data.catalog", ["preprocess", "keyframes", "perception", "convert", *TRAIN_AND_AFTER]),
+    # Demo code the backends reach by module name: every stage that may make a backend or
+    # resolve a model reference hashes it.
+    ("embodied_r.demo.world_perceiver", ["perception", "convert", *TRAIN_AND_AFTER]),
+    ("embodied_r.demo.tiny_models", ["perception", "convert", *TRAIN_AND_AFTER]),
     # No stage runs the CLI or the SFT baseline: editing them recomputes nothing.
     ("embodied_r.apps.cli", []),
     ("embodied_r.training.sft_child", []),

@@ -139,7 +139,7 @@ def test_infer_command_on_the_tiny_models(clip: Path, tiny_lm_path: Path, tiny_v
     (tmp_path / clip.name).write_bytes(clip.read_bytes())  # beside the input file
     src.write_text(json.dumps(_records(clip)[:3]), encoding="utf-8")
     dst = tmp_path / "out" / "answers.json"
-    # The smoke recipe's perceiver is the random tiny VLM: the demo's would be trained first.
+    # The smoke recipe's perceiver is the random tiny VLM.
     rc = cli_main(["infer", "--input", str(src), "--output", str(dst), "--model", "tiny:lm", "--recipe", "smoke",
                    "--max-new-tokens", "8", "--set", "keyframes.max_frames=4", "--set", "keyframes.workers=1"])
     assert rc == 0, capsys.readouterr()

@@ -2,10 +2,10 @@
 demo's synthetic benchmark. Not timed; it fails when a reward is broken.
 
 The reasoner's run (``reasoner_run``, part of ``make test``) keeps the demo's training and
-evaluation as they are and takes its perception text from the untrained tiny VLM, so it
-does not spend minutes training the perceiver; the reasoner then learns from the questions,
-the options and the answer format alone. The whole demo, trained perceiver included, is
-checked against the chance level too when ``EMBODIED_R_LEARNING_TESTS=1``.
+evaluation as they are and takes its perception text from the untrained tiny VLM; the
+reasoner then learns from the questions, the options and the answer format alone. The whole
+demo, with its own perceiver, is checked against the chance level too when
+``EMBODIED_R_LEARNING_TESTS=1``.
 
 Accuracy here is recomputed from each prediction and the gold answer, not taken from the
 scorer the rewards share: a broken comparison in that scorer would otherwise grade its own
@@ -26,7 +26,7 @@ from embodied_r.pipeline import execute, plan
 
 pytestmark = pytest.mark.slow
 WHOLE_DEMO = pytest.mark.skipif(not os.environ.get("EMBODIED_R_LEARNING_TESTS"),
-                                reason="trains the perceiver too (minutes); set EMBODIED_R_LEARNING_TESTS=1")
+                                reason="the whole demo (minutes); set EMBODIED_R_LEARNING_TESTS=1")
 # The untrained tiny VLM, with the short replies the smoke recipe asks of it.
 UNTRAINED_PERCEPTION = {"perception": {"max_new_tokens": 16, "backend": {"model": "tiny:vlm"}}}
 

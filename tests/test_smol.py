@@ -12,7 +12,7 @@ import zipfile
 import pytest
 
 from embodied_r.backends import smol
-from embodied_r.backends.tiny_models import resolve_model
+from embodied_r.backends.models import resolve_model
 
 
 def test_unfetched_model_names_the_fetch_command(tmp_path, monkeypatch) -> None:

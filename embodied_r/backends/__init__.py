@@ -4,7 +4,9 @@
 is all a concrete backend imports; ``factory.make_backend`` picks one: ``hf_local``
 (transformers in process), ``openai_compat`` (any OpenAI-compatible HTTP endpoint) or
 ``vllm_engine`` (vLLM in process). ``images`` scales and encodes images for all three;
-``tiny_models`` builds the small local models the demo and the tests run on.
+``models`` resolves model references to local folders (the demo's ``tiny:<name>`` by the
+demo's module name, never by importing it) and loads a Qwen2.5-VL processor; ``smol`` fetches
+SmolLM2 (``smol:135m``).
 
 May import: the core (``paths``) only.
 """

@@ -16,7 +16,7 @@ from PIL import Image
 
 from embodied_r.backends.base import BackendConfig, Conversation, Generation, map_image_parts
 from embodied_r.backends.images import load_image
-from embodied_r.backends.tiny_models import load_vlm_processor, resolve_model
+from embodied_r.backends.models import load_vlm_processor, resolve_model
 
 log = logging.getLogger(__name__)
 

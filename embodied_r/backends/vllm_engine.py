@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from embodied_r.backends.base import BackendConfig, BackendUnavailable, Conversation, Generation, map_image_parts
 from embodied_r.backends.images import load_image
-from embodied_r.backends.tiny_models import resolve_model
+from embodied_r.backends.models import resolve_model
 
 log = logging.getLogger(__name__)
 

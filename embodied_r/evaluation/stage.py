@@ -124,7 +124,7 @@ def resolve_model_ref(model: str) -> str:
         from embodied_r.evaluation.registry import resolve_model_uri
 
         return resolve_model_uri(model)
-    from embodied_r.backends.tiny_models import resolve_model
+    from embodied_r.backends.models import resolve_model
 
     return resolve_model(model)
 

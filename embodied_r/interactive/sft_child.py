@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from embodied_r.backends.images import load_image
-from embodied_r.backends.tiny_models import IM_END, IM_START, load_vlm_processor
+from embodied_r.backends.models import IM_END, IM_START, load_vlm_processor
 from embodied_r.interactive.episode import conversation
 from embodied_r.interactive.prompts import FEEDBACK
 from embodied_r.interactive.sft_config import ReasonerSFTConfig

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from embodied_r.backends.base import BackendConfig
-from embodied_r.backends.tiny_models import resolve_model
+from embodied_r.backends.models import resolve_model
 from embodied_r.interactive.catalog import read_test_cases, read_trajectories
 from embodied_r.interactive.episode import EpisodeConfig, run_episodes
 from embodied_r.interactive.metrics import aggregate, flat_metrics, table2

@@ -242,8 +242,7 @@ def fill_indices(kept: Sequence[int], n_frames: int, target: int, step: int = 1)
 class OverlapRule:
     """Whether each sampled frame, taken in order, is a key frame: the first and the last are,
     and so is any frame whose overlap with the last key frame is below the threshold or
-    cannot be measured. Shared with the synthetic clips that teach the demo's perceiver, so
-    that it learns from the pairs this stage makes."""
+    cannot be measured."""
 
     def __init__(self, cfg: KeyframeConfig):
         self.cfg = cfg
@@ -284,7 +283,7 @@ def final_selection(kept: Sequence[tuple[int, float, str]], n_frames: int, cfg: 
                     ) -> list[tuple[int, float, str]]:
     """The rule's key frames ``(index, overlap, reason)``, topped up with evenly spaced
     ``fill`` frames to ``min_frames`` and thinned evenly to ``max_frames``: the stage's last
-    word on a video, shared with the synthetic clips that teach the demo's perceiver."""
+    word on a video."""
     kept = list(kept)
     if len(kept) < cfg.min_frames:
         fills = fill_indices([k[0] for k in kept], n_frames, cfg.min_frames, step)

@@ -24,7 +24,7 @@ def evaluation_folder(root: Path, kind: str, identity: dict[str, Any], cfg: Base
 
     payload = json.dumps({"kind": kind, "identity": identity, "config": cfg.model_dump(mode="json"),
                           "code": code_version("evaluate"), "report": module_version("evaluation.report"),
-                          "baselines": module_version("apps.baselines")}, sort_keys=True, default=str)
+                          "baselines": module_version("lifecycle.baselines")}, sort_keys=True, default=str)
     return Path(root) / "evaluations" / kind / hashlib.sha256(payload.encode()).hexdigest()[:16]
 
 

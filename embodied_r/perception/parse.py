@@ -278,20 +278,6 @@ def parse_frame_response(text: str, first: bool, reply_format: ReplyFormat = "js
     )
 
 
-def frame_reply(info: FrameInfo, first: bool, reply_format: ReplyFormat = "json") -> str:
-    """The reply a perceiver should give, in the form the prompts ask for: what a trained
-    perceiver is taught to write, so ``parse_frame_response`` reads it back unchanged.
-    Numbered: a first frame's reply is its description alone (the whole reply is read as
-    one), a pair's is the three points in order."""
-    if reply_format == "numbered":
-        if first:
-            return info.new_info
-        return f"1. {info.action}\n2. {info.new_info}\n3. {info.question_info}"
-    fields = {} if first else {"action": info.action}
-    fields.update(new_info=info.new_info, question_info=info.question_info)
-    return json.dumps(fields)
-
-
 _FRAME_KEY = re.compile(r"^\s*(?:frame|key ?frame)?[\s_\-#]*(\d+)\s*$", re.IGNORECASE)
 _FRAME_LINE = re.compile(
     r"^[\s>*#\-]*(?:key ?)?frame[\s_#]*(\d+)\s*\**\s*[:\-.)]\s*\**\s*(.*)$", re.IGNORECASE

@@ -40,8 +40,6 @@ from embodied_r.io import (
     write_parquet_atomic,
     write_summary,
 )
-# Imported for its registration: the demo's perceiver reference resolves once it is.
-from embodied_r.perception import perceiver  # noqa: F401
 from embodied_r.perception.modes import QUESTION_PHASE, Assembled, Call, PerQuestion, PerVideo, Question, make_mode
 from embodied_r.perception.parse import FrameInfo, video_text
 from embodied_r.perception.prompts import ImageOrder, PromptStyle, ReplyFormat

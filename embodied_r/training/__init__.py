@@ -4,7 +4,7 @@ stage), the stage configs (``config``), the trainer process and its launch
 SFT baseline's trainer (``sft``, child ``sft_child``); what the parent settles before a
 trainer starts: the policy as a causal LM (``policy``) and room for its checkpoints
 (``disk``); TRL configs built from the installed library's own names (``trl_args``); the
-demo's tiny reasoner, built for the policy's prompt texts (``prompts``, ``tiny_reasoner``).
+policy's prompt texts (``prompts``).
 
 May import: the core, ``backends`` and ``scoring``.
 """

@@ -20,7 +20,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from embodied_r.backends.tiny_models import _build_atomically, home, resolve_model
+from embodied_r.backends.models import build_atomically, resolve_model
+from embodied_r.paths import home
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +119,7 @@ def extract_language_model(src: Path, dest: Path) -> Path:
                 shutil.copy2(Path(src) / name, folder / name)
         (folder / "extracted_from.json").write_text(json.dumps({"source": str(src)}, indent=2))
 
-    return _build_atomically(dest, build)
+    return build_atomically(dest, build)
 
 
 def _fingerprint(src: Path) -> str:

@@ -1,6 +1,6 @@
 """The policy's prompt texts: the system prompt, the user turn's template and the
 answer-format instructions. The convert stage (``records``) fills them in; the demo's tiny
-reasoner (``tiny_reasoner``) keeps each fixed text as one token.
+reasoner (``embodied_r.demo.tiny_reasoner``) keeps each fixed text as one token.
 """
 
 # The official system prompt word for word, as its evaluation script writes it

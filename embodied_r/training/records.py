@@ -19,9 +19,6 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from embodied_r import schemas
 from embodied_r.faults import item_done
-# The demo's reasoner is registered with the texts it is built for: a recipe whose policy is
-# tiny:lm-reasoner resolves wherever its records are made.
-from embodied_r.training import tiny_reasoner  # noqa: F401
 from embodied_r.training.prompts import (
     DEFAULT_CHOICE_INSTRUCTION,
     DEFAULT_NUMBER_INSTRUCTION,

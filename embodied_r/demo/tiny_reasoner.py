@@ -8,8 +8,9 @@ question, the options), which is what makes a warm start and three GRPO stages a
 on two CPU cores; a well-formed reply is four tokens of structure around its content. The
 weights are random until the warm start.
 
-Registered under ``backends.tiny_models.TRAINED`` by ``training.records``, which every
-process that makes records, trains or evaluates on them imports.
+Its tokenizer is built from the texts as they are now: the folder is named by the spec's
+hash, so an edited prompt gets a new folder. ``demo.models`` names it in the table of tiny
+models.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from embodied_r.backends.tiny_models import TRAINED, TinyLMSpec, ensure_tiny_lm, home
+from embodied_r.demo.tiny_models import TinyLMSpec, ensure_tiny_lm
 from embodied_r.scoring.reference_prompts import (
     REFERENCE_SYSTEM,
     REFERENCE_TEMPLATE_CHOICE,
@@ -31,7 +32,6 @@ from embodied_r.training.prompts import (
     DEFAULT_VIDEO_PREAMBLE,
 )
 
-REASONER_REF = "tiny:lm-reasoner"
 TAGS = ("<think>", "</think>", "<answer>", "</answer>")
 # The words of the warm start's reasoning traces (``warmstart.think_text``), for the BPE's merges.
 CORPUS = "\n".join([
@@ -55,8 +55,5 @@ def reasoner_spec() -> TinyLMSpec:
                       num_key_value_heads=2, phrases=tuple(dict.fromkeys(phrases)), corpus=CORPUS)
 
 
-def ensure_reasoner() -> Path:
-    return ensure_tiny_lm(home() / "models", reasoner_spec())
-
-
-TRAINED[REASONER_REF] = ensure_reasoner
+def ensure_reasoner(root: Path) -> Path:
+    return ensure_tiny_lm(root, reasoner_spec())

@@ -1,37 +1,39 @@
-"""Tiny local models, built from config, for the CPU demo and the tests.
+"""Tiny local models, built from config: ``tiny:lm`` and ``tiny:vlm`` (``demo.models`` holds
+the table of names).
 
 Random-weight Qwen2 (text) and Qwen2.5-VL (vision-language) models with the real
 architectures, real tokenizers and real processors, small enough to build in about a
-second and generate in milliseconds. With random weights they prove the plumbing; the
-demo trains two of them (``tiny:vlm-perceiver``, registered by ``perception``, and
-``tiny:lm-reasoner``, registered by ``training``).
+second and generate in milliseconds. With random weights they prove the plumbing (the
+``smoke`` recipe and the tests run on them); the demo's reasoner is one of them with a
+tokenizer built for its prompts (``tiny_reasoner``).
 
-A model reference ``tiny:lm`` or ``tiny:vlm`` resolves to a folder under
-``$EMBODIED_R_HOME/models`` named by the hash of its spec, built on first use.
+Each builds into a folder under ``$EMBODIED_R_HOME/models`` named by the hash of its spec,
+on first use.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
-import uuid
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from embodied_r.backends.models import (
+    ENDOFTEXT,
+    IM_END,
+    IM_START,
+    IMAGE_PAD,
+    VIDEO_PAD,
+    VISION_END,
+    VISION_START,
+    build_atomically,
+)
 
 # Bumped when the build recipe changes, so old folders are not reused for new code.
 BUILD_VERSION = 2
 
-ENDOFTEXT = "<|endoftext|>"
-IM_START = "<|im_start|>"
-IM_END = "<|im_end|>"
-VISION_START = "<|vision_start|>"
-VISION_END = "<|vision_end|>"
-IMAGE_PAD = "<|image_pad|>"
-VIDEO_PAD = "<|video_pad|>"
 INIT_RANGE = 0.2
 LM_SPECIAL = [ENDOFTEXT, IM_START, IM_END]
 VLM_SPECIAL = LM_SPECIAL + [VISION_START, VISION_END, IMAGE_PAD, VIDEO_PAD]
@@ -103,8 +105,8 @@ class _Spec(BaseModel):
     max_position_embeddings: int = 16384
     seed: int = 0
     # Fixed texts kept as one token each, and more text for the BPE to learn from: a model
-    # trained on fixed prompts (the demo's perceiver) then reads a 500-token prompt as about
-    # 100 tokens, which is what makes training it on a CPU affordable.
+    # trained on fixed prompts (the demo's reasoner) then reads them as their content alone,
+    # which is what makes training it on a CPU affordable.
     phrases: tuple[str, ...] = ()
     corpus: str = ""
 
@@ -117,7 +119,6 @@ class TinyLMSpec(_Spec):
     pass
 
 
-
 class TinyVLMSpec(_Spec):
     vision_hidden_size: int = 32
     vision_depth: int = 2
@@ -125,39 +126,10 @@ class TinyVLMSpec(_Spec):
     # Multimodal RoPE gives time, rows and columns the head's rotary frequencies in that
     # order, so the columns get the slowest ones: at Qwen's 1e6 and a head of 24 they turn
     # by about 1e-4 radians per column and attention cannot tell left from right. A model
-    # that must see where things are (the demo's perceiver) needs a base near 10.
+    # trained to see where things are needs a base near 10.
     rope_theta: float = Field(1_000_000.0, gt=1.0)
     # The processor's own pixel budget; backends resize images before it anyway.
     max_pixels: int = 112 * 112
-
-
-# Tiny models built from another package's texts or trained by it, registered by that package
-# (backends may not import it): reference -> function giving the folder.
-TRAINED: dict[str, Callable[[], Path]] = {}
-
-
-def home() -> Path:
-    return Path(os.environ.get("EMBODIED_R_HOME") or Path.home() / ".embodied-r")
-
-
-def resolve_model(ref: str) -> str:
-    """``tiny:lm`` / ``tiny:vlm`` -> a built local folder; ``smol:135m`` -> the converted
-    SmolLM2 folder (see ``backends.smol``); anything else unchanged."""
-    if ref == "tiny:lm":
-        return str(ensure_tiny_lm(home() / "models"))
-    if ref == "tiny:vlm":
-        return str(ensure_tiny_vlm(home() / "models"))
-    if ref == "smol:135m":
-        from embodied_r.backends.smol import resolve_smol
-
-        return resolve_smol(home())
-    if ref in TRAINED:
-        return str(TRAINED[ref]())
-    if ref.startswith("tiny:"):
-        raise ValueError(f"unknown tiny model {ref!r} (tiny:lm, tiny:vlm{''.join(', ' + r for r in TRAINED)}; "
-                         "tiny:vlm-perceiver is known once embodied_r.perception is imported, "
-                         "tiny:lm-reasoner once embodied_r.training is)")
-    return ref
 
 
 def train_tokenizer(vocab_size: int, special_tokens: list[str], corpus: str = "") -> Any:
@@ -233,26 +205,6 @@ def _generation_config(tok: Any) -> Any:
     )
 
 
-def _build_atomically(final: Path, build) -> Path:
-    """Build into a private folder beside ``final`` and rename it into place."""
-    if (final / "config.json").is_file():
-        return final
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.with_name(f".{final.name}.{uuid.uuid4().hex}.tmp")
-    tmp.mkdir()
-    try:
-        build(tmp)
-        try:
-            os.replace(tmp, final)
-        except OSError:
-            # Another process finished the same build first; its folder is equivalent.
-            if not (final / "config.json").is_file():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return final
-
-
 def ensure_tiny_lm(root: Path, spec: TinyLMSpec = TinyLMSpec()) -> Path:
     """A random-weight ``Qwen2ForCausalLM`` with tokenizer, under ``root/tiny-lm-<hash>``."""
 
@@ -271,7 +223,7 @@ def ensure_tiny_lm(root: Path, spec: TinyLMSpec = TinyLMSpec()) -> Path:
         model.save_pretrained(folder)
         tok.save_pretrained(folder)
 
-    return _build_atomically(Path(root) / f"tiny-lm-{spec.digest()}", build)
+    return build_atomically(Path(root) / f"tiny-lm-{spec.digest()}", build)
 
 
 def ensure_tiny_vlm(root: Path, spec: TinyVLMSpec = TinyVLMSpec()) -> Path:
@@ -327,41 +279,4 @@ def ensure_tiny_vlm(root: Path, spec: TinyVLMSpec = TinyVLMSpec()) -> Path:
             folder
         )
 
-    return _build_atomically(Path(root) / f"tiny-vlm-{spec.digest()}", build)
-
-
-def _processor_class() -> type:
-    from transformers import Qwen2_5_VLProcessor
-
-    class _ImageOnlyProcessor(Qwen2_5_VLProcessor):
-        """Qwen2.5-VL's processor without its video processor, which needs torchvision."""
-
-        def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
-            from transformers.processing_utils import ProcessorMixin
-
-            self.image_token = getattr(tokenizer, "image_token", None) or IMAGE_PAD
-            self.video_token = getattr(tokenizer, "video_token", None) or VIDEO_PAD
-            self.image_token_id = tokenizer.convert_tokens_to_ids(self.image_token)
-            self.video_token_id = tokenizer.convert_tokens_to_ids(self.video_token)
-            ProcessorMixin.__init__(self, image_processor, tokenizer, None, chat_template=chat_template)
-
-    return _ImageOnlyProcessor
-
-
-def load_vlm_processor(path: str | Path) -> Any:
-    """Image processor and tokenizer of a Qwen2.5-VL folder, joined into a processor.
-
-    Works for the tiny VLM and for released Qwen2.5-VL checkpoints alike, without
-    torchvision (``AutoProcessor`` would insist on the video processor).
-    """
-    from transformers import AutoTokenizer
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
-
-    image_processor = Qwen2VLImageProcessorPil.from_pretrained(str(path))
-    tokenizer = AutoTokenizer.from_pretrained(str(path))
-    tokenizer.padding_side = "left"
-    template = tokenizer.chat_template
-    chat_file = Path(path) / "chat_template.json"
-    if not template and chat_file.is_file():
-        template = json.loads(chat_file.read_text())["chat_template"]
-    return _processor_class()(image_processor, tokenizer, chat_template=template)
+    return build_atomically(Path(root) / f"tiny-vlm-{spec.digest()}", build)

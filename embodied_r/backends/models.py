@@ -1,0 +1,107 @@
+"""Model references and the local folders they name, for every backend and the trainer.
+
+A model reference is a local folder or a hub id, used as it is; ``smol:135m``, SmolLM2 once
+fetched (``smol``); or ``tiny:<name>``, a tiny model that the embedded default builds on the
+spot. The tiny models are demo code (``embodied_r.demo``): ``resolve_model`` reaches their
+table by module name, so this package imports nothing of the demo's, and the stages that
+resolve references still hash the demo's source (``runners`` reads module names in strings).
+
+Also here, for any Qwen2 / Qwen2.5-VL folder: its chat markers, building a model folder
+atomically (``build_atomically``; the demo's tiny models and the policy's extracted language
+model are built so), and its processor without torchvision (``load_vlm_processor``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any, Callable
+
+from embodied_r.backends.smol import SMOL_REF, resolve_smol
+from embodied_r.paths import home
+
+TINY_PREFIX = "tiny:"
+# The demo's table of tiny models, with its ``resolve(name, root) -> folder``.
+TINY_MODELS = "embodied_r.demo.models"
+
+# Qwen2's chat markers and Qwen2.5-VL's vision placeholders.
+ENDOFTEXT = "<|endoftext|>"
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+VISION_START = "<|vision_start|>"
+VISION_END = "<|vision_end|>"
+IMAGE_PAD = "<|image_pad|>"
+VIDEO_PAD = "<|video_pad|>"
+
+
+def resolve_model(ref: str) -> str:
+    """``tiny:<name>`` -> the demo's built local folder; ``smol:135m`` -> the converted
+    SmolLM2 folder (see ``backends.smol``); anything else unchanged."""
+    if ref.startswith(TINY_PREFIX):
+        demo = importlib.import_module(TINY_MODELS)
+        return str(demo.resolve(ref[len(TINY_PREFIX):], home() / "models"))
+    if ref == SMOL_REF:
+        return resolve_smol(home())
+    return ref
+
+
+def build_atomically(final: Path, build: Callable[[Path], None]) -> Path:
+    """Build into a private folder beside ``final`` and rename it into place; a folder that
+    already holds a ``config.json`` is returned as it is."""
+    if (final / "config.json").is_file():
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.with_name(f".{final.name}.{uuid.uuid4().hex}.tmp")
+    tmp.mkdir()
+    try:
+        build(tmp)
+        try:
+            os.replace(tmp, final)
+        except OSError:
+            # Another process finished the same build first; its folder is equivalent.
+            if not (final / "config.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def _processor_class() -> type:
+    from transformers import Qwen2_5_VLProcessor
+
+    class _ImageOnlyProcessor(Qwen2_5_VLProcessor):
+        """Qwen2.5-VL's processor without its video processor, which needs torchvision."""
+
+        def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
+            from transformers.processing_utils import ProcessorMixin
+
+            self.image_token = getattr(tokenizer, "image_token", None) or IMAGE_PAD
+            self.video_token = getattr(tokenizer, "video_token", None) or VIDEO_PAD
+            self.image_token_id = tokenizer.convert_tokens_to_ids(self.image_token)
+            self.video_token_id = tokenizer.convert_tokens_to_ids(self.video_token)
+            ProcessorMixin.__init__(self, image_processor, tokenizer, None, chat_template=chat_template)
+
+    return _ImageOnlyProcessor
+
+
+def load_vlm_processor(path: str | Path) -> Any:
+    """Image processor and tokenizer of a Qwen2.5-VL folder, joined into a processor.
+
+    Works for the tiny VLM and for released Qwen2.5-VL checkpoints alike, without
+    torchvision (``AutoProcessor`` would insist on the video processor).
+    """
+    from transformers import AutoTokenizer
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    image_processor = Qwen2VLImageProcessorPil.from_pretrained(str(path))
+    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    tokenizer.padding_side = "left"
+    template = tokenizer.chat_template
+    chat_file = Path(path) / "chat_template.json"
+    if not template and chat_file.is_file():
+        template = json.loads(chat_file.read_text())["chat_template"]
+    return _processor_class()(image_processor, tokenizer, chat_template=template)
