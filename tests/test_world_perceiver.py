@@ -110,3 +110,15 @@ def test_videos_without_truth_are_refused_in_one_line(tmp_path):
     assert "flight.mp4" in str(err.value) and "\n" not in str(err.value)
     with pytest.raises(WorldPerceiverError):
         make_backend(BackendConfig(kind="world"))
+
+
+def test_errors_are_drawn_the_same_in_every_home(bench, tmp_path):
+    rates = {"action_error_rate": 0.5, "object_miss_rate": 0.5, "false_object_rate": 0.5}
+    replies = []
+    for home in ("one", "two"):
+        (tmp_path / home).mkdir()
+        catalog, images = _stage_inputs(tmp_path / home, bench, [0, 10, 20, 30])
+        convs = [prompts.pair_conversation(a, b, "Q?") for a, b in zip(images, images[1:])]
+        replies.append([g.text for g in make_backend(BackendConfig(kind="world", world=rates),
+                                                     catalog=catalog).generate(convs)])
+    assert replies[0] == replies[1]
