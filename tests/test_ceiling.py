@@ -63,3 +63,20 @@ def test_order_distance_direction_and_route_from_the_plan():
 def test_undecided_questions_get_no_answer():
     q = "At the initial position, you are asked to navigate to the white cone. When you reach the current location, what is the direction to the destination?"
     assert answer("Landmark Position", q, ["A. The white cone is ahead of me."], FLIGHT) is None
+
+
+def test_the_letter_prior_answers_each_task_its_commonest_train_letter(tmp_path):
+    from embodied_r import schemas
+    from embodied_r.demo.ceiling import letter_prior
+    from embodied_r.io import table_from_records, write_parquet_atomic
+
+    def row(i, split, category, answer):
+        return {"uid": f"u:{i}", "split": split, "category": category, "answer": answer, "answer_type": "choice",
+                "options": ["A. x", "B. y"], "question": "q"}
+
+    rows = [row(0, "train", "t1", "A"), row(1, "train", "t1", "A"), row(2, "train", "t1", "B"),
+            row(3, "train", "t2", "B"), row(4, "test", "t1", "A"), row(5, "test", "t1", "B"),
+            row(6, "test", "t2", "B"), row(7, "test", "t2", "A")]
+    catalog = tmp_path / "catalog.parquet"
+    write_parquet_atomic(table_from_records(rows, schemas.CATALOG), catalog)
+    assert letter_prior(catalog, "test") == 0.5

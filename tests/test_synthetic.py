@@ -198,3 +198,26 @@ def test_vsi_appearance_order_agrees_with_the_rendered_frames(bench):
         assert firsts == sorted(firsts) and len(set(firsts)) == len(firsts), (order, firsts)
         checked += len(firsts) >= 2
     assert checked >= 1
+
+
+def test_sorted_options_ask_the_same_questions_with_the_same_answers(tmp_path):
+    """``option_order: sorted`` lists each question's options alphabetically: the same
+    questions, each answer letter moved to where its option now stands."""
+    small = dict(urban_videos=2, vsi_scenes=1, width=160, height=90, seconds=6)
+    make_synthetic_benchmark(tmp_path / "shuffled", SyntheticConfig(**small))
+    make_synthetic_benchmark(tmp_path / "sorted", SyntheticConfig(**small, option_order="sorted"))
+
+    def answers(root: Path) -> list[tuple[str, list[str], str]]:
+        rows = pq.read_table(root / "UrbanVideo-Bench" / "MCQ.parquet").to_pylist()
+        out = []
+        for r in rows:
+            stem, _, block = r["question"].partition("\n")
+            options = re.findall(r"^([A-H])\. (.*?)\s*$", r["question"], re.MULTILINE)
+            text = dict(options)[r["answer"]]
+            out.append((stem, [t for _, t in options], text))
+        return out
+
+    shuffled, ordered = answers(tmp_path / "shuffled"), answers(tmp_path / "sorted")
+    assert [(q, sorted(o), a) for q, o, a in shuffled] == [(q, o, a) for q, o, a in ordered]
+    assert all(o == sorted(o) for _, o, _ in ordered)
+    assert any(o != sorted(o) for _, o, _ in shuffled)

@@ -175,4 +175,19 @@ def ceiling(catalog: Path, perception: Path, split: str = "test") -> dict[str, A
     right = [x for xs in by_task.values() for x in xs]
     return {"split": split, "questions": len(right), "accuracy": sum(right) / len(right) if right else 0.0,
             "by_task": {k: sum(v) / len(v) for k, v in sorted(by_task.items())},
-            "chance": chance_accuracy({**r, "answer_type": "choice"} for r in cat)}
+            "chance": chance_accuracy({**r, "answer_type": "choice"} for r in cat),
+            "prior": letter_prior(catalog, split)}
+
+
+def letter_prior(catalog: Path, split: str = "test") -> float:
+    """What a reader that ignores the text scores by giving, for each task, the letter most
+    often right in the train split: the floor a reasoner must rise above to have read."""
+    rows = [r for r in pq.read_table(catalog).to_pylist() if r["answer_type"] == "choice"]
+    counts: dict[str, dict[str, int]] = {}
+    for r in rows:
+        if r["split"] == "train":
+            counts.setdefault(r["category"], {}).setdefault(r["answer"], 0)
+            counts[r["category"]][r["answer"]] += 1
+    best = {task: max(c, key=c.get) for task, c in counts.items()}
+    scored = [int(best.get(r["category"]) == r["answer"]) for r in rows if r["split"] == split]
+    return sum(scored) / len(scored) if scored else 0.0

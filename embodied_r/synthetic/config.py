@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 
@@ -17,3 +19,7 @@ class SyntheticConfig(BaseModel):
     width: int = Field(640, ge=64, le=3840)
     height: int = Field(360, ge=36, le=2160)
     questions_per_category: int = Field(1, ge=1, le=5)
+    # "sorted": each question's options in alphabetical order, so that the options of one
+    # kind of question stand in one order and a small reasoner need not look its answer up
+    # among shuffled lines (the demo's); "shuffled" as the real benchmarks mostly have them.
+    option_order: Literal["shuffled", "sorted"] = "shuffled"

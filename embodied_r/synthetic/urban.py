@@ -183,7 +183,7 @@ def _urban_questions(rng: np.random.Generator, cfg: "SyntheticConfig", segs: lis
     for name in goals[:1]:
         nxt = SIDE_MOVE[last[name]]
         others = [o for o in AG_OPTION.values() if o != nxt] + AG_DISTRACTORS
-        opts, ans = shuffled_options(rng, nxt, [others[i] for i in rng.permutation(len(others))[:6]])
+        opts, ans = shuffled_options(rng, nxt, [others[i] for i in rng.permutation(len(others))[:6]], cfg.option_order)
         yield ("Action Generation", f"At the initial position, you are asked to navigate to the {name}. "
                "What is your next move, given the target location for your next move?", opts, ans, "choose")
     # Landmark Position: where a landmark is at the end of the clip.
@@ -191,7 +191,7 @@ def _urban_questions(rng: np.random.Generator, cfg: "SyntheticConfig", segs: lis
         where = SIDE_PHRASE[last[name]]
         all_sides = ["ahead of me", "on my left", "on my right", "behind me"]
         opts, ans = shuffled_options(rng, f"The {name} is {where}.",
-                                     [f"The {name} is {s}." for s in all_sides if s != where])
+                                     [f"The {name} is {s}." for s in all_sides if s != where], cfg.option_order)
         yield ("Landmark Position", f"At the initial position, you are asked to navigate to the "
                f"{name}. When you reach the current location, what is the direction to the "
                "destination?", opts, ans, "choose")
@@ -199,7 +199,7 @@ def _urban_questions(rng: np.random.Generator, cfg: "SyntheticConfig", segs: lis
     # options are steps of other movements, so the last movement seen tells them apart.
     instruction = " ".join(s[2].lower() + s[3:] for s in steps)
     wrong = [steps[i] for i in rng.permutation(len(steps)) if segs[i].action != segs[end].action][:4]
-    opts, ans = shuffled_options(rng, steps[end], wrong)
+    opts, ans = shuffled_options(rng, steps[end], wrong, cfg.option_order)
     yield ("Progress Evaluation", f"Navigation Instruction given at initial position: [{instruction}]. "
            "You move according to a series of movement instructions. What are you doing now?",
            opts, ans, "choose")
@@ -214,7 +214,8 @@ def _urban_questions(rng: np.random.Generator, cfg: "SyntheticConfig", segs: lis
         shorter = f"{pre} can still face the {lm}, and the alternative turn is shorter."
         never = f"{pre} cannot face the {lm}, because it stays out of my view."
         correct = longer if 360 - angle > angle else shorter
-        opts, ans = shuffled_options(rng, correct, [o for o in (longer, shorter, never) if o != correct])
+        opts, ans = shuffled_options(rng, correct, [o for o in (longer, shorter, never) if o != correct],
+                                     cfg.option_order)
         yield ("Counterfactual", f"Instead of turning {d} toward the {lm}, if you choose to turn "
                f"{other}, can you still face the {lm}, and how is the alternative route?",
                opts, ans, "choices")
@@ -222,7 +223,8 @@ def _urban_questions(rng: np.random.Generator, cfg: "SyntheticConfig", segs: lis
     unseen = [f"{c} {s}" for c, s in URBAN_THINGS if f"{c} {s}" not in glimpsed_names]
     for name in [seen[i] for i in rng.permutation(len(seen))][:k]:
         art = lambda n: ("An " if n[0] in "aeiou" else "A ") + n + "."  # noqa: E731
-        opts, ans = shuffled_options(rng, art(name), [art(unseen[i]) for i in rng.permutation(len(unseen))[:4]])
+        opts, ans = shuffled_options(rng, art(name), [art(unseen[i]) for i in rng.permutation(len(unseen))[:4]],
+                                     cfg.option_order)
         yield ("Object Recall", "Which of the following objects do you see during the flight?",
                opts, ans, "choices")
     # Duration: two movements that occur once each in the clip.
@@ -238,7 +240,8 @@ def _urban_questions(rng: np.random.Generator, cfg: "SyntheticConfig", segs: lis
         second_longer = f"My {nb} takes longer than my {na}."
         same = f"My {na} takes the same time as my {nb}."
         correct = same if a.duration == b.duration else first_longer if a.duration > b.duration else second_longer
-        opts, ans = shuffled_options(rng, correct, [o for o in (first_longer, second_longer, same) if o != correct])
+        opts, ans = shuffled_options(rng, correct, [o for o in (first_longer, second_longer, same) if o != correct],
+                                     cfg.option_order)
         yield ("Duration", f"Which takes longer, your {na} or your {nb}?", opts, ans, "choices")
 
 

@@ -119,6 +119,8 @@ def _vsi_questions(rng: np.random.Generator, cfg: "SyntheticConfig", dims: tuple
                           "object_rel_direction_hard", "route_planning"], 0)
     for a, b, c, d in trios:
         cands = [b, c, d] + [t for t in single if t not in (a, b, c, d)][:1]
+        if cfg.option_order == "sorted":
+            cands = sorted(cands, key=lambda t: t.name)
         ds = sorted(dist(a, t) for t in cands)
         if made["object_rel_distance"] < k and len(cands) == 4 and ds[1] - ds[0] >= 0.3:
             made["object_rel_distance"] += 1
@@ -130,13 +132,15 @@ def _vsi_questions(rng: np.random.Generator, cfg: "SyntheticConfig", dims: tuple
         stand = f"If I am standing by the {a.name} and facing the {b.name}, "
         if made["object_rel_direction_easy"] < k and 20 <= abs(r) <= 160:
             made["object_rel_direction_easy"] += 1
-            opts, ans = shuffled_options(rng, "right" if r > 0 else "left", ["left" if r > 0 else "right"])
+            opts, ans = shuffled_options(rng, "right" if r > 0 else "left", ["left" if r > 0 else "right"],
+                                         cfg.option_order)
             yield ("object_rel_direction_easy", stand + f"is the {c.name} to the left or the right of the "
                    f"{b.name}?", [f"{LETTERS[i]}. {o}" for i, o in enumerate(opts)], ans)
         if made["object_rel_direction_medium"] < k and 20 <= abs(r) and abs(abs(r) - 135) >= 10:
             made["object_rel_direction_medium"] += 1
             side = "back" if abs(r) > 135 else "right" if r > 0 else "left"
-            opts, ans = shuffled_options(rng, side, [s for s in ("left", "right", "back") if s != side])
+            opts, ans = shuffled_options(rng, side, [s for s in ("left", "right", "back") if s != side],
+                                         cfg.option_order)
             yield ("object_rel_direction_medium", stand + f"is the {c.name} to my left, right, or back? An "
                    "object is to my back if I would have to turn at least 135 degrees in order to face it.",
                    [f"{LETTERS[i]}. {o}" for i, o in enumerate(opts)], ans)
@@ -144,7 +148,7 @@ def _vsi_questions(rng: np.random.Generator, cfg: "SyntheticConfig", dims: tuple
             made["object_rel_direction_hard"] += 1
             quad = ("front" if abs(r) < 90 else "back") + ("-right" if r > 0 else "-left")
             opts, ans = shuffled_options(rng, quad, [q for q in ("front-left", "front-right", "back-left", "back-right")
-                                             if q != quad])
+                                             if q != quad], cfg.option_order)
             yield ("object_rel_direction_hard", stand + f"is the {c.name} to my front-left, front-right, "
                    "back-left, or back-right? The directions refer to the quadrants of a Cartesian plane (if "
                    "I am standing at the origin and facing along the positive y-axis).",
@@ -156,7 +160,8 @@ def _vsi_questions(rng: np.random.Generator, cfg: "SyntheticConfig", dims: tuple
             right = f"{_turn_class(r1)}, {_turn_class(r2)}"
             combos = [f"{p}, {q}" for p in ("Turn Left", "Turn Right", "Turn Back")
                       for q in ("Turn Left", "Turn Right", "Turn Back") if f"{p}, {q}" != right]
-            opts, ans = shuffled_options(rng, right, [combos[i] for i in rng.permutation(len(combos))[:3]])
+            opts, ans = shuffled_options(rng, right, [combos[i] for i in rng.permutation(len(combos))[:3]],
+                                         cfg.option_order)
             yield ("route_planning", f"You are a robot beginning at the {a.name} facing the {b.name}. You "
                    f"want to navigate to the {d.name}. You will perform the following actions (Note: for each "
                    "[please fill in], choose either 'turn back,' 'turn left,' or 'turn right.'): 1. [please "
@@ -175,7 +180,7 @@ def _vsi_questions(rng: np.random.Generator, cfg: "SyntheticConfig", dims: tuple
         right = [n for _, n in pick]
         perms = [list(p) for p in itertools.permutations(right) if list(p) != right]
         wrong = [", ".join(perms[i]) for i in rng.permutation(len(perms))[:3]]
-        opts, ans = shuffled_options(rng, ", ".join(right), wrong)
+        opts, ans = shuffled_options(rng, ", ".join(right), wrong, cfg.option_order)
         listed = [right[i] for i in rng.permutation(4)]
         yield ("obj_appearance_order", "What will be the first-time appearance order of the following "
                f"categories in the video: {', '.join(listed)}?",

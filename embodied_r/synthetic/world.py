@@ -239,10 +239,14 @@ def write_motion_video(path: Path, motions: Sequence[tuple[str, float, float]], 
     return Path(path)
 
 
-# Shuffled multiple-choice options, shared by both benchmarks' question writers.
-def shuffled_options(rng: np.random.Generator, correct: str, others: Sequence[str]) -> tuple[list[str], str]:
+# Multiple-choice options, shared by both benchmarks' question writers: shuffled, as the
+# real benchmarks mostly have them, or "sorted" (alphabetically), where the options of one
+# kind of question stand in one order and a letter stands for one answer. The draw is made
+# either way, so both orders give the same questions.
+def shuffled_options(rng: np.random.Generator, correct: str, others: Sequence[str],
+                     order: str = "shuffled") -> tuple[list[str], str]:
     opts = [correct, *others]
-    order = rng.permutation(len(opts)).tolist()
-    shuffled = [opts[i] for i in order]
-    return shuffled, LETTERS[shuffled.index(correct)]
+    drawn = [opts[i] for i in rng.permutation(len(opts)).tolist()]
+    listed = sorted(opts) if order == "sorted" else drawn
+    return listed, LETTERS[listed.index(correct)]
 
