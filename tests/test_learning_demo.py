@@ -7,8 +7,9 @@ the three evaluations. What it checks:
 - the benchmark is big enough to measure, and the perception text carries the answers (the
   scripted reader's ceiling);
 - the warm start teaches the answer format, and the untrained policy never writes it;
-- GRPO raises the reward its first stage weights most (the format): a stage that does not
-  learn (learning rate 0, a format reward that is always 0 or always 1) fails it.
+- GRPO moves the policy (greedy answers differ from the warm start's on a tenth of the test
+  questions at least: with the learning rate at 0 they are the same) and its first stage
+  raises the reward it weights most, the format.
 
 What it does not check, because the tiny reasoner does not do it yet: reading the answer
 out of the text. At this seed the GRPO-trained reasoner scores about chance, below the
@@ -32,7 +33,8 @@ from embodied_r.demo.ceiling import ceiling
 from embodied_r.perception.stage import PerceptionConfig, run_perception
 from embodied_r.pipeline import execute, plan
 
-pytestmark = pytest.mark.slow
+# The whole demo runs in the first test's setup: several minutes on two cores.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 
 def _accuracy(folder: str) -> float:
@@ -81,7 +83,14 @@ def test_the_warm_start_teaches_the_answer_format(demo_run):
     assert (Path(stages["evaluate"].out) / "reward_curves.png").is_file()
 
 
-def test_grpo_raises_the_reward_its_first_stage_weights_most(demo_run):
+def test_grpo_moves_the_policy_and_raises_the_format_reward(demo_run):
+    stages = demo_run["stages"]
+    before = {r["uid"]: r["completion"] for r in pq.read_table(Path(stages["evaluate_warmstart"].out)
+                                                               / "predictions.parquet").to_pylist()}
+    after = {r["uid"]: r["completion"] for r in pq.read_table(Path(stages["evaluate"].out)
+                                                              / "predictions.parquet").to_pylist()}
+    moved = sum(after[uid] != text for uid, text in before.items()) / len(before)
+    assert moved >= 0.1, moved
     format1 = _quarters(demo_run, "train_stage1", "format_reward")
-    assert format1["last"] >= format1["first"] + 0.05, format1
-    assert _accuracy(demo_run["stages"]["evaluate"].out) >= 0.15
+    assert format1["last"] > format1["first"], format1
+    assert _accuracy(stages["evaluate"].out) >= 0.15
