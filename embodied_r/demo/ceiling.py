@@ -81,10 +81,6 @@ def _rel(x: float) -> float:
     return (x + 180.0) % 360.0 - 180.0
 
 
-def _names(question: str, candidates: list[str]) -> list[str]:
-    return sorted((n for n in candidates if f"the {n}" in question or n in question), key=question.find)
-
-
 def answer(category: str, question: str, options: list[str], video_text: str) -> str | None:
     """The option letter the text supports, or None where it does not decide."""
     fs = frames(video_text)

@@ -114,6 +114,7 @@ class WorldPerceiver:
         rows = pq.read_table(catalog, columns=["video_id", "video_path"]).to_pylist()
         self.videos = {r["video_id"]: r["video_path"] for r in rows}
         self.names = self._vocabulary()
+        self.rooms: dict[str, bool] = {}  # per video, found once rather than on every call
 
     def _truth_of(self, video_id: str) -> dict[int, dict[str, Any]]:
         path = self.videos.get(video_id)
@@ -194,7 +195,9 @@ class WorldPerceiver:
             raise WorldPerceiverError(f"video {frames[0][0]}: frame {missing[0]} is not in its {TRUTH_FILE}: "
                                       "the benchmark was remade after its key frames; run the keyframes stage again")
         rows = [truth[f] for _, f, _ in frames]
-        room = _is_room(truth)
+        if frames[0][0] not in self.rooms:
+            self.rooms[frames[0][0]] = _is_room(truth)
+        room = self.rooms[frames[0][0]]
         question = text.rsplit("\nQuestion: ", 1)[1].lower() if "\nQuestion: " in text else None
         as_json = "JSON object" in text
 
