@@ -323,7 +323,24 @@ def child_main(main: Callable[[str], int], module: str) -> None:
     die_with_parent(int(os.environ.get(PARENT_PID_ENV) or 0) or None)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     quiet_known_warnings()
-    sys.exit(main(sys.argv[1]))
+    code = main(sys.argv[1])
+    end_process_group()
+    sys.exit(code)
+
+
+def end_process_group() -> None:
+    """Tear the launch's process group down while every rank is still alive.
+
+    Left to interpreter shutdown, a rank that finishes first destroys gloo's worker threads
+    while they are joinable, and aborts ("terminate called without an active exception",
+    SIGABRT) after its work is saved: the launcher then reports the whole stage failed."""
+    try:
+        import torch.distributed as dist
+    except ImportError:
+        return
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":
