@@ -86,3 +86,14 @@ def test_three_replies_without_action_stop_the_episode(tmp_path):
 def test_aggregate_results(tmp_path):
     ep = run(["end"], tmp_path)
     assert aggregate([ep.result()])["groups"]["transport"]["success"] == 0
+
+
+def test_everyday_names_match_their_ai2thor_types_and_cupboard_is_no_cup():
+    types = ["Fridge", "GarbageCan", "Sofa", "CounterTop", "Cabinet", "Cup", "DiningTable", "Television"]
+    for name, kind in [("refrigerator", "Fridge"), ("trash can", "GarbageCan"), ("couch", "Sofa"),
+                       ("kitchen counter", "CounterTop"), ("cupboard", "Cabinet"), ("Cupboard", "Cabinet"),
+                       ("the fridge", "Fridge"), ("dining table", "DiningTable"), ("cup", "Cup")]:
+        assert match_object(name, types) == kind, name
+    # A synonym whose type is not in the scene matches nothing rather than a look-alike.
+    assert match_object("cupboard", ["Cup", "Fridge"]) is None
+    assert parse_decision("<DecisionMaking>navigate to refrigerator</DecisionMaking>", types).obj == "Fridge"

@@ -3,9 +3,12 @@ type, matched to the scene's object types.
 
 The original matches an object name that is not exactly a scene type with an embedding
 model (bge-small-en-v1.5, cosine > 0.2 on the whole action string). Here a local string
-similarity stands in for it: the object words against each type name, case and spaces
-ignored, with a containment bonus; below ``threshold`` nothing matches and the action is
-refused with feedback, as the original's "No Suitable Object".
+similarity stands in for it: common household names are first mapped to their AI2-THOR type
+(``SYNONYMS``: no string rule turns "refrigerator" into Fridge), then the object words are
+compared with each type name, case and spaces ignored, with a bonus when one holds the other's
+whole words ("dining table" and DiningTable, never "cupboard" and Cup); below ``threshold``
+nothing matches and the action is refused with feedback, as the original's "No Suitable
+Object".
 """
 
 from __future__ import annotations
@@ -29,8 +32,26 @@ class Decision:
     unmatched: str | None = None  # an object name that matched no type
 
 
+# Everyday names whose AI2-THOR type shares too few letters with them for any string rule.
+SYNONYMS = {
+    "refrigerator": "Fridge", "trash can": "GarbageCan", "trashcan": "GarbageCan", "trash bin": "GarbageCan",
+    "garbage bin": "GarbageCan", "bin": "GarbageCan", "couch": "Sofa", "counter": "CounterTop",
+    "kitchen counter": "CounterTop", "countertop": "CounterTop", "cupboard": "Cabinet", "tv": "Television",
+}
+
+
 def _norm(text: str) -> str:
     return re.sub(r"[^a-z0-9]", "", text.lower())
+
+
+def _words(text: str) -> tuple[str, ...]:
+    """Lower-case words of a name or of a CamelCase type ("DiningTable": dining, table)."""
+    spaced = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", " ", text)
+    return tuple(w for w in re.split(r"[^a-z0-9]+", spaced.lower()) if w)
+
+
+def _holds(outer: tuple[str, ...], inner: tuple[str, ...]) -> bool:
+    return bool(inner) and any(outer[i:i + len(inner)] == inner for i in range(len(outer) - len(inner) + 1))
 
 
 def similarity(name: str, kind: str) -> float:
@@ -38,7 +59,9 @@ def similarity(name: str, kind: str) -> float:
     if not a or not b:
         return 0.0
     score = SequenceMatcher(None, a, b).ratio()
-    if a in b or b in a:
+    # Whole words only: "cupboard" holds the letters of Cup, not the word.
+    wa, wb = _words(name), _words(kind)
+    if _holds(wa, wb) or _holds(wb, wa) or a == b:
         score = max(score, 0.6 + 0.4 * min(len(a), len(b)) / max(len(a), len(b)))
     return score
 
@@ -48,6 +71,9 @@ def match_object(name: str, types: list[str], threshold: float = 0.6) -> str | N
     unique = list(dict.fromkeys(types))
     if not unique:
         return None
+    synonym = SYNONYMS.get(" ".join(_words(name)))
+    if synonym is not None:
+        return synonym if synonym in unique else None
     best = max(unique, key=lambda t: similarity(name, t))
     return best if similarity(name, best) >= threshold else None
 
