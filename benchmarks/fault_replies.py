@@ -168,8 +168,10 @@ def _echoed_key(tmp: Path) -> tuple[str, str]:
                 return f"run with a refused key ({code}) ended rc 0", "FAIL"
     finally:
         stub.stop()
+    from tests.test_fault_secrets import stored_text
+
     files = [p for p in home.rglob("*") if p.is_file()]
-    hits = sorted({str(p.relative_to(home)) for p in files for k in (HEX_KEY, JWT_KEY) if k.encode() in p.read_bytes()})
+    hits = sorted({str(p.relative_to(home)) for p in files for k in (HEX_KEY, JWT_KEY) if k in stored_text(p)})
     printed = [k[:6] for k in (HEX_KEY, JWT_KEY) if k in console]
     outcome = (f"4 CLI runs; {len(files)} files searched (mlflow.db, prefect.db, failures.parquet among them): "
                f"key in {hits or 'none'}, on the console: {printed or 'no'}")
