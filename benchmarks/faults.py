@@ -1,6 +1,6 @@
 """Fault script: each case against real local servers (127.0.0.1) and real processes.
 
-    PYTHONPATH=. python benchmarks/faults.py [--kills N] [--seed S] [--skip-kills] [--work DIR]
+    PYTHONPATH=. python benchmarks/faults.py [--kills N] [--seed S] [--skip-kills] [--work DIR] [--only TEXT]
 
 Prints a table: case, outcome, verdict. A verdict reads "clear error, nothing lost" (the
 run stopped with a message, its work kept, nothing cached as done) or "recovered" (a rerun
@@ -29,6 +29,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(1, str(ROOT / "tests"))  # test modules import each other by bare name
 
 from benchmarks.fault_kills import OK_ERROR, RECOVERED, kill_cases  # noqa: E402
+from benchmarks.fault_replies import REPLY_CASES  # noqa: E402
 from tests.servers import ChatStub, StubReply, completion, free_port  # noqa: E402
 
 CASES: list[tuple[str, Callable[[Path], tuple[str, str]]]] = []
@@ -275,6 +276,9 @@ def _lock(tmp: Path) -> tuple[str, str]:
     return f"second run refused: {msg}...", OK_ERROR
 
 
+CASES += REPLY_CASES
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--kills", type=int, default=3, help="kill -9 moments across the demo (default 3)")
@@ -282,12 +286,15 @@ def main() -> int:
     parser.add_argument("--skip-kills", action="store_true", help="only the server and input cases")
     parser.add_argument("--work", help="keep the work here (default: a temporary folder)")
     parser.add_argument("--only-kills", action="store_true", help="skip the server and input cases")
+    parser.add_argument("--only", action="append", default=[],
+                        help="run only the cases whose name contains this text (repeatable)")
     args = parser.parse_args()
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     base = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="faults-"))
     base.mkdir(parents=True, exist_ok=True)
     rows = []
-    for i, (name, fn) in enumerate([] if args.only_kills else CASES):
+    chosen = [c for c in CASES if not args.only or any(text in c[0] for text in args.only)]
+    for i, (name, fn) in enumerate([] if args.only_kills else chosen):
         tmp = base / f"case{i:02d}"
         tmp.mkdir()
         started = time.monotonic()

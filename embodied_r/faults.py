@@ -13,12 +13,18 @@ Two kinds of failure, treated differently:
 A stage whose item failures exceed its ``max_failed_fraction`` stops with
 :class:`TooManyFailures`: it is never renamed to its final name, so it is not cached.
 
+Secrets: every backend config names the variable its API key is in
+(:func:`register_secret_env`) and every backend built registers the key it sends
+(:func:`register_secret`), so :func:`redact` removes the values themselves, whatever their
+form (hex, JWT...), beside the shapes keys usually have.
+
 Stages mark their item boundaries with :func:`item_done`, where a test can make a stage stop
 and wait to be killed (``EMBODIED_R_STALL_AT``); unset, it does nothing.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import threading
@@ -47,7 +53,9 @@ _SECRET_PATTERNS = [
     re.compile(r"(?i)\b(bearer|basic)\s+[A-Za-z0-9._~+/=\-]{4,}"),
     # Keys by their well-known prefixes (OpenAI, Anthropic, HF, GitHub, AWS, Google).
     re.compile(r"\b(sk-[A-Za-z0-9_\-]{8,}|sk_[A-Za-z0-9_\-]{8,}|hf_[A-Za-z0-9]{8,}|gh[pousr]_[A-Za-z0-9]{8,}"
-               r"|AKIA[0-9A-Z]{12,}|AIza[0-9A-Za-z_\-]{20,})"),
+               r"|AKIA[0-9A-Z]{12,}|AIza[0-9A-Za-z_\-]{20,}"
+               # JSON web tokens: base64url header and payload, both JSON objects ("eyJ").
+               r"|eyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]*)"),
     # key=value / "api_key": "value" pairs whose name says they are secret.
     re.compile(r"(?i)([\"']?\b(?:api[_-]?key|x-api-key|access[_-]?token|auth[_-]?token|secret|password|token)"
                r"[\"']?\s*[:=]\s*[\"']?)([^\s\"',;}&]{4,})"),
@@ -55,14 +63,65 @@ _SECRET_PATTERNS = [
 
 REDACTED = "[REDACTED]"
 
+# Shorter values are too likely to be ordinary words ("test", a placeholder) to be masked
+# wherever they occur; no real API key is this short.
+MIN_SECRET_LENGTH = 8
+_secret_values: set[str] = set()
+_secret_envs: set[str] = set()
+_secrets_lock = threading.Lock()
+
+
+def register_secret(value: str | None) -> None:
+    """A value this process sends as a credential (an API key, an ``Authorization`` header's
+    value): :func:`redact` removes it from every text from now on."""
+    value = (value or "").strip()
+    if len(value) >= MIN_SECRET_LENGTH:
+        with _secrets_lock:
+            _secret_values.add(value)
+
+
+def register_secret_env(name: str | None) -> None:
+    """An environment variable that holds a credential: its value at the time of each
+    :func:`redact` is removed. Registered by every backend config, so a process that only
+    reports an error (the CLI, a flow) knows the keys its stages send."""
+    if name:
+        with _secrets_lock:
+            _secret_envs.add(name)
+
+
+def known_secrets() -> list[str]:
+    """Every credential value this process knows, longest first (a key that contains
+    another is masked whole)."""
+    with _secrets_lock:
+        values = set(_secret_values)
+        names = list(_secret_envs)
+    for name in names:
+        value = (os.environ.get(name) or "").strip()
+        if len(value) >= MIN_SECRET_LENGTH:
+            values.add(value)
+    return sorted(values, key=len, reverse=True)
+
+
+def _redact_values(text: str) -> str:
+    from urllib.parse import quote
+
+    for value in known_secrets():
+        # As sent, and as a server may echo it inside a URL or a JSON string.
+        for form in {value, quote(value, safe=""), json.dumps(value)[1:-1]}:
+            if form in text:
+                text = text.replace(form, REDACTED)
+    return text
+
 
 def redact(text: str | None) -> str | None:
-    """``text`` with anything that looks like a bearer token or an API key replaced.
+    """``text`` without the values of the credentials this process knows and without
+    anything that looks like a bearer token or an API key.
 
     Applied to every error text before it is stored (Parquet, summaries, MLflow) or
-    logged: a server that echoes request headers must not put the key on disk."""
+    logged: a server that echoes the key it was sent must not put it on disk."""
     if not text:
         return text
+    text = _redact_values(text)
     out = _SECRET_PATTERNS[0].sub(lambda m: f"{m.group(1)} {REDACTED}", text)
     out = _SECRET_PATTERNS[1].sub(REDACTED, out)
     out = _SECRET_PATTERNS[2].sub(lambda m: m.group(1) + REDACTED, out)

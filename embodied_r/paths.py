@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 # Written into a home on first use: where it was then. Stage outputs and the MLflow store
 # record absolute paths (the catalog's video paths, artifact locations), so a home that has
 # been copied or moved must have them rewritten before it is used again.
 HOME_MARKER = ".embodied-r-home.json"
+# Held while a run does what two runs must not do at once in one home (creating the MLflow
+# store: two processes migrating a fresh SQLite file break each other).
+HOME_LOCK = ".embodied-r-home.lock"
 
 
 class HomeMovedError(RuntimeError):
@@ -57,3 +63,23 @@ def claim_home(root: Path | None = None) -> Path:
             f"there. Run `embodied-r relocate --home {root}` to rewrite them, or use it at {recorded}"
         )
     return root
+
+
+@contextmanager
+def home_lock(root: Path | None = None, what: str = "set up the project home") -> Iterator[None]:
+    """An exclusive lock on the home; a second run waits for it, saying so. ``flock`` is
+    dropped by the kernel when its holder dies, even by kill -9."""
+    import fcntl
+
+    root = Path(root or home())
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / HOME_LOCK, "a+") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"another run is about to {what} in {root}; waiting for it...", file=sys.stderr, flush=True)
+            fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)

@@ -115,6 +115,9 @@ def plan(recipe: Recipe, root: Path | None = None) -> dict[str, StagePlan]:
         model = str(Path(sp.out) / "model")
         prev = [sp.name]
     evaluation = recipe.evaluation.model_dump(mode="json")
+    if evaluation["max_prompt_length"] is None:
+        # The model is asked at test time with prompts cut as it was trained on them.
+        evaluation["max_prompt_length"] = recipe.training.max_prompt_length
     baselines: dict[str, str] = {}
     if recipe.evaluation.compare_baselines:
         # The same test questions answered before any training and after the warm start,

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
-from embodied_r.paths import artifacts_root, default_tracking_uri
+from embodied_r.paths import artifacts_root, default_tracking_uri, home_lock
 
 # Keys that could hold a secret are never logged, whatever section they sit in.
 _SECRET_WORDS = ("api_key", "token", "secret", "password")
@@ -149,6 +149,16 @@ class Tracker:
 
     @classmethod
     def open(cls, experiment: str, uri: str, root: Path | None = None) -> "Tracker":
+        """The experiment's tracker, the store and the experiment created when missing. A
+        SQLite store is first touched under the home's lock: two runs starting together on
+        a fresh home would otherwise both create and migrate it, and one of them fail."""
+        if uri.startswith("sqlite:"):
+            with home_lock(root, "create the MLflow store"):
+                return cls._open(experiment, uri, root)
+        return cls._open(experiment, uri, root)
+
+    @classmethod
+    def _open(cls, experiment: str, uri: str, root: Path | None = None) -> "Tracker":
         from mlflow import MlflowClient
 
         client = MlflowClient(tracking_uri=uri)

@@ -259,7 +259,7 @@ def test_grpo_settings_are_typed_and_owned() -> None:
 def test_long_prompts_lose_their_beginning(tiny_lm_path: Path) -> None:
     """ms-swift's prompt limit, which TRL lacks: a prompt over max_prompt_length keeps its
     last tokens (the question), and then every prompt is passed as chat-templated text."""
-    from embodied_r.training.truncation import limit_prompts, load_processing_class, templated
+    from embodied_r.backends.truncation import limit_prompts, load_processing_class, templated
 
     conversations = [[{"role": "system", "content": "SYSTEM"}, {"role": "user", "content": "x " * n + "QUESTION?"}]
                      for n in (5, 400)]

@@ -18,7 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from embodied_r.faults import register_secret_env
 
 Message = dict[str, Any]
 Conversation = list[Message]
@@ -33,6 +35,9 @@ class BackendConfig(BaseModel):
     base_url: str | None = None  # openai: e.g. http://127.0.0.1:8000/v1
     api_key_env: str = "OPENAI_API_KEY"  # name of the variable; the key itself is never stored
     max_new_tokens: int = Field(256, ge=1)
+    # transformers: a text prompt longer than this many tokens keeps its last ones, as the
+    # trainer cuts prompts (``backends.truncation``); servers and vLLM bound their own context.
+    max_prompt_tokens: int | None = Field(None, ge=1)
     temperature: float = Field(0.0, ge=0, allow_inf_nan=False)  # 0 means greedy
     top_p: float = Field(1.0, gt=0, le=1)
     concurrency: int = Field(8, ge=1)
@@ -47,6 +52,13 @@ class BackendConfig(BaseModel):
     # world: the stand-in perceiver's error rates (``demo.world_perceiver.WorldErrors``).
     world: dict[str, float] = Field(default_factory=dict)
 
+    @model_validator(mode="after")
+    def _known_secret(self) -> "BackendConfig":
+        # Every process that reads a recipe then redacts this key's value from the errors it
+        # reports, even when the backend itself runs elsewhere.
+        register_secret_env(self.api_key_env)
+        return self
+
 
 @dataclass
 class Generation:
@@ -57,6 +69,11 @@ class Generation:
     # Why it failed (``embodied_r.faults``): "infra" (the service is down, refuses our key,
     # times out) stops a stage; "item" (this input is bad) is recorded and the stage goes on.
     error_kind: Literal["infra", "item"] | None = None
+    # The reply was longer than the call's token budget allows (a server that ignores it)
+    # and was cut to it; stages count these.
+    truncated: bool = False
+    # The prompt was longer than ``max_prompt_tokens`` and lost its beginning.
+    prompt_truncated: bool = False
 
     @property
     def infra_failed(self) -> bool:

@@ -17,6 +17,7 @@ from PIL import Image
 from embodied_r.backends.base import BackendConfig, Conversation, Generation, map_image_parts
 from embodied_r.backends.images import load_image
 from embodied_r.backends.models import load_vlm_processor, resolve_model
+from embodied_r.backends.truncation import left_truncate
 
 log = logging.getLogger(__name__)
 
@@ -101,13 +102,18 @@ class TransformersBackend:
 
     # -- preparation -------------------------------------------------------------------
 
-    def _prepare(self, conversation: Conversation) -> tuple[str, list[Image.Image]]:
+    def _prepare(self, conversation: Conversation) -> tuple[str, list[Image.Image], bool]:
+        """The templated prompt, its images, and whether the prompt was cut."""
         messages, images = split_images(conversation, self.cfg.max_pixels)
         if images and not self.is_vlm:
             raise ValueError(f"{self.path} is a text model; it cannot take images")
         template_owner = self.processor if self.is_vlm else self.tokenizer
         text = template_owner.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        return text, images
+        cut = 0
+        if self.cfg.max_prompt_tokens is not None and not images:
+            # Image placeholders must stay whole, so only text prompts are cut.
+            [text], cut = left_truncate([text], self.tokenizer, self.cfg.max_prompt_tokens)
+        return text, images, bool(cut)
 
     def _encode(self, items: list[tuple[str, list[Image.Image]]]) -> Any:
         texts = [text for text, _ in items]
@@ -173,11 +179,16 @@ class TransformersBackend:
                 on_result(i, gen)
 
         ready: list[tuple[int, tuple[str, list[Image.Image]]]] = []
+        cut: set[int] = set()
         for i, conversation in enumerate(conversations):
             try:
-                ready.append((i, self._prepare(conversation)))
+                text, images, was_cut = self._prepare(conversation)
             except Exception as exc:  # one bad item must not sink the batch
                 finish(i, Generation(text="", error=f"prepare: {type(exc).__name__}: {exc}"))
+                continue
+            ready.append((i, (text, images)))
+            if was_cut:
+                cut.add(i)
         # Similar lengths together waste less compute on padding.
         ready.sort(key=lambda item: len(item[1][0]))
         size = self.cfg.batch_size
@@ -198,6 +209,7 @@ class TransformersBackend:
                     except Exception as one_exc:
                         outs.append(Generation(text="", error=f"generate: {type(one_exc).__name__}: {one_exc}"))
             for (i, _), gen in zip(chunk, outs):
+                gen.prompt_truncated = i in cut
                 finish(i, gen)
         return [r if r is not None else Generation(text="", error="not generated") for r in results]
 

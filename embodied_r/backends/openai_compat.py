@@ -3,9 +3,12 @@
 Serves ``vllm serve``, hosted APIs and ``transformers serve`` alike. Calls run
 concurrently up to ``cfg.concurrency``; each has a total timeout and is retried with
 exponential backoff and jitter on rate limits, server errors, timeouts, dropped
-connections and malformed replies, honouring ``Retry-After``. A call that still fails
-comes back with ``error`` set. The API key is read from the environment and never logged
-or stored.
+connections, malformed and empty replies, honouring ``Retry-After``. A call that still
+fails comes back with ``error`` set. The API key is read from the environment, registered
+for redaction (``faults.register_secret``) and never logged or stored.
+
+A server may ignore ``max_tokens``: a reply longer than the budget allows is cut to it
+(``Generation.truncated``), so one runaway reply cannot flood the stages after it.
 
 Requests go out through aiohttp rather than the ``openai`` SDK: the SDK spends about
 1.6 ms of CPU per call (request transformation, its connection pool's scan of every
@@ -21,52 +24,43 @@ later call asks for it; the caller then reads plain text.
 from __future__ import annotations
 
 import asyncio
-import email.utils
 import json
 import logging
 import os
 import random
-import threading
-import time
-from typing import Any, Callable, Coroutine, Mapping, TypeVar
+import sys
+from typing import Any, Callable
 
 from embodied_r.backends.base import BackendConfig, Conversation, Generation, map_image_parts
 from embodied_r.backends.images import image_data_url
-from embodied_r.faults import redact
+from embodied_r.backends.openai_wire import (
+    MAX_RETRY_AFTER_S,
+    EmptyReply,
+    HTTPStatusError,
+    LoopThread,
+    MalformedReply,
+    error_message,
+    refuses_structured_output,
+    response_format,
+    retry_after_seconds,
+)
+from embodied_r.faults import redact, register_secret
 
 OnResult = Callable[[int, Generation], None]
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 # Local servers (vLLM, transformers serve) accept any key; hosted ones need the real one.
 PLACEHOLDER_KEY = "not-needed"
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
-MAX_RETRY_AFTER_S = 120.0
 # Refusals that no other input would change: the key, the URL or the model name is wrong.
 INFRA_STATUSES = {401, 403, 404, 407}
-
-
-class HTTPStatusError(Exception):
-    def __init__(self, status: int, message: str, headers: Mapping[str, str]):
-        super().__init__(f"HTTP {status}: {message}")
-        self.status = status
-        self.headers = headers
-
-
-class MalformedReply(Exception):
-    """A 2xx reply that is not a chat completion."""
-
-
-def _error_message(raw: bytes) -> str:
-    try:
-        data = json.loads(raw)
-    except ValueError:
-        return raw[:500].decode("utf-8", "replace")
-    error = data.get("error", data) if isinstance(data, dict) else data
-    if isinstance(error, dict):
-        error = error.get("message") or error.get("detail") or error
-    return str(error)[:500]
+# No token of a real tokenizer is longer than this many characters: a reply longer than
+# ``max_tokens`` times this came from a server that ignored the budget.
+MAX_CHARS_PER_TOKEN = 16
+# How long closing may wait for the connection pool; it never waits for more.
+CLOSE_TIMEOUT_S = 5.0
+EMPTY_REPLY = "empty_reply"
 
 
 def to_openai_messages(conversation: Conversation, max_pixels: int) -> list[dict[str, Any]]:
@@ -82,67 +76,6 @@ def has_images(conversation: Conversation) -> bool:
         if not isinstance(message["content"], str)
         for part in message["content"]
     )
-
-
-def response_format(schema: dict[str, Any]) -> dict[str, Any]:
-    # The title becomes the schema's name; strict modes accept only the schema proper.
-    body = {k: v for k, v in schema.items() if k != "title"}
-    return {
-        "type": "json_schema",
-        "json_schema": {"name": str(schema.get("title") or "reply"), "schema": body, "strict": True},
-    }
-
-
-# Words by which servers name the structured-output field they refuse.
-_STRUCTURED_WORDS = ("response_format", "json_schema", "structured output", "guided")
-
-
-def refuses_structured_output(status: int, message: str) -> bool:
-    return status in (400, 422, 501) and any(w in message.lower() for w in _STRUCTURED_WORDS)
-
-
-def retry_after_seconds(headers: Any) -> float | None:
-    """Seconds the server asked us to wait, from ``retry-after-ms`` or ``Retry-After``
-    (delta-seconds or an HTTP date); None when absent or unreadable."""
-    if headers is None:
-        return None
-    ms = headers.get("retry-after-ms")
-    if ms is not None:
-        try:
-            return max(0.0, float(ms) / 1000.0)
-        except ValueError:
-            pass
-    value = headers.get("retry-after")
-    if value is None:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        parsed = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    return max(0.0, parsed.timestamp() - time.time())
-
-
-class _LoopThread:
-    """A private event loop in a daemon thread: ``generate`` stays synchronous and works
-    whether or not the caller already runs an event loop."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="openai-backend", daemon=True)
-        self.thread.start()
-
-    def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result()
-
-    def stop(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(timeout=10)
-        if not self.thread.is_alive():
-            self.loop.close()
 
 
 class OpenAIBackend:
@@ -162,7 +95,10 @@ class OpenAIBackend:
         self._aiohttp = aiohttp
         self._url = (cfg.base_url or DEFAULT_BASE_URL).rstrip("/") + "/chat/completions"
         # Held only in this header, which is neither logged nor part of any error text.
-        self._headers = {"Authorization": f"Bearer {os.environ.get(cfg.api_key_env) or PLACEHOLDER_KEY}"}
+        key = os.environ.get(cfg.api_key_env) or PLACEHOLDER_KEY
+        self._headers = {"Authorization": f"Bearer {key}"}
+        if key != PLACEHOLDER_KEY:
+            register_secret(key)
         # (reason, delay in seconds) of every retry, for summaries and tests.
         self.retry_log: list[tuple[str, float]] = []
         # Set once the server has refused response_format; later calls go without it.
@@ -171,7 +107,7 @@ class OpenAIBackend:
         # are not sent, since the stage stops anyway and each would spend the retry budget again.
         self.outage: str | None = None
         self._rng = random.Random(cfg.seed)
-        self._loop = _LoopThread()
+        self._loop = LoopThread()
         self._session = self._loop.run(self._make_session())
 
     async def _make_session(self) -> Any:
@@ -186,7 +122,7 @@ class OpenAIBackend:
         async with self._session.post(self._url, json=body, headers=self._headers) as resp:
             raw = await resp.read()
             if resp.status >= 300:
-                raise HTTPStatusError(resp.status, _error_message(raw), resp.headers)
+                raise HTTPStatusError(resp.status, error_message(raw), resp.headers)
         try:
             data = json.loads(raw)
         except ValueError:
@@ -203,6 +139,8 @@ class OpenAIBackend:
             return "connection", None
         if isinstance(exc, MalformedReply):
             return "malformed", None
+        if isinstance(exc, EmptyReply):
+            return EMPTY_REPLY, None
         if isinstance(exc, HTTPStatusError):
             if exc.status == 429 or exc.status >= 500 or exc.status == 408:
                 return f"http {exc.status}", retry_after_seconds(exc.headers)
@@ -251,7 +189,7 @@ class OpenAIBackend:
                 else:
                     kwargs.pop("response_format", None)
                 try:
-                    return self._generation(await self._post(kwargs))
+                    return self._generation(await self._post(kwargs), max_new_tokens)
                 except Exception as exc:
                     reason, requested = self._retry_reason(exc)
                     detail = str(exc) or (
@@ -274,6 +212,11 @@ class OpenAIBackend:
                     self.outage = self.outage or error
                     return Generation(text="", error=error, error_kind="infra")
                 return Generation(text="", error=error, error_kind="item")
+            if attempt >= self.cfg.max_retries and reason == EMPTY_REPLY:
+                # The same input gets the same empty answer: this item, not the service
+                # (a stage whose calls all come back empty fails on its failed share).
+                return Generation(text="", error=f"{EMPTY_REPLY}: after {attempt + 1} attempts: {error}",
+                                  error_kind="item")
             if attempt >= self.cfg.max_retries:
                 # Still down after the whole retry budget: the service, not this item.
                 error = f"after {attempt + 1} attempts: {error}"
@@ -287,18 +230,28 @@ class OpenAIBackend:
             await asyncio.sleep(delay)
 
     @staticmethod
-    def _generation(data: dict[str, Any]) -> Generation:
+    def _generation(data: dict[str, Any], max_new_tokens: int) -> Generation:
         choice = data["choices"][0]
         message = (choice.get("message") if isinstance(choice, dict) else None) or {}
         content = message.get("content") if isinstance(message, dict) else None
         if content is not None and not isinstance(content, str):
             # Logged as it came, a list or number here would break every resume that replays it.
             raise MalformedReply(f"reply content is a {type(content).__name__}, not text")
+        if not (content or "").strip():
+            # Taken as a result, an empty text would become an empty perception or a wrong
+            # answer, and look like one. Servers that put the text elsewhere (a reasoning
+            # parser's reasoning_content) answer so for every call.
+            raise EmptyReply(f"the server replied with {'null' if content is None else 'empty'} content "
+                             f"(finish_reason {choice.get('finish_reason')!r})")
         usage = data.get("usage") or {}
+        limit = max_new_tokens * MAX_CHARS_PER_TOKEN
+        completion_tokens = int(usage.get("completion_tokens") or 0)
+        truncated = len(content) > limit
         return Generation(
-            text=content or "",
+            text=content[:limit],
             prompt_tokens=int(usage.get("prompt_tokens") or 0),
-            completion_tokens=int(usage.get("completion_tokens") or 0),
+            completion_tokens=min(completion_tokens, max_new_tokens) if truncated else completion_tokens,
+            truncated=truncated,
         )
 
     async def _generate(
@@ -345,16 +298,30 @@ class OpenAIBackend:
             )
         )
 
-    def close(self) -> None:
-        if getattr(self, "_session", None) is not None:
-            try:
-                self._loop.run(self._session.close())
-            finally:
-                self._session = None
-                self._loop.stop()
-
-    def __del__(self) -> None:  # pragma: no cover - best effort at interpreter exit
+    def close(self, wait_s: float = CLOSE_TIMEOUT_S) -> None:
+        """Close the connections and end the loop, waiting at most ``wait_s`` seconds for
+        each (0: not at all). At interpreter exit the loop's thread is frozen: nothing is
+        waited for then."""
+        session, self._session = getattr(self, "_session", None), None
+        loop = getattr(self, "_loop", None)
+        if loop is None:
+            return
+        if sys.is_finalizing():
+            wait_s = 0.0
         try:
-            self.close()
-        except Exception:
+            if session is not None and loop.running:
+                if wait_s > 0:
+                    loop.run(session.close(), timeout=wait_s)
+                else:
+                    asyncio.run_coroutine_threadsafe(session.close(), loop.loop)
+        except (RuntimeError, TimeoutError) as exc:
+            log.debug("closing the backend's connections: %s", exc)
+        finally:
+            loop.stop(wait_s)
+
+    def __del__(self) -> None:
+        # A finaliser must never block: it may run at interpreter exit or inside the loop.
+        try:
+            self.close(wait_s=0.0)
+        except Exception:  # noqa: BLE001 - nothing to report to at this point
             pass

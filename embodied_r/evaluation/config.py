@@ -24,6 +24,10 @@ class EvaluationConfig(BaseModel):
     split: Literal["train", "val", "test"] = "test"
     # None keeps the backend's own limit.
     max_new_tokens: int | None = Field(None, ge=1)
+    # A prompt longer than this many tokens loses its beginning, as in training (an in-process
+    # model; a server bounds its own context). None: in a pipeline, the training's
+    # max_prompt_length; alone, no limit.
+    max_prompt_length: int | None = Field(None, ge=1)
     # The judge of logical consistency: given the question and the model's <think> text
     # only (no video text), does it reach the model's answer? The share of answers where
     # it does is the paper's "logically consistent" ratio (judged there by GPT-4o; here

@@ -15,6 +15,7 @@ The model is a checkpoint folder, a hub id, ``tiny:lm``, or a registry URI such 
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 import json
 import re
@@ -196,6 +197,7 @@ def evaluate_records(
                 assert backend is not None
                 generations = backend.generate([conversation(r) for r in chunk])
                 ok = [(r, g) for r, g in zip(chunk, generations) if not g.error]
+                cut = {r["uid"]: (g.prompt_truncated, g.truncated) for r, g in zip(chunk, generations)}
                 failures += [
                     {"stage": "evaluate", "item": r["uid"], "reason": f"generation_error: {redact(g.error)}"}
                     for r, g in zip(chunk, generations) if g.error
@@ -208,6 +210,7 @@ def evaluate_records(
                     row = score_row(record, generation.text, generation.completion_tokens,
                                     cfg.number_parsing, answer_from, cfg.choice_parser())
                     row["consistent"] = verdict
+                    row["prompt_truncated"], row["reply_truncated"] = cut[record["uid"]]
                     log.append(row)
                 progress.update("evaluate", len(done) + start + len(chunk), len(all_records))
                 if outage is not None:
@@ -255,11 +258,18 @@ def evaluate_records(
             "failure_reasons": dict(Counter(f["reason"].split(":", 1)[0] for f in failures)),
             # Which questions were answered: promotion compares two models only when equal.
             "question_set": question_set(answered),
+            "prompts_truncated": sum(1 for r in answered.values() if r.get("prompt_truncated")),
+            "replies_truncated": sum(1 for r in answered.values() if r.get("reply_truncated")),
             "seconds": round(seconds, 3),
             "seconds_per_item": round(seconds / len(pending), 4) if pending else None,
             **(extra_summary or {}),
             **metrics,
         }
+        if summary["prompts_truncated"] or summary["replies_truncated"]:
+            logging.getLogger(__name__).warning(
+                "evaluation: %d of %d prompts were longer than max_prompt_length and lost their beginning; "
+                "%d replies were cut to max_new_tokens", summary["prompts_truncated"], len(all_records),
+                summary["replies_truncated"])
         write_summary(work, summary)
     return summary
 
@@ -278,6 +288,8 @@ def run_evaluation(records: Path, model: str, out: Path, cfg: EvaluationConfig,
     update: dict[str, Any] = {"model": resolved}
     if cfg.max_new_tokens is not None:
         update["max_new_tokens"] = cfg.max_new_tokens
+    if cfg.max_prompt_length is not None:
+        update["max_prompt_tokens"] = cfg.max_prompt_length
     ref = model_ref or (model if model != resolved else None)
     return evaluate_records(all_records, out, cfg.backend.model_copy(update=update), cfg,
                             model_label=ref or describe_model(resolved), title=title,

@@ -9,8 +9,11 @@ it finishes, so a killed run resumes without repeating a finished call or losing
 A call that still fails after the backend's retries is counted and its question listed in
 ``failures.parquet`` with the reason; such a question has no row in ``perception.parquet``,
 so the convert stage leaves it out (reason ``no_perception``) instead of training on a
-partial text. The summary counts calls, failed calls, retries and tokens; its numbers
-become MLflow metrics. Per-question rows count the calls a question's text rests on
+partial text. The summary counts calls, failed calls, retries, tokens and replies cut to
+their token budget (``replies_truncated``: a server that ignores ``max_tokens``); its numbers
+become MLflow metrics. A served perceiver whose replies name no action at all is not
+perceiving (a wrong model, a chat template that drops the images): the stage fails then,
+naming the server, rather than handing empty perception to training. Per-question rows count the calls a question's text rests on
 (in ``per_video`` these include its video's shared calls); the summary counts each call
 once.
 """
@@ -19,14 +22,14 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections import Counter, defaultdict
+from collections import defaultdict
 from pathlib import Path
 from typing import Any, Literal
 
 import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from embodied_r import progress, schemas
+from embodied_r import progress
 from embodied_r.perception import prompts
 from embodied_r.backends.base import Backend, BackendConfig, Generation
 from embodied_r.backends.factory import make_backend
@@ -36,11 +39,10 @@ from embodied_r.io import (
     is_complete,
     read_summary,
     stage_folder,
-    table_from_records,
-    write_parquet_atomic,
     write_summary,
 )
-from embodied_r.perception.modes import QUESTION_PHASE, Assembled, Call, PerQuestion, PerVideo, Question, make_mode
+from embodied_r.perception.modes import QUESTION_PHASE, Call, PerQuestion, PerVideo, Question, make_mode
+from embodied_r.perception.outputs import check_actions, server_hint, write_outputs
 from embodied_r.perception.parse import FrameInfo, video_text
 from embodied_r.perception.prompts import ImageOrder, PromptStyle, ReplyFormat
 
@@ -199,6 +201,8 @@ class _Runner:
             "prompt_tokens": gen.prompt_tokens,
             "completion_tokens": gen.completion_tokens,
         }
+        if gen.truncated:
+            rec["truncated"] = True
         self.item_log.append(rec)
         item_done("perception")
         with self._lock:
@@ -288,87 +292,16 @@ def run_perception(catalog: Path, keyframes: Path, out: Path, cfg: PerceptionCon
                 structured_output_refused=int(bool(getattr(backend, "structured_output_refused", False))),
             )
 
-        summary = _write_outputs(work, mode, ready, calls, done, errors, failures, len(questions),
+        summary = write_outputs(work, mode, ready, calls, done, errors, failures, len(questions),
                                  cfg.question_label)
         summary.update(stats)
         summary["structured_output"] = cfg.structured_output
         summary["reply_format"] = cfg.reply_format
         check_failed_fraction(STAGE, summary["failed"], len(questions), cfg.max_failed_fraction,
-                              f"reasons {summary['reasons']}; see failures.parquet")
+                              f"reasons {summary['reasons']}; see failures.parquet{server_hint(cfg, summary)}")
+        check_actions(cfg, summary, work)
         write_summary(work, summary)
     return summary
-
-
-def _reason_kind(reason: str) -> str:
-    return "no_keyframes" if reason.startswith("no key frames") else "call_failed"
-
-
-def _write_outputs(
-    work: Path,
-    mode: Any,
-    ready: list[Question],
-    calls: list[Call],
-    done: dict[str, dict[str, Any]],
-    errors: dict[str, str],
-    failures: dict[str, str],
-    n_questions: int,
-    question_label: str = "",
-) -> dict[str, Any]:
-    rows, frame_rows = [], []
-    parsed_as: Counter[str] = Counter()
-    for q in ready:
-        built: Assembled | str = mode.assemble(q, done)
-        if isinstance(built, str):
-            why = errors.get(built, "no result")
-            failures[q.uid] = f"call {built} failed after retries: {why}"[:600]
-            continue
-        for f, (info, raw) in enumerate(zip(built.infos, built.raws)):
-            parsed_as[info.parsed_as] += 1
-            frame_rows.append(
-                {"uid": q.uid, "frame": f, "action": info.action, "new_info": info.new_info,
-                 "question_info": info.question_info, "raw": raw}
-            )
-        recs = [done[k] for k in built.keys]
-        rows.append(
-            {
-                "uid": q.uid,
-                "video_text": video_text(built.infos, question_label),
-                "n_frames": len(built.infos),
-                "n_calls": len(recs),
-                "prompt_tokens": sum(int(r["prompt_tokens"]) for r in recs),
-                "completion_tokens": sum(int(r["completion_tokens"]) for r in recs),
-            }
-        )
-    write_parquet_atomic(table_from_records(rows, schemas.PERCEPTION), work / "perception.parquet")
-    write_parquet_atomic(
-        table_from_records(frame_rows, schemas.PERCEPTION_FRAMES), work / "perception_frames.parquet"
-    )
-    fail_rows = [{"stage": STAGE, "item": uid, "reason": why} for uid, why in sorted(failures.items())]
-    write_parquet_atomic(table_from_records(fail_rows, schemas.FAILURES), work / "failures.parquet")
-
-    # Every logged call this catalog needs, once, whichever run made it: what it cost.
-    logged = [(c, done[c.key]) for c in calls if c.key in done]
-    unknown = sum(1 for r in frame_rows if r["frame"] > 0 and r["action"] == prompts.UNKNOWN_ACTION)
-    later = sum(1 for r in frame_rows if r["frame"] > 0)
-    return {
-        "stage": STAGE,
-        "mode": mode.name,
-        "prompt_version": prompts.PROMPT_VERSION,
-        "items": n_questions,
-        "questions": n_questions,
-        "done": len(rows),
-        "failed": len(failures),
-        "reasons": dict(Counter(_reason_kind(r) for r in failures.values())),
-        "calls": len(logged),
-        "calls_needed": len(calls),
-        "calls_by_kind": dict(Counter(c.kind for c, _ in logged)),
-        "calls_per_question": len(logged) / n_questions if n_questions else 0.0,
-        "prompt_tokens": sum(int(r["prompt_tokens"]) for _, r in logged),
-        "completion_tokens": sum(int(r["completion_tokens"]) for _, r in logged),
-        "mean_frames": (sum(r["n_frames"] for r in rows) / len(rows)) if rows else 0.0,
-        "unknown_action_rate": (unknown / later) if later else 0.0,
-        "parsed_as": dict(parsed_as),
-    }
 
 
 def run_stage(out: Path, config: dict[str, Any], inputs: dict[str, str],

@@ -59,7 +59,7 @@ def load_dataset(records: Path, max_prompt_length: int | None = None, model: str
 
     data = [{"prompt": conversation(r), **{c: r[c] for c in REWARD_COLUMNS}} for r in read_records(records)]
     if max_prompt_length is not None and model is not None:
-        from embodied_r.training.truncation import limit_prompts
+        from embodied_r.backends.truncation import limit_prompts
 
         truncated = limit_prompts(data, model, max_prompt_length)
         if truncated:

@@ -4,7 +4,9 @@ ms-swift, which ran the official GRPO training, encodes each prompt with the cha
 and, when it is longer than ``max_length`` (6144 tokens in the official script), keeps its
 last ``max_length`` tokens: a long video text loses its system prompt and first frames, and
 keeps the question. TRL 1.16 has no prompt limit, so ``limit_prompts`` does the same before
-the trainer sees the data.
+the trainer sees the data. Evaluation bounds its prompts with the same function, so a model
+is asked at test time what it was trained on, and an over-long perception text cannot make
+an in-process model allocate without bound.
 """
 
 from __future__ import annotations

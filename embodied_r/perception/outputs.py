@@ -1,0 +1,120 @@
+"""What the perception stage writes once its calls are made, and the checks on it.
+
+``perception.parquet`` (each question's video text), ``perception_frames.parquet`` (every
+frame's parsed fields beside the raw reply), ``failures.parquet`` and the summary's counts.
+A served perceiver whose replies name no action at all, or that answers every call with no
+text, is named with its address: the fix is on the server, not in the questions.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from embodied_r import schemas
+from embodied_r.faults import StageFault
+from embodied_r.io import table_from_records, write_parquet_atomic
+from embodied_r.perception import prompts
+from embodied_r.perception.modes import Assembled, Call, Question
+from embodied_r.perception.parse import video_text
+
+STAGE = "perception"
+
+
+def server_name(cfg: Any) -> str:
+    return f"{cfg.backend.base_url or 'the default OpenAI endpoint'} (model {cfg.backend.model!r})"
+
+
+def server_hint(cfg: Any, summary: dict[str, Any]) -> str:
+    """What to fix when every failure is an empty reply: the server, not the questions."""
+    reasons = summary["reasons"]
+    if cfg.backend.kind != "openai" or set(reasons) != {"empty_reply"}:
+        return ""
+    return (f". The perceiver at {server_name(cfg)} answers with no text: if it is a reasoning model, turn its "
+            "reasoning parser off or serve a model that answers in the message content")
+
+
+def check_actions(cfg: Any, summary: dict[str, Any], work: Path) -> None:
+    """Stop when a served perceiver's replies name no action for any pair of frames."""
+    if cfg.backend.kind != "openai" or summary["unknown_action_rate"] < 1.0 or not summary["done"]:
+        return
+    raise StageFault(
+        f"perception: none of the replies from the perceiver at {server_name(cfg)} names an action "
+        f"(unknown_action_rate 1.0; replies in {work / 'perception_frames.parquet'}): serve a vision-language "
+        "model that reads the images and answers in the prompt's points, then rerun with --refresh perception")
+
+
+def _reason_kind(reason: str) -> str:
+    if reason.startswith("no key frames"):
+        return "no_keyframes"
+    return "empty_reply" if "empty_reply" in reason else "call_failed"
+
+
+def write_outputs(
+    work: Path,
+    mode: Any,
+    ready: list[Question],
+    calls: list[Call],
+    done: dict[str, dict[str, Any]],
+    errors: dict[str, str],
+    failures: dict[str, str],
+    n_questions: int,
+    question_label: str = "",
+) -> dict[str, Any]:
+    rows, frame_rows = [], []
+    parsed_as: Counter[str] = Counter()
+    for q in ready:
+        built: Assembled | str = mode.assemble(q, done)
+        if isinstance(built, str):
+            why = errors.get(built, "no result")
+            failures[q.uid] = f"call {built} failed after retries: {why}"[:600]
+            continue
+        for f, (info, raw) in enumerate(zip(built.infos, built.raws)):
+            parsed_as[info.parsed_as] += 1
+            frame_rows.append(
+                {"uid": q.uid, "frame": f, "action": info.action, "new_info": info.new_info,
+                 "question_info": info.question_info, "raw": raw}
+            )
+        recs = [done[k] for k in built.keys]
+        rows.append(
+            {
+                "uid": q.uid,
+                "video_text": video_text(built.infos, question_label),
+                "n_frames": len(built.infos),
+                "n_calls": len(recs),
+                "prompt_tokens": sum(int(r["prompt_tokens"]) for r in recs),
+                "completion_tokens": sum(int(r["completion_tokens"]) for r in recs),
+            }
+        )
+    write_parquet_atomic(table_from_records(rows, schemas.PERCEPTION), work / "perception.parquet")
+    write_parquet_atomic(
+        table_from_records(frame_rows, schemas.PERCEPTION_FRAMES), work / "perception_frames.parquet"
+    )
+    fail_rows = [{"stage": STAGE, "item": uid, "reason": why} for uid, why in sorted(failures.items())]
+    write_parquet_atomic(table_from_records(fail_rows, schemas.FAILURES), work / "failures.parquet")
+
+    # Every logged call this catalog needs, once, whichever run made it: what it cost.
+    logged = [(c, done[c.key]) for c in calls if c.key in done]
+    unknown = sum(1 for r in frame_rows if r["frame"] > 0 and r["action"] == prompts.UNKNOWN_ACTION)
+    later = sum(1 for r in frame_rows if r["frame"] > 0)
+    return {
+        "stage": STAGE,
+        "mode": mode.name,
+        "prompt_version": prompts.PROMPT_VERSION,
+        "items": n_questions,
+        "questions": n_questions,
+        "done": len(rows),
+        "failed": len(failures),
+        "reasons": dict(Counter(_reason_kind(r) for r in failures.values())),
+        "calls": len(logged),
+        "calls_needed": len(calls),
+        "calls_by_kind": dict(Counter(c.kind for c, _ in logged)),
+        "calls_per_question": len(logged) / n_questions if n_questions else 0.0,
+        "prompt_tokens": sum(int(r["prompt_tokens"]) for _, r in logged),
+        "completion_tokens": sum(int(r["completion_tokens"]) for _, r in logged),
+        "mean_frames": (sum(r["n_frames"] for r in rows) / len(rows)) if rows else 0.0,
+        "unknown_action_rate": (unknown / later) if later else 0.0,
+        "replies_truncated": sum(1 for _, r in logged if r.get("truncated")),
+        "parsed_as": dict(parsed_as),
+    }
