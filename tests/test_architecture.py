@@ -21,7 +21,7 @@ ALLOWED: dict[str, set[str]] = {
     "scoring": {"backends"},
     "training": {"backends", "scoring"},
     "evaluation": {"backends", "scoring"},
-    "interactive": {"backends", "training"},
+    "interactive": {"backends", "training", "prompts"},
     "prompts": set(),
     "config": {"data", "synthetic", "keyframes", "perception", "backends", "training", "evaluation", "prompts"},
     "pipeline": {"config"},

@@ -89,7 +89,7 @@ def test_import_of_the_local_scripts_and_of_embodied_reasoner(tmp_path: Path) ->
     assert local.texts["perception.pair"].text.format(qa="Q") == "LOCAL-PAIR-TEXT: invented,                     about 'Q'."
     assert local.texts["reference.system"].text == "LOCAL-REFERENCE-SYSTEM: invented."
     reasoner = import_checkout(checkout(tmp_path, "embodied_reasoner"))
-    assert reasoner.repository == "embodied-reasoner" and len(reasoner.texts) == 8
+    assert reasoner.repository == "embodied-reasoner" and len(reasoner.texts) == 12
     # The module constants are templates of their own (the original fills them with format).
     after = reasoner.texts["reasoner.after_action"].text.format()
     assert after.format(action="pickup Apple") == 'REASONER-AFTER: you did "pickup Apple" (invented).'
@@ -237,3 +237,34 @@ def test_a_recipe_run_sends_the_files_texts_to_the_perceiver(
     assert sent == [(1, {"type": "text", "text": FIRST.format(qa=qa)}),
                     (2, {"type": "text", "text": PAIR.format(qa=qa)}),
                     (2, {"type": "text", "text": PAIR.format(qa=qa)})]
+
+
+def test_a_reasoner_recipe_with_the_file_converses_in_the_originals_texts(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from embodied_r.interactive import recipe as reasoner_recipe
+    from embodied_r.interactive.episode import run_episodes
+    from embodied_r.interactive.household import HouseholdEnvironment
+    from test_interactive_episode import TASK, scripted
+
+    home = tmp_path / "home"
+    assert main(["--home", str(home), "prompts", "import-official", str(checkout(tmp_path, "embodied_reasoner"))]) == 0
+    path = home / "prompts" / f"embodied-reasoner-{COMMIT[:12]}.json"
+    rec = reasoner_recipe.load("reasoner-paper", {"prompts": {"file": str(path)}})
+    assert rec.prompts.source == "official@0123456789ab"
+    with pytest.raises(ValueError, match="holds embodied-reasoner texts"):
+        load_recipe("paper", {"prompts": {"file": str(path)}})
+    replies = ["dance", "pickup Spaceship", "navigate to Fridge", "move forward", "end"]
+    (ep,) = run_episodes([TASK], HouseholdEnvironment, scripted(replies), tmp_path / "out", rec.evaluate.episode)
+    users = [m["content"] for m in ep.messages if m["role"] == "user"]
+    assert ep.messages[0] == {"role": "system", "content": "REASONER-SYSTEM: an invented robot."}
+    assert users[0].endswith('REASONER-FIRST: invented task "' + TASK["taskquery"] + '" with actions {\n'
+                             '"put <object>": invented.}') and users[0].startswith("<image>")
+    assert users[1] == "REASONER-INVALID: invented.REASONER-ERROR: invented."
+    assert users[2] == '<|feedback|>ACT-UNKNOWN "pickup" (invented).\nREASONER-ERROR: invented.'
+    assert users[3].endswith('REASONER-AFTER: you did "navigate to Fridge" (invented).')
+    assert users[4].endswith('REASONER-FORWARD: you did "move forward" (invented).')
+    # The texts are part of the evaluation stage's key.
+    plain = reasoner_recipe.plan(reasoner_recipe.load("reasoner-paper"), tmp_path / "stages")
+    official = reasoner_recipe.plan(rec, tmp_path / "stages")
+    assert plain["reasoner_evaluate"]["key"] != official["reasoner_evaluate"]["key"]
+    assert plain["reasoner_data"]["key"] == official["reasoner_data"]["key"]

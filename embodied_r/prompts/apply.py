@@ -81,7 +81,25 @@ def embodied_r_settings(prompts: PromptsFile, path: Path) -> dict[str, Any]:
     }
 
 
-def apply_prompts(data: dict[str, Any], merge: Any) -> dict[str, Any]:
+# Embodied-Reasoner's module constants are templates the original fills with format itself:
+# each is stored as the constant's own text. The feedback is an f-string: a template here.
+REASONER_CONSTANTS = ("system", "first_turn", "after_action", "after_move_forward", "after_error", "invalid_action")
+REASONER_FEEDBACK = ("navigate_unmatched", "navigate_unreachable", "interact_unmatched", "interact_unavailable")
+
+
+def reasoner_settings(prompts: PromptsFile, path: Path) -> dict[str, Any]:
+    """The reasoner recipe values a prompts file of Embodied-Reasoner sets. The first turn is
+    the one of the original's local mode ("put <object>"), which its released models ran in."""
+    if prompts.repository != "embodied-reasoner":
+        raise PromptsError(f"prompts file {path} holds {prompts.repository} texts; an Embodied-Reasoner recipe "
+                           "needs an import of zwq2018/embodied_reasoner")
+    texts = {key: prompts.text(f"reasoner.{key}", path).text.format() for key in REASONER_CONSTANTS}
+    texts |= {f"feedback_{key}": prompts.text(f"reasoner.feedback_{key}", path).text for key in REASONER_FEEDBACK}
+    return {"prompts": {"source": prompts.label},
+            "evaluate": {"episode": {"texts": {**texts, "source": prompts.label}}}}
+
+
+def apply_prompts(data: dict[str, Any], merge: Any, reasoner: bool = False) -> dict[str, Any]:
     """``data`` (a raw recipe) with the settings of the prompts file it names merged in;
     ``merge(base, over)`` is the recipe loader's deep merge."""
     section = data.get("prompts") or {}
@@ -89,4 +107,5 @@ def apply_prompts(data: dict[str, Any], merge: Any) -> dict[str, Any]:
     if not file:
         return data
     path = resolve(str(file))
-    return merge(data, embodied_r_settings(load(path), path))
+    settings = reasoner_settings if reasoner else embodied_r_settings
+    return merge(data, settings(load(path), path))

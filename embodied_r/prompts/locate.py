@@ -179,7 +179,7 @@ def locate(checkout: Path, spot: Spot) -> Template:
     if len(found) < spot.occurrence:
         raise PromptsError(f"{spot.key}: {spot.where()} not found; the code has moved")
     template = template_of(found[spot.occurrence - 1], spot)
-    if template.fields != spot.fields:
+    if set(template.fields) != set(spot.fields):
         raise PromptsError(f"{spot.key}: {spot.where()} is filled with {list(template.fields)}, not "
                            f"{list(spot.fields)}; the code has changed")
     return template

@@ -67,6 +67,15 @@ REASONER_SPOTS: list[Spot] = [
     Spot("reasoner.after_move_forward", REASONER_FILE, "", "assign", "USER_IMAGE_PREFIX_MOVE_FORWARD"),
     Spot("reasoner.match_object", REASONER_FILE, "", "assign", "MATCH_PROMPT"),
     Spot("reasoner.invalid_action", REASONER_FILE, "", "assign", "INVALID_ACTION_PROMPT"),
+    # The feedback after an illegal action, written inline in the episode loop: its 1st and
+    # 2nd assignments of ``user_text`` are the invalid-reply text and "", then a navigation
+    # to an unknown object, to a known one not reachable, an interaction with an unknown
+    # object, with a known one not available.
+    *(Spot(f"reasoner.feedback_{name}", "evaluate/evaluate.py", "get_trajectory", "assign", "user_text", n, fields)
+      for n, name, fields in ((3, "navigate_unmatched", ("action",)),
+                              (4, "navigate_unreachable", ("action", "item", "raw_action")),
+                              (5, "interact_unmatched", ("action",)),
+                              (6, "interact_unavailable", ("raw_action", "item", "action")))),
 ]
 
 # The files that tell the repositories apart.
