@@ -18,7 +18,7 @@ from embodied_r.data.download import DownloadConfig
 from embodied_r.evaluation.config import EvaluationConfig
 from embodied_r.keyframes.extract import KeyframeConfig
 from embodied_r.perception.stage import PerceptionConfig
-from embodied_r.prompts.apply import PromptsConfig, apply_prompts
+from embodied_r.prompts.store import PromptsConfig, apply_prompts
 from embodied_r.prompts.locate import PromptsError
 from embodied_r.training.records import RecordsConfig, for_policy
 from embodied_r.training.config import SFTConfig

@@ -22,7 +22,7 @@ from embodied_r.interactive.download import ReasonerDataConfig, fingerprint
 from embodied_r.interactive.episode import EpisodeConfig
 from embodied_r.interactive.sft_config import ReasonerSFTConfig
 from embodied_r.paths import home as default_home
-from embodied_r.prompts.apply import PromptsConfig, apply_prompts
+from embodied_r.prompts.store import PromptsConfig, apply_prompts
 from embodied_r.runners import code_version
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes" / "reasoner"
