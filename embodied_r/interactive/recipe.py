@@ -110,6 +110,7 @@ def plan(recipe: ReasonerRecipe, root: Path | None = None) -> dict[str, dict[str
     data_cfg = {"data": recipe.data.model_dump(mode="json")}
     data = add("reasoner_data", "reasoner_data", [], data_cfg, {}, extra=fingerprint(data_cfg))
     backend = recipe.backend.model_dump(mode="json")
+    texts = recipe.evaluate.episode.model_dump(mode="json")["texts"]
     model, prev = recipe.base_model, "reasoner_data"
     for i, stage in enumerate(SFT_STAGES, start=1):
         sft = _merge(recipe.sft.model_dump(mode="json"), recipe.sft_stages.get(stage, {}))
@@ -117,7 +118,8 @@ def plan(recipe: ReasonerRecipe, root: Path | None = None) -> dict[str, dict[str
         deps = [prev] if prev == "reasoner_data" else ["reasoner_data", prev]
         if stage == "exploration":
             explore = add("reasoner_explore", "reasoner_explore", ["reasoner_data", prev],
-                          {"explore": recipe.explore.model_dump(mode="json"), "backend": backend},
+                          {"explore": recipe.explore.model_dump(mode="json"), "backend": backend,
+                           "episode": {"texts": texts}},
                           {"catalog": data["out"], "model": model})
             inputs["trajectories"] = explore["out"]
             deps = ["reasoner_data", "reasoner_explore"]
