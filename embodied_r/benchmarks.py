@@ -136,3 +136,11 @@ def urbanvideo_scene(video_id: str) -> str:
     if parts[0] == "RealWorld" and len(parts) >= 2:
         return "_".join(parts[:2])
     return stem
+
+
+def question_block(template: str, question: str, options: list[str] | tuple[str, ...] | None) -> str:
+    """A question and its option lines in a prompt's own layout: ``template`` holds
+    ``{question}`` and ``{options}`` (the lines joined by newlines). The result is stripped,
+    as the original code stripped the text it cut the question from."""
+    lines = [str(o).strip() for o in options or [] if o and str(o).strip()]
+    return template.format(question=(question or "").strip(), options="\n".join(lines)).strip()

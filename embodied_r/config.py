@@ -18,6 +18,8 @@ from embodied_r.data.download import DownloadConfig
 from embodied_r.evaluation.config import EvaluationConfig
 from embodied_r.keyframes.extract import KeyframeConfig
 from embodied_r.perception.stage import PerceptionConfig
+from embodied_r.prompts.store import PromptsConfig, apply_prompts
+from embodied_r.prompts.locate import PromptsError
 from embodied_r.training.records import RecordsConfig, for_policy
 from embodied_r.training.config import SFTConfig
 from embodied_r.training.config import TrainingConfig
@@ -58,6 +60,8 @@ class Recipe(BaseModel):
     # The SFT baseline (`embodied-r sft`); None takes the training environment and step cap.
     sft: SFTConfig | None = None
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    # The original texts from the user's checkout (``prompts.file``), or this project's own.
+    prompts: PromptsConfig = Field(default_factory=PromptsConfig)
 
     @model_validator(mode="after")
     def _records_for_policy(self) -> "Recipe":
@@ -158,6 +162,10 @@ def load_recipe(name_or_path: str | Path, overrides: dict[str, Any] | None = Non
     data = _raw(name_or_path)
     if overrides:
         data = _deep_merge(data, overrides)
+    try:
+        data = apply_prompts(data, _deep_merge)
+    except PromptsError as exc:
+        raise RecipeError(f"recipe {name_or_path!r}: {exc}") from None
     try:
         return Recipe.model_validate(data)
     except ValidationError as exc:

@@ -196,7 +196,9 @@ def test_the_table_covers_every_setting_that_changes_results() -> None:
         "grpo.adam_beta1", "grpo.adam_beta2", "training.max_prompt_length", "grpo.max_completion_length",
         "grpo.num_generations", "grpo.learning_rate", "training.scoring.answer_parser",
         "training.scoring.format_rule", "training.scoring.consistency_when_reference_down",
-        "evaluation.answer_parser", "report.table1_rdir",
+        "evaluation.answer_parser", "report.table1_rdir", "perception.backend.repetition_penalty",
+        "perception.backend.top_k", "training.reference.repetition_penalty", "training.reference.top_k",
+        "evaluation.backend.repetition_penalty", "evaluation.backend.top_k", "prompts.source",
     }
     assert must <= keys, f"docs/fidelity.md lacks {sorted(must - keys)}"
 
@@ -299,5 +301,9 @@ def test_the_settings_reach_mlflow_as_params(tmp_path: Path) -> None:
     assert train["training.loss_type"] == "grpo" and train["training.scoring.answer_parser"] == "official"
     perception = safe_params(stages["perception"].config)
     assert perception["reply_format"] == "numbered" and perception["image_order"] == "text_first"
-    assert safe_params(stages["keyframes"].config)["mode"] == "fast"
+    assert safe_params(stages["keyframes"].config)["mode"] == "official"
+    for section in ("backend.repetition_penalty", "backend.top_k"):
+        assert perception[section] == "generation_config"
+        assert safe_params(stages["evaluate"].config)[section] == "generation_config"
+    assert train["training.reference.repetition_penalty"] == "generation_config"
     assert safe_params(stages["evaluate"].config)["answer_parser"] == "official"

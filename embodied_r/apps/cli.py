@@ -226,7 +226,8 @@ def _cmd_recipes(_: argparse.Namespace) -> int:
 # Modules that add their own sub-commands: each has ``register(subparsers)`` and sets a
 # ``handler(args) -> int`` default on the parsers it adds.
 EXTENSIONS: tuple[str, ...] = ("embodied_r.apps.cli_data", "embodied_r.apps.cli_eval", "embodied_r.apps.cli_train",
-                               "embodied_r.apps.cli_reasoner", "embodied_r.apps.cli_models")
+                               "embodied_r.apps.cli_reasoner", "embodied_r.apps.cli_models",
+                               "embodied_r.apps.cli_prompts")
 
 
 def build_parser() -> argparse.ArgumentParser:

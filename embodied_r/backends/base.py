@@ -16,7 +16,7 @@ model takes (pixels in process, a JPEG data URL over HTTP).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Literal, Protocol
+from typing import Annotated, Any, Callable, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -24,6 +24,9 @@ from embodied_r.faults import register_secret_env
 
 Message = dict[str, Any]
 Conversation = list[Message]
+
+GENERATION_CONFIG = "generation_config"
+FromModel = Literal["generation_config"]
 
 
 class BackendConfig(BaseModel):
@@ -40,6 +43,12 @@ class BackendConfig(BaseModel):
     max_prompt_tokens: int | None = Field(None, ge=1)
     temperature: float = Field(0.0, ge=0, allow_inf_nan=False)  # 0 means greedy
     top_p: float = Field(1.0, gt=0, le=1)
+    # A number, "generation_config" (the model's own generation_config.json, read where the
+    # model is loaded: 1.05 for Qwen2.5-VL, as ms-swift takes it when a request leaves it
+    # unset), or None (not set: whatever the backend's library does by default). Both change
+    # results, so both are in every stage key that holds this config.
+    repetition_penalty: Annotated[float, Field(gt=0, allow_inf_nan=False)] | FromModel | None = None
+    top_k: Annotated[int, Field(ge=0)] | FromModel | None = None  # sampling only; 0 turns it off
     concurrency: int = Field(8, ge=1)
     timeout_s: float = Field(120.0, gt=0, allow_inf_nan=False)
     max_retries: int = Field(5, ge=0)
@@ -119,6 +128,21 @@ def map_image_parts(conversation: Conversation, image_part: Callable[[str], dict
             else:
                 parts.append(part)
         out.append({**message, "content": parts})
+    return out
+
+
+def decoding(cfg: BackendConfig, generation_config: Any) -> dict[str, Any]:
+    """``repetition_penalty`` and ``top_k`` as the model will run them: numbers as set,
+    "generation_config" read from the model's ``generation_config`` (an object or a dict),
+    left out where unset here or there."""
+    out: dict[str, Any] = {}
+    for name in ("repetition_penalty", "top_k"):
+        value = getattr(cfg, name)
+        if value == GENERATION_CONFIG:
+            value = (generation_config.get(name) if isinstance(generation_config, dict)
+                     else getattr(generation_config, name, None))
+        if value is not None:
+            out[name] = value
     return out
 
 

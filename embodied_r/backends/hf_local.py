@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 from PIL import Image
 
-from embodied_r.backends.base import BackendConfig, Conversation, Generation, map_image_parts
+from embodied_r.backends.base import BackendConfig, Conversation, Generation, decoding, map_image_parts
 from embodied_r.backends.images import load_image
 from embodied_r.backends.models import load_vlm_processor, resolve_model
 from embodied_r.backends.truncation import left_truncate
@@ -91,6 +91,8 @@ class TransformersBackend:
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
         self.stop_ids = self._stop_ids()
+        # Resolved once, here where the model's generation_config is known.
+        self.decoding = decoding(cfg, self.model.generation_config)
         self._batches = 0
 
     def _stop_ids(self) -> set[int]:
@@ -141,8 +143,13 @@ class TransformersBackend:
             "do_sample": sampling,
             "pad_token_id": self.tokenizer.pad_token_id,
         }
+        if "repetition_penalty" in self.decoding:
+            # Applied in greedy decoding too, as transformers and ms-swift apply it.
+            kwargs["repetition_penalty"] = self.decoding["repetition_penalty"]
         if sampling:
             kwargs.update(temperature=self.cfg.temperature, top_p=self.cfg.top_p)
+            if "top_k" in self.decoding:
+                kwargs["top_k"] = self.decoding["top_k"] or None  # 0: off
             # Seeded per batch, so a rerun with the same inputs draws the same samples.
             torch.manual_seed(self.cfg.seed + self._batches)
         else:

@@ -31,7 +31,7 @@ import random
 import sys
 from typing import Any, Callable
 
-from embodied_r.backends.base import BackendConfig, Conversation, Generation, map_image_parts
+from embodied_r.backends.base import GENERATION_CONFIG, BackendConfig, Conversation, Generation, map_image_parts
 from embodied_r.backends.images import image_data_url
 from embodied_r.backends.openai_wire import (
     MAX_RETRY_AFTER_S,
@@ -177,6 +177,13 @@ class OpenAIBackend:
         }
         if self.cfg.temperature > 0:
             kwargs["seed"] = self.cfg.seed
+        # "generation_config" (and unset) leave the field out: the server then uses its own
+        # default, which for `vllm serve` is the model's generation_config.json. A number is
+        # sent as the extra field that vLLM, SGLang and DashScope accept.
+        for name in ("repetition_penalty", "top_k"):
+            value = getattr(self.cfg, name)
+            if value is not None and value != GENERATION_CONFIG:
+                kwargs[name] = value
         attempt = 0
         while True:
             if self.outage is not None:

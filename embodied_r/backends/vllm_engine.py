@@ -11,10 +11,19 @@ from __future__ import annotations
 
 import gc
 import importlib
+import json
 import logging
+from pathlib import Path
 from typing import Any, Callable
 
-from embodied_r.backends.base import BackendConfig, BackendUnavailable, Conversation, Generation, map_image_parts
+from embodied_r.backends.base import (
+    BackendConfig,
+    BackendUnavailable,
+    Conversation,
+    Generation,
+    decoding,
+    map_image_parts,
+)
 from embodied_r.backends.images import load_image
 from embodied_r.backends.models import resolve_model
 
@@ -73,6 +82,13 @@ def engine_kwargs(cfg: BackendConfig, gpus: int) -> dict[str, Any]:
     return kwargs
 
 
+def model_generation_config(path: str) -> dict[str, Any]:
+    """The model folder's ``generation_config.json`` ({} where it has none): vLLM's
+    ``SamplingParams`` take every value explicitly, so the model's own are read here."""
+    file = Path(path) / "generation_config.json"
+    return json.loads(file.read_text()) if file.is_file() else {}
+
+
 class VLLMBackend:
     def __init__(self, cfg: BackendConfig):
         vllm = import_vllm()
@@ -84,14 +100,19 @@ class VLLMBackend:
         self.path = kwargs["model"]
         self.llm = vllm.LLM(**kwargs)
         self.retry_log: list[tuple[str, float]] = []  # vLLM in process never retries
+        self.decoding = decoding(cfg, model_generation_config(self.path))
         self._requests = 0
 
     def _sampling(self, index: int, schema: dict[str, Any] | None, max_new_tokens: int) -> Any:
         kwargs: dict[str, Any] = {"max_tokens": max_new_tokens, "temperature": self.cfg.temperature}
+        if "repetition_penalty" in self.decoding:
+            kwargs["repetition_penalty"] = self.decoding["repetition_penalty"]
         if self.cfg.temperature > 0:
             # A seed per request: a rerun of the same calls draws the same samples
             # whatever the batch, and two equal prompts still draw different ones.
             kwargs.update(top_p=self.cfg.top_p, seed=self.cfg.seed + self._requests + index)
+            if "top_k" in self.decoding:
+                kwargs["top_k"] = self.decoding["top_k"] or -1  # vLLM's "off"
         if schema is not None:
             kwargs.update(structured_kwargs(self._vllm, schema))
         return self._vllm.SamplingParams(**kwargs)

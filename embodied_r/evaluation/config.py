@@ -45,6 +45,9 @@ class EvaluationConfig(BaseModel):
     # option and no other; "official" as the official scoring script (the first letter
     # right after <answer>, else the last "X." anywhere in the completion).
     answer_parser: AnswerParser = "strict"
+    # Which texts the records and rewards were built with, for the report: "paraphrase", or
+    # "official@<commit>" when the recipe's prompts file set them.
+    prompts: str = "paraphrase"
     # Questions per generate call, and so between progress records.
     chunk_size: int = Field(32, ge=1)
 

@@ -162,7 +162,8 @@ def table_rows_from_folder(folder: Path) -> list[dict[str, Any]]:
 def render_markdown(categories: Sequence[Mapping[str, Any]], metrics: Mapping[str, float], *,
                     model: str, split: str, title: str = "Evaluation",
                     others: Mapping[str, Mapping[str, float]] | None = None,
-                    header: Mapping[str, str] | None = None, chance: Mapping[str, float] | None = None) -> str:
+                    header: Mapping[str, str] | None = None, chance: Mapping[str, float] | None = None,
+                    prompts: str = "") -> str:
     """The Markdown report: headline figures, per-task accuracy with its 95 % interval and
     chance level, the paper's Table 1 with this run (and ``others``, e.g. baselines) beside it.
     ``header`` names the run, recipe and model version when the caller knows them."""
@@ -170,6 +171,8 @@ def render_markdown(categories: Sequence[Mapping[str, Any]], metrics: Mapping[st
     chance = chance or {}
     lines = [f"# {title}", ""] + [f"- {k}: {v}" for k, v in (header or {}).items()]
     lines += [f"- model: `{model}`", f"- split: `{split}`, {n} questions"]
+    if prompts:
+        lines.append(f"- prompts: `{prompts}`")
     if "parsed/overall" in metrics:
         lines.append(f"- answers that could be read: {_pct(metrics['parsed/overall'])} %")
     if "consistency/ratio" in metrics:
@@ -293,12 +296,12 @@ def comparison_csv(runs: Mapping[str, Mapping[str, float]]) -> str:
 def write_report(folder: Path, categories: Sequence[Mapping[str, Any]], metrics: Mapping[str, float], *,
                  model: str, split: str, title: str = "Evaluation",
                  others: Mapping[str, Mapping[str, float]] | None = None,
-                 chance: Mapping[str, float] | None = None) -> list[Path]:
+                 chance: Mapping[str, float] | None = None, prompts: str = "") -> list[Path]:
     """Write ``REPORT_FILES`` into ``folder``; returns their paths."""
     folder = Path(folder)
     md = folder / REPORT_MD
     md.write_text(render_markdown(categories, metrics, model=model, split=split, title=title, others=others,
-                                  chance=chance), encoding="utf-8")
+                                  chance=chance, prompts=prompts), encoding="utf-8")
     chart = plot_accuracy(categories, folder / CHART_PNG, title=f"{title}: {split} split", chance=chance)
     table = folder / PAPER_CSV
     table.write_text(comparison_csv({"this evaluation": metrics, **(others or {})}), encoding="utf-8")
@@ -312,4 +315,4 @@ def render_folder(folder: Path, header: Mapping[str, str] | None = None) -> str:
     summary = read_json(Path(folder) / "summary.json")
     return render_markdown(data["categories"], data["metrics"], model=str(summary.get("model_label") or
                            summary.get("model", "")), split=str(summary.get("split", "")),
-                           header=header, chance=data.get("chance"))
+                           header=header, chance=data.get("chance"), prompts=str(summary.get("prompts") or ""))

@@ -243,7 +243,8 @@ def evaluate_records(
         categories = category_table(rows)
         chance = chance_levels(all_records)
         write_json_atomic(work / "metrics.json", {"metrics": metrics, "categories": categories, "chance": chance})
-        write_report(work, categories, metrics, model=model_label, split=cfg.split, title=title, chance=chance)
+        write_report(work, categories, metrics, model=model_label, split=cfg.split, title=title, chance=chance,
+                     prompts=cfg.prompts)
         write_predictions_table(work / TABLE_FILE, all_records, rows)
         if extra_files is not None:
             extra_summary = {**(extra_summary or {}), **extra_files(work, all_records, metrics)}
@@ -251,6 +252,7 @@ def evaluate_records(
         summary: dict[str, Any] = {
             "model": model_label,
             "model_label": model_label,
+            "prompts": cfg.prompts,
             "split": cfg.split,
             "items": len(all_records),
             "done": len(answered),

@@ -35,6 +35,8 @@ class EpisodeConfig(BaseModel):
     always_append_end: bool = True  # the original's behaviour
     match_threshold: float = Field(0.6, ge=0, le=1)
     step_limit: int | None = None  # None: the task type's limit (22/24/30/36)
+    # The original's texts, set from the recipe's prompts file; None: this project's wording.
+    texts: prompts.ReasonerTexts | None = None
 
 
 @dataclass
@@ -56,7 +58,8 @@ class Episode:
     legal: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.messages = [{"role": "system", "content": prompts.SYSTEM}]
+        texts = self.cfg.texts
+        self.messages = [{"role": "system", "content": texts.system if texts else prompts.SYSTEM}]
         self.limit = self.cfg.step_limit or step_limit(self.task["tasktype"])
 
     @property
@@ -83,7 +86,9 @@ class Episode:
         self.steps_before = self.steps
         if d.verb == "error":
             self.trajectory.append({"action": "error", "object": None, "legal_objects": [], "success": 0})
-            self.messages.append({"role": "user", "content": prompts.INVALID})
+            texts = self.cfg.texts
+            self.messages.append({"role": "user", "content": texts.invalid_action + texts.after_error
+                                  if texts else prompts.INVALID})
             return True
         result = self.env.reset(self.task, self.out) if d.verb == "init" else self.env.step(d.verb, d.obj)
         self.steps += 1
@@ -91,15 +96,30 @@ class Episode:
         self.trajectory.append({"action": d.verb, "object": d.obj, "legal_objects": result.legal_objects,
                                 "success": int(result.success), "images": result.images})
         if not result.success:
-            self.messages.append({"role": "user", "content": prompts.after_failure(
-                d.raw or d.verb, result.feedback, unmatched=d.unmatched is not None)})
+            self.messages.append({"role": "user", "content": self._failure_turn(d, result.feedback)})
             return True
         self.images += result.images
-        n = len(result.images)
-        text = (prompts.first_turn(self.task["taskquery"], n) if d.verb == "init"
-                else prompts.after_action(" ".join(x for x in (d.verb, d.obj) if x), n))
-        self.messages.append({"role": "user", "content": text})
+        self.messages.append({"role": "user", "content": self._turn(d, len(result.images))})
         return True
+
+    def _failure_turn(self, d: Decision, reason: str) -> str:
+        if self.cfg.texts is None:
+            return prompts.after_failure(d.raw or d.verb, reason, unmatched=d.unmatched is not None)
+        return prompts.official_feedback(self.cfg.texts, d.verb, d.obj, d.raw or d.verb, d.unmatched is not None)
+
+    def _turn(self, d: Decision, n: int) -> str:
+        action = " ".join(x for x in (d.verb, d.obj) if x)
+        texts = self.cfg.texts
+        if texts is None:
+            return prompts.first_turn(self.task["taskquery"], n) if d.verb == "init" else prompts.after_action(action, n)
+        # The original: the turn's images, then its text; "move forward" has its own text.
+        if d.verb == "init":
+            text = texts.first_turn.format(task_name=self.task["taskquery"])
+        elif d.verb == "move forward":
+            text = texts.after_move_forward.format(action=d.verb)
+        else:
+            text = texts.after_action.format(action=action)
+        return prompts.IMAGE * n + text
 
     def feed(self, response: str) -> None:
         """Take the model's reply to the turn ``advance`` added."""

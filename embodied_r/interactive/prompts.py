@@ -2,9 +2,16 @@
 prompt, a first turn with the task and the action list, a turn after each successful action
 (its image first), a ``<|feedback|>`` turn after an illegal one, and a turn for a reply
 with no usable action. The same texts build the synthetic training conversations, so what
-a model learns and what it is evaluated with agree."""
+a model learns and what it is evaluated with agree.
+
+``ReasonerTexts`` carries the original's own texts into an evaluation from the user's
+checkout (``embodied-r prompts import-official``); the episode then builds every turn from
+them as the original's loop does (the turn's images, then the text; after an illegal action
+or a reply without one, the feedback followed by the error turn's text)."""
 
 from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict
 
 FEEDBACK = "<|feedback|>"
 IMAGE = "<image>"
@@ -52,3 +59,34 @@ def after_failure(action: str, reason: str, unmatched: bool = False) -> str:
 
 
 INVALID = f"That reply holds no available action.\n{THINK}\n{FORMAT}"
+
+
+class ReasonerTexts(BaseModel):
+    """The original's texts, each a ``str.format`` template: ``first_turn`` with
+    ``{task_name}``; ``after_action`` and ``after_move_forward`` with ``{action}``; the
+    feedback with ``{action}``, ``{item}`` and ``{raw_action}`` (the verb, the matched object,
+    the action as the model wrote it)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    system: str
+    first_turn: str
+    after_action: str
+    after_move_forward: str
+    after_error: str
+    invalid_action: str
+    feedback_navigate_unmatched: str
+    feedback_navigate_unreachable: str
+    feedback_interact_unmatched: str
+    feedback_interact_unavailable: str
+    source: str  # official@<commit>
+
+
+def official_feedback(texts: ReasonerTexts, verb: str, obj: str | None, raw: str, unmatched: bool) -> str:
+    """The original's turn after an illegal action: which of its four texts depends on the
+    verb and on whether the object matched anything in the room."""
+    if verb == "navigate to":
+        feedback = texts.feedback_navigate_unmatched if unmatched else texts.feedback_navigate_unreachable
+    else:
+        feedback = texts.feedback_interact_unmatched if unmatched else texts.feedback_interact_unavailable
+    return feedback.format(action=verb, item=obj or "", raw_action=raw) + texts.after_error

@@ -22,6 +22,7 @@ from embodied_r.interactive.download import ReasonerDataConfig, fingerprint
 from embodied_r.interactive.episode import EpisodeConfig
 from embodied_r.interactive.sft_config import ReasonerSFTConfig
 from embodied_r.paths import home as default_home
+from embodied_r.prompts.store import PromptsConfig, apply_prompts
 from embodied_r.runners import code_version
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes" / "reasoner"
@@ -64,6 +65,8 @@ class ReasonerRecipe(BaseModel):
     evaluate: EvaluateConfig = Field(default_factory=EvaluateConfig)
     experiment: str = "embodied-reasoner"
     tracking_uri: str | None = None
+    # The original's texts from the user's checkout (``prompts.file``), or this project's own.
+    prompts: PromptsConfig = Field(default_factory=PromptsConfig)
 
 
 def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
@@ -82,7 +85,8 @@ def load(name_or_path: str, overrides: dict[str, Any] | None = None) -> Reasoner
         raise ValueError(f"no reasoner recipe {name_or_path!r}; choose one of {names} or give a YAML path")
     data = yaml.safe_load(path.read_text()) or {}
     data.setdefault("name", path.stem)
-    return ReasonerRecipe.model_validate(_merge(data, overrides or {}))
+    # A PromptsError is a ValueError with one line that names the file and the fix.
+    return ReasonerRecipe.model_validate(apply_prompts(_merge(data, overrides or {}), _merge, reasoner=True))
 
 
 SFT_STAGES = ("imitation", "exploration", "correction")
@@ -106,6 +110,7 @@ def plan(recipe: ReasonerRecipe, root: Path | None = None) -> dict[str, dict[str
     data_cfg = {"data": recipe.data.model_dump(mode="json")}
     data = add("reasoner_data", "reasoner_data", [], data_cfg, {}, extra=fingerprint(data_cfg))
     backend = recipe.backend.model_dump(mode="json")
+    texts = recipe.evaluate.episode.model_dump(mode="json")["texts"]
     model, prev = recipe.base_model, "reasoner_data"
     for i, stage in enumerate(SFT_STAGES, start=1):
         sft = _merge(recipe.sft.model_dump(mode="json"), recipe.sft_stages.get(stage, {}))
@@ -113,7 +118,8 @@ def plan(recipe: ReasonerRecipe, root: Path | None = None) -> dict[str, dict[str
         deps = [prev] if prev == "reasoner_data" else ["reasoner_data", prev]
         if stage == "exploration":
             explore = add("reasoner_explore", "reasoner_explore", ["reasoner_data", prev],
-                          {"explore": recipe.explore.model_dump(mode="json"), "backend": backend},
+                          {"explore": recipe.explore.model_dump(mode="json"), "backend": backend,
+                           "episode": {"texts": texts}},
                           {"catalog": data["out"], "model": model})
             inputs["trajectories"] = explore["out"]
             deps = ["reasoner_data", "reasoner_explore"]

@@ -100,7 +100,11 @@ def run_explore_stage(out: Path, config: dict[str, Any], inputs: dict[str, str],
             tries = [{**t, "identity": f"{t['identity']}-{k}"} for t in tasks for k in range(explore["samples_per_task"])]
             backend, generate = _generator(config["backend"], inputs["model"])
             try:
-                episodes = run_episodes(tries, _environment("builtin"), generate, work / "rollouts", EpisodeConfig())
+                # In the evaluation's texts: with a prompts file, the original's, which the
+                # hub's trajectories (and so the stage-1 model) are written in.
+                texts = (config.get("episode") or {}).get("texts")
+                episodes = run_episodes(tries, _environment("builtin"), generate, work / "rollouts",
+                                        EpisodeConfig(texts=texts))
             finally:
                 backend.close()
             good = [e for e in episodes if e.result()["success"] == 1]

@@ -21,6 +21,10 @@ How a reply is asked for is a ``PromptStyle``, a named option of the stage:
 - ``system_message``: whether a system message frames the task (the official prompts
   have none).
 
+The original code's own texts are never part of the project: ``PerceiverTexts`` carries
+them into a run from the user's checkout (``embodied-r prompts import-official``), and then
+replaces the instructions above word for word.
+
 The version is part of every perception stage's identity: change a prompt, bump it.
 """
 
@@ -29,7 +33,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Literal
 
+from pydantic import BaseModel, ConfigDict
+
 from embodied_r.backends.base import Conversation
+from embodied_r.benchmarks import question_block
 
 PROMPT_VERSION = "2"
 
@@ -51,11 +58,26 @@ ACTIONS: tuple[str, ...] = (
 UNKNOWN_ACTION = "unknown"
 
 
+class PerceiverTexts(BaseModel):
+    """The perceiver's texts from a prompts file: the first frame's and each pair's
+    instruction, each a template with ``{question}``, and the question block, a template
+    with ``{question}`` and ``{options}`` (the option lines)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    first_frame: str
+    pair: str
+    question: str
+    source: str  # official@<commit>
+    sha256: str  # of the prompts file's texts
+
+
 @dataclass(frozen=True)
 class PromptStyle:
     reply_format: ReplyFormat = "numbered"
     image_order: ImageOrder = "text_first"
     system_message: bool = False
+    texts: PerceiverTexts | None = None
 
 
 PAPER_STYLE = PromptStyle()
@@ -191,11 +213,15 @@ def _with_question(instruction: str, question: str) -> str:
 
 
 def first_frame_conversation(image: str, question: str, style: PromptStyle = PAPER_STYLE) -> Conversation:
+    if style.texts is not None:
+        return _conversation([image], style.texts.first_frame.format(question=question), style)
     return _conversation([image], _with_question(first_frame_instruction(style.reply_format), question), style)
 
 
 def pair_conversation(previous: str, current: str, question: str,
                       style: PromptStyle = PAPER_STYLE) -> Conversation:
+    if style.texts is not None:
+        return _conversation([previous, current], style.texts.pair.format(question=question), style)
     return _conversation([previous, current], _with_question(pair_instruction(style.reply_format), question), style)
 
 
@@ -249,7 +275,10 @@ def question_pass_schema(frames: range) -> dict[str, Any]:
     return _object_schema("question_pass", {frame_key(f): _TEXT for f in frames})
 
 
-def question_with_options(question: str, options: Iterable[str] | None) -> str:
+def question_with_options(question: str, options: Iterable[str] | None,
+                          texts: PerceiverTexts | None = None) -> str:
+    if texts is not None:
+        return question_block(texts.question, question, options)
     lines = [question.strip()]
     lines += [o.strip() for o in options or [] if o and o.strip()]
     return "\n".join(lines)

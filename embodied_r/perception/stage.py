@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import pyarrow.parquet as pq
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from embodied_r import progress
 from embodied_r.perception import prompts
@@ -44,7 +44,7 @@ from embodied_r.io import (
 from embodied_r.perception.modes import QUESTION_PHASE, Call, PerQuestion, PerVideo, Question, make_mode
 from embodied_r.perception.outputs import check_actions, server_hint, write_outputs
 from embodied_r.perception.parse import FrameInfo, video_text
-from embodied_r.perception.prompts import ImageOrder, PromptStyle, ReplyFormat
+from embodied_r.perception.prompts import ImageOrder, PerceiverTexts, PromptStyle, ReplyFormat
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +100,9 @@ class PerceptionConfig(BaseModel):
     # as plain text.
     structured_output: bool = True
     prompt_version: str = prompts.PROMPT_VERSION
+    # The original texts, set from the recipe's prompts file (``prompts.file``); None: this
+    # project's instructions.
+    texts: PerceiverTexts | None = None
     # More failed questions than this share fails the stage (kept .partial, never cached).
     max_failed_fraction: float = Field(DEFAULT_MAX_FAILED_FRACTION, ge=0, le=1)
 
@@ -113,8 +116,17 @@ class PerceptionConfig(BaseModel):
             )
         return value
 
+    @model_validator(mode="after")
+    def _texts_fit(self) -> "PerceptionConfig":
+        # The original texts ask for one pass per question and numbered points: any other
+        # form would send them with instructions they do not have.
+        if self.texts is not None and (self.mode, self.reply_format) != ("per_question", "numbered"):
+            raise ValueError(f"perception: the prompts file's texts ({self.texts.source}) are the original "
+                             "per-question prompts; set perception.mode: per_question and reply_format: numbered")
+        return self
+
     def style(self) -> PromptStyle:
-        return PromptStyle(self.reply_format, self.image_order, self.system_message)
+        return PromptStyle(self.reply_format, self.image_order, self.system_message, self.texts)
 
     def plan(self) -> PerQuestion | PerVideo:
         """The calls and parsing of this config's mode and prompt style."""
@@ -124,7 +136,8 @@ class PerceptionConfig(BaseModel):
         return video_text(frames, self.question_label)
 
 
-def _read_inputs(catalog: Path, keyframes: Path) -> tuple[list[Question], dict[str, list[str]]]:
+def _read_inputs(catalog: Path, keyframes: Path,
+                 texts: PerceiverTexts | None = None) -> tuple[list[Question], dict[str, list[str]]]:
     catalog, keyframes = Path(catalog), Path(keyframes)
     if not catalog.is_file():
         raise FileNotFoundError(f"catalog {catalog} not found: run the preprocess stage first")
@@ -144,7 +157,7 @@ def _read_inputs(catalog: Path, keyframes: Path) -> tuple[list[Question], dict[s
         Question(
             uid=r["uid"],
             video_id=r["video_id"],
-            text=prompts.question_with_options(r["question"], r["options"]),
+            text=prompts.question_with_options(r["question"], r["options"], texts),
         )
         for r in cat
     ]
@@ -251,7 +264,7 @@ def run_perception(catalog: Path, keyframes: Path, out: Path, cfg: PerceptionCon
     out = Path(out)
     if is_complete(out):
         return read_summary(out)
-    questions, frames = _read_inputs(catalog, keyframes)
+    questions, frames = _read_inputs(catalog, keyframes, cfg.texts)
     mode = cfg.plan()
 
     with stage_folder(out) as work:

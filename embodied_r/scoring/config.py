@@ -29,6 +29,10 @@ class ScoringConfig(BaseModel):
     # The consistency reward when the reference model cannot be reached: "unscored" (None:
     # unknown is not wrong) or "zero" (the official code's 0).
     consistency_when_reference_down: ReferenceDown = "unscored"
+    # The reference's system message and its template for multiple-choice questions
+    # ({question}, {think}), set from the recipe's prompts file; None: this project's.
+    reference_system: str | None = None
+    reference_template: str | None = None
 
     def choice_parser(self) -> ChoiceParser:
         return "official_reward" if self.answer_parser == "official" else "strict"

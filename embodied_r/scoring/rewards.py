@@ -188,12 +188,15 @@ class ConsistencyReward:
 
     def __init__(self, backend: Backend | BackendConfig, require_correct: bool = True,
                  fill_unscored: bool = False, parser: ChoiceParser = "strict",
-                 when_down: ReferenceDown = "unscored"):
+                 when_down: ReferenceDown = "unscored", system: str | None = None,
+                 template: str | None = None):
         self.__name__ = "consistency_reward"  # TRL names the logged metrics after it
         self.require_correct = require_correct
         self.fill_unscored = fill_unscored
         self.parser: ChoiceParser = parser
         self.when_down: ReferenceDown = when_down
+        self.system = system or REFERENCE_SYSTEM
+        self.template = template or REFERENCE_TEMPLATE_CHOICE
         self._cfg = backend if isinstance(backend, BackendConfig) else None
         self._backend: Backend | None = None if isinstance(backend, BackendConfig) else backend
         self.calls = 0  # generate calls made, one per step at most
@@ -256,10 +259,10 @@ class ConsistencyReward:
                                         choice_parser=self.parser)
                 if score < 1.0:
                     continue
-            template = REFERENCE_TEMPLATE_NUMBER if answer_types[i] == "number" else REFERENCE_TEMPLATE_CHOICE
+            template = REFERENCE_TEMPLATE_NUMBER if answer_types[i] == "number" else self.template
             conversations.append(
                 [
-                    {"role": "system", "content": REFERENCE_SYSTEM},
+                    {"role": "system", "content": self.system},
                     {"role": "user", "content": template.format(question=questions[i], think=think)},
                 ]
             )
@@ -346,7 +349,8 @@ def make_consistency_reward(
     """The consistency reward over a backend, or over a config whose backend is built lazily."""
     scoring = scoring or ScoringConfig()
     return ConsistencyReward(backend_or_cfg, require_correct=require_correct, fill_unscored=fill_unscored,
-                             parser=scoring.choice_parser(), when_down=scoring.consistency_when_reference_down)
+                             parser=scoring.choice_parser(), when_down=scoring.consistency_when_reference_down,
+                             system=scoring.reference_system, template=scoring.reference_template)
 
 
 def consistency_ratio(

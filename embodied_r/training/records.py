@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field
 
 from embodied_r import schemas
+from embodied_r.benchmarks import question_block
 from embodied_r.faults import item_done
 from embodied_r.training.prompts import (
     DEFAULT_CHOICE_INSTRUCTION,
@@ -46,6 +47,12 @@ class RecordsConfig(BaseModel):
     # Fields: {preamble}, {video_text}, {question} (question with options), {instruction}.
     template: str = DEFAULT_TEMPLATE
     # Appended to the user turn; "" adds nothing (the official user turn).
+    # The question and its option lines ({question}, {options}), in the user turn and for
+    # the consistency reference.
+    question_template: str = "{question}\nOptions:\n{options}"
+    # Which texts these are: "paraphrase" (this project's), or "official@<commit>" when the
+    # recipe's prompts file set them.
+    prompts: str = "paraphrase"
     choice_instruction: str = DEFAULT_CHOICE_INSTRUCTION
     number_instruction: str = DEFAULT_NUMBER_INSTRUCTION
     # Every prompt is measured in tokens of this tokenizer: the policy's, which the pipeline
@@ -58,12 +65,13 @@ class RecordsConfig(BaseModel):
     max_prompt_tokens: int | None = Field(None, ge=1)
 
 
-def question_with_options(question: str, options: list[str] | None) -> str:
-    """The question followed by its option lines ("A. ...")."""
+def question_with_options(question: str, options: list[str] | None,
+                          template: str = RecordsConfig.model_fields["question_template"].default) -> str:
+    """The question followed by its option lines ("A. ..."), in ``template``'s layout."""
     question = (question or "").strip()
     if not options:
         return question
-    return question + "\nOptions:\n" + "\n".join(str(o).strip() for o in options)
+    return question_block(template, question, options)
 
 
 def solution_problem(row: dict[str, Any]) -> str | None:
@@ -85,7 +93,7 @@ def solution_problem(row: dict[str, Any]) -> str | None:
 def build_record(row: dict[str, Any], video_text: str, cfg: RecordsConfig) -> dict[str, Any]:
     """One GRPO record (schema ``RECORDS``) from a catalog row and its perception text."""
     options = [str(o) for o in (row.get("options") or [])]
-    question = question_with_options(row["question"], options)
+    question = question_with_options(row["question"], options, cfg.question_template)
     instruction = cfg.number_instruction if row["answer_type"] == "number" else cfg.choice_instruction
     prompt = cfg.template.format(
         preamble=cfg.video_preamble,
