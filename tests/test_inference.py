@@ -26,8 +26,8 @@ from test_evaluation import ScriptedModels, text_of
 
 DIRECTION = ("Please assume the role of an agent. Question: If I am standing by the sofa and facing the TV, "
              "is the lamp to my left, right, or back?\n\nChoices: \nA. left\nB. right\nC. back\n")
-VIDEO_Q = ("<video>Please assume the role of an agent. The video represents your egocentric observations from "
-           "the past to the present. Question: Which object is the closest to the door?\n\nChoices: \n"
+VIDEO_Q = ("<video>Please assume the role of an agent. The video shows what you saw on your way, oldest "
+           "first. Question: Which object is the closest to the door?\n\nChoices: \n"
            "A. computer tower\nB. chair\nC. whiteboard\nD. telephone\n")
 
 

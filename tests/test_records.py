@@ -118,8 +118,8 @@ def test_the_paper_user_turn_has_no_format_instruction() -> None:
     # asks for <think> and <answer>.
     assert rec["prompt"].endswith(rec["question"])
     assert "<think>" not in rec["prompt"] and "<answer>" not in rec["prompt"]
-    assert rec["system"].endswith("maintaining logical coherence between the two sections. User: . Assistant:")
-    assert "<think> reasoning process here </think> \n<answer> answer here </answer>" in rec["system"]
+    assert rec["system"].endswith(" User: . Assistant:")
+    assert "<think> the reasoning </think> \n<answer> the answer </answer>" in rec["system"]
     # This project's instruction stays an option.
     assert "<answer>" in build_record(catalog_row("urbanvideo:1"), VIDEO, RecordsConfig())["prompt"]
 

@@ -35,10 +35,9 @@ from embodied_r.perception.modes import QUESTION_PHASE, Question
 from embodied_r.training.records import RecordsConfig, build_record
 
 VIDEO_TAG = "<video>"
-# The original's video questions open with this; the reasoning template has its own.
-_ORIGINAL_PREAMBLE = re.compile(
-    r"^\s*Please assume the role of an agent\.\s*The video represents your egocentric observations "
-    r"from the past to the present\.\s*", re.IGNORECASE)
+# The original's video questions open with an agent role sentence and one sentence on the
+# video; the reasoning template has its own, so both go.
+_ORIGINAL_PREAMBLE = re.compile(r"^\s*Please assume the role of an agent\.\s*(The video [^.?]*\.\s*)?", re.IGNORECASE)
 OPEN_INSTRUCTION = (
     "Think about the question inside <think> </think>, then give your answer inside <answer> </answer>."
 )

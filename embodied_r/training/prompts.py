@@ -3,30 +3,27 @@ answer-format instructions. The convert stage (``records``) fills them in; the d
 reasoner (``embodied_r.demo.tiny_reasoner``) keeps each fixed text as one token.
 """
 
-# The official system prompt word for word, as its evaluation script writes it
-# (infer/batch_inference.py), tail "User: . Assistant:" included, so that a policy trained
-# here sees what the published one saw. The training scripts pass the same text through
-# bash, where "\n" stays two characters (backslash, n); here it is a newline, as at evaluation.
+# This project's wording of the paper's three texts (the system prompt, the video preamble,
+# the user turn). The official texts are never shipped: `embodied-r prompts import-official`
+# reads them from the user's own clone, and a recipe's `prompts.file` puts them in place of
+# these (docs/fidelity.md, "prompts.source"). What is kept of the official shape: the four tags, and the "User: . Assistant:" tail the official evaluation script leaves at
+# the end of its system prompt (`reasoner.system_tail` in docs/fidelity.md).
 DEFAULT_SYSTEM = (
-    "A conversation between User and Assistant. The user asks a question, and the Assistant "
-    "solves it. The assistant first thinks about the reasoning process in the mind and then "
-    "provides the user with the answer. The reasoning process and answer are enclosed within "
-    "<think> </think> and <answer> </answer> tags, respectively, i.e., <think> reasoning "
-    "process here </think> \n<answer> answer here </answer>. Ensure that your answer is "
-    "consistent with and directly derived from your thinking process, maintaining logical "
-    "coherence between the two sections. User: . Assistant:"
+    "The User asks a question and the Assistant answers it. The Assistant reasons about the "
+    "question first and answers after: the reasoning goes inside <think> </think> and the answer "
+    "inside <answer> </answer>, as in <think> the reasoning </think> \n<answer> the answer "
+    "</answer>. The answer must follow from the reasoning and agree with it. "
+    "User: . Assistant:"
 )
 
 DEFAULT_VIDEO_PREAMBLE = (
-    "The content of the video will be described in the form of text. The 0th frame is the "
-    "initial frame, which includes the scene that the agent observes at the initial position. "
-    "The agent keeps moving, thus constantly obtaining new visual observations (frames). The "
-    "last frame is the visual observation at the current position."
+    "The video is given as text, one description per key frame. Frame 0 shows what the agent "
+    "sees where it starts; each later frame is what it sees after moving on, and the last "
+    "frame is what it sees now."
 )
 
 DEFAULT_TEMPLATE = (
-    "Please assume the role of an agent. You are given frame-by-frame observations of an "
-    "egocentric video, from the past to the present.\n"
+    "You are the agent. Below are text descriptions of your egocentric video, oldest first.\n"
     "Video content:\n<\n{preamble}\n{video_text}\n>\n"
     "Question: {question}\n"
     "{instruction}"
