@@ -219,8 +219,21 @@ def test_a_recipe_run_sends_the_files_texts_to_the_perceiver(
     from test_perception import make_inputs
     from test_perception_http import RecordingServer
 
+    from servers import StubReply, completion
+
+    class ActingServer(RecordingServer):
+        """Records every body and answers as a perceiver would, in the three points the
+        official pair prompt asks for, whatever the fixture's invented text says (the stage
+        refuses a perceiver that never names an action)."""
+
+        def _answer(self, body: dict[str, Any]) -> StubReply:
+            super()._answer(body)
+            pair = sum(p.get("type") == "image_url" for p in body["messages"][0]["content"]) == 2
+            text = "1. Rotate right.\n2. A grey corridor.\n3. The door, ahead." if pair else "A grey hall."
+            return StubReply(payload=completion(body["model"], text), headers={"Retry-After": "0"})
+
     path = imported(tmp_path, capsys)
-    server = RecordingServer()
+    server = ActingServer()
     try:
         recipe = load_recipe("paper", {"prompts": {"file": str(path)}, "perception": {"backend": {
             "kind": "openai", "model": "vlm", "base_url": server.base_url, "api_key_env": "EMBODIED_R_TEST_NO_KEY",
