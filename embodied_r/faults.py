@@ -76,7 +76,7 @@ def check_failed_fraction(stage: str, failed: int, total: int, limit: float, det
             f"{stage}: {failed} of {total} items failed ({failed / total:.1%}), above the recipe's "
             f"max_failed_fraction {limit:g}{'; ' + detail if detail else ''}. The work done is kept in the "
             f"stage's .partial folder: fix the cause and run again to redo only the failed items, "
-            f"or raise {stage}.max_failed_fraction"
+            f"or raise {stage}.max_failed_fraction (the same folder resumes)"
         )
 
 

@@ -20,6 +20,8 @@ from typing import Any, Callable, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from embodied_r.settings import operational
+
 Message = dict[str, Any]
 Conversation = list[Message]
 
@@ -30,15 +32,17 @@ class BackendConfig(BaseModel):
     kind: Literal["transformers", "openai", "vllm", "world"] = "transformers"
     # A local folder, a hub id (only with a download stage) or, for ``openai``, the served name.
     model: str = ""
-    base_url: str | None = None  # openai: e.g. http://127.0.0.1:8000/v1
-    api_key_env: str = "OPENAI_API_KEY"  # name of the variable; the key itself is never stored
+    # Which server answers and how it is asked (operational: the same model behind another
+    # URL, more calls in flight or a longer timeout give the same replies).
+    base_url: str | None = operational(None)  # openai: e.g. http://127.0.0.1:8000/v1
+    api_key_env: str = operational("OPENAI_API_KEY")  # name of the variable; the key itself is never stored
     max_new_tokens: int = Field(256, ge=1)
     temperature: float = Field(0.0, ge=0, allow_inf_nan=False)  # 0 means greedy
     top_p: float = Field(1.0, gt=0, le=1)
-    concurrency: int = Field(8, ge=1)
-    timeout_s: float = Field(120.0, gt=0, allow_inf_nan=False)
-    max_retries: int = Field(5, ge=0)
-    batch_size: int = Field(8, ge=1)  # transformers: prompts per forward pass
+    concurrency: int = operational(8, ge=1)
+    timeout_s: float = operational(120.0, gt=0, allow_inf_nan=False)
+    max_retries: int = operational(5, ge=0)
+    batch_size: int = operational(8, ge=1)  # transformers: prompts per forward pass
     device: str = "auto"  # transformers: "cpu", "cuda", "auto"
     max_pixels: int = Field(448 * 448, ge=1)  # images are resized to this budget before they are sent
     seed: int = 0

@@ -43,6 +43,7 @@ from embodied_r.io import (
 from embodied_r.perception.modes import QUESTION_PHASE, Assembled, Call, PerQuestion, PerVideo, Question, make_mode
 from embodied_r.perception.parse import FrameInfo, video_text
 from embodied_r.perception.prompts import ImageOrder, PromptStyle, ReplyFormat
+from embodied_r.settings import operational
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +100,7 @@ class PerceptionConfig(BaseModel):
     structured_output: bool = True
     prompt_version: str = prompts.PROMPT_VERSION
     # More failed questions than this share fails the stage (kept .partial, never cached).
-    max_failed_fraction: float = Field(DEFAULT_MAX_FAILED_FRACTION, ge=0, le=1)
+    max_failed_fraction: float = operational(DEFAULT_MAX_FAILED_FRACTION, ge=0, le=1)
 
     @field_validator("prompt_version")
     @classmethod
