@@ -97,6 +97,12 @@ def die_with_parent(parent_pid: int | None = None, poll_s: float = 1.0) -> None:
     import time
 
     parent = parent_pid or os.getppid()
+    # A Ctrl-C reaches the terminal's whole process group: the parent stops the run and ends
+    # its children, which must not each print a traceback of their own meanwhile.
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except ValueError:  # not the main thread: its process is not one we started
+        pass
     if sys.platform.startswith("linux"):
         try:
             import ctypes

@@ -100,6 +100,7 @@ def run_stage(stage: dict[str, Any], tracker: Tracker | None = None) -> dict[str
     if tracker is not None:
         run_id = tracker.start_stage(sp.name, sp.params, tags={"stage_key": sp.key, "output": sp.out})
     _announce(sp, "started")
+    progress.begin(sp.name)
     started = time.monotonic()
     try:
         with progress.listening(progress.Throttled(_ProgressArtifact(sp.name), seconds=2.0)):

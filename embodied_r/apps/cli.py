@@ -294,6 +294,11 @@ def main(argv: list[str] | None = None) -> int:
     _setup_env(args.home)
     if args.no_wait:
         os.environ["EMBODIED_R_LOCK"] = "fail"
+    if argv is None:
+        # A real command line: Ctrl-C and SIGTERM stop it at once, in one line.
+        from embodied_r.apps.interrupt import install
+
+        install()
     if argv is None and args.command in ("demo", "run", *STAGE_COMMANDS):
         # A real command line: whatever it starts (Prefect's server included) ends with it.
         from embodied_r.apps.reaper import start_reaper
