@@ -41,6 +41,11 @@ class TooManyFailures(StageFault):
     """More items failed than the recipe's ``max_failed_fraction`` allows."""
 
 
+class WriteFailure(StageFault):
+    """A finished item could not be written (a full disk, a read-only folder): going on
+    would do work that cannot be kept."""
+
+
 # Things that look like credentials, in the forms servers echo them back.
 _SECRET_PATTERNS = [
     # "Authorization: Bearer xyz", "bearer xyz", "Basic xyz"

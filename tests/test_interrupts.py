@@ -1,6 +1,6 @@
 """Ctrl-C and SIGTERM to a real ``embodied-r`` process: it stops within seconds with one line
 saying where, exit 130 / 143, no traceback, no process of its own left, and the rerun
-resumes with only the missing work.
+resumes with only the missing work. A disk that fills mid-stage stops it in one line too.
 
 Real processes and real signals: the CLI runs as a user starts it, its perceiver is a slow
 OpenAI-compatible server on 127.0.0.1 so that calls are in flight when the signal lands.
@@ -143,6 +143,7 @@ def _logged(home: Path) -> int:
 @pytest.mark.parametrize("signum, group", [(signal.SIGINT, True), (signal.SIGTERM, False)])
 def test_a_signal_during_perception_stops_at_once_and_the_rerun_resumes(home: Path, tmp_path: Path,
                                                                          signum: int, group: bool) -> None:
+    _fresh_perception(home)
     slow = Slow(delay_s=1.0)
     try:
         recipe = _recipe(tmp_path, slow.base_url)
@@ -165,6 +166,48 @@ def test_a_signal_during_perception_stops_at_once_and_the_rerun_resumes(home: Pa
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     summary = json.loads(next((home / "stages" / "perception").glob("*/summary.json")).read_text())
     assert summary["calls"] == total and len(fast.bodies) == total - logged
-    # The next test starts this stage afresh.
-    for folder in (home / "stages" / "perception").iterdir():
-        subprocess.run(["rm", "-rf", str(folder)], check=True)
+
+
+def _fresh_perception(home: Path) -> None:
+    """Each test starts the perception stage afresh (the key frames stay)."""
+    import shutil
+
+    for folder in (home / "stages" / "perception").glob("*"):
+        shutil.rmtree(folder) if folder.is_dir() else folder.unlink()
+
+
+# The item log's write fails as on a full disk once this many calls are logged.
+FULL_DISK = """
+import errno, sys
+from embodied_r import io
+calls = [0]
+repair = io.ItemLog._repair_tail
+def full(self):
+    calls[0] += 1
+    if calls[0] > {n}:
+        raise OSError(errno.ENOSPC, "No space left on device", str(self.path))
+    repair(self)
+io.ItemLog._repair_tail = full
+from embodied_r.apps.cli import main
+sys.exit(main())
+"""
+
+
+def test_a_full_disk_during_perception_stops_it_in_one_line(home: Path, tmp_path: Path) -> None:
+    _fresh_perception(home)
+    srv = Slow(delay_s=0.0)
+    try:
+        recipe = _recipe(tmp_path, srv.base_url)
+        assert _run(home, "keyframes", "--recipe", str(recipe)).returncode == 0
+        started = time.monotonic()
+        done = subprocess.run([sys.executable, "-c", FULL_DISK.replace("{n}", "5"), "perception", "--recipe",
+                               str(recipe)], env=_env(home), cwd=ROOT, capture_output=True, text=True, timeout=600)
+    finally:
+        srv.stop()
+    text = done.stdout + done.stderr
+    errors = [line for line in text.splitlines() if line.startswith("error:")]
+    assert done.returncode == 1 and len(errors) == 1, text[-3000:]
+    assert "No space left on device" in errors[0] and "items.jsonl" in errors[0] and "run again" in errors[0]
+    assert "Traceback" not in text and len(text.strip().splitlines()) <= 4, text[-3000:]
+    assert time.monotonic() - started < 120  # no retries of a stage that cannot write
+    assert _logged(home) == 5  # every call logged before the disk filled is kept

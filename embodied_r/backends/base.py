@@ -15,6 +15,7 @@ model takes (pixels in process, a JPEG data URL over HTTP).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any, Callable, Literal, Protocol
 
@@ -50,6 +51,18 @@ class BackendConfig(BaseModel):
     engine_kwargs: dict[str, Any] = Field(default_factory=dict)
     # world: the stand-in perceiver's error rates (``demo.world_perceiver.WorldErrors``).
     world: dict[str, float] = Field(default_factory=dict)
+
+    def unready(self, needs_model: bool = True) -> str | None:
+        """What this backend lacks to start in this environment, or None. Checked before a run
+        starts (and by ``embodied-r validate``), not minutes in when the stage first calls it."""
+        if self.kind != "openai":
+            return None
+        if not self.base_url and not os.environ.get(self.api_key_env):
+            return (f"backend 'openai' needs `base_url` (e.g. http://127.0.0.1:8000/v1) or the API key "
+                    f"in the environment variable {self.api_key_env}")
+        if needs_model and not self.model:
+            return "backend 'openai' needs `model`: the name the server serves the model under"
+        return None
 
 
 @dataclass

@@ -30,7 +30,8 @@ from embodied_r import progress, schemas
 from embodied_r.perception import prompts
 from embodied_r.backends.base import Backend, BackendConfig, Generation
 from embodied_r.backends.factory import make_backend
-from embodied_r.faults import DEFAULT_MAX_FAILED_FRACTION, InfraFailure, check_failed_fraction, item_done, redact
+from embodied_r.faults import (DEFAULT_MAX_FAILED_FRACTION, InfraFailure, WriteFailure, check_failed_fraction,
+                               item_done, redact)
 from embodied_r.io import (
     ItemLog,
     is_complete,
@@ -177,6 +178,7 @@ class _Runner:
         self.structured = structured
         self.errors: dict[str, str] = {}
         self.outage: str | None = None
+        self.unwritable: WriteFailure | None = None
         self.made = 0
         self.failed = 0
         self.skipped = 0
@@ -200,7 +202,14 @@ class _Runner:
             "prompt_tokens": gen.prompt_tokens,
             "completion_tokens": gen.completion_tokens,
         }
-        self.item_log.append(rec)
+        try:
+            self.item_log.append(rec)
+        except WriteFailure as exc:
+            # Raised here it would reach the backend's event loop once per call in flight;
+            # the stage stops once, after the calls already sent.
+            with self._lock:
+                self.unwritable = self.unwritable or exc
+            return
         item_done("perception")
         with self._lock:
             self.done[call.key] = rec
@@ -237,6 +246,8 @@ class _Runner:
             for i, gen in enumerate(gens):
                 if i not in reported:
                     self._record(chunk[i], gen)
+            if self.unwritable is not None:
+                raise WriteFailure(f"perception stopped: {self.unwritable}")
             if self.outage is not None:
                 raise InfraFailure(
                     f"perception stopped: the perceiver failed ({self.outage[:400]}). Finished calls are "
