@@ -304,8 +304,9 @@ def main(argv: list[str] | None = None) -> int:
     _setup_env(args.home)
     if args.no_wait:
         os.environ["EMBODIED_R_LOCK"] = "fail"
-    if argv is None:
-        # A real command line: Ctrl-C and SIGTERM stop it at once, in one line.
+    if argv is None and args.command != "chat":
+        # A real command line: Ctrl-C and SIGTERM stop it at once, in one line (chat reads
+        # Ctrl-C as "leave the conversation", and saves it).
         from embodied_r.apps.interrupt import install
 
         install()
