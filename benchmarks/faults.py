@@ -1,6 +1,6 @@
 """Fault script: each case against real local servers (127.0.0.1) and real processes.
 
-    PYTHONPATH=. python benchmarks/faults.py [--kills N] [--seed S] [--skip-kills] [--work DIR] [--only TEXT]
+    PYTHONPATH=. python benchmarks/faults.py [--kills N] [--seed S] [--skip-kills] [--only TEXT ...] [--work DIR]
 
 Prints a table: case, outcome, verdict. A verdict reads "clear error, nothing lost" (the
 run stopped with a message, its work kept, nothing cached as done) or "recovered" (a rerun
@@ -22,12 +22,13 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(1, str(ROOT / "tests"))  # test modules import each other by bare name
 
+from benchmarks.fault_inputs import CASES as INPUT_CASES, cli as _cli  # noqa: E402
 from benchmarks.fault_kills import OK_ERROR, RECOVERED, kill_cases  # noqa: E402
 from benchmarks.fault_replies import REPLY_CASES  # noqa: E402
 from tests.servers import ChatStub, StubReply, completion, free_port  # noqa: E402
@@ -179,13 +180,6 @@ def _secret(tmp: Path) -> tuple[str, str]:
 
 # -- recipes and files ---------------------------------------------------------------------
 
-def _cli(args: list[str], home: Path, timeout: float = 300, **kw: Any) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "EMBODIED_R_HOME": str(home),
-           "PREFECT_HOME": str(home / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false", **kw}
-    return subprocess.run([sys.executable, "-m", "embodied_r.apps.cli", *args], capture_output=True, text=True,
-                          env=env, timeout=timeout)
-
-
 @case("recipes: nonsense values (9 kinds)")
 def _recipes(tmp: Path) -> tuple[str, str]:
     sets = ["training.learning_rate=-1", "training.learning_rate=.nan", "training.learning_rate=.inf",
@@ -293,8 +287,10 @@ def main() -> int:
     base = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="faults-"))
     base.mkdir(parents=True, exist_ok=True)
     rows = []
-    chosen = [c for c in CASES if not args.only or any(text in c[0] for text in args.only)]
-    for i, (name, fn) in enumerate([] if args.only_kills else chosen):
+    cases = [] if args.only_kills else CASES + INPUT_CASES
+    if args.only:
+        cases, args.skip_kills = [c for c in cases if any(text in c[0] for text in args.only)], True
+    for i, (name, fn) in enumerate(cases):
         tmp = base / f"case{i:02d}"
         tmp.mkdir()
         started = time.monotonic()

@@ -71,6 +71,17 @@ class Recipe(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _promotion_has_a_split(self) -> "Recipe":
+        # Promotion compares models on this split: without questions there it would fail
+        # only after every stage had run.
+        if self.tracking.promote and getattr(self.catalog.split, self.tracking.promote_split) == 0:
+            split = self.tracking.promote_split
+            raise ValueError(f"tracking.promote compares models on the {split} split, but catalog.split.{split} "
+                             f"is 0: give it a share, set tracking.promote_split to another split, or "
+                             "tracking.promote: false")
+        return self
+
+    @model_validator(mode="after")
     def _positive_learning_rate(self) -> "Recipe":
         # A run at rate 0 trains nothing while looking like training. The trainer's own
         # config allows it, for the control run that checks exactly that.
@@ -86,6 +97,22 @@ class Recipe(BaseModel):
         if bad:
             raise ValueError(f"not a finite number: {', '.join(bad)}")
         return self
+
+
+def backend_problems(recipe: Recipe, kinds: set[str] | None = None) -> list[str]:
+    """``section: what it lacks`` for each backend the stages of ``kinds`` (None: all) would
+    start and could not, in this environment (a server's URL, an API key)."""
+    used = [("perception", "perception.backend", recipe.perception.backend, True),
+            ("train", "training.reference", recipe.training.reference, True),
+            # The evaluated model is the trained one: its name is filled in by the pipeline.
+            ("evaluate", "evaluation.backend", recipe.evaluation.backend, False),
+            ("evaluate", "evaluation.consistency_judge", recipe.evaluation.consistency_judge, True)]
+    found = []
+    for kind, where, backend, needs_model in used:
+        if backend is not None and (kinds is None or kind in kinds):
+            if problem := backend.unready(needs_model):
+                found.append(f"{where}: {problem}; set it in the recipe or with --set {where}.base_url=URL")
+    return found
 
 
 def _numbers(node: Any, path: str = "") -> Iterator[tuple[str, float]]:
@@ -146,9 +173,13 @@ def _raw(name_or_path: str | Path, seen: tuple[str, ...] = ()) -> dict[str, Any]
     if str(path) in seen:
         raise RecipeError(f"recipe {path} extends itself through {' -> '.join(seen)}")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
         raise RecipeError(f"recipe {path} is not valid YAML: {exc}") from exc
+    if data is None or data == {}:
+        # Nothing set would silently run the paper's whole setup (hub download, a 72B VLM).
+        raise RecipeError(f"recipe {path} is empty: write the settings you mean, or `extends: paper` "
+                          "(or demo, smoke, ...) to start from a shipped recipe")
     if not isinstance(data, dict):
         raise RecipeError(f"recipe {path} must be a mapping of stage name to settings")
     parent = data.pop("extends", None)
@@ -169,7 +200,10 @@ def load_recipe(name_or_path: str | Path, overrides: dict[str, Any] | None = Non
     try:
         return Recipe.model_validate(data)
     except ValidationError as exc:
-        raise RecipeError(f"recipe {name_or_path!r} does not validate:\n{exc}") from exc
+        # One line per recipe: each wrong entry named by its path, with pydantic's reason.
+        wrong = "; ".join(f"{'.'.join(str(p) for p in err['loc']) or 'recipe'}: "
+                          f"{err['msg'].removeprefix('Value error, ')}" for err in exc.errors())
+        raise RecipeError(f"recipe {name_or_path!r} does not validate: {wrong}") from None
 
 
 def parse_override(text: str) -> dict[str, Any]:

@@ -47,6 +47,11 @@ class TooManyFailures(StageFault):
     """More items failed than the recipe's ``max_failed_fraction`` allows."""
 
 
+class WriteFailure(StageFault):
+    """A finished item could not be written (a full disk, a read-only folder): going on
+    would do work that cannot be kept."""
+
+
 # Things that look like credentials, in the forms servers echo them back.
 _SECRET_PATTERNS = [
     # "Authorization: Bearer xyz", "bearer xyz", "Basic xyz"
@@ -135,7 +140,7 @@ def check_failed_fraction(stage: str, failed: int, total: int, limit: float, det
             f"{stage}: {failed} of {total} items failed ({failed / total:.1%}), above the recipe's "
             f"max_failed_fraction {limit:g}{'; ' + detail if detail else ''}. The work done is kept in the "
             f"stage's .partial folder: fix the cause and run again to redo only the failed items, "
-            f"or raise {stage}.max_failed_fraction"
+            f"or raise {stage}.max_failed_fraction (the same folder resumes)"
         )
 
 
@@ -156,6 +161,12 @@ def die_with_parent(parent_pid: int | None = None, poll_s: float = 1.0) -> None:
     import time
 
     parent = parent_pid or os.getppid()
+    # A Ctrl-C reaches the terminal's whole process group: the parent stops the run and ends
+    # its children, which must not each print a traceback of their own meanwhile.
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    except ValueError:  # not the main thread: its process is not one we started
+        pass
     if sys.platform.startswith("linux"):
         try:
             import ctypes

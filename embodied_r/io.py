@@ -22,6 +22,8 @@ from typing import Any, Callable, Iterator
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from embodied_r.faults import WriteFailure
+
 
 def partial_path(final: Path) -> Path:
     return final.with_name(final.name + ".partial")
@@ -56,7 +58,7 @@ def stage_lock(final: Path) -> Iterator[None]:
             where = f"{final.parent.name}/{final.name}"
             if os.environ.get(LOCK_ENV, "wait") == "fail":
                 raise StageBusy(f"stage {where} is being run by another process (lock {fh.name}); "
-                                "wait for it to end, or run with --wait to queue behind it") from None
+                                "wait for it to end, or run again without --no-wait to queue behind it") from None
             print(f"stage {where} is being run by another process; waiting for it to finish...",
                   file=sys.stderr, flush=True)
             fcntl.flock(fh, fcntl.LOCK_EX)
@@ -176,11 +178,17 @@ class ItemLog:
     def append(self, record: dict[str, Any]) -> None:
         line = json.dumps(record, sort_keys=True, default=str) + "\n"
         with self._lock:
-            self._repair_tail()
-            with open(self.path, "a", encoding="utf-8") as fh:
-                fh.write(line)
-                fh.flush()
-                os.fsync(fh.fileno())
+            try:
+                self._repair_tail()
+                with open(self.path, "a", encoding="utf-8") as fh:
+                    fh.write(line)
+                    fh.flush()
+                    os.fsync(fh.fileno())
+            except OSError as exc:
+                # A torn line is dropped on reading, so every item logged before is kept.
+                raise WriteFailure(
+                    f"cannot write {self.path} ({exc.strerror or exc}): free space on that disk (or make "
+                    "it writable) and run again; every item finished before is kept") from None
 
     def _repair_tail(self) -> None:
         """Drop a torn last line so the next record starts on a line of its own."""

@@ -2,7 +2,9 @@
 
 A stage's key hashes its own config, the keys of the stages it reads and the source of
 the library modules it runs (``runners.code_version``), so editing a stage's config or code
-recomputes that stage and everything after it, and nothing before. ``plan`` is pure;
+recomputes that stage and everything after it, and nothing before. The config it hashes
+leaves out the operational settings (``embodied_r.settings``: timeouts, retries, servers,
+workers, failure limits), which change how a result is obtained, never the result. ``plan`` is pure;
 ``execute`` runs one stage through its registered runner.
 """
 
@@ -18,6 +20,7 @@ from embodied_r.config import Recipe
 from embodied_r.io import is_complete
 from embodied_r.paths import home as default_home
 from embodied_r.runners import code_version, extra_key, runner
+from embodied_r.settings import result_settings
 
 # training.reference.model naming the warm start's model (frozen) as the consistency reference.
 WARMSTART_REF = "warmstart"
@@ -74,8 +77,11 @@ def plan(recipe: Recipe, root: Path | None = None) -> dict[str, StagePlan]:
     stages: dict[str, StagePlan] = {}
 
     def add(name: str, kind: str, deps: list[str], config: dict[str, Any],
-            inputs: dict[str, str], extra: str = "") -> StagePlan:
-        key = _key(kind, config, [stages[d].key for d in deps], extra)
+            inputs: dict[str, str], *, keyed: dict[str, Any], extra: str = "") -> StagePlan:
+        # ``config`` is what the runner gets; ``keyed`` is it less its operational settings
+        # (``settings.result_settings``), so raising a limit or moving a server resumes the
+        # same folder instead of redoing every finished call.
+        key = _key(kind, keyed, [stages[d].key for d in deps], extra)
         sp = StagePlan(name=name, kind=kind, key=key, out=str(root / "stages" / name / key),
                        deps=tuple(deps), inputs=inputs, config=config)
         stages[name] = sp
@@ -83,41 +89,46 @@ def plan(recipe: Recipe, root: Path | None = None) -> dict[str, StagePlan]:
 
     download = recipe.download.model_dump(mode="json")
     dl = add("download", "download", [], download, {"sources_root": str(root / "sources")},
-             extra=extra_key("download", download))
+             extra=extra_key("download", download), keyed=result_settings(recipe.download))
     cat = add("preprocess", "preprocess", ["download"], recipe.catalog.model_dump(mode="json"),
-              {"raw": dl.out})
+              {"raw": dl.out}, keyed=result_settings(recipe.catalog))
     catalog_file = str(Path(cat.out) / "catalog.parquet")
     kf = add("keyframes", "keyframes", ["preprocess"], recipe.keyframes.model_dump(mode="json"),
-             {"catalog": catalog_file})
+             {"catalog": catalog_file}, keyed=result_settings(recipe.keyframes))
     per = add("perception", "perception", ["preprocess", "keyframes"],
-              recipe.perception.model_dump(mode="json"), {"catalog": catalog_file, "keyframes": kf.out})
+              recipe.perception.model_dump(mode="json"), {"catalog": catalog_file, "keyframes": kf.out},
+              keyed=result_settings(recipe.perception))
     conv = add("convert", "convert", ["preprocess", "perception"], recipe.records.model_dump(mode="json"),
-               {"catalog": catalog_file, "perception": per.out})
-    # Which interpreter runs the trainer is where, not what: moving it must not retrain.
+               {"catalog": catalog_file, "perception": per.out}, keyed=result_settings(recipe.records))
+    # The trainer's interpreter travels as an input, not in the config it validates.
     training = recipe.training.model_dump(mode="json", exclude={"stages", "python"})
+    training_keyed = result_settings(recipe.training, exclude={"stages"})
     model = recipe.training.policy
     prev: list[str] = []
     warm = None
     if recipe.warmstart is not None:
         warm = add("warmstart", "warmstart", ["convert"], recipe.warmstart.model_dump(mode="json", exclude={"python"}),
-                   {"records": conv.out, "init_model": model, "python": recipe.warmstart.python or ""})
+                   {"records": conv.out, "init_model": model, "python": recipe.warmstart.python or ""},
+                   keyed=result_settings(recipe.warmstart))
         model = str(Path(warm.out) / "model")
         prev = [warm.name]
     if training["reference"]["model"] == WARMSTART_REF:
         if warm is None:
             raise StageError(f"training.reference.model is {WARMSTART_REF!r} but the recipe has no warmstart section")
         # The warm-started model, frozen: it was taught the reference's task beside the policy's.
-        training["reference"]["model"] = model
+        training["reference"]["model"] = training_keyed["reference"]["model"] = model
     for stage in recipe.training.stages:
-        sp = add(f"train_{stage.name}", "train", ["convert", *prev],
-                 {"stage": stage.model_dump(mode="json"), "training": training},
-                 {"records": conv.out, "init_model": model, "python": recipe.training.python or ""})
+        stage_cfg = stage.model_dump(mode="json")
+        sp = add(f"train_{stage.name}", "train", ["convert", *prev], {"stage": stage_cfg, "training": training},
+                 {"records": conv.out, "init_model": model, "python": recipe.training.python or ""},
+                 keyed={"stage": result_settings(stage), "training": training_keyed})
         model = str(Path(sp.out) / "model")
         prev = [sp.name]
     evaluation = recipe.evaluation.model_dump(mode="json")
+    evaluation_keyed = result_settings(recipe.evaluation)
     if evaluation["max_prompt_length"] is None:
         # The model is asked at test time with prompts cut as it was trained on them.
-        evaluation["max_prompt_length"] = recipe.training.max_prompt_length
+        evaluation["max_prompt_length"] = evaluation_keyed["max_prompt_length"] = recipe.training.max_prompt_length
     baselines: dict[str, str] = {}
     if recipe.evaluation.compare_baselines:
         # The same test questions answered before any training and after the warm start,
@@ -127,11 +138,12 @@ def plan(recipe: Recipe, root: Path | None = None) -> dict[str, StagePlan]:
             before["warmstart"] = ([warm.name], str(Path(warm.out) / "model"))
         for label, (deps, ref) in before.items():
             baselines[label] = add(f"evaluate_{label}", "evaluate", ["convert", *deps], evaluation,
-                                   {"records": conv.out, "model": ref}).out
+                                   {"records": conv.out, "model": ref}, keyed=evaluation_keyed).out
     train_outs = {n: stages[n].out for n in stages if stages[n].kind == "train"}
     add("evaluate", "evaluate", ["convert", *prev, *(f"evaluate_{b}" for b in baselines)], evaluation,
         {"records": conv.out, "model": model,
-         **({"baselines": json.dumps(baselines), "training": json.dumps(train_outs)} if baselines else {})})
+         **({"baselines": json.dumps(baselines), "training": json.dumps(train_outs)} if baselines else {})},
+        keyed=evaluation_keyed)
     return stages
 
 

@@ -19,9 +19,38 @@ _lock = threading.Lock()
 log = logging.getLogger(__name__)
 
 
+# Where the run is now: the stage last begun and its last count, for a line on interrupt.
+_where: dict[str, object] = {}
+
+
+def begin(stage: str) -> None:
+    """``stage`` has started (its counts come with its first ``update``)."""
+    with _lock:
+        _where.clear()
+        _where["stage"] = stage
+
+
+def where(timeout: float = -1) -> tuple[str, int, int] | None:
+    """(stage, done, total) of the stage under way; done and total are -1 before its first
+    count. With ``timeout`` (a signal handler, which may have interrupted a holder of the
+    lock) None when the lock is not free in time."""
+    if not _lock.acquire(timeout=timeout):
+        return None
+    try:
+        if "stage" not in _where:
+            return None
+        return str(_where["stage"]), int(_where.get("done", -1)), int(_where.get("total", -1))  # type: ignore[call-overload]
+    finally:
+        _lock.release()
+
+
 def update(stage: str, done: int, total: int) -> None:
     with _lock:
         listeners = list(_listeners)
+        # The library counts under its stage kind ("evaluate"); the run names the stage
+        # ("evaluate_untrained"), which is the name a user reruns.
+        _where.setdefault("stage", stage)
+        _where.update(done=done, total=total)
     for listener in listeners:
         try:
             listener(stage, done, total)

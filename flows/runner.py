@@ -216,6 +216,10 @@ def run_in_process(recipe: Recipe, root: Path, refresh: list[str] | None = None,
                 if state.name == "Cached":
                     cached.append(name)
                     log_cached_stage(tracker, sp, result["summary"])
+                if sp.kind == "preprocess" and "evaluate" in selected:
+                    from embodied_r.lifecycle.promote import check_promotion_split
+
+                    check_promotion_split(recipe, result["summary"])  # before hours of work, not after
             if "evaluate" in selected:
                 promotion = promote_trained(recipe, root, stages, tracker)
         except BaseException:

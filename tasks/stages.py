@@ -100,6 +100,7 @@ def run_stage(stage: dict[str, Any], tracker: Tracker | None = None) -> dict[str
     if tracker is not None:
         run_id = tracker.start_stage(sp.name, sp.params, tags={"stage_key": sp.key, "output": sp.out})
     _announce(sp, "started")
+    progress.begin(sp.name)
     started = time.monotonic()
     try:
         with progress.listening(progress.Throttled(_ProgressArtifact(sp.name), seconds=2.0)):
@@ -112,7 +113,8 @@ def run_stage(stage: dict[str, Any], tracker: Tracker | None = None) -> dict[str
     if run_id:
         record_stage(tracker, run_id, Path(sp.out), summary)
         tracker.finish(run_id)
-    _announce(sp, "done", time.monotonic() - started, _headline(summary))
+    _announce(sp, "done", time.monotonic() - started,
+              "; ".join(part for part in (_headline(summary), _left_out(sp, summary)) if part))
     try:
         create_markdown_artifact(_markdown(sp, summary), key=f"{sp.name.replace('_', '-')}-summary",
                                  description=f"{sp.name} summary")
@@ -125,6 +127,18 @@ def run_stage(stage: dict[str, Any], tracker: Tracker | None = None) -> dict[str
         pass
     return {"stage": sp.name, "out": sp.out, "mlflow_run_id": run_id,
             "summary": json.loads(json.dumps(summary, default=str))}
+
+
+def _left_out(sp: StagePlan, summary: dict[str, Any]) -> str:
+    """How many items the stage left out, why and where they are listed: a stage that goes
+    on past bad items must say so where the user looks."""
+    failed = summary.get("failed")
+    listed = Path(sp.out) / "failures.parquet"
+    if not isinstance(failed, int) or isinstance(failed, bool) or failed <= 0 or not listed.is_file():
+        return ""
+    reasons = summary.get("failure_reasons") or summary.get("reasons") or {}
+    why = f" ({', '.join(f'{k} {v}' for k, v in reasons.items())})" if isinstance(reasons, dict) and reasons else ""
+    return f"{failed} left out{why}, listed in {listed}"
 
 
 def _headline(summary: dict[str, Any]) -> str:

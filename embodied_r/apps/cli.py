@@ -160,15 +160,23 @@ def _print_learning(evaluation: dict[str, Any]) -> None:
 
 def _precheck(args: argparse.Namespace, stage: str | None) -> None:
     """Catch a bad recipe or a missing input before Prefect starts, with a short message."""
-    from embodied_r.config import load_recipe
+    from embodied_r.config import RecipeError, backend_problems, load_recipe
     from embodied_r.pipeline import plan, resolve_stage_name, select_stages, training_stage_names
 
     recipe = load_recipe(args.recipe, _all_overrides(args) or None)
     stages = plan(recipe)
-    for name in getattr(args, "refresh", None) or []:
+    refresh = getattr(args, "refresh", None) or []
+    for name in refresh:
         resolve_stage_name(stages, name)
     if stage is not None:
-        select_stages(stages, training_stage_names(stages) if stage == "train" else [stage], recipe.name)
+        selected = select_stages(stages, training_stage_names(stages) if stage == "train" else [stage], recipe.name)
+    else:
+        selected = list(stages)
+    # A backend that cannot start is named now, not when its stage comes.
+    refreshing = bool(refresh) or bool(getattr(args, "refresh_stage", False))
+    kinds = {stages[n].kind for n in selected if refreshing or not stages[n].complete}
+    if problems := backend_problems(recipe, kinds):
+        raise RecipeError("; ".join(problems))
 
 
 def _cmd_run(args: argparse.Namespace, stage: str | None = None) -> int:
@@ -208,9 +216,11 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
-    from embodied_r.config import load_recipe
+    from embodied_r.config import RecipeError, backend_problems, load_recipe
 
     recipe = load_recipe(args.recipe, _all_overrides(args) or None)
+    if problems := backend_problems(recipe):
+        raise RecipeError("; ".join(problems))
     print(json.dumps(recipe.model_dump(mode="json"), indent=2) if args.show else f"{recipe.name}: valid")
     return 0
 
@@ -295,6 +305,12 @@ def main(argv: list[str] | None = None) -> int:
     _setup_env(args.home)
     if args.no_wait:
         os.environ["EMBODIED_R_LOCK"] = "fail"
+    if argv is None and args.command != "chat":
+        # A real command line: Ctrl-C and SIGTERM stop it at once, in one line (chat reads
+        # Ctrl-C as "leave the conversation", and saves it).
+        from embodied_r.apps.interrupt import install
+
+        install()
     if argv is None and args.command in ("demo", "run", *STAGE_COMMANDS):
         # A real command line: whatever it starts (Prefect's server included) ends with it.
         from embodied_r.apps.reaper import start_reaper

@@ -55,6 +55,16 @@ def _still(pid: int, start: str) -> bool:
     return info is not None and info[1] == start
 
 
+def running(pid: int, start: str) -> bool:
+    """Whether the process ``pid`` that started at ``start`` still runs (a zombie, dead and
+    waiting for a parent to reap it, does not)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z" and _still(pid, start)
+
+
 def watch(target: int) -> None:
     me = os.getpid()
     target_start = (_stat(target) or (0, ""))[1]

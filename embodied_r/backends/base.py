@@ -15,12 +15,14 @@ model takes (pixels in process, a JPEG data URL over HTTP).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Annotated, Any, Callable, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from embodied_r.faults import register_secret_env
+from embodied_r.settings import operational
 
 Message = dict[str, Any]
 Conversation = list[Message]
@@ -35,8 +37,10 @@ class BackendConfig(BaseModel):
     kind: Literal["transformers", "openai", "vllm", "world"] = "transformers"
     # A local folder, a hub id (only with a download stage) or, for ``openai``, the served name.
     model: str = ""
-    base_url: str | None = None  # openai: e.g. http://127.0.0.1:8000/v1
-    api_key_env: str = "OPENAI_API_KEY"  # name of the variable; the key itself is never stored
+    # Which server answers and how it is asked (operational: the same model behind another
+    # URL, more calls in flight or a longer timeout give the same replies).
+    base_url: str | None = operational(None)  # openai: e.g. http://127.0.0.1:8000/v1
+    api_key_env: str = operational("OPENAI_API_KEY")  # name of the variable; the key itself is never stored
     max_new_tokens: int = Field(256, ge=1)
     # transformers: a text prompt longer than this many tokens keeps its last ones, as the
     # trainer cuts prompts (``backends.truncation``); servers and vLLM bound their own context.
@@ -49,10 +53,10 @@ class BackendConfig(BaseModel):
     # results, so both are in every stage key that holds this config.
     repetition_penalty: Annotated[float, Field(gt=0, allow_inf_nan=False)] | FromModel | None = None
     top_k: Annotated[int, Field(ge=0)] | FromModel | None = None  # sampling only; 0 turns it off
-    concurrency: int = Field(8, ge=1)
-    timeout_s: float = Field(120.0, gt=0, allow_inf_nan=False)
-    max_retries: int = Field(5, ge=0)
-    batch_size: int = Field(8, ge=1)  # transformers: prompts per forward pass
+    concurrency: int = operational(8, ge=1)
+    timeout_s: float = operational(120.0, gt=0, allow_inf_nan=False)
+    max_retries: int = operational(5, ge=0)
+    batch_size: int = operational(8, ge=1)  # transformers: prompts per forward pass
     device: str = "auto"  # transformers: "cpu", "cuda", "auto"
     max_pixels: int = Field(448 * 448, ge=1)  # images are resized to this budget before they are sent
     seed: int = 0
@@ -67,6 +71,18 @@ class BackendConfig(BaseModel):
         # reports, even when the backend itself runs elsewhere.
         register_secret_env(self.api_key_env)
         return self
+
+    def unready(self, needs_model: bool = True) -> str | None:
+        """What this backend lacks to start in this environment, or None. Checked before a run
+        starts (and by ``embodied-r validate``), not minutes in when the stage first calls it."""
+        if self.kind != "openai":
+            return None
+        if not self.base_url and not os.environ.get(self.api_key_env):
+            return (f"backend 'openai' needs `base_url` (e.g. http://127.0.0.1:8000/v1) or the API key "
+                    f"in the environment variable {self.api_key_env}")
+        if needs_model and not self.model:
+            return "backend 'openai' needs `model`: the name the server serves the model under"
+        return None
 
 
 @dataclass

@@ -46,7 +46,16 @@ def resolve_model(ref: str) -> str:
         return str(demo.resolve(ref[len(TINY_PREFIX):], home() / "models"))
     if ref == SMOL_REF:
         return resolve_smol(home())
+    if _looks_like_a_path(ref) and not Path(ref).expanduser().exists():
+        # Else transformers reads it as a hub id and answers "Repo id must be in the form ...".
+        raise FileNotFoundError(f"model folder {ref} does not exist: give a model folder that does, a hub id "
+                                "(org/name), tiny:<name> or models:/<name>@<alias>")
     return ref
+
+
+def _looks_like_a_path(ref: str) -> bool:
+    """A hub id is ``name`` or ``org/name``; anything else with a slash is a folder."""
+    return ref.startswith(("/", "./", "../", "~")) or ref.count("/") > 1 or ref.endswith("/")
 
 
 def build_atomically(final: Path, build: Callable[[Path], None]) -> Path:

@@ -82,13 +82,8 @@ class OpenAIBackend:
     def __init__(self, cfg: BackendConfig, backoff_base_s: float = 1.0, backoff_max_s: float = 60.0):
         import aiohttp
 
-        if not cfg.base_url and not os.environ.get(cfg.api_key_env):
-            raise ValueError(
-                f"backend 'openai' needs `base_url` (e.g. http://127.0.0.1:8000/v1) or the API key "
-                f"in the environment variable {cfg.api_key_env}"
-            )
-        if not cfg.model:
-            raise ValueError("backend 'openai' needs `model`: the name the server serves the model under")
+        if problem := cfg.unready():
+            raise ValueError(problem)
         self.cfg = cfg
         self.backoff_base_s = backoff_base_s
         self.backoff_max_s = backoff_max_s

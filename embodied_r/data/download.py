@@ -11,6 +11,7 @@ video zips are then extracted inside the stage folder, safely.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import time
@@ -27,6 +28,7 @@ from embodied_r.benchmarks import DataSourceError
 from embodied_r.data.hub import HubConfig
 from embodied_r.faults import item_done
 from embodied_r.io import is_complete, sha256_file, read_summary, stage_folder, write_json_atomic, write_summary
+from embodied_r.settings import operational, result_settings
 from embodied_r.synthetic.config import SyntheticConfig
 from embodied_r.synthetic.generate import make_synthetic_benchmark
 from embodied_r.synthetic.truth import TRUTH_FILE
@@ -44,7 +46,7 @@ class DownloadConfig(BaseModel):
     )
     synthetic: SyntheticConfig = Field(default_factory=SyntheticConfig)
     hub: HubConfig = Field(default_factory=HubConfig)
-    max_zip_bytes: int = Field(200 * 1024**3, ge=1)  # refuse archives that would expand past this
+    max_zip_bytes: int = operational(200 * 1024**3, ge=1)  # refuse archives that would expand past this
 
 
 def _needed(root: Path, benchmark: str) -> list[str]:
@@ -61,7 +63,7 @@ def source_fingerprint(cfg: DownloadConfig) -> str:
     (a stat walk, cheap even for large mirrors); synthetic and hub sources by their config.
     """
     if cfg.source != "local":
-        return cfg.model_dump_json()
+        return json.dumps(result_settings(cfg), sort_keys=True)
     root = _check_local(cfg)
     h = hashlib.sha256()
     for benchmark in cfg.benchmarks:

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from embodied_r import benchmarks as bm
 from embodied_r.benchmarks import DataSourceError
+from embodied_r.settings import operational
 
 OFFLINE_FIX = ("without network access, copy the repos elsewhere (for example `hf download "
                "{repo} --repo-type dataset --local-dir DIR/{folder}`) and pass --source DIR "
@@ -36,8 +37,9 @@ class HubConfig(BaseModel):
     urbanvideo_revision: str = "main"  # a branch, tag or commit; resolved to a commit and recorded
     vsibench_repo: str = "nyu-visionx/VSI-Bench"
     vsibench_revision: str = "main"
-    endpoint: str | None = None  # None: huggingface_hub's default (HF_ENDPOINT, else huggingface.co)
-    max_workers: int = Field(8, ge=1, description="files fetched in parallel")
+    # A mirror of the hub serves the same files at the same commit: where from, not what.
+    endpoint: str | None = operational(None)  # None: huggingface_hub's default (HF_ENDPOINT, else huggingface.co)
+    max_workers: int = operational(8, ge=1, description="files fetched in parallel")
 
     def repo(self, benchmark: str) -> tuple[str, str]:
         """``(repo id, requested revision)`` of a benchmark."""

@@ -10,6 +10,7 @@ from embodied_r.backends.base import BackendConfig
 from embodied_r.faults import DEFAULT_MAX_FAILED_FRACTION
 from embodied_r.scoring.answers import AnswerParser, ChoiceParser
 from embodied_r.scoring.metrics import NumberParsing
+from embodied_r.settings import operational
 
 
 def _greedy_backend() -> BackendConfig:
@@ -40,7 +41,7 @@ class EvaluationConfig(BaseModel):
     # learning figures (accuracy of each beside chance, rewards per training stage).
     compare_baselines: bool = False
     # Questions whose call failed score 0; more of them than this share fails the stage.
-    max_failed_fraction: float = Field(DEFAULT_MAX_FAILED_FRACTION, ge=0, le=1)
+    max_failed_fraction: float = operational(DEFAULT_MAX_FAILED_FRACTION, ge=0, le=1)
     # How option letters are read: "strict" only inside the last <answer> block, one
     # option and no other; "official" as the official scoring script (the first letter
     # right after <answer>, else the last "X." anywhere in the completion).
@@ -49,7 +50,7 @@ class EvaluationConfig(BaseModel):
     # "official@<commit>" when the recipe's prompts file set them.
     prompts: str = "paraphrase"
     # Questions per generate call, and so between progress records.
-    chunk_size: int = Field(32, ge=1)
+    chunk_size: int = operational(32, ge=1)
 
     def choice_parser(self) -> ChoiceParser:
         return "official_eval" if self.answer_parser == "official" else "strict"

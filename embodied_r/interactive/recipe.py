@@ -24,6 +24,7 @@ from embodied_r.interactive.sft_config import ReasonerSFTConfig
 from embodied_r.paths import home as default_home
 from embodied_r.prompts.store import PromptsConfig, apply_prompts
 from embodied_r.runners import code_version
+from embodied_r.settings import operational, result_settings
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes" / "reasoner"
 POOLS = {"reasoner_data": "cpu", "reasoner_sft": "gpu-train", "reasoner_explore": "gpu-infer",
@@ -46,7 +47,7 @@ class EvaluateConfig(BaseModel):
 
     environment: Literal["builtin", "ai2thor"] = "builtin"
     limit: int | None = Field(None, ge=1)  # the first N test cases; None: all
-    batch: int = Field(8, ge=1)
+    batch: int = operational(8, ge=1)
     episode: EpisodeConfig = Field(default_factory=EpisodeConfig)
 
 
@@ -99,8 +100,9 @@ def plan(recipe: ReasonerRecipe, root: Path | None = None) -> dict[str, dict[str
     stages: dict[str, dict[str, Any]] = {}
 
     def add(name: str, kind: str, deps: list[str], config: dict[str, Any], inputs: dict[str, str],
-            extra: str = "") -> dict[str, Any]:
-        payload = json.dumps({"kind": kind, "config": config, "upstream": [stages[d]["key"] for d in deps],
+            extra: str = "", *, keyed: dict[str, Any]) -> dict[str, Any]:
+        # ``keyed`` is ``config`` less its operational settings (``settings.result_settings``).
+        payload = json.dumps({"kind": kind, "config": keyed, "upstream": [stages[d]["key"] for d in deps],
                               "code": code_version(kind), "extra": extra}, sort_keys=True, default=str)
         key = hashlib.sha256(payload.encode()).hexdigest()[:16]
         stages[name] = {"name": name, "kind": kind, "key": key, "out": str(root / "stages" / name / key),
@@ -108,9 +110,11 @@ def plan(recipe: ReasonerRecipe, root: Path | None = None) -> dict[str, dict[str
         return stages[name]
 
     data_cfg = {"data": recipe.data.model_dump(mode="json")}
-    data = add("reasoner_data", "reasoner_data", [], data_cfg, {}, extra=fingerprint(data_cfg))
+    data = add("reasoner_data", "reasoner_data", [], data_cfg, {}, extra=fingerprint(data_cfg),
+               keyed={"data": result_settings(recipe.data)})
     backend = recipe.backend.model_dump(mode="json")
     texts = recipe.evaluate.episode.model_dump(mode="json")["texts"]
+    backend_keyed = result_settings(recipe.backend)
     model, prev = recipe.base_model, "reasoner_data"
     for i, stage in enumerate(SFT_STAGES, start=1):
         sft = _merge(recipe.sft.model_dump(mode="json"), recipe.sft_stages.get(stage, {}))
@@ -120,12 +124,17 @@ def plan(recipe: ReasonerRecipe, root: Path | None = None) -> dict[str, dict[str
             explore = add("reasoner_explore", "reasoner_explore", ["reasoner_data", prev],
                           {"explore": recipe.explore.model_dump(mode="json"), "backend": backend,
                            "episode": {"texts": texts}},
-                          {"catalog": data["out"], "model": model})
+                          {"catalog": data["out"], "model": model},
+                          keyed={"explore": result_settings(recipe.explore), "backend": backend_keyed,
+                                 "episode": {"texts": texts}})
             inputs["trajectories"] = explore["out"]
             deps = ["reasoner_data", "reasoner_explore"]
-        sp = add(f"reasoner_sft_{stage}", "reasoner_sft", deps, {"stage": i, "name": stage, "sft": sft}, inputs)
+        sft_keyed = result_settings(ReasonerSFTConfig.model_validate(sft))
+        sp = add(f"reasoner_sft_{stage}", "reasoner_sft", deps, {"stage": i, "name": stage, "sft": sft}, inputs,
+                 keyed={"stage": i, "name": stage, "sft": sft_keyed})
         model, prev = str(Path(sp["out"]) / "model"), sp["name"]
     add("reasoner_evaluate", "reasoner_evaluate", ["reasoner_data", prev],
         {"evaluate": recipe.evaluate.model_dump(mode="json"), "backend": backend},
-        {"catalog": data["out"], "model": model})
+        {"catalog": data["out"], "model": model},
+        keyed={"evaluate": result_settings(recipe.evaluate), "backend": backend_keyed})
     return stages

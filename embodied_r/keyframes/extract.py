@@ -35,6 +35,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from embodied_r.keyframes.video import FrameSampler, JpegSpool, VideoError, read_frames
+from embodied_r.settings import operational, result_settings
 
 REASONS = ("first", "last", "low_overlap", "match_failed", "fill")
 
@@ -59,13 +60,15 @@ class KeyframeConfig(BaseModel):
     match_width: int = Field(320, ge=0, description="match at this width; 0 = source width")
     jpeg_max_side: int = Field(640, ge=0, description="longest side of saved frames; 0 = source")
     jpeg_quality: int = Field(90, ge=1, le=100)
-    workers: int = Field(0, ge=0, description="video processes; 0 = one per core")
-    cv_threads: int = Field(0, ge=0, description="OpenCV threads per process; 0 = its share of the cores")
-    decode_threads: int | None = Field(None, ge=0, description="FFmpeg threads per video; 0 = one per core; "
-                                       "None = by frame size (video.auto_decode_threads)")
-    decode_ahead: int = Field(2, ge=0, description="sampled frames decoded ahead in a second thread; 0 = none")
-    cache: bool = Field(True, description="reuse key frames of a video with the same content and parameters")
-    cache_dir: str | None = Field(None, description="default: $EMBODIED_R_HOME/cache/keyframes")
+    # How the work is spread over processes and threads, and where finished videos are kept:
+    # none of it changes which frames are kept.
+    workers: int = operational(0, ge=0, description="video processes; 0 = one per core")
+    cv_threads: int = operational(0, ge=0, description="OpenCV threads per process; 0 = its share of the cores")
+    decode_threads: int | None = operational(None, ge=0, description="FFmpeg threads per video; 0 = one per "
+                                             "core; None = by frame size (video.auto_decode_threads)")
+    decode_ahead: int = operational(2, ge=0, description="sampled frames decoded ahead in a second thread; 0 = none")
+    cache: bool = operational(True, description="reuse key frames of a video with the same content and parameters")
+    cache_dir: str | None = operational(None, description="default: $EMBODIED_R_HOME/cache/keyframes")
 
     @model_validator(mode="after")
     def _bounds(self) -> "KeyframeConfig":
@@ -76,8 +79,7 @@ class KeyframeConfig(BaseModel):
     def output_params(self) -> dict[str, Any]:
         """The settings that decide which frames are kept and how they are saved (not how
         the work is spread over processes and threads, nor where the cache lives)."""
-        return self.model_dump(exclude={"workers", "cv_threads", "decode_threads", "decode_ahead", "cache",
-                                        "cache_dir"})
+        return result_settings(self, mode="python")
 
 
 @dataclass

@@ -215,8 +215,8 @@ def run_keyframes(catalog: Path, out: Path, cfg: KeyframeConfig | None = None) -
         threads = opencv_threads(cfg, workers, cores)
         for n, record in enumerate(_process_all(todo, work, cfg, cache, workers, threads), start=1):
             log.append(record)
+            progress.update("keyframes", len(done) + n, len(videos))  # counted once logged
             item_done("keyframes")
-            progress.update("keyframes", len(done) + n, len(videos))
         records = {r["video_id"]: r for r in log.read()}
         finished = [records[v] for v, _ in videos if v in records]
         ok = [r for r in finished if r["status"] == "done"]

@@ -76,11 +76,11 @@ def evaluate_model(recipe: Any, ref: str | None, split: str, root: Path,
                    out: Path | None = None) -> tuple[Path, dict[str, Any]]:
     """Evaluate a model reference on ``split`` of the recipe's converted records, in a
     folder named by the pinned model, the records and the config; (folder, summary)."""
+    model = resolve_reasoner(ref, recipe, root)  # a model that is not there is said first
     records = converted_records(recipe, root)
     if not read_split(records, split):
         raise ValueError(f"the {split} split of recipe {recipe.name!r} has no records ({records}); "
                          "choose another split")
-    model = resolve_reasoner(ref, recipe, root)
     cfg = recipe.evaluation.model_copy(update={"split": split})
     out = out or evaluation_folder(root, "model", {"model": model.identity, "records": records.name}, cfg)
     return out, run_evaluation(records, model.path, out, cfg, model_ref=model.label)

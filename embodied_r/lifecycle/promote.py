@@ -122,3 +122,16 @@ def _split_score(summary: Mapping[str, Any], split: str, metric: str, records: P
     count = summary.get("count" + metric[len("accuracy"):], summary.get("count/overall", 0))
     return SplitScore(split, float(summary[metric]), int(count or 0), summary_interval(summary, metric),
                       chance_metrics(read_split(records, split)).get(metric, 0.0), others)
+
+
+def check_promotion_split(recipe: Any, catalog_summary: dict[str, Any]) -> None:
+    """Stop a run that promotes on a split its catalog left empty, once the catalog is
+    built: promotion would otherwise fail after every stage had run."""
+    split = recipe.tracking.promote_split
+    if recipe.tracking.promote and catalog_summary.get(f"n_{split}") == 0:
+        from embodied_r.config import RecipeError
+
+        raise RecipeError(
+            f"tracking.promote compares models on the {split} split, but the catalog has no {split} questions "
+            f"({catalog_summary.get('questions', 0)} in all): give catalog.split.{split} a larger share (or use "
+            f"more videos), set tracking.promote_split to another split, or tracking.promote: false")

@@ -33,7 +33,8 @@ from embodied_r import progress
 from embodied_r.perception import prompts
 from embodied_r.backends.base import Backend, BackendConfig, Generation
 from embodied_r.backends.factory import make_backend
-from embodied_r.faults import DEFAULT_MAX_FAILED_FRACTION, InfraFailure, check_failed_fraction, item_done, redact
+from embodied_r.faults import (DEFAULT_MAX_FAILED_FRACTION, InfraFailure, WriteFailure, check_failed_fraction,
+                               item_done, redact)
 from embodied_r.io import (
     ItemLog,
     is_complete,
@@ -45,6 +46,7 @@ from embodied_r.perception.modes import QUESTION_PHASE, Call, PerQuestion, PerVi
 from embodied_r.perception.outputs import check_actions, server_hint, write_outputs
 from embodied_r.perception.parse import FrameInfo, video_text
 from embodied_r.perception.prompts import ImageOrder, PerceiverTexts, PromptStyle, ReplyFormat
+from embodied_r.settings import operational
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +106,7 @@ class PerceptionConfig(BaseModel):
     # project's instructions.
     texts: PerceiverTexts | None = None
     # More failed questions than this share fails the stage (kept .partial, never cached).
-    max_failed_fraction: float = Field(DEFAULT_MAX_FAILED_FRACTION, ge=0, le=1)
+    max_failed_fraction: float = operational(DEFAULT_MAX_FAILED_FRACTION, ge=0, le=1)
 
     @field_validator("prompt_version")
     @classmethod
@@ -191,6 +193,7 @@ class _Runner:
         self.structured = structured
         self.errors: dict[str, str] = {}
         self.outage: str | None = None
+        self.unwritable: WriteFailure | None = None
         self.made = 0
         self.failed = 0
         self.skipped = 0
@@ -216,7 +219,14 @@ class _Runner:
         }
         if gen.truncated:
             rec["truncated"] = True
-        self.item_log.append(rec)
+        try:
+            self.item_log.append(rec)
+        except WriteFailure as exc:
+            # Raised here it would reach the backend's event loop once per call in flight;
+            # the stage stops once, after the calls already sent.
+            with self._lock:
+                self.unwritable = self.unwritable or exc
+            return
         item_done("perception")
         with self._lock:
             self.done[call.key] = rec
@@ -253,6 +263,8 @@ class _Runner:
             for i, gen in enumerate(gens):
                 if i not in reported:
                     self._record(chunk[i], gen)
+            if self.unwritable is not None:
+                raise WriteFailure(f"perception stopped: {self.unwritable}")
             if self.outage is not None:
                 raise InfraFailure(
                     f"perception stopped: the perceiver failed ({self.outage[:400]}). Finished calls are "

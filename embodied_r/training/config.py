@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from embodied_r.backends.base import BackendConfig
 from embodied_r.scoring.config import ScoringConfig
+from embodied_r.settings import operational
 from embodied_r.training.environment import TrainerEnvironment, num_processes, resolve_config_file
 
 
@@ -19,12 +20,12 @@ class VLLMRollouts(BaseModel):
 
     # colocate: vLLM shares each training GPU; server: a `trl vllm-serve` elsewhere.
     mode: Literal["colocate", "server"] = "colocate"
-    gpu_memory_utilization: float = Field(0.3, gt=0, le=1)
+    gpu_memory_utilization: float = operational(0.3, gt=0, le=1)
     tensor_parallel_size: int = Field(1, ge=1)
     max_model_length: int | None = Field(None, ge=1)
     # Frees vLLM's weights and cache while the optimizer step runs (colocate only).
-    enable_sleep_mode: bool = False
-    server_base_url: str | None = None
+    enable_sleep_mode: bool = operational(False)
+    server_base_url: str | None = operational(None)
 
     def grpo_kwargs(self) -> dict[str, Any]:
         kwargs: dict[str, Any] = {
@@ -144,11 +145,11 @@ class TrainingConfig(TrainerEnvironment):
     vllm_importance_sampling_correction: bool = False
     max_steps_per_stage: int | None = Field(None, ge=1)  # a cap for the CPU demo
     vllm: VLLMRollouts | None = None  # None: rollouts with transformers' generate
-    log_completions: bool = False  # TRL's own console print of completions
+    log_completions: bool = operational(False)  # TRL's own console print of completions
     # A sample of completions with their rewards, logged as an MLflow table
     # (completions.json in the stage's run) every this many steps and at the end.
-    completion_table_rows: int = Field(8, ge=0)
-    completion_table_steps: int = Field(50, ge=1)
+    completion_table_rows: int = operational(8, ge=0)
+    completion_table_steps: int = operational(50, ge=1)
     # Further GRPOConfig arguments, passed through as they are.
     grpo_args: dict[str, Any] = Field(default_factory=dict)
 

@@ -144,6 +144,14 @@ def free_bytes(path: Path) -> int:
     return shutil.disk_usage(path).free
 
 
+def size_text(n: float) -> str:
+    """Bytes in the unit that shows them: a small model's checkpoints are not "0.0 GB"."""
+    for unit, scale in (("GB", GB), ("MB", 1e6), ("kB", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n:.0f} bytes"
+
+
 def check_disk(out: Path, model: str, env: TrainerEnvironment, steps: int, what: str,
                existing: int = 0) -> CheckpointEstimate | None:
     """Fail before ``what`` starts when its checkpoints would not fit beside ``out``.
@@ -158,13 +166,13 @@ def check_disk(out: Path, model: str, env: TrainerEnvironment, steps: int, what:
     free = free_bytes(out) + existing
     if est.total > free:
         raise DiskSpaceError(
-            f"{what} needs about {est.total / GB:.1f} GB of disk under {out} but {free / GB:.1f} GB are free: "
-            f"{est.kept} checkpoint(s) at the worst moment x {est.per_checkpoint / GB:.2f} GB "
+            f"{what} needs about {size_text(est.total)} of disk under {out} but {size_text(free)} are free: "
+            f"{est.kept} checkpoint(s) at the worst moment x {size_text(est.per_checkpoint)} "
             f"({est.parameters / 1e9:.2f} B parameters; {est.how}) + the final model "
-            f"{est.final_model / GB:.2f} GB, over {steps} steps saved every {env.save_steps}. "
+            f"{size_text(est.final_model)}, over {steps} steps saved every {env.save_steps}. "
             f"Lower training.save_total_limit (now {env.save_total_limit}), raise training.save_steps "
             f"(now {env.save_steps}), set training.save_only_model: true (weights only; a resumed stage "
             "restarts the optimizer), or free space."
         )
-    log.info("%s: checkpoints need about %.1f GB, %.1f GB free", what, est.total / GB, free / GB)
+    log.info("%s: checkpoints need about %s, %s free", what, size_text(est.total), size_text(free))
     return est

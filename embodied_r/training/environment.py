@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from embodied_r import progress
 from embodied_r.io import read_json, write_json_atomic
+from embodied_r.settings import operational
 
 SPEC_NAME = "spec.json"
 RESULT_NAME = "train_result.json"
@@ -104,21 +105,21 @@ class TrainerEnvironment(BaseModel):
 
     use_cpu: bool = False
     bf16: bool | None = None  # None: when a GPU is used, not on the CPU
-    gradient_checkpointing: bool = True
+    gradient_checkpointing: bool = operational(True)  # memory for time; the same gradients
     seed: int = 42
-    logging_steps: int = Field(1, ge=1)
-    save_steps: int = Field(100, ge=1)
-    save_total_limit: int | None = 2
+    logging_steps: int = operational(1, ge=1)
+    save_steps: int = operational(100, ge=1)
+    save_total_limit: int | None = operational(2)
     # Checkpoints without the optimizer state: a fraction of the disk, but a resumed stage
     # restarts its optimizer (Adam's moments) from zero.
-    save_only_model: bool = False
-    keep_checkpoints: bool = False  # checkpoints only serve a resume; the model is saved apart
+    save_only_model: bool = operational(False)
+    keep_checkpoints: bool = operational(False)  # checkpoints only serve a resume; the model is saved apart
     lora: LoraSettings | None = None
     launcher: Literal["python", "accelerate"] = "python"
     # Relative paths are looked up in the working folder, then in the source checkout.
     accelerate_config: str | None = None
     # The interpreter of the training environment; None: $EMBODIED_R_TRAIN_PYTHON, else this one.
-    python: str | None = None
+    python: str | None = operational(None)
 
     @model_validator(mode="after")
     def _check_launch(self) -> "TrainerEnvironment":

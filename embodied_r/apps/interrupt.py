@@ -1,0 +1,135 @@
+"""Ctrl-C and SIGTERM stop a run at once, with one line saying where it stopped.
+
+A run's work is already safe against a kill at any moment: every finished item is on disk
+(``io.ItemLog``), every folder is written aside and renamed, and the next run resumes. What a
+signal must not do is unwind slowly through Prefect's retries, worker threads and a Prefect
+server that the same Ctrl-C has just stopped (the terminal sends it to the whole process
+group): that took more than a minute and printed a page of tracebacks that blamed the network.
+
+So the first SIGINT or SIGTERM ends the process the way a kill would, only tidily: one line
+(``interrupted during perception: 154 of 622 calls done; rerun to resume``), then nothing
+more on the terminal, every process the run started ended, and exit status 128 + the
+signal's number (130, 143).
+
+Prefect replaces the SIGTERM handler while a flow runs. The signal is therefore also read from
+Python's wakeup file descriptor by a thread of ours, which sees every signal that has a Python
+handler, whoever installed it, and acts without waiting for the main thread.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from types import FrameType
+
+from embodied_r import progress
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# What each stage kind counts in its progress.
+UNITS = {"download": "files", "keyframes": "videos", "perception": "calls", "evaluate": "questions",
+         "train": "steps", "warmstart": "steps"}
+GRACE_S = 2.0
+
+_stopping = threading.Lock()
+
+
+def _unit(stage: str) -> str:
+    return next((unit for kind, unit in UNITS.items() if stage.startswith(kind)), "items")
+
+
+def message(where: tuple[str, int, int] | None) -> str:
+    """The line printed on interrupt, from ``progress.where()``."""
+    if where is None:
+        return "interrupted before any stage started; rerun to start again"
+    stage, done, total = where
+    if done < 0:
+        return f"interrupted during {stage}, before its first item finished; rerun to resume"
+    return f"interrupted during {stage}: {done} of {total} {_unit(stage)} done; rerun to resume"
+
+
+def _end_children() -> None:
+    """SIGKILL every process this one started, at any depth, and wait until they are gone.
+    A kill is what every stage is built to survive; a gentler signal would let each child
+    print its own farewell after the run's one line."""
+    from embodied_r.apps.reaper import descendants, running
+
+    left = descendants(os.getpid())
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    deadline = time.monotonic() + GRACE_S
+    while time.monotonic() < deadline and any(running(p, s) for p, s in left.items()):
+        try:
+            while os.waitpid(-1, os.WNOHANG)[0]:  # reap our own children as they die
+                pass
+        except ChildProcessError:
+            pass
+        time.sleep(0.05)
+
+
+def stop(signum: int) -> None:
+    """Say where the run stopped, end its processes and exit with 128 + ``signum``."""
+    if not _stopping.acquire(blocking=False):
+        while True:  # the other path is stopping the process; never unwind meanwhile
+            time.sleep(1)
+    try:
+        text = message(progress.where(timeout=0.5))
+    except Exception:  # noqa: BLE001 - the line must come whatever state the run is in
+        text = "interrupted; rerun to resume"
+    clear = "\r\033[K" if sys.stderr.isatty() else ""
+    try:
+        # Silence the process first, then write the line through a copy of stderr: threads
+        # unwinding meanwhile (the main one too, under Prefect's handler) print nothing.
+        terminal = os.dup(2)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.dup2(devnull, 2)
+        os.write(terminal, f"{clear}{text}\n".encode())
+    except OSError:
+        pass
+    try:
+        _end_children()
+    finally:
+        os._exit(128 + signum)
+
+
+def _handler(signum: int, frame: FrameType | None) -> None:
+    stop(signum)
+
+
+def _watch(reader: socket.socket) -> None:
+    while True:
+        try:
+            data = reader.recv(64)
+        except OSError:
+            return
+        if not data:
+            return
+        for value in data:
+            if value in SIGNALS:
+                stop(value)
+
+
+def install() -> None:
+    """Make SIGINT and SIGTERM stop this process as described above (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    reader, writer = socket.socketpair()
+    writer.setblocking(False)
+    try:
+        signal.set_wakeup_fd(writer.fileno(), warn_on_full_buffer=False)
+    except ValueError:
+        reader.close()
+        writer.close()
+    else:
+        # The pair lives as long as the process: the wakeup fd must stay open.
+        install.sockets = (reader, writer)  # type: ignore[attr-defined]
+        threading.Thread(target=_watch, args=(reader,), name="interrupt-watch", daemon=True).start()
+    for signum in SIGNALS:
+        signal.signal(signum, _handler)
