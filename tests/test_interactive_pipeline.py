@@ -16,6 +16,9 @@ def test_recipes_load_and_plan_six_stages(tmp_path):
     paper = load("reasoner-paper")
     assert paper.sft.learning_rate == 1e-5 and paper.sft.max_pixels == 180000 and paper.sft.freeze_vision
     assert paper.backend.temperature == 0.6 and paper.evaluate.environment == "ai2thor"
+    # The original server's sampling, every value set: none left to a library default.
+    b = paper.backend
+    assert (b.temperature, b.top_k, b.repetition_penalty, b.max_new_tokens) == (0.6, 10, 1.1, 1024)
     stages = plan(load("reasoner-demo"), tmp_path)
     assert list(stages) == ["reasoner_data", "reasoner_sft_imitation", "reasoner_explore",
                             "reasoner_sft_exploration", "reasoner_sft_correction", "reasoner_evaluate"]
