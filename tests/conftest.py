@@ -77,3 +77,30 @@ def tiny_vlm_path(embodied_r_home: Path) -> Path:
     from embodied_r.demo.tiny_models import ensure_tiny_vlm
 
     return ensure_tiny_vlm(embodied_r_home / "models")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2_vl_path(tiny_vlm_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random-weight Qwen2-VL (the class of Embodied-Reasoner's released models), with
+    the tiny Qwen2.5-VL's tokenizer, image processor and language-model shape."""
+    import shutil
+
+    import torch
+    from transformers import Qwen2_5_VLConfig, Qwen2VLConfig, Qwen2VLForConditionalGeneration
+
+    src = Qwen2_5_VLConfig.from_pretrained(tiny_vlm_path)
+    text = src.text_config.to_dict()
+    config = Qwen2VLConfig(
+        text_config=text,
+        vision_config=dict(depth=1, embed_dim=32, hidden_size=text["hidden_size"], num_heads=2, mlp_ratio=2),
+        image_token_id=src.image_token_id, video_token_id=src.video_token_id,
+        vision_start_token_id=src.vision_start_token_id, vision_end_token_id=src.vision_end_token_id,
+        tie_word_embeddings=True)
+    torch.manual_seed(0)
+    folder = tmp_path_factory.mktemp("tiny-qwen2-vl")
+    model = Qwen2VLForConditionalGeneration(config)
+    model.save_pretrained(folder)
+    for item in tiny_vlm_path.iterdir():
+        if item.name not in ("config.json", "model.safetensors") and item.is_file():
+            shutil.copy(item, folder / item.name)
+    return folder

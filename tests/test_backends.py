@@ -105,6 +105,28 @@ def test_lm_sampling_is_seeded(tiny_lm_path: Path) -> None:
     assert len({g.text for g in a}) > 1
 
 
+@pytest.mark.parametrize("which", ["qwen2_5_vl", "qwen2_vl"])
+def test_each_vl_class_loads_by_its_checkpoints_own_config(
+        which: str, tiny_vlm_path: Path, tiny_qwen2_vl_path: Path, image_file: Path, tmp_path: Path) -> None:
+    # Embodied-Reasoner's released models are Qwen2-VL: the Qwen2.5-VL class cannot load them.
+    from embodied_r.backends.models import VLM_CLASSES, vlm_class
+
+    path = {"qwen2_5_vl": tiny_vlm_path, "qwen2_vl": tiny_qwen2_vl_path}[which]
+    cls = vlm_class(path)
+    assert cls.__name__ == VLM_CLASSES[which]
+    # The reasoner's SFT freezes the vision tower through this attribute, in both classes.
+    assert hasattr(cls.from_pretrained(path).model, "visual")
+    backend = TransformersBackend(BackendConfig(model=str(path), device="cpu", max_new_tokens=4, max_pixels=56 * 56))
+    assert type(backend.model).__name__ == VLM_CLASSES[which]
+    text, image = backend.generate([text_conv("What is ahead?"), image_conv(image_file, "What is ahead?")])
+    assert text.error is None and image.error is None
+    assert image.prompt_tokens > text.prompt_tokens + 2  # the image's own tokens were read
+    backend.close()
+    (tmp_path / "config.json").write_text('{"model_type": "llava"}')
+    with pytest.raises(ValueError, match="not a VL model this project loads"):
+        vlm_class(tmp_path)
+
+
 def test_vlm_text_and_images(tiny_vlm_path: Path, image_file: Path, tmp_path: Path) -> None:
     backend = TransformersBackend(
         BackendConfig(model="tiny:vlm", device="cpu", max_new_tokens=8, batch_size=4, max_pixels=56 * 56)

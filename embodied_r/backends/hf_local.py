@@ -16,12 +16,12 @@ from PIL import Image
 
 from embodied_r.backends.base import BackendConfig, Conversation, Generation, decoding, map_image_parts
 from embodied_r.backends.images import load_image
-from embodied_r.backends.models import load_vlm_processor, resolve_model
+from embodied_r.backends.models import VLM_CLASSES, load_vlm_processor, resolve_model, vlm_class
 from embodied_r.backends.truncation import left_truncate
 
 log = logging.getLogger(__name__)
 
-VLM_TYPES = {"qwen2_5_vl"}
+VLM_TYPES = set(VLM_CLASSES)
 
 
 def split_images(conversation: Conversation, max_pixels: int) -> tuple[Conversation, list[Image.Image]]:
@@ -74,11 +74,9 @@ class TransformersBackend:
             load_kwargs["device_map"] = "auto"
 
         if self.is_vlm:
-            from transformers import Qwen2_5_VLForConditionalGeneration
-
             self.processor = load_vlm_processor(self.path)
             self.tokenizer = self.processor.tokenizer
-            self.model = Qwen2_5_VLForConditionalGeneration.from_pretrained(self.path, **load_kwargs)
+            self.model = vlm_class(self.path).from_pretrained(self.path, **load_kwargs)
         else:
             self.processor = None
             self.tokenizer = AutoTokenizer.from_pretrained(self.path)

@@ -114,3 +114,25 @@ def load_vlm_processor(path: str | Path) -> Any:
     if not template and chat_file.is_file():
         template = json.loads(chat_file.read_text())["chat_template"]
     return _processor_class()(image_processor, tokenizer, chat_template=template)
+
+
+# The VL model classes a checkpoint may name in its config.json: Embodied-Reasoner's released
+# models are Qwen2-VL (2B, 7B), Embodied-R's perceiver and the tiny VLM are Qwen2.5-VL. The
+# checkpoint's own config decides; the two classes cannot load each other's weights.
+VLM_CLASSES = {"qwen2_vl": "Qwen2VLForConditionalGeneration", "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration"}
+
+
+def vlm_class(path: str | Path) -> type:
+    """The transformers class that loads the VL checkpoint in ``path``, by its ``model_type``."""
+    import transformers
+
+    config = Path(path) / "config.json"
+    try:
+        model_type = json.loads(config.read_text()).get("model_type")
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"cannot read {config} ({exc}): give the folder of a Qwen2-VL or Qwen2.5-VL "
+                         "checkpoint") from None
+    if model_type not in VLM_CLASSES:
+        raise ValueError(f"{path}: model_type {model_type!r} is not a VL model this project loads; "
+                         f"give a checkpoint of {' or '.join(VLM_CLASSES)}")
+    return getattr(transformers, VLM_CLASSES[model_type])

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from embodied_r.backends.images import load_image
-from embodied_r.backends.models import IM_END, IM_START, load_vlm_processor
+from embodied_r.backends.models import IM_END, IM_START, load_vlm_processor, vlm_class
 from embodied_r.interactive.episode import conversation
 from embodied_r.interactive.prompts import FEEDBACK
 from embodied_r.interactive.sft_config import ReasonerSFTConfig
@@ -96,7 +96,6 @@ def main(spec_path: str) -> int:
     work = Path(spec["work"])
     import torch
     from datasets import Dataset
-    from transformers import Qwen2_5_VLForConditionalGeneration
     from trl import SFTConfig, SFTTrainer
 
     processor = load_vlm_processor(spec["init_model"])
@@ -115,7 +114,7 @@ def main(spec_path: str) -> int:
         raise ValueError(f"no conversation fits max_length={cfg.max_length}")
     on_gpu = torch.cuda.is_available() and not cfg.use_cpu
     bf16 = cfg.bf16 if cfg.bf16 is not None else on_gpu
-    model = Qwen2_5_VLForConditionalGeneration.from_pretrained(
+    model = vlm_class(spec["init_model"]).from_pretrained(
         spec["init_model"], dtype=torch.bfloat16 if bf16 else torch.float32)
     if cfg.freeze_vision:
         for p in model.model.visual.parameters():  # the merger (projector) lives inside visual
