@@ -48,6 +48,7 @@ def test_the_run_list_columns_are_rounded_percentages(runs: Runs) -> None:
     assert metrics["test/questions"] == 31
     # Comparing parents starts on the headline: per-task accuracies stay on the evaluate run.
     assert "accuracy/overall" in metrics and "accuracy/action_generation" not in metrics
+    assert "learning/accuracy/trained" in metrics and not [m for m in metrics if m.endswith(("_ci_low", "_quarter"))]
 
 
 def test_the_parent_description_carries_the_learning_block(runs: Runs) -> None:
