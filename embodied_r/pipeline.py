@@ -53,13 +53,14 @@ class StagePlan:
 
     @property
     def params(self) -> dict[str, Any]:
-        """What its MLflow run records as params. A trainer that reports its own arguments
-        into the same run (``learning_rate``, ``bf16``, ...) gets the config under the stage's
-        kind: MLflow refuses a param logged twice with two values, and drops the whole batch."""
+        """What its MLflow run records as params. A stage whose trainer reports its own
+        arguments into the same run (under ``trainer.``) keeps its recipe settings under the
+        stage's kind (``warmstart.learning_rate`` beside ``trainer.learning_rate``), so the two
+        read apart."""
         return {self.kind: self.config} if self.kind in _SELF_REPORTING else self.config
 
 
-# Stage kinds whose trainer child logs its own arguments through transformers' MLflow callback.
+# Stage kinds whose trainer child logs its own arguments (``training.callbacks.sft_step_callback``).
 _SELF_REPORTING = frozenset({"warmstart"})
 
 

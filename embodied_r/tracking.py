@@ -56,11 +56,13 @@ METRIC_GROUPS = ("train", "reward", "eval", "timing", "summary")
 # The experiment kind that makes MLflow 3's UI open an experiment on its run list.
 EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
 EXPERIMENT_NOTE = (
-    "Embodied-R pipeline runs. Each parent run is one run of a recipe (named recipe, time, fresh or "
-    "cached); its children are the stages. Compare parents on `accuracy/overall` (the saved view "
-    "`Runs with accuracy/overall` shows it as a column); open a training "
-    "stage for `reward/*` and `train/*` curves (one global step across the three GRPO stages), and "
-    "the evaluate stage for `report.md` and the per-question `predictions_table.json`."
+    "Embodied-R pipeline runs. Each parent run is one run of a recipe, named by what tells it apart "
+    "(fresh, cached or partly cached, then recipe and time); its description holds the learning "
+    "figures and its children are the stages. The saved view `Headline` compares parents on test "
+    "accuracy (trained, warm-started, untrained) beside chance; a parent's `reward/*` charts follow "
+    "the three GRPO stages on one global step, and the evaluate stage holds `report.md` and the "
+    "per-question `predictions_table.json`. Arriving from MLflow's home page, switch the sidebar "
+    "from GenAI to Model training to see the runs."
 )
 # MLflow 3's run list shows no metric column until one is picked, and keeps that pick in the
 # browser's local storage. A saved view keeps it in the store: an experiment tag
@@ -68,19 +70,44 @@ EXPERIMENT_NOTE = (
 # ``selectedColumns``...), opened by the URL parameter ``viewStateShareKey=<id>`` on the run
 # list's own address (``#/experiments/<id>/runs``: the experiment's address redirects there and
 # drops the parameter).
-RUN_LIST_VIEW = "accuracy"
+RUN_LIST_VIEW = "headline"
 RUN_LIST_VIEW_TAG = f"mlflow.sharedViewState.{RUN_LIST_VIEW}"
+RUN_LIST_VIEW_NAME = "Headline (test accuracy %)"
+# The figures a parent run carries for the run list (``headline_metrics``): accuracies in
+# percent rounded to a tenth, as the report prints them; the UI shows a metric's value unrounded.
+# Short names: the UI cuts column headers, and orders metric columns by name.
+HEADLINE_GROUP = "test"
+HEADLINE_COLUMNS = ("trained", "warmstart", "untrained", "chance", "questions")
+CACHE_TAG = "cache_status"
 # Instead of the UI's default Source, Models and Dataset columns, empty for pipeline runs and
 # wide enough to push a metric column off the screen.
-RUN_LIST_COLUMNS = ("metrics.`accuracy/overall`",)
+RUN_LIST_COLUMNS = tuple(f"metrics.`{HEADLINE_GROUP}/{c}`" for c in HEADLINE_COLUMNS) + (f"tags.`{CACHE_TAG}`",)
+# Where a learning figure goes among the headline columns.
+_HEADLINE_SOURCES = {name: f"learning/accuracy/{name}" for name in HEADLINE_COLUMNS[:4]}
 
 
 def run_list_view(now_ms: int | None = None) -> str:
-    """The saved view's tag value: the run list with the headline accuracy as a column."""
+    """The saved view's tag value: the run list with the headline figures as columns."""
     stamp = int(time.time() * 1000) if now_ms is None else now_ms
     state = {"selectedColumns": list(RUN_LIST_COLUMNS)}
-    return json.dumps({"name": "Runs with accuracy/overall", "createdAt": stamp, "updatedAt": stamp,
+    return json.dumps({"name": RUN_LIST_VIEW_NAME, "createdAt": stamp, "updatedAt": stamp,
                        "state": json.dumps(state)})
+
+
+def headline_metrics(final: dict[str, Any]) -> dict[str, float]:
+    """A parent run's run-list figures out of its evaluation summary: each policy's accuracy
+    and chance in percent (one decimal), and the number of questions. Only on the test split,
+    which the column names promise; the trained accuracy stands in when no baseline was run."""
+    if final.get("split") != HEADLINE_GROUP:
+        return {}
+    out: dict[str, float] = {}
+    for column, key in _HEADLINE_SOURCES.items():
+        value = final.get(key, final.get("accuracy/overall") if column == "trained" else None)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+            out[f"{HEADLINE_GROUP}/{column}"] = round(100 * float(value), 1)
+    if isinstance(final.get("count/overall"), (int, float)):
+        out[f"{HEADLINE_GROUP}/questions"] = float(int(final["count/overall"]))
+    return out
 
 
 _TIMING_KEYS = {"train_runtime", "train_samples_per_second", "train_steps_per_second", "step_time",
@@ -122,6 +149,25 @@ def stage_metrics(summary: dict[str, Any]) -> dict[str, float]:
     return {stage_metric_name(k): v for k, v in numeric_metrics(summary).items()}
 
 
+# Stage kinds whose runs chart per-step curves: their summary's single figures would add one
+# single-point chart each beside the curves, so they are params (``summary.<name>``) instead.
+SUMMARY_AS_PARAMS = frozenset({"train", "warmstart"})
+
+
+def stage_record(summary: dict[str, Any], kind: str = "") -> tuple[dict[str, float], dict[str, str]]:
+    """(metrics, params) a stage's run records from its summary: ``stage_metrics``, with the
+    ``summary/`` figures of a training stage as ``summary.`` params, rounded for reading."""
+    metrics = stage_metrics(summary)
+    if kind not in SUMMARY_AS_PARAMS:
+        return metrics, {}
+    params = {}
+    for name in [n for n in metrics if n.startswith("summary/")]:
+        value = metrics.pop(name)
+        params["summary." + name[len("summary/"):].replace("/", ".")] = (
+            str(int(value)) if value.is_integer() else f"{value:.4g}")
+    return metrics, params
+
+
 def numeric_metrics(summary: dict[str, Any]) -> dict[str, float]:
     """Flat numbers of a stage summary (nested dicts flattened with '/'), finite only."""
     out = {}
@@ -131,6 +177,18 @@ def numeric_metrics(summary: dict[str, Any]) -> dict[str, float]:
         if math.isfinite(value):
             out[key.replace(".", "/")] = float(value)
     return out
+
+
+# MLflow announces at INFO each new SQLite store's table creation and migration: the first
+# lines a user sees of a run, about bookkeeping they did not ask for. Warnings still show.
+_STORE_LOGGERS = ("mlflow.store.db.utils", "alembic.runtime.migration")
+
+
+def quiet_store_logs() -> None:
+    import logging
+
+    for name in _STORE_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 @dataclass(frozen=True)
@@ -145,6 +203,7 @@ class Tracker:
     def client(self):
         from mlflow import MlflowClient
 
+        quiet_store_logs()
         return MlflowClient(tracking_uri=self.uri)
 
     @classmethod
@@ -161,6 +220,7 @@ class Tracker:
     def _open(cls, experiment: str, uri: str, root: Path | None = None) -> "Tracker":
         from mlflow import MlflowClient
 
+        quiet_store_logs()
         client = MlflowClient(tracking_uri=uri)
         exp = client.get_experiment_by_name(experiment)
         if exp is None:
@@ -240,8 +300,10 @@ STAGE_ARTIFACTS = ("summary.json", "montage.jpg", "report.md", "metrics.json", "
 STAGE_TABLES = ("predictions_table.json",)
 
 
-def record_stage(tracker: Tracker, run_id: str, out: Path, summary: dict[str, Any]) -> None:
-    tracker.log_metrics(run_id, stage_metrics(summary))
+def record_stage(tracker: Tracker, run_id: str, out: Path, summary: dict[str, Any], kind: str = "") -> None:
+    metrics, params = stage_record(summary, kind)
+    tracker.log_metrics(run_id, metrics)
+    tracker.log_params(run_id, params)
     tracker.log_artifacts(run_id, [Path(out) / name for name in STAGE_ARTIFACTS])
     for name in STAGE_TABLES:
         if (Path(out) / name).is_file():

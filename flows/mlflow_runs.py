@@ -12,16 +12,31 @@ import time
 from pathlib import Path
 from typing import Any
 
+from embodied_r.evaluation.learning import PHASES
 from embodied_r.pipeline import StagePlan
-from embodied_r.tracking import RUN_LIST_VIEW, STAGE_ARTIFACTS, STAGE_TABLES, Tracker, record_stage
+from embodied_r.tracking import (RUN_LIST_VIEW, STAGE_ARTIFACTS, STAGE_TABLES, Tracker, headline_metrics,
+                                 numeric_metrics, record_stage)
 
 HEADLINE = ("accuracy/overall", "accuracy/macro", "accuracy/paper_tasks")
+# The parameter that opens MLflow 3's "Model training" side rather than its GenAI side (traces).
+# The UI keeps the sidebar's GenAI / Model training switch in the browser and starts on GenAI,
+# whatever the experiment's kind tag says; only this parameter overrides it for one page.
+TRAINING_VIEW = "workflowType=machine_learning"
+SIDEBAR_HINT = ("Arriving from MLflow's home page, switch the sidebar from GenAI to \"Model training\" "
+                "(the switch at its top) to see the runs; the links here open that view directly.")
 
 
 def parent_name(recipe: str, only: list[str] | None = None, when: float | None = None) -> str:
-    """``demo 2026-11-23 14:05`` (``fresh``/``cached`` is added when the run ends)."""
+    """``demo 2026-11-23 14:05`` while it runs; ``finished_name`` puts what tells it apart first."""
     stamp = time.strftime("%Y-%m-%d %H:%M", time.localtime(when or time.time()))
     return f"{recipe} {'+'.join(only) + ' ' if only else ''}{stamp}"
+
+
+def finished_name(name: str, status: str) -> str:
+    """``fresh demo 2026-11-23 14:05``: the run list cuts long names, so the cache status, the one
+    word that tells two runs of a recipe apart, comes first."""
+    word = status.split(" (")[0]
+    return name if name.startswith(word + " ") else f"{word} {name}"
 
 
 def cache_status(selected: list[str], cached: list[str]) -> str:
@@ -36,19 +51,28 @@ def ui_base(uri: str) -> str:
     return uri.rstrip("/") if uri.startswith(("http://", "https://")) else "http://127.0.0.1:5000"
 
 
+def ui_path(path: str, **query: str) -> str:
+    """An address inside the UI (``#/experiments/...``), opening the model-training view."""
+    extra = "".join(f"&{k}={v}" for k, v in query.items())
+    return f"#/{path.lstrip('#/')}?{TRAINING_VIEW}{extra}"
+
+
+def run_path(experiment_id: str, run_id: str, tab: str = "") -> str:
+    """A run's page (``tab``: ``model-metrics``, ``artifacts/<file>``), as a link in the UI."""
+    return ui_path(f"experiments/{experiment_id}/runs/{run_id}" + (f"/{tab}" if tab else ""))
+
+
 def run_url(uri: str, experiment_id: str, run_id: str) -> str:
-    # MLflow 3.17's UI keeps a GenAI/training switch of its own (it ignores the experiment's
-    # kind once that switch exists); the parameter opens the training side.
-    return f"{ui_base(uri)}/#/experiments/{experiment_id}/runs/{run_id}?workflowType=machine_learning"
+    return f"{ui_base(uri)}/{run_path(experiment_id, run_id)}"
 
 
 def runs_url(uri: str, experiment_id: str) -> str:
-    """The experiment's run list in the saved view that shows ``accuracy/overall`` as a column."""
+    """The experiment's run list in the saved view that shows the headline figures as columns."""
     return f"{ui_base(uri)}/{run_list_path(experiment_id)}"
 
 
 def run_list_path(experiment_id: str) -> str:
-    return f"#/experiments/{experiment_id}/runs?workflowType=machine_learning&viewStateShareKey={RUN_LIST_VIEW}"
+    return ui_path(f"experiments/{experiment_id}/runs", viewStateShareKey=RUN_LIST_VIEW)
 
 
 def prefect_flow_run_url(flow_run_id: str) -> str:
@@ -118,10 +142,13 @@ def log_cached_stage(tracker: Tracker, sp: StagePlan, summary: dict[str, Any]) -
         "stage_key": sp.key, "output": sp.out, "cache_hit": "true", "source_run_id": source_id})
     if source is not None:
         copy_history(tracker, source_id, run_id)
+        # What the trainer logged of its own arguments (``trainer.``), so the copy reads as the original.
+        own = tracker.client.get_run(run_id).data.params
+        tracker.log_params(run_id, {k: v for k, v in source.data.params.items() if k not in own})
         tracker.set_tags(run_id, {"mlflow.note.content": (
             f"Served from the cache: the output was computed by run [{source.info.run_name}]"
-            f"(#/experiments/{tracker.experiment_id}/runs/{source_id}); its metrics and files are copied here.")})
-    record_stage(tracker, run_id, Path(sp.out), summary)
+            f"({run_path(tracker.experiment_id, source_id)}); its metrics, params and files are copied here.")})
+    record_stage(tracker, run_id, Path(sp.out), summary, sp.kind)
     if source is not None:
         copy_extra_artifacts(tracker, source_id, run_id)
     tracker.finish(run_id)
@@ -136,28 +163,78 @@ def stage_run_ids(tracker: Tracker) -> dict[str, str]:
 
 
 def parent_note(*, recipe: str, status: str, final: dict[str, Any], split: str, experiment_id: str,
-                children: dict[str, str], registered: str = "", prefect_url: str = "",
-                flow_run: str = "") -> str:
-    """The parent run's description: headline accuracies, split, cache status and links."""
-    lines = [f"**Recipe** `{recipe}` · **{status}**", ""]
+                children: dict[str, str], run_id: str = "", registered: str = "", registered_by: str = "",
+                has_curves: bool = False, prefect_url: str = "", flow_run: str = "") -> str:
+    """The parent run's description: the headline accuracies and the learning block (each policy
+    beside chance, with 95 % intervals, and the verdict), the registered model, and links that
+    open the model-training view: the run list, the report, the rewards of all stages."""
+    from embodied_r.evaluation.learning import learning_table
+
+    lines = [f"**{status}** run of recipe `{recipe}`", ""]
     heads = [f"{k.split('/', 1)[1]} **{100 * final[k]:.1f} %**" for k in HEADLINE
              if isinstance(final.get(k), (int, float))]
     if heads:
         lines += [f"Accuracy on the `{split}` split ({int(final.get('count/overall', 0))} questions): "
                   + ", ".join(heads), ""]
+    learning = learning_table(final)
+    if learning:
+        lines += [f"**Learning** (`{split}` accuracy of each policy, 95 % interval, beside chance):", ""]
+        lines += learning + [""]
     if registered:
-        lines += [f"Registry: {registered}", ""]
-    lines.append(f"- [All runs with accuracy/overall]({run_list_path(experiment_id)})")
+        name, _, version = registered.rpartition(" v")
+        link = f"[{registered}]({ui_path(f'models/{name}/versions/{version}')})"
+        lines += [f"Registered model: {link}" + (
+            "" if not registered_by or registered_by == run_id else
+            f", logged by [the run that trained it]({run_path(experiment_id, registered_by)}); this run's "
+            "model is the same files, so MLflow lists it under that run"), ""]
+    lines.append(f"- [All runs, headline columns]({run_list_path(experiment_id)})")
     if "evaluate" in children:
-        lines.append(f"- [Evaluation report (report.md)](#/experiments/{experiment_id}/runs/"
-                     f"{children['evaluate']}/artifacts/report.md), also attached to this run")
-    train = [n for n in children if n.startswith("train_")]
-    if train:
-        last = sorted(train)[-1]
-        lines.append(f"- Training curves: [{last}](#/experiments/{experiment_id}/runs/{children[last]}/"
-                     "model-metrics) (one global step across the stages)")
+        lines.append(f"- [Evaluation report (report.md)]({run_path(experiment_id, children['evaluate'], 'artifacts/report.md')}),"
+                     " also attached to this run")
+    if run_id and has_curves:
+        lines.append(f"- Rewards of all GRPO stages on one global step: [one chart (reward_curves.png)]"
+                     f"({run_path(experiment_id, run_id, 'artifacts/reward_curves.png')}), and this run's "
+                     f"[reward charts]({run_path(experiment_id, run_id, 'model-metrics')})")
     if prefect_url:
         lines.append(f"- Prefect flow run: [{flow_run or 'open'}]({prefect_url})")
     elif flow_run:
         lines.append(f"- Prefect flow run: `{flow_run}`")
+    lines += ["", SIDEBAR_HINT]
     return "\n".join(lines) + "\n"
+
+
+def parent_metrics(final: dict[str, Any]) -> dict[str, float]:
+    """What the parent run charts of its evaluation: the headline accuracies, each policy's
+    accuracy beside chance and the run list's rounded columns, one chart each. Per-task
+    accuracies, intervals and reward quarters stay on the evaluate run, in the description and
+    in the report, so comparing parents starts on the headline and the parent's chart page
+    reaches its reward curves past a dozen single bars, not fifty."""
+    figures = {k: v for k, v in numeric_metrics(final).items()
+               if k in HEADLINE or k in {f"learning/accuracy/{p}" for p in PHASES}}
+    return {**figures, **headline_metrics(final)}
+
+
+def log_reward_curves(tracker: Tracker, stages: dict[str, StagePlan], selected: list[str]) -> bool:
+    """Every reward of every GRPO stage of this run onto the parent, on the trainers' global step:
+    the parent's ``reward/*`` charts follow the three stages on one axis. False when none trained."""
+    from mlflow.entities import Metric
+
+    from embodied_r.evaluation.learning import curve_metric, reward_curves
+
+    curves, _ = reward_curves({n: stages[n].out for n in selected if stages[n].kind == "train"})
+    now = int(time.time() * 1000)
+    points = [Metric(curve_metric(name), value, now, step) for name, series in curves.items() for step, value in series]
+    for i in range(0, len(points), 1000):
+        tracker.client.log_batch(tracker.parent_run_id, metrics=points[i : i + 1000])
+    return bool(points)
+
+
+def registered_run(tracker: Tracker, registered: str) -> str:
+    """The run a registered version (``name vN``) was logged under; "" when unknown."""
+    name, _, version = registered.rpartition(" v")
+    if not name or not version.isdigit():
+        return ""
+    try:
+        return tracker.client.get_model_version(name, version).run_id or ""
+    except Exception:  # noqa: BLE001 - the description then names the version only
+        return ""

@@ -54,7 +54,7 @@ def result_markdown(recipe: str, result: dict[str, Any]) -> str:
         lines += [f"MLflow run: [{result['mlflow_run_id']}]({result['mlflow_run_url']}) "
                   f"(store `{result.get('tracking_uri', '')}`)", ""]
     if result.get("mlflow_runs_url"):
-        lines += [f"All runs, with `accuracy/overall` as a column: [run list]({result['mlflow_runs_url']})", ""]
+        lines += [f"All runs, headline columns: [run list]({result['mlflow_runs_url']})", ""]
     if result.get("promotion"):
         lines += [f"Registry: {result['promotion']}", ""]
     lines += ["| stage | status | output |", "|---|---|---|"]

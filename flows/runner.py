@@ -18,7 +18,7 @@ from embodied_r import paths, progress
 from embodied_r.config import Recipe
 from embodied_r.io import is_complete, read_summary
 from embodied_r.pipeline import StagePlan, downstream, plan, resolve_stage_name, select_stages
-from embodied_r.tracking import Tracker, numeric_metrics, tracking_uri
+from embodied_r.tracking import CACHE_TAG, Tracker, tracking_uri
 from flows import mlflow_runs
 from tasks.stages import STAGE_TASKS
 
@@ -146,15 +146,15 @@ def registered_label(promotion: str) -> str:
 def finish_parent(tracker: Tracker, stages: dict[str, StagePlan], cached: list[str],
                   selected: list[str] | None = None, recipe: Recipe | None = None,
                   registered: str = "") -> dict[str, Any]:
-    """Copy the evaluation's accuracies onto the parent run, name it fresh or cached, write its
-    description (headline, split, links) and its report, and close it."""
+    """Copy the evaluation's headline and learning figures onto the parent run, with the rewards
+    of all training stages, name it by its cache status, write its description and its report,
+    and close it."""
     evaluate = stages.get("evaluate")
     final = read_summary(Path(evaluate.out)) if evaluate and is_complete(Path(evaluate.out)) else {}
     parent = tracker.parent_run_id
-    tracker.log_metrics(parent, {k: v for k, v in numeric_metrics(final).items()
-                                 if k.startswith(("accuracy", "learning/"))})
+    tracker.log_metrics(parent, mlflow_runs.parent_metrics(final))
+    has_curves = mlflow_runs.log_reward_curves(tracker, stages, selected or list(stages))
     if evaluate is not None:
-        # The reward curves of all training stages belong to the run as a whole.
         tracker.log_artifacts(parent, [Path(evaluate.out) / "reward_curves.png"])
     selected = selected or list(stages)
     status = mlflow_runs.cache_status(selected, cached)
@@ -163,13 +163,13 @@ def finish_parent(tracker: Tracker, stages: dict[str, StagePlan], cached: list[s
     flow_run = run.data.tags.get("prefect.flow_run_id", "")
     recipe_name = recipe.name if recipe else run.data.tags.get("recipe", "")
     tracker.set_tags(parent, {
-        "cached_stages": ",".join(cached), "cache_status": status.split(" ")[0],
+        "cached_stages": ",".join(cached), CACHE_TAG: status.split(" (")[0],
         "mlflow.note.content": mlflow_runs.parent_note(
             recipe=recipe_name, status=status, final=final, split=str(final.get("split", "")),
-            experiment_id=tracker.experiment_id, children=children, registered=registered,
-            prefect_url=mlflow_runs.prefect_flow_run_url(flow_run), flow_run=flow_run)})
-    if not run.info.run_name.endswith(status):
-        tracker.client.update_run(parent, name=f"{run.info.run_name} {status.split(' (')[0]}")
+            experiment_id=tracker.experiment_id, children=children, run_id=parent or "",
+            registered=registered, registered_by=mlflow_runs.registered_run(tracker, registered),
+            has_curves=has_curves, prefect_url=mlflow_runs.prefect_flow_run_url(flow_run), flow_run=flow_run)})
+    tracker.client.update_run(parent, name=mlflow_runs.finished_name(run.info.run_name, status))
     if final and evaluate is not None:
         _log_parent_report(tracker, Path(evaluate.out), recipe_name, registered)
     tracker.finish(parent)

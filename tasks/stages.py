@@ -111,7 +111,7 @@ def run_stage(stage: dict[str, Any], tracker: Tracker | None = None) -> dict[str
             tracker.finish(run_id, "FAILED")
         raise
     if run_id:
-        record_stage(tracker, run_id, Path(sp.out), summary)
+        record_stage(tracker, run_id, Path(sp.out), summary, sp.kind)
         tracker.finish(run_id)
     _announce(sp, "done", time.monotonic() - started,
               "; ".join(part for part in (_headline(summary), _left_out(sp, summary)) if part))

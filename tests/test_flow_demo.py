@@ -65,9 +65,9 @@ def test_demo_runs_then_is_served_from_cache(harness):
     steps = {n: sorted(m.step for m in client.get_metric_history(children[n].info.run_id, "reward/total"))
              for n in ("train_stage1", "train_stage2")}
     assert steps["train_stage2"][0] == steps["train_stage1"][-1] + 1
-    assert children["train_stage1"].data.metrics["summary/epochs_reached"] < 1
+    assert float(children["train_stage1"].data.params["summary.epochs_reached"]) < 1
     assert {c.info.run_name for c in children.values()} == STAGE_RUNS
-    assert parent.info.run_name.startswith("smoke ") and parent.info.run_name.endswith("fresh")
+    assert parent.info.run_name.startswith("fresh smoke ")
     assert any(k.startswith("accuracy/") for k in children["evaluate"].data.metrics)
 
     from embodied_r.evaluation.registry import version_of_folder
@@ -87,7 +87,8 @@ def test_demo_runs_then_is_served_from_cache(harness):
     parent2, children2 = _runs(uri, second["mlflow_run_id"])
     assert set(children2) == STAGE_RUNS
     assert all(c.data.tags.get("cache_hit") == "true" for c in children2.values())
-    assert parent2.info.run_name.endswith("cached") and "Recipe" in parent2.data.tags["mlflow.note.content"]
+    assert parent2.info.run_name.startswith("cached smoke ")
+    assert "run of recipe `smoke`" in parent2.data.tags["mlflow.note.content"]
     # A cached child links to the run that computed it, and carries its history and files.
     source = children2["train_stage1"].data.tags["source_run_id"]
     assert source == children["train_stage1"].info.run_id
@@ -126,7 +127,7 @@ def test_refresh_recomputes_a_stage_and_its_dependants_only(harness):
 
 def test_mlflow_ui_shows_runs_metrics_and_the_report(harness, tmp_path):
     """The MLflow UI over the demo store, in headless Chromium: the experiment opens on the run
-    list with the parent runs, the printed run-list link shows `accuracy/overall` as a column,
+    list with the parent runs, the printed run-list link shows the trained accuracy as a column,
     a parent shows `accuracy/overall`, a training run's charts open on its rewards, and a cached
     run's evaluate child lists and shows `report.md`. Screenshots go to $EMBODIED_R_SCREENSHOTS
     when set."""
@@ -178,16 +179,17 @@ def check_mlflow_ui(binary, harness, tmp_path):
             browser.screenshot(shots / "mlflow-run-list.png")
             # A parent run carries the headline metric and its description.
             browser.open(f"{base}/#/experiments/{experiment.experiment_id}/runs/{cached_parent.info.run_id}?workflowType=machine_learning")
-            browser.wait_for("accuracy/overall", "Recipe")
+            browser.wait_for("accuracy/overall", "run of recipe")
             browser.screenshot(shots / "mlflow-parent-run.png")
-            # The printed link to all runs opens the saved view: accuracy/overall is a column of
-            # the run list, each parent's value in it.
+            # The printed link to all runs opens the saved view: the trained accuracy (in percent,
+            # rounded) is a column of the run list, each parent's value in it.
             browser.open(runs_url(base, experiment.experiment_id))
-            column = browser.wait_for_texts('[col-id="metrics.`accuracy/overall`"]', 1 + len(parents))
-            assert column[0] == "accuracy/overall", column
+            column = browser.wait_for_texts('[col-id="metrics.`test/trained`"]', 1 + len(parents))
+            assert column[0] == "test/trained", column
             shown = [float(v) for v in column[1:] if v not in ("", "-")]
             for parent in parents:
-                value = parent.data.metrics["accuracy/overall"]
+                value = parent.data.metrics["test/trained"]
+                assert value == round(100 * parent.data.metrics["accuracy/overall"], 1)
                 assert any(abs(v - value) < 0.01 for v in shown), (parent.info.run_name, value, column)
             browser.screenshot(shots / "mlflow-run-list-accuracy.png")
             # A training run's chart page opens on the rewards: the groups are listed by name.
@@ -196,7 +198,7 @@ def check_mlflow_ui(binary, harness, tmp_path):
             browser.open(f"{base}/#/experiments/{experiment.experiment_id}/runs/{train.info.run_id}/model-metrics?workflowType=machine_learning")
             lines = browser.wait_for("reward/total", "timing").splitlines()
             groups = [name for name, count in zip(lines, lines[1:]) if re.fullmatch(r"\(\d+\)", count)]
-            assert groups[0] == "reward" and {"summary", "timing", "train"} <= set(groups), groups
+            assert groups[0] == "reward" and {"timing", "train"} <= set(groups) and "summary" not in groups, groups
             browser.screenshot(shots / "mlflow-train-charts.png")
             # The cached run's evaluate child lists the report among its artifacts, and shows it.
             browser.open(f"{base}/#/experiments/{experiment.experiment_id}/runs/{evaluate.info.run_id}/artifacts?workflowType=machine_learning")

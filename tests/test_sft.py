@@ -184,9 +184,10 @@ def test_training_config_still_validates_with_sft_fields() -> None:
 
 def test_warm_start_stage_run_keeps_its_config_and_the_trainers_own_params(tmp_path: Path,
                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    """The warm start's trainer logs its own arguments into the stage's MLflow run, and MLflow
-    refuses a param logged twice with two values (the recipe's bf16 None, the trainer's
-    False): without the stage's config under ``warmstart.``, the trainer's batch is lost."""
+    """The warm start's run keeps its name, the recipe's settings under ``warmstart.``, the
+    trainer's own arguments under ``trainer.`` (MLflow refuses a param logged twice with two
+    values: the recipe's bf16 None, the trainer's False), its per-step figures in chart groups
+    and its summary as params."""
     from mlflow import MlflowClient
 
     from embodied_r.pipeline import StagePlan
@@ -203,6 +204,13 @@ def test_warm_start_stage_run_keeps_its_config_and_the_trainers_own_params(tmp_p
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)  # the store the trainer child reports to
     tracker = Tracker.open("warm", uri, tmp_path)
     run_id = run_stage(sp.to_dict(), tracker)["mlflow_run_id"]
-    params = MlflowClient(tracking_uri=uri).get_run(run_id).data.params
+    run = MlflowClient(tracking_uri=uri).get_run(run_id)
+    params = run.data.params
     assert params["warmstart.bf16"] == "None" and params["warmstart.max_steps"] == "1"
-    assert params["bf16"] == "False" and params["learning_rate"] == "0.001"  # the trainer's own
+    # The trainer's own arguments under a prefix of their own, and the run keeps the stage's name.
+    assert params["trainer.bf16"] == "False" and params["trainer.learning_rate"] == "0.001"
+    assert run.info.run_name == "warmstart"
+    assert {p.split(".", 1)[0] for p in params} == {"warmstart", "trainer", "summary"}, sorted(params)
+    # Every figure in a chart group: the loss under train/, the stage summary as params.
+    assert "train/loss" in run.data.metrics and {m.split("/", 1)[0] for m in run.data.metrics} <= {"train", "timing"}
+    assert params["summary.steps"] == "1"

@@ -80,11 +80,13 @@ def test_experiment_opens_on_the_run_list(tracker: Tracker, tmp_path: Path) -> N
     experiment = tracker.client.get_experiment(tracker.experiment_id)
     assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
     assert "parent run" in experiment.tags["mlflow.note.content"]
-    # The saved view the printed link opens: the run list with accuracy/overall as a column
-    # (the browser test sees the column in the UI).
+    # The saved view the printed link opens: the run list with the headline figures as columns
+    # (the browser test sees them in the UI).
     view = json.loads(experiment.tags[RUN_LIST_VIEW_TAG])
     assert view["name"] and isinstance(view["createdAt"], int)
-    assert "metrics.`accuracy/overall`" in json.loads(view["state"])["selectedColumns"]
+    assert json.loads(view["state"])["selectedColumns"] == [
+        "metrics.`test/trained`", "metrics.`test/warmstart`", "metrics.`test/untrained`",
+        "metrics.`test/chance`", "metrics.`test/questions`", "tags.`cache_status`"]
     url = runs_url(tracker.uri, tracker.experiment_id)
     assert url.endswith(f"/#/experiments/{tracker.experiment_id}/runs?workflowType=machine_learning"
                         f"&viewStateShareKey={RUN_LIST_VIEW_TAG.rsplit('.', 1)[1]}")

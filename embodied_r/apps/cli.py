@@ -106,11 +106,12 @@ def _print_outcome(result: dict[str, Any], seconds: float, synthetic: bool = Fal
             f"{k} {_accuracy(evaluation, f'accuracy/{k}')}" for k in HEADLINE
             if isinstance(evaluation.get(f"accuracy/{k}"), (int, float))))
         # One line per task (the keys with a question count); subtypes are in the report.
+        print(f"  {'task':28s} {'questions':>9s}  accuracy [95 % interval]")
         for key, value in sorted(evaluation.items()):
             task = key[len("accuracy/"):]
             if (key.startswith("accuracy/") and "/" not in task and task not in HEADLINE
                     and f"count/{task}" in evaluation and isinstance(value, (int, float))):
-                print(f"  {task:28s} {_accuracy(evaluation, key)}")
+                print(f"  {task:28s} {int(evaluation[f'count/{task}']):9d}  {_accuracy(evaluation, key)}")
     _print_learning(evaluation)
     if recipe is not None:
         _print_ceiling(result, recipe)
@@ -126,7 +127,11 @@ def _print_outcome(result: dict[str, Any], seconds: float, synthetic: bool = Fal
     if result.get("mlflow_run_url"):
         print(f"This run in MLflow: {result['mlflow_run_url']}")
     if result.get("mlflow_runs_url"):
-        print(f"All runs, with accuracy/overall: {result['mlflow_runs_url']}")
+        print(f"All runs, headline columns: {result['mlflow_runs_url']}")
+    if result.get("mlflow_run_url"):
+        from flows.mlflow_runs import SIDEBAR_HINT
+
+        print(SIDEBAR_HINT)
 
 
 def _accuracy(summary: dict[str, Any], key: str) -> str:
@@ -154,8 +159,9 @@ def _print_learning(evaluation: dict[str, Any]) -> None:
         parts = []
         for key in sorted(k for k in evaluation if k.startswith(f"learning/{stage}/") and k.endswith("first_quarter")):
             last = evaluation.get(key.replace("first_quarter", "last_quarter"))
-            parts.append(f"{key.split('/')[2]} {evaluation[key]:.2f}->{last:.2f}")
-        print(f"  {stage:8s} first->last quarter: {', '.join(parts)}")
+            end = "-" if last is None else f"{100 * last:.1f}"
+            parts.append(f"{key.split('/')[2]} {100 * evaluation[key]:.1f} -> {end} %")
+        print(f"  {stage:8s} mean reward, first -> last quarter: {', '.join(parts)}")
 
 
 def _precheck(args: argparse.Namespace, stage: str | None) -> None:

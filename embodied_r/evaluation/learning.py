@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from embodied_r.io import read_json
+from embodied_r.tracking import trainer_metric_name
 from embodied_r.scoring.metrics import (
     CI_HIGH,
     CI_LOW,
@@ -53,6 +54,11 @@ def reward_curves(training: Mapping[str, str]) -> tuple[dict[str, list[tuple[int
         data = read_json(path)
         history = data.get("history", [])
         keys = {"reward": "reward", **{n: f"rewards/{n}/mean" for n in data.get("reward_funcs", [])}}
+        # The trainer's own global step (it counts the warm start's steps too), so the figure's
+        # step numbers are MLflow's; a stage without it goes on where the last one stopped.
+        summary = Path(folder) / "summary.json"
+        known = read_json(summary).get("global_step_offset") if summary.is_file() else None
+        offset = int(known) if isinstance(known, int) and not isinstance(known, bool) else offset
         starts.append((stage, offset))
         last = offset
         for name, key in keys.items():
@@ -61,6 +67,12 @@ def reward_curves(training: Mapping[str, str]) -> tuple[dict[str, list[tuple[int
                 last = max(last, offset + step)
         offset = last
     return curves, starts
+
+
+def curve_metric(name: str) -> str:
+    """The MLflow metric of a curve (``reward`` or a reward function's name): the figure's legend
+    and the parent run's charts use the names of the training runs' own charts."""
+    return trainer_metric_name("reward" if name == "reward" else f"rewards/{name}/mean")
 
 
 def plot_reward_curves(training: Mapping[str, str], path: Path) -> Path | None:
@@ -72,17 +84,18 @@ def plot_reward_curves(training: Mapping[str, str], path: Path) -> Path | None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(9, 4.5))
+    fig, ax = plt.subplots(figsize=(10.5, 4.5))
     for name, points in curves.items():
         xs, ys = zip(*points)
-        ax.plot(xs, ys, label=name, linewidth=2.2 if name == "reward" else 1.3)
+        ax.plot(xs, ys, label=curve_metric(name), linewidth=2.2 if name == "reward" else 1.3)
     for stage, start in starts:
         ax.axvline(start, color="grey", linestyle=":", linewidth=1)
         ax.text(start, 1.02, stage, transform=ax.get_xaxis_transform(), fontsize=8)
-    ax.set_xlabel("training step (all stages)")
+    ax.set_xlabel("global training step (as in MLflow)")
     ax.set_ylabel("mean reward of the step's completions")
     ax.set_ylim(-0.05, 1.05)
-    ax.legend(loc="lower right", fontsize=8)
+    # Beside the axes, never over the last points.
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, borderaxespad=0)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -171,13 +184,27 @@ def verdict_of(figures: Mapping[str, Any]) -> str | None:
                             f"the {PHASE_NAMES[start_label]} policy", None if span is None else span[0])
 
 
+def learning_table(figures: Mapping[str, Any]) -> list[str]:
+    """Markdown lines: each policy's accuracy with its 95 % interval beside chance, and the
+    verdict in bold; no lines when the run has no learning figures."""
+    phases = accuracy_lines(figures)
+    if not phases:
+        return []
+    lines = ["| policy | accuracy [95 % interval] |", "|---|---|"]
+    lines += [f"| {name} | {text} |" for name, text in phases]
+    verdict = verdict_of(figures)
+    return lines + (["", f"**{verdict}**"] if verdict else [])
+
+
+def learning_stages(figures: Mapping[str, Any]) -> list[str]:
+    """The training stages whose reward quarters are among the figures, in order."""
+    return sorted({k.split("/")[1] for k in figures if k.startswith(f"{PREFIX}/") and k.endswith("_quarter")})
+
+
 def render_learning(figures: Mapping[str, float], stages: Sequence[str], has_curves: bool) -> str:
     lines = ["", "## Learning", "", "Test accuracy (overall) of the policy at each phase, with its 95 % interval, "
-             "beside chance:", "", "| policy | accuracy [95 % interval] |", "|---|---|"]
-    lines += [f"| {name} | {text} |" for name, text in accuracy_lines(figures)]
-    verdict = verdict_of(figures)
-    if verdict:
-        lines += ["", f"**{verdict}**"]
+             "beside chance:", ""]
+    lines += learning_table(figures)
     lines += ["", "Mean reward per training stage, first and last quarter of its steps:", "",
               "| stage | reward | first quarter | last quarter |", "|---|---|---|---|"]
     for stage in stages:

@@ -132,10 +132,27 @@ def save_flavour(folder: Path, dest: Path) -> Path:
     # Explicit requirements: MLflow's inference would pin torchvision, which is not installed.
     requirements = [f"transformers=={transformers.__version__}", f"torch=={torch.__version__.split('+')[0]}"]
     mlflow.transformers.save_model({"model": model, "tokenizer": tokenizer}, str(dest), task="text-generation",
-                                   signature=flavour_signature(), pip_requirements=requirements)
+                                   signature=flavour_signature(), pip_requirements=requirements,
+                                   model_card=model_card(folder))
     shutil.rmtree(dest / "model")
     shutil.copytree(folder, dest / "model")
     return dest
+
+
+def model_card(folder: Path) -> Any:
+    """The card MLflow stores with the model: the folder's own ``README.md`` when it has one,
+    else a short card saying what the folder is. Without a card MLflow looks the folder's path up
+    on the Hugging Face Hub as a repository name and warns twice (no card, no licence) for
+    every model built or trained here. A card without a licence names none: the licence of a
+    trained model is its base model's, which the folder does not record."""
+    from huggingface_hub import ModelCard
+
+    readme = Path(folder) / "README.md"
+    if readme.is_file():
+        return ModelCard.load(readme)
+    return ModelCard("---\nlibrary_name: transformers\npipeline_tag: text-generation\n---\n\n"
+                     f"# {Path(folder).name}\n\nA model folder logged by embodied-r; its licence is its "
+                     "base model's.\n")
 
 
 def log_flavour(c: Any, run_id: str, folder: Path) -> None:

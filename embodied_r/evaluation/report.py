@@ -275,10 +275,12 @@ def plot_accuracy(categories: Sequence[Mapping[str, Any]], path: Path, title: st
         ax.set_xlabel("accuracy %")
         ax.set_title(title)
         if categories:
-            ax.legend(loc="lower right", fontsize=8)
+            # Under the axes: inside them it covers a bar.
+            ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12 - 0.6 / max(len(names), 2)), ncol=3,
+                      fontsize=8, frameon=False)
         fig.tight_layout()
         path = Path(path)
-        fig.savefig(path, format="png")
+        fig.savefig(path, format="png", bbox_inches="tight")
     finally:
         plt.close(fig)
     return path
@@ -311,8 +313,15 @@ def write_report(folder: Path, categories: Sequence[Mapping[str, Any]], metrics:
 def render_folder(folder: Path, header: Mapping[str, str] | None = None) -> str:
     """The report of a finished evaluation folder again, headed by ``header`` (the pipeline run,
     recipe and registered model version, known only once the run ends)."""
+    from embodied_r.evaluation.learning import CURVES_PNG, learning_stages, render_learning
+
     data = read_json(Path(folder) / "metrics.json")
     summary = read_json(Path(folder) / "summary.json")
-    return render_markdown(data["categories"], data["metrics"], model=str(summary.get("model_label") or
+    text = render_markdown(data["categories"], data["metrics"], model=str(summary.get("model_label") or
                            summary.get("model", "")), split=str(summary.get("split", "")),
                            header=header, chance=data.get("chance"), prompts=str(summary.get("prompts") or ""))
+    if any(k.startswith("learning/accuracy/") for k in summary):
+        # The evaluate stage appends this section to its own report.md; a copy rendered again
+        # must carry it too.
+        text += render_learning(summary, learning_stages(summary), (Path(folder) / CURVES_PNG).is_file())
+    return text

@@ -103,15 +103,44 @@ def sft_step_record(logs: dict[str, Any], stage: str, step: int, total: int) -> 
             "token_accuracy": number("mean_token_accuracy"), "lr": number("learning_rate")}
 
 
-def sft_step_callback(stage: str) -> Any:
-    """A TrainerCallback that prints ``STEP_MARK {json}`` for each logged SFT step."""
+# The prefix of the trainer's own arguments among a run's params, apart from the recipe's.
+TRAINER_PARAMS = "trainer"
+
+
+def trainer_params(arguments: dict[str, Any]) -> dict[str, Any]:
+    """A trainer's arguments (``TrainingArguments.to_dict()``) as params under ``trainer.``."""
+    return {f"{TRAINER_PARAMS}.{k}": v for k, v in arguments.items()}
+
+
+def sft_step_callback(stage: str, run_id: str | None = None, uri: str | None = None) -> Any:
+    """A TrainerCallback that prints ``STEP_MARK {json}`` for each logged SFT step and, with
+    ``run_id``, logs the step's figures into that run under the groups of ``trainer_metric_name``
+    and the trainer's arguments once as ``trainer.`` params. transformers' own MLflow callback
+    would rename the run after ``run_name`` and mix its arguments and flat metric names in."""
     from transformers import TrainerCallback
 
+    tracker = Tracker(uri, "") if run_id and uri else None
+
     class SFTSteps(TrainerCallback):
+        def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if tracker is None or not state.is_world_process_zero:
+                return
+            try:
+                tracker.log_params(run_id, trainer_params(args.to_dict()))
+            except Exception as exc:  # noqa: BLE001 - a resumed run logged them already
+                log.warning("could not log the trainer's arguments: %s", exc)
+
         def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None,
                    **kwargs: Any) -> None:
+            if not state.is_world_process_zero or not logs:
+                return
+            if tracker is not None:
+                try:
+                    tracker.log_metrics(run_id, metric_batch(logs), step=int(state.global_step))
+                except Exception as exc:  # noqa: BLE001 - a lost point must not stop training
+                    log.warning("could not log metrics at step %d: %s", state.global_step, exc)
             # The end-of-training entry (train_runtime, train_loss) is no step of its own.
-            if not state.is_world_process_zero or not logs or "loss" not in logs or "train_runtime" in logs:
+            if "loss" not in logs or "train_runtime" in logs:
                 return
             record = sft_step_record(logs, stage, int(state.global_step), int(state.max_steps))
             print(STEP_MARK, json.dumps(record), flush=True)

@@ -100,10 +100,11 @@ def main(spec_path: str) -> int:
     if not examples:
         raise ValueError(f"no record fits max_length={cfg.max_length} tokens; raise sft max_length")
     dataset = Dataset.from_list([{k: e[k] for k in ("prompt", "completion")} for e in examples])
-    report_to = ["mlflow"] if os.environ.get("MLFLOW_RUN_ID") else []
-    trainer = SFTTrainer(model=spec["init_model"], args=sft_args(cfg, work, report_to), train_dataset=dataset,
+    run_id, uri = os.environ.get("MLFLOW_RUN_ID"), os.environ.get("MLFLOW_TRACKING_URI")
+    steps = sft_step_callback(spec.get("stage", "sft"), run_id, uri)
+    trainer = SFTTrainer(model=spec["init_model"], args=sft_args(cfg, work, []), train_dataset=dataset,
                          processing_class=tokenizer, peft_config=peft_config(cfg.lora),
-                         callbacks=[progress_callback(), sft_step_callback(spec.get("stage", "sft"))])
+                         callbacks=[progress_callback(), steps])
     drop_raw_log_printers(trainer)
 
     resume, start_step = last_checkpoint(work)
