@@ -63,6 +63,13 @@ def embodied_r_home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         yield home
 
 
+
+@pytest.fixture(autouse=True)
+def _home_restored(embodied_r_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # `embodied-r --home DIR`, called in process, sets EMBODIED_R_HOME for the process; the
+    # home each test started with comes back after it, so later tests find their cached models.
+    monkeypatch.setenv("EMBODIED_R_HOME", os.environ.get("EMBODIED_R_HOME", str(embodied_r_home)))
+
 @pytest.fixture(scope="session")
 def tiny_lm_path(embodied_r_home: Path) -> Path:
     """A tiny random-weight Qwen2 causal LM with tokenizer, built once per session."""

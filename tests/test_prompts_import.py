@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -37,12 +36,6 @@ REFERENCE = "REFERENCE-TEXT invented.\n\nQ) {question}\n\nNotes) {think}\n\nOne 
 REFERENCE_SYSTEM = "REFERENCE-SYSTEM: an invented judge."
 
 
-
-@pytest.fixture(autouse=True)
-def _home_restored(monkeypatch: pytest.MonkeyPatch) -> None:
-    # `embodied-r --home` sets EMBODIED_R_HOME for the process; the session's home comes back
-    # after each test, so later tests find their cached tiny models where they left them.
-    monkeypatch.setenv("EMBODIED_R_HOME", os.environ["EMBODIED_R_HOME"])
 
 def checkout(tmp_path: Path, name: str = "embodied_r_code", head: str = "branch") -> Path:
     """A copy of a fixture with the .git files of a clone: HEAD on a branch (loose or packed

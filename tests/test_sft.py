@@ -166,9 +166,9 @@ def test_sft_command_trains_evaluates_and_tracks(tmp_path: Path, monkeypatch: py
         assert runs[name].data.tags["mlflow.parentRunId"] == parent and runs[name].info.status == "FINISHED"
     assert "accuracy/overall" in runs["sft_evaluate"].data.metrics
     assert runs["smoke-sft-baseline"].data.metrics["accuracy/overall"] == evaluation["accuracy/overall"]
-    assert "loss" in runs["sft"].data.metrics  # the trainer logged into the sft run
+    assert "train/loss" in runs["sft"].data.metrics  # the trainer logged into the sft run
     assert runs["sft"].data.params["sft.learning_rate"] == "1e-05"
-    assert runs["sft"].data.params["learning_rate"] == "1e-05"  # the trainer's own record
+    assert runs["sft"].data.params["trainer.learning_rate"] == "1e-05"  # the trainer's own record
 
     # Run again: both folders are reused, nothing retrained.
     before = (sft_dirs[0] / "train.log").stat().st_mtime_ns

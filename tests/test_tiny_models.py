@@ -111,7 +111,9 @@ def test_resolve_model(tiny_lm_path: Path, tiny_vlm_path: Path) -> None:
     assert resolve_model("tiny:vlm") == str(tiny_vlm_path)
     assert Path(resolve_model("tiny:lm")).parent == home() / "models"
     assert resolve_model("Qwen/Qwen2.5-3B-Instruct") == "Qwen/Qwen2.5-3B-Instruct"
-    assert resolve_model("/some/folder") == "/some/folder"
+    # A path names a folder: one that is not there is said so, not sent to the hub as an id.
+    with pytest.raises(FileNotFoundError, match="model folder /some/folder does not exist"):
+        resolve_model("/some/folder")
 
 
 def test_an_unknown_tiny_model_is_refused_with_the_known_names() -> None:
