@@ -211,3 +211,53 @@ def test_a_full_disk_during_perception_stops_it_in_one_line(home: Path, tmp_path
     assert "Traceback" not in text and len(text.strip().splitlines()) <= 4, text[-3000:]
     assert time.monotonic() - started < 120  # no retries of a stage that cannot write
     assert _logged(home) == 5  # every call logged before the disk filled is kept
+
+
+def _prefect_server(pid: int) -> int | None:
+    """The ephemeral Prefect API server among the processes ``pid`` started."""
+    for child in descendants(pid):
+        try:
+            cmd = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if "uvicorn" in cmd and "prefect" in cmd:
+            return child
+    return None
+
+
+def test_a_prefect_server_killed_under_a_run_is_named_in_one_line(home: Path, tmp_path: Path) -> None:
+    _fresh_perception(home)
+    slow = Slow(delay_s=1.0)
+    out = home.parent / "out-prefect-killed.txt"
+    try:
+        recipe = _recipe(tmp_path, slow.base_url)
+        assert _run(home, "keyframes", "--recipe", str(recipe)).returncode == 0
+        with open(out, "w") as fh:
+            proc = subprocess.Popen(_cli("perception", "--recipe", str(recipe)), env=_env(home), cwd=ROOT,
+                                    stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            deadline = time.monotonic() + 420
+            while _logged(home) < 4:
+                assert proc.poll() is None and time.monotonic() < deadline, out.read_text()[-3000:]
+                time.sleep(0.1)
+            server = _prefect_server(proc.pid)
+            assert server is not None, "no ephemeral Prefect server among the run's processes"
+            children = descendants(proc.pid)
+            killed = time.monotonic()
+            os.kill(server, signal.SIGKILL)
+            rc = proc.wait(timeout=90)
+            took = time.monotonic() - killed
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    finally:
+        slow.stop()
+    text = out.read_text()
+    assert rc == 1, text[-3000:]
+    assert took < 35, f"named only after {took:.0f} s"
+    last = text.strip().splitlines()[-1]
+    assert last.startswith("stopped during perception: Prefect's API server") and "exited" in last, last
+    assert last.endswith("rerun to resume") and "Traceback" not in text, text[-3000:]
+    time.sleep(1.0)
+    assert not [pid for pid, start in children.items() if running(pid, start)]
