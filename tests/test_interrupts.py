@@ -86,11 +86,12 @@ def home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     yield root / "home"
 
 
-def _interrupt(home: Path, args: list[str], signum: int, ready: Any, group: bool,
+def _interrupt(home: Path, args: list[str], signum: int, ready: Any, group: bool, act: Any = None,
                **env: str) -> tuple[int, float, str, dict[int, str]]:
     """Start the CLI, wait until ``ready()``, send ``signum`` (to the process group, as a
-    terminal's Ctrl-C does, or to the process alone, as a service manager does). Returns the
-    exit status, the seconds from signal to exit, the output and the processes it had started."""
+    terminal's Ctrl-C does, or to the process alone, as a service manager does), or call
+    ``act(pid)`` instead. Returns the exit status, the seconds from signal to exit, the output
+    and the processes it had started."""
     out = home.parent / f"out-{signum}.txt"
     with open(out, "w") as fh:
         proc = subprocess.Popen(_cli(*args), env=_env(home, **env), cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT,
@@ -103,8 +104,11 @@ def _interrupt(home: Path, args: list[str], signum: int, ready: Any, group: bool
             time.sleep(0.1)
         children = descendants(proc.pid)
         sent = time.monotonic()
-        os.killpg(proc.pid, signum) if group else os.kill(proc.pid, signum)
-        rc = proc.wait(timeout=60)
+        if act is not None:
+            act(proc.pid)
+        else:
+            os.killpg(proc.pid, signum) if group else os.kill(proc.pid, signum)
+        rc = proc.wait(timeout=90)
         took = time.monotonic() - sent
     finally:
         if proc.poll() is None:
@@ -225,35 +229,22 @@ def _prefect_server(pid: int) -> int | None:
     return None
 
 
+def _kill_prefect_server(pid: int) -> None:
+    server = _prefect_server(pid)
+    assert server is not None, "no ephemeral Prefect server among the run's processes"
+    os.kill(server, signal.SIGKILL)
+
+
 def test_a_prefect_server_killed_under_a_run_is_named_in_one_line(home: Path, tmp_path: Path) -> None:
     _fresh_perception(home)
     slow = Slow(delay_s=1.0)
-    out = home.parent / "out-prefect-killed.txt"
     try:
         recipe = _recipe(tmp_path, slow.base_url)
         assert _run(home, "keyframes", "--recipe", str(recipe)).returncode == 0
-        with open(out, "w") as fh:
-            proc = subprocess.Popen(_cli("perception", "--recipe", str(recipe)), env=_env(home), cwd=ROOT,
-                                    stdout=fh, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            deadline = time.monotonic() + 420
-            while _logged(home) < 4:
-                assert proc.poll() is None and time.monotonic() < deadline, out.read_text()[-3000:]
-                time.sleep(0.1)
-            server = _prefect_server(proc.pid)
-            assert server is not None, "no ephemeral Prefect server among the run's processes"
-            children = descendants(proc.pid)
-            killed = time.monotonic()
-            os.kill(server, signal.SIGKILL)
-            rc = proc.wait(timeout=90)
-            took = time.monotonic() - killed
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        rc, took, text, children = _interrupt(home, ["perception", "--recipe", str(recipe)], 0,
+                                              lambda: _logged(home) >= 4, group=False, act=_kill_prefect_server)
     finally:
         slow.stop()
-    text = out.read_text()
     assert rc == 1, text[-3000:]
     assert took < 35, f"named only after {took:.0f} s"
     last = text.strip().splitlines()[-1]
