@@ -14,19 +14,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from benchmarks.fault_kills import OK_ERROR, RECOVERED
+from benchmarks.fault_kills import OK_ERROR, RECOVERED, case
 
 ROOT = Path(__file__).resolve().parents[1]
-CASES: list[tuple[str, Callable[[Path], tuple[str, str]]]] = []
-
-
-def case(name: str) -> Callable:
-    def register(fn: Callable[[Path], tuple[str, str]]) -> Callable:
-        CASES.append((name, fn))
-        return fn
-    return register
 
 
 def cli(args: list[str], home: Path, timeout: float = 300, **env: Any) -> subprocess.CompletedProcess:

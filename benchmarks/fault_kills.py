@@ -23,6 +23,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO_DEADLINE_S = 1500
@@ -30,6 +31,18 @@ KILL_RECIPE = "demo"  # the kill cases run the demo, whose training changes weig
 # Stage-name prefixes of the parts killed, in the order the demo reaches them.
 TARGETS = ("keyframes", "perception", "train_")
 OK_ERROR, RECOVERED = "clear error, nothing lost", "recovered"
+
+# Every server and input case of the fault suite, registered where it is written
+# (``@case(name)`` in faults.py, fault_inputs.py, fault_replies.py), run by faults.py.
+Case = Callable[[Path], tuple[str, str]]
+CASES: list[tuple[str, Case]] = []
+
+
+def case(name: str) -> Callable[[Case], Case]:
+    def register(fn: Case) -> Case:
+        CASES.append((name, fn))
+        return fn
+    return register
 
 
 def demo(home: Path) -> subprocess.Popen:

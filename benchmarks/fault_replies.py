@@ -18,21 +18,13 @@ from typing import Any, Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 
-from benchmarks.fault_kills import OK_ERROR, RECOVERED  # noqa: E402
+from benchmarks.fault_kills import OK_ERROR, RECOVERED, case  # noqa: E402
 from tests.servers import ChatStub, StubReply, completion  # noqa: E402
 
-Case = Callable[[Path], tuple[str, str]]
-REPLY_CASES: list[tuple[str, Case]] = []
 KEY_ENV = "EMBODIED_R_FAULT_ECHOED_KEY"
 HEX_KEY = "9c1e5a7b3d2f40e6a8b1c0d9e7f6a5b4"
 JWT_KEY = "eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiJmYXVsdC1zdWl0ZSIsIm4iOjF9.ZmFrZS1zaWduYXR1cmUtZm9yLXRoZS1zdWl0ZQ"
 
-
-def case(name: str) -> Callable[[Case], Case]:
-    def register(fn: Case) -> Case:
-        REPLY_CASES.append((name, fn))
-        return fn
-    return register
 
 
 def _empty_body(content: str | None) -> dict[str, Any]:

@@ -28,19 +28,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(1, str(ROOT / "tests"))  # test modules import each other by bare name
 
-from benchmarks.fault_inputs import CASES as INPUT_CASES, cli as _cli  # noqa: E402
-from benchmarks.fault_kills import OK_ERROR, RECOVERED, kill_cases  # noqa: E402
-from benchmarks.fault_replies import REPLY_CASES  # noqa: E402
+from benchmarks.fault_inputs import cli as _cli  # noqa: E402
+from benchmarks.fault_kills import CASES, OK_ERROR, RECOVERED, case, kill_cases  # noqa: E402
+import benchmarks.fault_replies  # noqa: E402,F401 - registers its cases
 from tests.servers import ChatStub, StubReply, completion, free_port  # noqa: E402
 
-CASES: list[tuple[str, Callable[[Path], tuple[str, str]]]] = []
-
-
-def case(name: str) -> Callable:
-    def register(fn: Callable[[Path], tuple[str, str]]) -> Callable:
-        CASES.append((name, fn))
-        return fn
-    return register
 
 
 # -- perception against a failing server, then a healthy one -------------------------------
@@ -270,7 +262,6 @@ def _lock(tmp: Path) -> tuple[str, str]:
     return f"second run refused: {msg}...", OK_ERROR
 
 
-CASES += REPLY_CASES
 
 
 def main() -> int:
@@ -287,7 +278,7 @@ def main() -> int:
     base = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="faults-"))
     base.mkdir(parents=True, exist_ok=True)
     rows = []
-    cases = [] if args.only_kills else CASES + INPUT_CASES
+    cases = [] if args.only_kills else list(CASES)
     if args.only:
         cases, args.skip_kills = [c for c in cases if any(text in c[0] for text in args.only)], True
     for i, (name, fn) in enumerate(cases):

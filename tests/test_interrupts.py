@@ -86,11 +86,12 @@ def home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     yield root / "home"
 
 
-def _interrupt(home: Path, args: list[str], signum: int, ready: Any, group: bool,
+def _interrupt(home: Path, args: list[str], signum: int, ready: Any, group: bool, act: Any = None,
                **env: str) -> tuple[int, float, str, dict[int, str]]:
     """Start the CLI, wait until ``ready()``, send ``signum`` (to the process group, as a
-    terminal's Ctrl-C does, or to the process alone, as a service manager does). Returns the
-    exit status, the seconds from signal to exit, the output and the processes it had started."""
+    terminal's Ctrl-C does, or to the process alone, as a service manager does), or call
+    ``act(pid)`` instead. Returns the exit status, the seconds from signal to exit, the output
+    and the processes it had started."""
     out = home.parent / f"out-{signum}.txt"
     with open(out, "w") as fh:
         proc = subprocess.Popen(_cli(*args), env=_env(home, **env), cwd=ROOT, stdout=fh, stderr=subprocess.STDOUT,
@@ -103,8 +104,11 @@ def _interrupt(home: Path, args: list[str], signum: int, ready: Any, group: bool
             time.sleep(0.1)
         children = descendants(proc.pid)
         sent = time.monotonic()
-        os.killpg(proc.pid, signum) if group else os.kill(proc.pid, signum)
-        rc = proc.wait(timeout=60)
+        if act is not None:
+            act(proc.pid)
+        else:
+            os.killpg(proc.pid, signum) if group else os.kill(proc.pid, signum)
+        rc = proc.wait(timeout=90)
         took = time.monotonic() - sent
     finally:
         if proc.poll() is None:
@@ -211,3 +215,40 @@ def test_a_full_disk_during_perception_stops_it_in_one_line(home: Path, tmp_path
     assert "Traceback" not in text and len(text.strip().splitlines()) <= 4, text[-3000:]
     assert time.monotonic() - started < 120  # no retries of a stage that cannot write
     assert _logged(home) == 5  # every call logged before the disk filled is kept
+
+
+def _prefect_server(pid: int) -> int | None:
+    """The ephemeral Prefect API server among the processes ``pid`` started."""
+    for child in descendants(pid):
+        try:
+            cmd = Path(f"/proc/{child}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if "uvicorn" in cmd and "prefect" in cmd:
+            return child
+    return None
+
+
+def _kill_prefect_server(pid: int) -> None:
+    server = _prefect_server(pid)
+    assert server is not None, "no ephemeral Prefect server among the run's processes"
+    os.kill(server, signal.SIGKILL)
+
+
+def test_a_prefect_server_killed_under_a_run_is_named_in_one_line(home: Path, tmp_path: Path) -> None:
+    _fresh_perception(home)
+    slow = Slow(delay_s=1.0)
+    try:
+        recipe = _recipe(tmp_path, slow.base_url)
+        assert _run(home, "keyframes", "--recipe", str(recipe)).returncode == 0
+        rc, took, text, children = _interrupt(home, ["perception", "--recipe", str(recipe)], 0,
+                                              lambda: _logged(home) >= 4, group=False, act=_kill_prefect_server)
+    finally:
+        slow.stop()
+    assert rc == 1, text[-3000:]
+    assert took < 35, f"named only after {took:.0f} s"
+    last = text.strip().splitlines()[-1]
+    assert last.startswith("stopped during perception: Prefect's API server") and "exited" in last, last
+    assert last.endswith("rerun to resume") and "Traceback" not in text, text[-3000:]
+    time.sleep(1.0)
+    assert not [pid for pid, start in children.items() if running(pid, start)]

@@ -319,9 +319,12 @@ def main(argv: list[str] | None = None) -> int:
         install()
     if argv is None and args.command in ("demo", "run", *STAGE_COMMANDS):
         # A real command line: whatever it starts (Prefect's server included) ends with it.
+        from embodied_r.apps.prefect_watch import start_watch
         from embodied_r.apps.reaper import start_reaper
 
         start_reaper()
+        # And a Prefect API that goes away stops it in one line, not minutes of retries.
+        start_watch()
     from embodied_r.data.catalog import CatalogError
     from embodied_r.config import RecipeError
     from embodied_r.benchmarks import DataSourceError

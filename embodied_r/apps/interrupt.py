@@ -25,6 +25,7 @@ import sys
 import threading
 import time
 from types import FrameType
+from typing import Callable
 
 from embodied_r import progress
 
@@ -75,13 +76,19 @@ def _end_children() -> None:
 
 def stop(signum: int) -> None:
     """Say where the run stopped, end its processes and exit with 128 + ``signum``."""
+    end(lambda: message(progress.where(timeout=0.5)), "interrupted; rerun to resume", 128 + signum)
+
+
+def end(line: Callable[[], str], fallback: str, status: int) -> None:
+    """Print one line, silence the process, end every process it started and exit with
+    ``status``: the tidy kill shared by signals and by a Prefect API that is gone."""
     if not _stopping.acquire(blocking=False):
         while True:  # the other path is stopping the process; never unwind meanwhile
             time.sleep(1)
     try:
-        text = message(progress.where(timeout=0.5))
+        text = line()
     except Exception:  # noqa: BLE001 - the line must come whatever state the run is in
-        text = "interrupted; rerun to resume"
+        text = fallback
     clear = "\r\033[K" if sys.stderr.isatty() else ""
     try:
         # Silence the process first, then write the line through a copy of stderr: threads
@@ -96,7 +103,7 @@ def stop(signum: int) -> None:
     try:
         _end_children()
     finally:
-        os._exit(128 + signum)
+        os._exit(status)
 
 
 def _handler(signum: int, frame: FrameType | None) -> None:

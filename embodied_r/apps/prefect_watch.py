@@ -1,0 +1,100 @@
+"""A Prefect API that stops answering is named in one line within about 30 seconds.
+
+Every flow and task of a run reports its state to Prefect's API: the ephemeral server the run
+started itself (a uvicorn child process), or the server ``PREFECT_API_URL`` names. When that
+server dies (a kill, an out-of-memory kill, a crash), Prefect's client retries each call with
+backoff, and the run stalls for minutes without a word. A watcher thread checks the server
+every few seconds; once it is gone (the ephemeral server's process has exited) or has not
+answered for ``WAIT_S``, the run ends as an interrupt does (``interrupt.end``): one line that
+names the server and where the run stood, every started process ended, exit status 1. The
+finished work is on disk as after any kill, so a rerun resumes.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from embodied_r import progress
+
+POLL_S = 5.0
+# A server that answers nothing for this long is taken as gone (checks start POLL_S apart, so
+# the line comes within WAIT_S + POLL_S of the last answer).
+WAIT_S = 25.0
+
+
+def _ephemeral() -> Any | None:
+    """The ephemeral server this process started, while it runs."""
+    try:
+        from prefect.server.api.server import SubprocessASGIServer
+    except ImportError:
+        return None
+    for server in list(SubprocessASGIServer._instances.values()):
+        if getattr(server, "running", False) and getattr(server, "server_process", None) is not None:
+            return server
+    return None
+
+
+def _configured_url() -> str | None:
+    try:
+        from prefect.settings import PREFECT_API_URL
+
+        return PREFECT_API_URL.value() or None
+    except Exception:  # noqa: BLE001 - no setting, nothing to watch
+        return None
+
+
+def _answers(url: str) -> bool:
+    import httpx
+
+    try:
+        return httpx.get(f"{url.rstrip('/')}/health", timeout=POLL_S).status_code < 500
+    except httpx.HTTPError:
+        return False
+
+
+def problem(since: float | None) -> tuple[str | None, float | None]:
+    """(what is wrong with the run's Prefect API, to say now or None; when it stopped answering)."""
+    server = _ephemeral()
+    if server is not None:
+        process = server.server_process
+        code = process.poll() if process is not None else None
+        # Prefect's own stop (at exit) also ends the process: only a server still marked
+        # running, with the same process, has died under the run.
+        if code is not None and server.running and server.server_process is process:
+            return f"Prefect's API server ({server.api_url}) exited with code {code}", since
+        url = server.api_url
+    else:
+        url = _configured_url()
+    if not url or _answers(url):
+        return None, None
+    since = since if since is not None else time.monotonic()
+    if time.monotonic() - since >= WAIT_S:
+        return f"Prefect's API at {url} has not answered for {WAIT_S + POLL_S:.0f} s", since
+    return None, since
+
+
+def line(why: str) -> str:
+    where = progress.where(timeout=0.5)
+    during = f" during {where[0]}" if where else ""
+    return f"stopped{during}: {why}; the finished work is kept: rerun to resume"
+
+
+def _watch() -> None:
+    from embodied_r.apps.interrupt import end
+
+    since = None
+    main = threading.main_thread()
+    while True:
+        time.sleep(POLL_S)
+        if not main.is_alive():
+            return  # the process is exiting: Prefect stops its server on purpose
+        why, since = problem(since)
+        if why is not None and main.is_alive():
+            end(lambda: line(why), f"stopped: {why}; rerun to resume", 1)
+
+
+def start_watch() -> None:
+    """Watch the run's Prefect API from a daemon thread, for the life of the process."""
+    threading.Thread(target=_watch, name="prefect-watch", daemon=True).start()
