@@ -83,14 +83,16 @@ class _Home:
         return cls.path
 
 
-def _signal_case(tmp: Path, signum: int, group: bool) -> tuple[str, str]:
+def _signal_case(tmp: Path, signum: int, group: bool, act: Any = None) -> tuple[str, str]:
+    """Perception under way, then ``signum`` (or ``act(pid)``): one line, every process ended,
+    and the rerun sends only the missing calls."""
     from test_interrupts import Slow, _interrupt, _logged, _recipe, _run, running
 
     home = _Home.ready(tmp)
     slow = Slow(delay_s=1.0)
     try:
         rc, took, text, children = _interrupt(home, ["perception", "--recipe", str(_recipe(tmp, slow.base_url))],
-                                              signum, lambda: _logged(home) >= 4, group=group)
+                                              signum, lambda: _logged(home) >= 4, group=group, act=act)
     finally:
         slow.stop()
     last = text.strip().splitlines()[-1] if text.strip() else ""
@@ -103,7 +105,12 @@ def _signal_case(tmp: Path, signum: int, group: bool) -> tuple[str, str]:
     finally:
         fast.stop()
     total = int(re.search(r" of (\d+) calls", last).group(1)) if " of " in last else -1
-    clean = (rc == 128 + signum and took < 10 and "Traceback" not in text and last.startswith("interrupted during")
+    expected, bound, opening = (1, 35, "stopped during") if act else (128 + signum, 10, "interrupted during")
+    if act and again.returncode == 0:  # the Prefect line names no count: the stage's summary does
+        import json
+
+        total = json.loads(next((home / "stages" / "perception").glob("*/summary.json")).read_text())["calls"]
+    clean = (rc == expected and took < bound and "Traceback" not in text and last.startswith(opening)
              and not left and again.returncode == 0 and len(fast.bodies) == total - logged)
     return (f"exit {rc} in {took:.1f} s: \"{last}\"; {len(children)} processes ended; rerun sent "
             f"{len(fast.bodies)} calls (of {total})"), OK_ERROR if clean else "FAIL"
@@ -117,6 +124,13 @@ def _sigint(tmp: Path) -> tuple[str, str]:
 @case("SIGTERM to the CLI during perception")
 def _sigterm(tmp: Path) -> tuple[str, str]:
     return _signal_case(tmp, signal.SIGTERM, group=False)
+
+
+@case("Prefect's ephemeral server killed (kill -9) during perception")
+def _prefect_killed(tmp: Path) -> tuple[str, str]:
+    from test_interrupts import _kill_prefect_server
+
+    return _signal_case(tmp, 0, group=False, act=_kill_prefect_server)
 
 
 @case("Ctrl-C during key frames (stalled at video 2)")
