@@ -147,12 +147,9 @@ def _logged(home: Path) -> int:
 @pytest.mark.parametrize("signum, group", [(signal.SIGINT, True), (signal.SIGTERM, False)])
 def test_a_signal_during_perception_stops_at_once_and_the_rerun_resumes(home: Path, tmp_path: Path,
                                                                          signum: int, group: bool) -> None:
-    _fresh_perception(home)
     slow = Slow(delay_s=1.0)
     try:
-        recipe = _recipe(tmp_path, slow.base_url)
-        made = _run(home, "keyframes", "--recipe", str(recipe))
-        assert made.returncode == 0, made.stderr[-3000:]
+        recipe = _key_frames_done(home, tmp_path, slow.base_url)
         rc, took, text, children = _interrupt(home, ["perception", "--recipe", str(recipe)], signum,
                                               lambda: _logged(home) >= 4, group=group)
     finally:
@@ -170,6 +167,15 @@ def test_a_signal_during_perception_stops_at_once_and_the_rerun_resumes(home: Pa
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     summary = json.loads(next((home / "stages" / "perception").glob("*/summary.json")).read_text())
     assert summary["calls"] == total and len(fast.bodies) == total - logged
+
+
+def _key_frames_done(home: Path, tmp: Path, url: str) -> Path:
+    """A recipe whose perceiver is at ``url``, its key frames done and perception cleared."""
+    _fresh_perception(home)
+    recipe = _recipe(tmp, url)
+    made = _run(home, "keyframes", "--recipe", str(recipe))
+    assert made.returncode == 0, made.stderr[-3000:]
+    return recipe
 
 
 def _fresh_perception(home: Path) -> None:
@@ -198,11 +204,9 @@ sys.exit(main())
 
 
 def test_a_full_disk_during_perception_stops_it_in_one_line(home: Path, tmp_path: Path) -> None:
-    _fresh_perception(home)
     srv = Slow(delay_s=0.0)
     try:
-        recipe = _recipe(tmp_path, srv.base_url)
-        assert _run(home, "keyframes", "--recipe", str(recipe)).returncode == 0
+        recipe = _key_frames_done(home, tmp_path, srv.base_url)
         started = time.monotonic()
         done = subprocess.run([sys.executable, "-c", FULL_DISK.replace("{n}", "5"), "perception", "--recipe",
                                str(recipe)], env=_env(home), cwd=ROOT, capture_output=True, text=True, timeout=600)
@@ -236,11 +240,9 @@ def _kill_prefect_server(pid: int) -> None:
 
 
 def test_a_prefect_server_killed_under_a_run_is_named_in_one_line(home: Path, tmp_path: Path) -> None:
-    _fresh_perception(home)
     slow = Slow(delay_s=1.0)
     try:
-        recipe = _recipe(tmp_path, slow.base_url)
-        assert _run(home, "keyframes", "--recipe", str(recipe)).returncode == 0
+        recipe = _key_frames_done(home, tmp_path, slow.base_url)
         rc, took, text, children = _interrupt(home, ["perception", "--recipe", str(recipe)], 0,
                                               lambda: _logged(home) >= 4, group=False, act=_kill_prefect_server)
     finally:
