@@ -51,6 +51,9 @@ class EvaluationConfig(BaseModel):
     prompts: str = "paraphrase"
     # Questions per generate call, and so between progress records.
     chunk_size: int = operational(32, ge=1)
+    # Parts the questions are split into, each answered on its own and merged into the same
+    # folder as one run; 1 = not split.
+    shards: int = operational(1, ge=1)
 
     def choice_parser(self) -> ChoiceParser:
         return "official_eval" if self.answer_parser == "official" else "strict"

@@ -1,0 +1,182 @@
+"""Stages in shards: membership by id, the merged folder equal to an unsharded run's for
+key frames, perception and evaluation, and a failed shard the only one done again (calls
+counted on a real local OpenAI-compatible server)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Iterator
+
+import pyarrow.parquet as pq
+import pytest
+
+from embodied_r.backends.base import BackendConfig
+from embodied_r.evaluation.stage import run_evaluation
+from embodied_r.faults import InfraFailure, TooManyFailures
+from embodied_r.io import is_complete, partial_path
+from embodied_r.keyframes.extract import KeyframeConfig
+from embodied_r.keyframes.stage import run_keyframes
+from embodied_r.perception.stage import PerceptionConfig, run_perception
+from embodied_r.shards import members, parse_selection, shard_folder, shard_of
+from embodied_r.tracking import stage_metrics
+from test_evaluation import _mixed_cfg, mixed  # noqa: F401 - a fixture
+from test_keyframes import _catalog, videos  # noqa: F401 - a fixture
+from test_perception import make_inputs
+from test_perception_http import RecordingServer
+
+# Figures that time a run or count its processes: they differ between any two runs.
+TIMING = {"seconds", "seconds_per_item", "processing_seconds", "hash_seconds", "workers", "shards"}
+
+
+def rows(folder: Path, name: str) -> str:
+    """A table's rows in order, as text (so a missing overlap, NaN, equals itself)."""
+    return json.dumps(pq.read_table(folder / name).to_pylist(), default=str)
+
+
+def same_folders(a: Path, b: Path, tables: list[str], ignore: frozenset[str] = frozenset()) -> dict[str, Any]:
+    """Assert two stage folders hold the same rows in the same order and the same summary
+    counts (but ``ignore``); returns ``b``'s summary."""
+    for name in tables:
+        assert rows(a, name) == rows(b, name), name
+    sa, sb = (json.loads((f / "summary.json").read_text()) for f in (a, b))
+    skip = TIMING | ignore
+    assert {k: v for k, v in sa.items() if k not in skip} == {k: v for k, v in sb.items() if k not in skip}
+    assert not any(p.name.startswith(b.name + ".shard-") for p in b.parent.iterdir())  # no shard left behind
+    return sb
+
+
+def test_membership_follows_the_id_alone() -> None:
+    ids = [f"video-{i}" for i in range(40)]
+    # Other items added in front or removed move no item to another shard.
+    more = ["new-a", "new-b"] + ids[::2]
+    for k in range(4):
+        assert set(members(more, k, 4)) & set(ids) == set(members(ids, k, 4)) & set(more)
+    assert sorted(sum((members(ids, k, 4) for k in range(4)), [])) == sorted(ids)
+    assert all(len(members(ids, k, 4)) > 4 for k in range(4))
+    # Pinned: a change of the rule would move finished items of existing shard folders.
+    assert [shard_of(i, 2) for i in ("v1", "v2", "v3", "v4")] == [0, 1, 0, 0]
+    assert parse_selection("2/4", 4) == 1 and parse_selection(None, 4) is None
+    with pytest.raises(ValueError, match="shards: 3"):
+        parse_selection("2/4", 3)
+
+
+@pytest.fixture
+def server() -> Iterator[RecordingServer]:
+    srv = RecordingServer()
+    yield srv
+    srv.stop()
+
+
+def perceiver(srv: RecordingServer, **kw: Any) -> PerceptionConfig:
+    backend = BackendConfig(kind="openai", model="vlm", base_url=srv.base_url, api_key_env="EMBODIED_R_TEST_NO_KEY",
+                            max_retries=0, timeout_s=10.0, concurrency=2)
+    return PerceptionConfig(backend=backend, max_new_tokens=64, max_failed_fraction=1.0, **kw)
+
+
+VIDEOS = {"v1": 3, "v2": 1, "v3": 2, "v4": 4}
+QUESTIONS = [("u:1", "v1"), ("u:2", "v3"), ("u:3", "v2"), ("u:4", "v3"), ("u:5", "v_none"), ("u:6", "v4"),
+             ("u:7", "v1")]
+PERCEPTION_TABLES = ["perception.parquet", "perception_frames.parquet", "failures.parquet"]
+
+
+@pytest.mark.parametrize("mode", ["per_question", "per_video"])
+def test_perception_in_shards_equals_one_run(server: RecordingServer, tmp_path: Path, mode: str) -> None:
+    catalog, kf = make_inputs(tmp_path, VIDEOS, QUESTIONS)
+    assert {shard_of(v, 2) for v in VIDEOS} == {0, 1}
+    one = run_perception(catalog, kf, tmp_path / "one", perceiver(server, mode=mode))
+    calls_one = len(server.bodies)
+    two = run_perception(catalog, kf, tmp_path / "two", perceiver(server, mode=mode, shards=2))
+    assert len(server.bodies) == 2 * calls_one  # each call once, in one shard or the other
+    assert same_folders(tmp_path / "one", tmp_path / "two", PERCEPTION_TABLES) == two
+    assert two["failed"] == one["failed"] == 1 and two["calls_made"] == one["calls_made"] == calls_one
+    # Each shard's counts, and where it ran, in the summary and so in the stage's MLflow run.
+    shards = two["shards"]
+    assert shards["count"] == 2 and sum(shards["hosts"].values()) == 2
+    assert shards["1"]["items"] + shards["2"]["items"] == len(VIDEOS)
+    assert shards["1"]["done"] + shards["2"]["done"] == two["calls"]
+    metrics = stage_metrics(two)
+    assert metrics["summary/shards/1/done"] + metrics["summary/shards/2/done"] == two["calls"]
+
+
+def _mentions(body: dict[str, Any], videos: set[str]) -> bool:
+    return any(f"seen in {v}?" in json.dumps(body) for v in videos)
+
+
+def test_a_failed_shard_is_the_only_one_done_again(tmp_path: Path) -> None:
+    catalog, kf = make_inputs(tmp_path, VIDEOS, QUESTIONS)
+    down: set[str] = {"v3"}  # shard 1 holds v1 and v4 (finished) and v3 (its server fails)
+    srv = RecordingServer(fault=lambda body: (503, "unavailable") if _mentions(body, down) else None)
+    ref = RecordingServer()
+    try:
+        out = tmp_path / "perception"
+        with pytest.raises(InfraFailure) as failed:
+            run_perception(catalog, kf, out, perceiver(srv, shards=2))
+        assert "shard 1 of 2" in "\n".join(failed.value.__notes__)
+        first, second = shard_folder(out, 0, 2), shard_folder(out, 1, 2)
+        assert is_complete(second) and partial_path(first).is_dir() and not out.exists()
+        logged = len((partial_path(first) / "items.jsonl").read_text().splitlines())
+        sent = len(srv.bodies)
+
+        down.clear()
+        summary = run_perception(catalog, kf, out, perceiver(srv, shards=2))
+        again = srv.bodies[sent:]
+        assert again and not any(_mentions(b, {"v2"}) for b in again)  # the finished shard: nothing resent
+        assert len(again) == summary["calls"] - logged - summary["shards"]["2"]["done"]  # its own finished calls kept
+        run_perception(catalog, kf, tmp_path / "one", perceiver(ref))
+        # Resumed, shard 1 counts only the calls its last run made.
+        same_folders(tmp_path / "one", out, PERCEPTION_TABLES, frozenset({"calls_made", "calls_failed"}))
+        assert summary["calls_made"] == len(again) + summary["shards"]["2"]["done"] and summary["failed"] == 1
+    finally:
+        srv.stop()
+        ref.stop()
+
+
+EVALUATION_TABLES = ["predictions.parquet", "failures.parquet"]
+
+
+def test_evaluation_in_shards_equals_one_run(mixed: tuple[Any, Path], tmp_path: Path) -> None:  # noqa: F811
+    server, records = mixed
+    uids = [f"urbanvideo:{i}" for i in range(6)]
+    assert {shard_of(u, 2) for u in ("urbanvideo:1", "urbanvideo:4")} == {0, 1}  # a failure in each shard
+    one = run_evaluation(records, "policy", tmp_path / "one", _mixed_cfg(server))
+    two = run_evaluation(records, "policy", tmp_path / "two", _mixed_cfg(server).model_copy(update={"shards": 2}))
+    assert len(server.bodies) == 2 * len(uids)
+    assert same_folders(tmp_path / "one", tmp_path / "two", EVALUATION_TABLES) == two
+    assert json.loads((tmp_path / "one/metrics.json").read_text()) == json.loads((tmp_path / "two/metrics.json").read_text())
+    assert two["failed"] == 2 and two["shards"]["1"]["items"] + two["shards"]["2"]["items"] == 6
+
+
+def test_too_many_failures_reopen_only_the_shards_that_had_them(mixed: tuple[Any, Path],  # noqa: F811
+                                                                 tmp_path: Path) -> None:
+    server, records = mixed
+    out = tmp_path / "eval"
+    strict = _mixed_cfg(server).model_copy(update={"shards": 3, "max_failed_fraction": 0.1})
+    with pytest.raises(TooManyFailures):
+        run_evaluation(records, "policy", out, strict)
+    failing = {shard_of(u, 3) for u in ("urbanvideo:1", "urbanvideo:4")}
+    for k in range(3):
+        folder = shard_folder(out, k, 3)
+        assert (partial_path(folder).is_dir() and not folder.exists()) if k in failing else is_complete(folder)
+    sent = len(server.bodies)
+    # The share allowed raised (an operational setting: the same folder): only the two failed
+    # questions are asked again.
+    summary = run_evaluation(records, "policy", out, strict.model_copy(update={"max_failed_fraction": 1.0}))
+    assert len(server.bodies) - sent == 2 and summary["failed"] == 2 and is_complete(out)
+
+
+def test_keyframes_in_shards_equal_one_run(tmp_path: Path, videos: dict[str, Path]) -> None:  # noqa: F811
+    junk = tmp_path / "junk.mp4"
+    junk.write_bytes(b"\x00" * 3000)
+    entries = [("fast", videos["fast"]), ("a/static", videos["static"]), ("junk", junk), ("mixed", videos["mixed"])]
+    assert {shard_of(v, 2) for v, _ in entries} == {0, 1}
+    catalog = _catalog(tmp_path / "catalog.parquet", entries)
+    cfg = KeyframeConfig(workers=1, cache=False)
+    one = run_keyframes(catalog, tmp_path / "one", cfg)
+    two = run_keyframes(catalog, tmp_path / "two", cfg.model_copy(update={"shards": 2}))
+    assert same_folders(tmp_path / "one", tmp_path / "two", ["keyframes.parquet", "failures.parquet"]) == two
+    assert (one["done"], one["failed"]) == (3, 1)
+    frames = {p.relative_to(tmp_path / "one"): p.read_bytes() for p in (tmp_path / "one/frames").rglob("*.jpg")}
+    assert frames and frames == {p.relative_to(tmp_path / "two"): p.read_bytes()
+                                 for p in (tmp_path / "two/frames").rglob("*.jpg")}
+    assert (tmp_path / "one/montage.jpg").read_bytes() == (tmp_path / "two/montage.jpg").read_bytes()
