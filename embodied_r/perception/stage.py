@@ -47,7 +47,7 @@ from embodied_r.perception.outputs import check_actions, server_hint, write_outp
 from embodied_r.perception.parse import FrameInfo, video_text
 from embodied_r.perception.prompts import ImageOrder, PerceiverTexts, PromptStyle, ReplyFormat
 from embodied_r.settings import operational
-from embodied_r.shards import SHARD_INPUT, Sharding, parse_selection, run_sharded, summed
+from embodied_r.shards import SHARD_INPUT, Sharding, parse_selection, pinned, run_sharded, summed
 
 log = logging.getLogger(__name__)
 
@@ -354,7 +354,8 @@ def run_perception(catalog: Path, keyframes: Path, out: Path, cfg: PerceptionCon
     if cfg.shards > 1:
         def work_shard(work: Path, videos: list[str]) -> dict[str, Any]:
             mine = set(videos)
-            return _work(work, [q for q in ready if q.video_id in mine], cfg, catalog)
+            own = cfg.model_copy(update={"backend": pinned(cfg.backend, shard)})
+            return _work(work, [q for q in ready if q.video_id in mine], own, catalog)
 
         def finish(work: Path, shards: list[dict[str, Any]]) -> dict[str, Any]:
             run = summed(shards, RUN_COUNTERS)
