@@ -114,7 +114,7 @@ def run_sharded(out: Path, count: int, sharding: Sharding, only: int | None = No
     shard's own summary is returned and nothing is merged."""
     out = Path(out)
     if is_complete(out):
-        _remove_shards(out, count)
+        _remove_shards(out)
         return read_summary(out)
     folders = [shard_folder(out, i, count) for i in range(count)]
     if only is not None:
@@ -173,7 +173,7 @@ def merge(out: Path, count: int, sharding: Sharding) -> dict[str, Any]:
             if shard.get("failed"):
                 _reopen(folder)
         raise
-    _remove_shards(out, count)
+    _remove_shards(out)
     return summary
 
 
@@ -228,9 +228,17 @@ def _reopen(folder: Path) -> None:
     os.replace(folder, work)
 
 
-def _remove_shards(out: Path, count: int) -> None:
-    for index in range(count):
-        folder = shard_folder(out, index, count)
-        for path in (folder, partial_path(folder)):
+def shard_paths(out: Path) -> list[Path]:
+    """Every shard folder of stage ``out`` whatever its count, finished or not, with their
+    locks: what discarding the stage must discard too, or a refresh would merge them again."""
+    out = Path(out)
+    return sorted(out.parent.glob(f"{out.name}.shard-*-of-*")) if out.parent.is_dir() else []
+
+
+def _remove_shards(out: Path) -> None:
+    """The shards' folders once merged (and those of another count, left by a changed recipe)."""
+    for path in shard_paths(out):
+        if path.is_dir():
             shutil.rmtree(path, ignore_errors=True)
-        folder.with_name(folder.name + ".lock").unlink(missing_ok=True)
+        else:
+            path.unlink(missing_ok=True)
