@@ -182,7 +182,7 @@ def shard_table(summaries: list[dict[str, Any]]) -> dict[str, Any]:
     table: dict[str, Any] = {"count": len(summaries),
                              "hosts": dict(Counter(str(s.get("where", "?")).rsplit(":", 1)[0] for s in summaries))}
     for s in summaries:
-        table[str(s["shard"])] = {k: s[k] for k in ("items", "done", "failed", "seconds") if k in s}
+        table[str(s["shard"])] = {k: s[k] for k in ("items", "done", "failed", "seconds", "where") if k in s}
     return table
 
 

@@ -23,6 +23,7 @@ from flows.runner import (
 )
 from flows.mlflow_runs import run_url, runs_url
 from flows.prefect_views import flow_run_name, publish_result, tag_flow_run
+from flows.shards import dispatch_shards
 from flows.stages import STAGE_POOLS, deployment_name
 
 
@@ -76,13 +77,11 @@ def run_dispatched(recipe_ref: str, recipe: Recipe, root: Path, refresh: list[st
                 cached += names
                 logger.info("%s: already done, not dispatched", kind)
                 continue
-            child = run_deployment(
-                deployment_name(kind),
-                parameters={"recipe": recipe_ref, "overrides": overrides, "home": str(root),
-                            "mlflow_parent_run_id": tracker.parent_run_id},
-                timeout=None,
-                poll_interval=2,
-            )
+            parameters = {"recipe": recipe_ref, "overrides": overrides, "home": str(root),
+                          "mlflow_parent_run_id": tracker.parent_run_id}
+            # A stage split in shards: one flow run per shard first; the stage's run then merges.
+            dispatch_shards(deployment_name(kind), kind, stages, names, parameters)
+            child = run_deployment(deployment_name(kind), parameters=parameters, timeout=None, poll_interval=2)
             state = child.state
             if state is None or not state.is_completed():
                 raise StageRunFailed(

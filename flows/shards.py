@@ -85,3 +85,25 @@ def dispatch_shards(deployment: str, kind: str, stages: dict[str, StagePlan], na
                              f"{'; '.join(failed)}. The finished shards are kept; run again and only the "
                              "others are sent")
     return [r.name for _, r in sorted(ended.items())]
+
+
+def dispatch_stage(recipe_ref: str, kind: str, root: Path, overrides: dict[str, Any] | None = None,
+                   parent_run_id: str | None = None) -> str:
+    """One stage kind through its deployment: its unfinished shards first, each a flow run
+    of its own, then the run that merges them (and records the stage). Returns that run's name."""
+    from embodied_r.config import load_recipe
+    from flows.stages import deployment_name
+    from flows.pipeline import StageRunFailed
+
+    rec = load_recipe(recipe_ref, overrides)
+    stages = plan(rec, root)
+    names = [n for n, sp in stages.items() if sp.kind == kind]
+    parameters = {"recipe": recipe_ref, "overrides": overrides, "home": str(root),
+                  "mlflow_parent_run_id": parent_run_id}
+    dispatch_shards(deployment_name(kind), kind, stages, names, parameters)
+    from prefect.deployments import run_deployment
+
+    child = run_deployment(deployment_name(kind), parameters=parameters, timeout=None, poll_interval=2)
+    if child.state is None or not child.state.is_completed():
+        raise StageRunFailed(f"stage {kind!r} (flow run {child.name}) ended {child.state}")
+    return str(child.name)
