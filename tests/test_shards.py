@@ -186,3 +186,17 @@ def test_keyframes_in_shards_equal_one_run(tmp_path: Path, videos: dict[str, Pat
     assert frames and frames == {p.relative_to(tmp_path / "two"): p.read_bytes()
                                  for p in (tmp_path / "two/frames").rglob("*.jpg")}
     assert (tmp_path / "one/montage.jpg").read_bytes() == (tmp_path / "two/montage.jpg").read_bytes()
+
+
+def test_a_refresh_discards_the_shards_too(tmp_path: Path) -> None:
+    from flows.runner import discard
+
+    out = tmp_path / "stages/perception/abc"
+    for folder in (out, shard_folder(out, 0, 2), partial_path(shard_folder(out, 1, 2)), shard_folder(out, 2, 3)):
+        folder.mkdir(parents=True)
+        (folder / "items.jsonl").write_text("{}\n")
+    shard_folder(out, 0, 2).with_name(shard_folder(out, 0, 2).name + ".lock").write_text("")
+    (tmp_path / "stages/perception/abcd.shard-1-of-2").mkdir()  # another stage's shard
+    discard(out)
+    assert not out.exists() and not shard_paths(out)
+    assert [p.name for p in out.parent.iterdir()] == ["abcd.shard-1-of-2"]
