@@ -76,7 +76,8 @@ def test_navigation_redirects_to_the_related_object_and_turns_toward_it(env, tmp
     assert teleport["horizon"] == 60
     # The apple on the counter, not the counter's centre: the nearest pose, facing it.
     assert (c.agent["position"]["x"], c.agent["position"]["z"]) == (1.0, 0.5)
-    assert c.agent["rotation"]["y"] == 90.0 and c.agent["cameraHorizon"] > 0  # looking down at it
+    # Looking at it: from horizon 60 up to the 51 degrees down the apple's centre lies at.
+    assert c.agent["rotation"]["y"] == 90.0 and c.agent["cameraHorizon"] == 51
     assert "Apple" in result.legal_objects  # what the single-search end rule reads
 
 
@@ -105,6 +106,8 @@ def test_a_failed_teleport_retries_the_next_candidate(env, tmp_path):
     assert environment.step("navigate to", "CounterTop").success
     assert _actions(c, since).count("Teleport") == 2
     assert (c.agent["position"]["x"], c.agent["position"]["z"]) != (1.0, 0.5)
+    # The pose faced the apple square to the grid; turning toward it takes the diagonal.
+    assert c.calls[since + 2]["rotation"]["y"] == 90 and c.agent["rotation"]["y"] == 45.0
 
 
 def test_agent_crouches_for_a_low_object(env, tmp_path):
