@@ -116,13 +116,13 @@ def _pick_on_line(obj: dict[str, Any], heading: int, cands: list[dict[str, Any]]
 
 
 def _side(obj: dict[str, Any], p: dict[str, Any], direction: int) -> bool:
-    """Whether ``p`` lies on the object's ``direction`` side (in line, or in that quadrant)."""
+    """Whether ``p`` lies on the object's ``direction`` side: ahead of it along an axis
+    heading, inside that quadrant for a diagonal one."""
     dx, dz = p["x"] - obj["position"]["x"], p["z"] - obj["position"]["z"]
-    ux, uz = round(math.sin(math.radians(direction))), round(math.cos(math.radians(direction)))
-    if direction % 90:  # a diagonal: the open quadrant
-        ux, uz = (1 if math.sin(math.radians(direction)) > 0 else -1), (1 if math.cos(math.radians(direction)) > 0 else -1)
+    ux, uz = math.sin(math.radians(direction)), math.cos(math.radians(direction))
+    if direction % 90:
         return dx * ux > 0 and dz * uz > 0
-    return dx * ux + dz * uz > 0
+    return dx * ux + dz * uz > 1e-9
 
 
 def _in_line(obj: dict[str, Any], cands: list[dict[str, Any]], heading: int) -> list[dict[str, Any]]:
