@@ -197,3 +197,31 @@ def test_each_running_episode_has_its_own_controller(tmp_path):
     assert len(started) == 2  # the third episode reused a finished one's controller
     maker.close()
     assert all(c.stopped for c in started)
+
+
+def test_eight_position_search_stands_a_large_object_off_in_line_with_its_front(env, tmp_path):
+    environment, c = env
+    environment.reset(_task(related_objects=[]), tmp_path)
+    since = len(c.calls)
+    assert environment.step("navigate to", "CounterTop").success
+    assert _actions(c, since)[:2] == ["GetInteractablePoses", "Teleport"]
+    # The counter faces -x (heading 270): in line with its centre, on that side, the farthest
+    # pose within 1 m; crouched (its base is on the floor), turned toward it, tilted to its centre.
+    assert (c.agent["position"]["x"], c.agent["position"]["z"]) == (0.5, 0.0)
+    assert (c.agent["isStanding"], c.agent["rotation"]["y"], c.agent["cameraHorizon"]) == (False, 90.0, 33)
+
+
+def _box(heading: float, size: float = 1.0) -> dict:
+    return {"position": dict(x=0.0, y=0.5, z=0.0), "rotation": dict(x=0.0, y=heading, z=0.0),
+            "axisAlignedBoundingBox": {"size": dict(x=size, y=size, z=size)}}
+
+
+def test_eight_position_search_prefers_the_side_the_object_faces():
+    from embodied_r.interactive.ai2thor_poses import navigation_pose
+
+    ahead, behind = dict(x=0.0, y=0.9, z=0.5, rotation=0), dict(x=0.0, y=0.9, z=-0.9, rotation=0)
+    assert navigation_pose(_box(0), [behind, ahead]) == (ahead, 180)  # facing +z: stand at +z, look back
+    assert navigation_pose(_box(180), [behind, ahead]) == (behind, 0)
+    front, back = dict(x=0.5, y=0.9, z=0.5, rotation=0), dict(x=-0.6, y=0.9, z=-0.6, rotation=0)
+    assert navigation_pose(_box(44), [back, front]) == (front, 225)  # a diagonal: its quadrant
+    assert navigation_pose(_box(44), [back, front], tried=[front]) == (back, 45)  # then behind it
