@@ -273,7 +273,9 @@ class AI2ThorEnvironment:
             return self._observe()
         if action == "move forward":
             return self._done(self._move_forward(), "move_forward", "something blocks the way.")
-        if obj is None or self._item(obj) is None:
+        if obj is None:
+            return self._refuse(f"{action} needs an object.")
+        if self._item(obj) is None:
             return self._refuse(f"there is no {obj} in this room.")
         if not self.legality.allows(action, obj):
             why = "not navigable from here" if action == "navigate to" else "not available for interaction here"
