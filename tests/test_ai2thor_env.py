@@ -108,6 +108,7 @@ def test_a_failed_teleport_retries_the_next_candidate(env, tmp_path):
     assert (c.agent["position"]["x"], c.agent["position"]["z"]) != (1.0, 0.5)
     # The pose faced the apple square to the grid; turning toward it takes the diagonal.
     assert c.calls[since + 2]["rotation"]["y"] == 90 and c.agent["rotation"]["y"] == 45.0
+    assert c.calls[since + 2]["horizon"] == 60  # the retry too, as the original's teleport helper
 
 
 def test_agent_crouches_for_a_low_object(env, tmp_path):

@@ -103,24 +103,22 @@ class AI2ThorEnvironment:
         Image.fromarray(self.c.last_event.frame).save(path, format="PNG")
         return str(path.resolve())
 
-    def _done(self, ok: bool, name: str, feedback: str = "", images: list[str] | None = None) -> StepResult:
-        """After an executed action: update the lists, save the view (on success)."""
-        if ok:
-            self.legality.observe(seen_in(self.meta))
-            images = images if images is not None else [self._frame(name)]
-        return StepResult(ok, images if ok else [], self.legality.legal_objects, "" if ok else feedback)
+    def _done(self, ok: bool, name: str, feedback: str = "") -> StepResult:
+        """After a move that succeeded: update the lists and save the view; a move that
+        failed leaves them as they were (the original returns none)."""
+        if not ok:
+            return self._refuse(feedback)
+        self.legality.observe(seen_in(self.meta))
+        return StepResult(True, [self._frame(name)], self.legality.legal_objects)
 
     def _refuse(self, feedback: str) -> StepResult:
         return StepResult(False, [], self.legality.legal_objects, feedback)
 
     # -- moving -------------------------------------------------------------------------
 
-    def _teleport(self, pos: dict[str, float], yaw: float, horizon: float | None) -> bool:
-        args: dict[str, Any] = dict(action="Teleport", position=dict(x=pos["x"], y=pos["y"], z=pos["z"]),
-                                    rotation=dict(x=0, y=yaw, z=0))
-        if horizon is not None:
-            args["horizon"] = horizon
-        self.c.step(**args)
+    def _teleport(self, pos: dict[str, float], yaw: float, horizon: float) -> bool:
+        self.c.step(action="Teleport", position=dict(x=pos["x"], y=pos["y"], z=pos["z"]),
+                    rotation=dict(x=0, y=yaw, z=0), horizon=horizon)
         return self._ok()
 
     def _start(self) -> bool:
@@ -159,15 +157,13 @@ class AI2ThorEnvironment:
         interactable = self.c.step(action="GetInteractablePoses", objectId=item["objectId"]).metadata.get(
             "actionReturn") or []
         tried: list[dict[str, Any]] = []
-        horizon: float | None = poses_mod.NAV_HORIZON
         for _ in range(self.max_retries):
             found = poses_mod.navigation_pose(item, interactable, tried)
             if found is None:
                 return False
-            if self._teleport(found[0], found[1], horizon):
+            if self._teleport(found[0], found[1], poses_mod.NAV_HORIZON):
                 break
             tried.append(found[0])
-            horizon = None  # the original's retries teleport at the default horizon
         else:
             return False
         lowest = min(p[1] for p in item["axisAlignedBoundingBox"]["cornerPoints"])
