@@ -46,6 +46,9 @@ class EvaluateConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     environment: Literal["builtin", "ai2thor"] = "builtin"
+    # AI2-THOR only: the user's checkout of the original repository, whose hand-made
+    # navigation poses (data/agent_positions.json) are read at run time, never shipped.
+    original_checkout: str | None = None
     limit: int | None = Field(None, ge=1)  # the first N test cases; None: all
     batch: int = operational(8, ge=1)
     episode: EpisodeConfig = Field(default_factory=EpisodeConfig)

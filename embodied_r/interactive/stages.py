@@ -37,13 +37,11 @@ def _generator(backend_cfg: dict[str, Any], model: str):
     return backend, generate
 
 
-def _environment(kind: str):
-    from embodied_r.interactive.env_factory import make_environment
+def _environment(kind: str, original_checkout: str | None = None):
+    from embodied_r.interactive.env_factory import EnvironmentMaker
 
-    if kind == "ai2thor":
-        shared = make_environment("ai2thor")  # one controller serves every episode
-        return lambda: shared
-    return lambda: make_environment("builtin")
+    # One environment, and for AI2-THOR one controller, per running episode.
+    return EnvironmentMaker(kind, original_checkout)
 
 
 def run_sft_stage(out: Path, config: dict[str, Any], inputs: dict[str, str],
@@ -128,12 +126,14 @@ def run_evaluate_stage(out: Path, config: dict[str, Any], inputs: dict[str, str]
     cases = read_test_cases(Path(inputs["catalog"]))[: ev.get("limit") or None]
     started = time.monotonic()
     with stage_folder(out) as work:
+        make_env = _environment(ev["environment"], ev.get("original_checkout"))
         backend, generate = _generator(config["backend"], inputs["model"])
         try:
-            episodes = run_episodes(cases, _environment(ev["environment"]), generate, work / "episodes",
+            episodes = run_episodes(cases, make_env, generate, work / "episodes",
                                     EpisodeConfig.model_validate(ev["episode"]), batch=ev["batch"])
         finally:
             backend.close()
+            make_env.close()
         results = [e.result() for e in episodes]
         with open(work / "results.jsonl", "w", encoding="utf-8") as fh:
             for r, e in zip(results, episodes):
