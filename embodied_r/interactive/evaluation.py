@@ -72,3 +72,27 @@ def evaluate_cases(cases: list[dict[str, Any]], make_env: Callable[[], Environme
             ran += len(todo)
         done.update({k: finished[k] for k in (str(c[KEY]) for c in mine)})
     return [done[str(c[KEY])] for c in cases], ran
+
+
+def _text(message: dict[str, Any]) -> str:
+    content = message["content"]
+    return content if isinstance(content, str) else " ".join(p.get("text", "") for p in content)
+
+
+def replay_generator(cases: list[dict[str, Any]]) -> Generate:
+    """A stand-in model that answers each turn with the task's next key action (then ``end``):
+    the ceiling of the environment's rules, and a deterministic model for tests. A task is
+    known by its query in the first user turn."""
+    plans = {c["taskquery"]: [f"{a['action']} {a.get('objectType', '')}".strip()
+                              for a in c["task_metadata"]["actions"]] for c in cases}
+
+    def generate(conversations: list[list[dict[str, Any]]]) -> list[str | None]:
+        out = []
+        for conv in conversations:
+            first = next(_text(m) for m in conv if m["role"] == "user")
+            plan = max(((q, p) for q, p in plans.items() if q in first), key=lambda x: len(x[0]), default=("", ["end"]))[1]
+            turn = sum(1 for m in conv if m["role"] == "assistant")
+            out.append(f"<DecisionMaking>{plan[turn] if turn < len(plan) else 'end'}</DecisionMaking>")
+        return out
+
+    return generate
