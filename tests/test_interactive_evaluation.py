@@ -1,0 +1,156 @@
+"""Embodied-Reasoner evaluation: failed generations (drop or score), the original's
+long-context retry, resuming after a kill, shards, and the embedding matcher."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+from embodied_r.backends.base import Generation
+from embodied_r.interactive.episode import EpisodeConfig, run_episodes
+from embodied_r.interactive.evaluation import evaluate_cases, replay_generator, shard_of
+from embodied_r.interactive.household import HouseholdEnvironment
+from embodied_r.interactive.metrics import aggregate
+from embodied_r.interactive.retry import GenerationUnavailable, image_paths, replies, retry_variants
+from embodied_r.interactive.synthetic import make_test_cases
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _conversation(n_images: int, n_turns: int) -> list[dict]:
+    conv = [{"role": "system", "content": "sys"}]
+    for i in range(n_turns):
+        parts = [{"type": "image", "path": f"/img/{i}.png"}] if i < n_images else []
+        conv.append({"role": "user", "content": parts + [{"type": "text", "text": f"turn {i}"}]})
+        conv.append({"role": "assistant", "content": f"reply {i}"})
+    return conv[:-1]  # ends on the user turn the model answers
+
+
+def test_retry_halves_each_image_but_the_first_then_cuts_the_history_as_the_original():
+    conv = _conversation(3, 6)  # 11 messages, images 0, 1, 2
+    variants = list(retry_variants(conv, lambda p: p + ".half"))
+    assert len(variants) == 6  # at most 2 x images retries
+    assert image_paths(variants[0]) == ["/img/0.png", "/img/1.png.half", "/img/2.png"]
+    assert image_paths(variants[1]) == ["/img/0.png", "/img/1.png.half", "/img/2.png.half"]
+    assert variants[2] == variants[1]  # every image but the first halved: this try only marks the history
+    # Try 4: 11 > 2*4+2 messages -> messages[2:8]; then 6 > 12 is false and nothing is left to change.
+    assert variants[3] == variants[2][2:8]
+    assert variants[4] == variants[5] == variants[3]
+    assert list(retry_variants(_conversation(0, 2), str)) == []  # no image: no retry
+
+
+class FlakyBackend:
+    """Fails every call whose images are all at full size: a context too long until shrunk."""
+
+    def __init__(self, kind="item"):
+        self.calls, self.kind = [], kind
+
+    def generate(self, conversations):
+        out = []
+        for conv in conversations:
+            self.calls.append(image_paths(conv))
+            if any(".half" in p for p in image_paths(conv)):
+                out.append(Generation("<DecisionMaking>end</DecisionMaking>"))
+            else:
+                out.append(Generation("", error="context too long", error_kind=self.kind))
+        return out
+
+
+def test_replies_retry_with_a_halved_image_and_give_none_without_retry(tmp_path):
+    for i in range(2):
+        Image.new("RGB", (40, 30), (i, 0, 0)).save(tmp_path / f"{i}.png")
+    conv = [{"role": "system", "content": "s"}, {"role": "user", "content": [
+        {"type": "image", "path": str(tmp_path / f"{i}.png")} for i in range(2)] + [{"type": "text", "text": "t"}]}]
+    backend = FlakyBackend()
+    assert replies(backend.generate, [conv], max_pixels=1200, retry=True) == ["<DecisionMaking>end</DecisionMaking>"]
+    half = backend.calls[1][1]
+    assert backend.calls[1][0] == str(tmp_path / "0.png") and Image.open(half).size[0] * Image.open(half).size[1] <= 600
+    assert replies(FlakyBackend().generate, [conv], max_pixels=1200, retry=False) == [None]
+    with pytest.raises(GenerationUnavailable):
+        replies(FlakyBackend("infra").generate, [conv], max_pixels=1200, retry=True)
+
+
+CASES = make_test_cases(6, seed=3)
+
+
+def failing_after(n_good: int):
+    """The replay model whose replies fail (None) from the ``n_good``-th turn of each episode."""
+    replay = replay_generator(CASES)
+
+    def generate(conversations):
+        good = replay(conversations)
+        return [g if sum(m["role"] == "assistant" for m in c) < n_good else None
+                for g, c in zip(good, conversations)]
+    return generate
+
+
+def test_failed_generation_dropped_or_scored_as_a_failure(tmp_path):
+    task = CASES[4]  # pickup_and_put_in_closerep: several key actions
+    [dropped] = run_episodes([task], HouseholdEnvironment, failing_after(2), tmp_path / "a",
+                             EpisodeConfig(failed_generation="drop"))
+    [scored] = run_episodes([task], HouseholdEnvironment, failing_after(2), tmp_path / "b",
+                            EpisodeConfig(failed_generation="score_as_failure"))
+    assert dropped.stop == "failed_generation" and dropped.result()["dropped"] is True
+    assert scored.result()["dropped"] is False and any(s["action"] == "error" for s in scored.trajectory)
+    summary = aggregate([dropped.result(), scored.result()])
+    assert summary["dropped"] == 1 and summary["episodes"] == 1
+
+
+def test_shards_split_by_identity_and_merge_to_the_unsharded_result(tmp_path):
+    assert [shard_of(c["identity"], 3) for c in CASES] == [shard_of(c["identity"], 3) for c in CASES]
+    assert len({shard_of(i, 3) for i in range(40)}) == 3
+    one, ran1 = evaluate_cases(CASES, HouseholdEnvironment, replay_generator(CASES), tmp_path / "one",
+                               EpisodeConfig(), batch=4, shards=1)
+    three, ran3 = evaluate_cases(CASES, HouseholdEnvironment, replay_generator(CASES), tmp_path / "three",
+                                 EpisodeConfig(), batch=4, shards=3)
+    strip = lambda rows: [{k: v for k, v in r.items() if k not in ("messages", "trajectory")} for r in rows]  # noqa: E731
+    assert ran1 == ran3 == 6 and strip(one) == strip(three)
+    assert [r["identity"] for r in three] == [c["identity"] for c in CASES]
+    logs = sorted(p.name for p in (tmp_path / "three").glob("results.shard-*"))
+    assert len(logs) == len({shard_of(c["identity"], 3) for c in CASES})
+    assert sum(len(p.read_text().splitlines()) for p in (tmp_path / "three").glob("results.shard-*")) == 6
+
+
+CHILD = """
+import os, signal, sys, json
+from pathlib import Path
+from embodied_r.interactive.episode import EpisodeConfig
+from embodied_r.interactive.evaluation import evaluate_cases, replay_generator
+from embodied_r.interactive.household import HouseholdEnvironment
+from embodied_r.interactive.synthetic import make_test_cases
+cases = make_test_cases(8, seed=3)
+kill_after = int(sys.argv[2])
+seen = []
+def on_done(row):
+    seen.append(row["identity"])
+    if len(seen) == kill_after:
+        os.kill(os.getpid(), signal.SIGKILL)
+rows, ran = evaluate_cases(cases, HouseholdEnvironment, replay_generator(cases), Path(sys.argv[1]),
+                           EpisodeConfig(), batch=3, shards=2, on_done=on_done)
+print(json.dumps({"ran": ran, "identities": [r["identity"] for r in rows], "success": [r["success"] for r in rows]}))
+"""
+
+
+def test_a_killed_evaluation_resumes_without_redoing_or_losing_a_task(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    work = tmp_path / "work"
+    killed = subprocess.run([sys.executable, "-c", CHILD, str(work), "3"], env=env, capture_output=True,
+                            text=True, timeout=120)
+    assert killed.returncode == -signal.SIGKILL
+    logged = [json.loads(line)["identity"] for p in work.glob("results.shard-*") for line in p.read_text().splitlines()]
+    assert len(logged) == 3
+    rerun = subprocess.run([sys.executable, "-c", CHILD, str(work), "0"], env=env, capture_output=True,
+                           text=True, timeout=120)
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    result = json.loads(rerun.stdout.strip().splitlines()[-1])
+    assert result["ran"] == 8 - 3  # none redone
+    assert result["identities"] == [c["identity"] for c in make_test_cases(8, seed=3)]  # none lost
+    lines = [json.loads(line)["identity"] for p in work.glob("results.shard-*") for line in p.read_text().splitlines()]
+    assert sorted(lines) == sorted(result["identities"])  # each task logged once
