@@ -154,3 +154,51 @@ def test_a_killed_evaluation_resumes_without_redoing_or_losing_a_task(tmp_path):
     assert result["identities"] == [c["identity"] for c in make_test_cases(8, seed=3)]  # none lost
     lines = [json.loads(line)["identity"] for p in work.glob("results.shard-*") for line in p.read_text().splitlines()]
     assert sorted(lines) == sorted(result["identities"])  # each task logged once
+
+
+def _tiny_encoder(folder: Path) -> Path:
+    """A BERT of two tiny layers with a word-level vocabulary, built here (random weights)."""
+    import torch
+    from transformers import BertConfig, BertModel, BertTokenizerFast
+
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "navigate", "to", "pickup", "fridge", "apple",
+             "sink", "counter", "top", "table", "dining"]
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "vocab.txt").write_text("\n".join(words) + "\n")
+    BertTokenizerFast(vocab_file=str(folder / "vocab.txt"), do_lower_case=True).save_pretrained(folder)
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=len(words), hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=32, max_position_embeddings=64)
+    BertModel(config).save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.slow  # importing transformers and torch is most of it
+def test_embedding_matcher_loads_a_local_encoder_and_matches_by_first_token_cosine(tmp_path):
+    import torch
+    from transformers import AutoModel, AutoTokenizer
+
+    from embodied_r.interactive.actions import parse_decision
+    from embodied_r.interactive.matching import EmbeddingMatcher, EmbeddingModelMissing
+
+    folder = _tiny_encoder(tmp_path / "enc")
+    match = EmbeddingMatcher(str(folder), threshold=0.2)
+    types = ["Fridge", "Apple", "Sink", "Fridge"]
+    # The first token's hidden state, normalised, as FlagEmbedding embeds with bge models.
+    tok, model = AutoTokenizer.from_pretrained(folder), AutoModel.from_pretrained(folder).eval()
+    with torch.no_grad():
+        hidden = model(**tok(["pickup apple", "Fridge", "Apple", "Sink"], padding=True,
+                             return_tensors="pt")).last_hidden_state[:, 0]
+    want = torch.nn.functional.normalize(hidden, dim=-1)
+    assert match.scores("pickup apple", types) == pytest.approx((want[1:] @ want[0]).tolist(), abs=1e-5)
+    assert match.scores("fridge", ["Fridge"]) == pytest.approx([1.0], abs=1e-5)  # same text: cosine 1
+    best = ["Fridge", "Apple", "Sink"][int(torch.argmax(want[1:] @ want[0]))]
+    assert match("pickup apple", types) == best
+    assert EmbeddingMatcher(str(folder), threshold=1.01)("pickup apple", types) is None  # nothing over the threshold
+    # The matcher is given the whole action text, as the original sends it.
+    asked = []
+    d = parse_decision("<DecisionMaking>navigate to fridge</DecisionMaking>", types, 0.6,
+                       lambda text, ts: asked.append(text) or "Sink")
+    assert asked == ["navigate to fridge"] and d.obj == "Sink"
+    with pytest.raises(EmbeddingModelMissing, match="evaluate.episode.embedding_model"):
+        EmbeddingMatcher(str(tmp_path / "absent-model"))
