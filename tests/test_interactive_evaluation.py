@@ -202,3 +202,21 @@ def test_embedding_matcher_loads_a_local_encoder_and_matches_by_first_token_cosi
     assert asked == ["navigate to fridge"] and d.obj == "Sink"
     with pytest.raises(EmbeddingModelMissing, match="evaluate.episode.embedding_model"):
         EmbeddingMatcher(str(tmp_path / "absent-model"))
+
+
+def test_validate_shows_the_paper_recipes_sampling_failure_policy_and_texts(capsys):
+    from embodied_r.apps.cli import main
+
+    assert main(["validate", "--recipe", "reasoner-paper", "--show"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert {k: shown["backend"][k] for k in ("temperature", "top_k", "repetition_penalty", "max_new_tokens")} == \
+        {"temperature": 0.6, "top_k": 10, "repetition_penalty": 1.1, "max_new_tokens": 1024}
+    episode = shown["evaluate"]["episode"]
+    assert episode["failed_generation"] == "drop" and episode["retry_long_context"] is True
+    assert (episode["matcher"], episode["embedding_model"], episode["embedding_threshold"]) == \
+        ("embedding", "BAAI/bge-small-en-v1.5", 0.2)
+    assert shown["prompts"]["source"] == "paraphrase"  # no prompts file given: this project's texts
+    assert main(["validate", "--recipe", "reasoner-demo", "--show"]) == 0
+    assert json.loads(capsys.readouterr().out)["evaluate"]["episode"]["failed_generation"] == "score_as_failure"
+    assert main(["validate", "--recipe", "reasoner-demo", "--set", "evaluate.episode.matcher=words"]) == 2
+    assert "evaluate.episode.matcher" in capsys.readouterr().err

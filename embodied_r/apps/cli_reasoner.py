@@ -44,6 +44,40 @@ def _overrides(pairs: list[str]) -> dict[str, Any]:
     return out
 
 
+def is_reasoner_recipe(name_or_path: str) -> bool:
+    """A shipped reasoner recipe's name, or a YAML file with the reasoner's sections."""
+    import yaml
+
+    from embodied_r.interactive.recipe import RECIPES
+
+    path = Path(name_or_path)
+    if not path.is_file():
+        return (RECIPES / f"{name_or_path}.yaml").is_file()
+    data = yaml.safe_load(path.read_text()) or {}
+    return isinstance(data, dict) and bool({"sft", "explore", "sft_stages"} & set(data))
+
+
+def validate_reasoner(args: argparse.Namespace) -> int:
+    """``embodied-r validate`` for a reasoner recipe: its sampling, failure policy and texts
+    (``prompts.source``) are in what ``--show`` prints."""
+    from pydantic import ValidationError
+
+    from embodied_r.config import RecipeError
+    from embodied_r.interactive.recipe import load
+
+    try:
+        recipe = load(args.recipe, _overrides(args.set))
+    except ValidationError as exc:
+        wrong = "; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors())
+        raise RecipeError(f"recipe {args.recipe!r} does not validate: {wrong}") from None
+    except ValueError as exc:
+        raise RecipeError(str(exc)) from None
+    if problem := recipe.backend.unready(needs_model=False):
+        raise RecipeError(problem)
+    print(json.dumps(recipe.model_dump(mode="json"), indent=2) if args.show else f"{recipe.name}: valid")
+    return 0
+
+
 def _print_metrics(summary: dict[str, Any]) -> None:
     m = summary.get("metrics", {})
     print(f"{'group':14s} {'SR':>7s} {'SE':>7s} {'TC':>7s}")
