@@ -220,3 +220,27 @@ def test_validate_shows_the_paper_recipes_sampling_failure_policy_and_texts(caps
     assert json.loads(capsys.readouterr().out)["evaluate"]["episode"]["failed_generation"] == "score_as_failure"
     assert main(["validate", "--recipe", "reasoner-demo", "--set", "evaluate.episode.matcher=words"]) == 2
     assert "evaluate.episode.matcher" in capsys.readouterr().err
+
+
+def test_replay_script_counts_successes_and_groups_the_cases_that_cannot(tmp_path, capsys):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("replay_809", ROOT / "benchmarks" / "replay_809.py")
+    replay = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(replay)
+    good = make_test_cases(3, seed=5)
+    reach = {**make_test_cases(1, seed=6, start=50)[0], "identity": 90}
+    reach["task_metadata"] = {"actions": [{"action": "pickup", "objectType": "Apple"}, {"action": "end", "objectType": ""}]}
+    reach["tasktype"] = "single_pickup"
+    bare = {**make_test_cases(1, seed=6, start=60)[0], "identity": 91, "tasktype": "single_pickup"}
+    bare["task_metadata"] = {"actions": [{"action": a, "objectType": o} for a, o in [
+        ("navigate to", "Apple"), ("pickup", "Apple"), ("navigate to", "CounterTop"), ("put", ""), ("end", "")]]}
+    path = tmp_path / "test.json"
+    path.write_text(json.dumps(good + [reach, bare]))
+    assert replay.main(["--tests", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "5 cases; the key actions replayed in the built-in house succeed in 3 (60.00%)" in out
+    assert "illegal pickup: it is out of reach from here" in out and "e.g. 90" in out
+    assert "key action with no object type (put)" in out and "e.g. 91" in out
+    assert replay.main(["--tests", str(tmp_path / "absent.json")]) == 0
+    assert capsys.readouterr().out.startswith("skipped:")
