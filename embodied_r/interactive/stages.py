@@ -82,7 +82,8 @@ def run_sft_stage(out: Path, config: dict[str, Any], inputs: dict[str, str],
 
 def run_explore_stage(out: Path, config: dict[str, Any], inputs: dict[str, str],
                       mlflow_run_id: str | None = None) -> dict[str, Any]:
-    """Self-exploration data: the dataset's stage-2 trajectories and/or the stage-1 model's own
+    """Self-exploration data: the trajectories the catalog assigns to stage 2 (its heuristic,
+    ``interactive.catalog``) and/or the stage-1 model's own
     successful episodes on fresh tasks in the built-in house (rejection sampling)."""
     from embodied_r.interactive.synthetic import make_test_cases
 
