@@ -80,11 +80,15 @@ def validate_reasoner(args: argparse.Namespace) -> int:
 
 def _print_metrics(summary: dict[str, Any]) -> None:
     m = summary.get("metrics", {})
-    print(f"{'group':14s} {'SR':>7s} {'SE':>7s} {'TC':>7s}")
+    names = {"success": "SR", "efficiency": "SE", "completeness": "TC", "completeness_ordered": "TC-ord",
+             "repeat_rate": "repeat"}
+    print(f"{'group':14s} " + " ".join(f"{n:>7s}" for n in names.values()))
     for group in ("all", "search", "manipulation", "transport", "composite"):
         if f"success/{group}" in m:
-            print(f"{group:14s} {100 * m[f'success/{group}']:7.2f} {100 * m[f'efficiency/{group}']:7.2f} "
-                  f"{100 * m[f'completeness/{group}']:7.2f}")
+            print(f"{group:14s} " + " ".join(f"{100 * m[f'{k}/{group}']:7.2f}" if f"{k}/{group}" in m else f"{'-':>7s}"
+                                             for k in names))
+    if m.get("dropped"):
+        print(f"dropped (failed generation, left out of every mean): {int(m['dropped'])} episodes")
 
 
 def cmd_reasoner(args: argparse.Namespace) -> int:
