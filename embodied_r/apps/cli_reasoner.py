@@ -30,7 +30,8 @@ def register(subparsers: Any) -> None:
     e.add_argument("--limit", type=int, default=None, help="first N test cases")
     e.add_argument("--recipe", default="reasoner-demo")
     e.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    e.add_argument("--out", default=None, help="output folder (default under the home)")
+    e.add_argument("--out", default=None, help="output folder (default a new one under the home); the same "
+                   "--out again resumes an interrupted evaluation where it stopped")
     e.set_defaults(handler=cmd_reasoner_eval)
 
 
