@@ -244,3 +244,18 @@ def test_replay_script_counts_successes_and_groups_the_cases_that_cannot(tmp_pat
     assert "key action with no object type (put)" in out and "e.g. 91" in out
     assert replay.main(["--tests", str(tmp_path / "absent.json")]) == 0
     assert capsys.readouterr().out.startswith("skipped:")
+
+
+def test_an_embedding_model_that_is_not_here_stops_the_evaluation_before_it_starts(tmp_path, capsys):
+    from embodied_r.apps.cli import main
+    from embodied_r.interactive.matching import embedding_model_problem
+
+    assert embedding_model_problem(str(tmp_path)) is None  # a local folder
+    assert "hf download no-such-org/no-such-model" in embedding_model_problem("no-such-org/no-such-model")
+    tests = tmp_path / "tests.json"
+    tests.write_text(json.dumps(CASES[:1]))
+    assert main(["--home", str(tmp_path / "home"), "reasoner-eval", "tiny:vlm", "--recipe", "reasoner-demo",
+                 "--tests", str(tests), "--set", "evaluate.episode.matcher=embedding",
+                 "--set", "evaluate.episode.embedding_model=no-such-org/no-such-model"]) == 2
+    assert "evaluate.episode.matcher=string" in capsys.readouterr().err
+    assert not (tmp_path / "home" / "reasoner-eval").exists()  # nothing started

@@ -79,6 +79,16 @@ def validate_reasoner(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_matcher(recipe: Any) -> None:
+    """An embedding matcher whose model is not here stops the run before its first stage."""
+    from embodied_r.config import RecipeError
+    from embodied_r.interactive.matching import embedding_model_problem
+
+    episode = recipe.evaluate.episode
+    if episode.matcher == "embedding" and (problem := embedding_model_problem(episode.embedding_model)):
+        raise RecipeError(problem)
+
+
 def _print_metrics(summary: dict[str, Any]) -> None:
     m = summary.get("metrics", {})
     names = {"success": "SR", "efficiency": "SE", "completeness": "TC", "completeness_ordered": "TC-ord",
@@ -99,7 +109,10 @@ def cmd_reasoner(args: argparse.Namespace) -> int:
 
     # A bad recipe fails before Prefect starts; planning here also hashes the code once,
     # before Prefect's threads run (CPython 3.11's ast.parse is not safe beside them).
-    plan(load(args.recipe, _overrides(args.set)), paths.home())
+    recipe = load(args.recipe, _overrides(args.set))
+    plan(recipe, paths.home())
+    if not args.only or any("evaluate" in stage for stage in args.only):
+        _check_matcher(recipe)
     started = time.time()
     result = embodied_reasoner(recipe=args.recipe, only=args.only, refresh=args.refresh,
                                overrides=_overrides(args.set) or None, home=str(paths.home()))
@@ -120,6 +133,7 @@ def cmd_reasoner_eval(args: argparse.Namespace) -> int:
     from embodied_r.interactive.tasks import load_test_cases
 
     recipe = load(args.recipe, _overrides(args.set))
+    _check_matcher(recipe)
     out = Path(args.out or paths.home() / "reasoner-eval" / time.strftime("%Y%m%d-%H%M%S"))
     catalog = out / "tests"
     if args.tests:

@@ -22,6 +22,26 @@ class EmbeddingModelMissing(RuntimeError):
     """The embedding model is neither a local folder nor in the cache."""
 
 
+def _missing(model: str) -> str:
+    return (f"embedding model {model!r} is not a local folder nor in the Hugging Face cache: download it "
+            f"(`hf download {model}`) or set evaluate.episode.embedding_model to a local folder, or use "
+            "evaluate.episode.matcher=string")
+
+
+def embedding_model_problem(model: str) -> str | None:
+    """Why ``model`` cannot be loaded here (checked before a run starts, not at its evaluation
+    hours later), or None."""
+    if Path(model).expanduser().is_dir():
+        return None
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        found = try_to_load_from_cache(model, "config.json")
+    except ValueError:  # not a repository id either
+        found = None
+    return None if isinstance(found, str) else _missing(model)
+
+
 class EmbeddingMatcher:
     def __init__(self, model: str, threshold: float = 0.2, device: str = "cpu"):
         from transformers import AutoModel, AutoTokenizer
@@ -31,10 +51,7 @@ class EmbeddingMatcher:
             self.tokenizer = AutoTokenizer.from_pretrained(model, local_files_only=not local)
             self.model = AutoModel.from_pretrained(model, local_files_only=not local).to(device).eval()
         except OSError:
-            raise EmbeddingModelMissing(
-                f"embedding model {model!r} is not a local folder nor in the Hugging Face cache: download it "
-                f"(`hf download {model}`) or set evaluate.episode.embedding_model to a local folder, or use "
-                "evaluate.episode.matcher=string") from None
+            raise EmbeddingModelMissing(_missing(model)) from None
         self.threshold = threshold
         self.device = device
         self._cache: dict[str, Any] = {}
