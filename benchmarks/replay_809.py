@@ -94,7 +94,8 @@ def main(argv: list[str] | None = None) -> int:
         types = sorted({m["tasktype"] for m in members})
         failed = sum(1 for m in members if not m["success"])
         print(f"  {len(members):4d} ({failed} not successful)  {why}\n"
-              f"        task types: {', '.join(types)}; e.g. {', '.join(str(m['identity']) for m in members[:args.examples])}")
+              f"        task types: {', '.join(types)}; "
+              f"e.g. {', '.join(str(m['identity']) for m in members[:args.examples])}")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     return 0

@@ -110,7 +110,8 @@ def test_shards_split_by_identity_and_merge_to_the_unsharded_result(tmp_path):
                                EpisodeConfig(), batch=4, shards=1)
     three, ran3 = evaluate_cases(CASES, HouseholdEnvironment, replay_generator(CASES), tmp_path / "three",
                                  EpisodeConfig(), batch=4, shards=3)
-    strip = lambda rows: [{k: v for k, v in r.items() if k not in ("messages", "trajectory")} for r in rows]  # noqa: E731
+    def strip(rows):
+        return [{k: v for k, v in r.items() if k not in ("messages", "trajectory")} for r in rows]
     assert ran1 == ran3 == 6 and strip(one) == strip(three)
     assert [r["identity"] for r in three] == [c["identity"] for c in CASES]
     logs = sorted(p.name for p in (tmp_path / "three").glob("results.shard-*"))
@@ -230,7 +231,8 @@ def test_replay_script_counts_successes_and_groups_the_cases_that_cannot(tmp_pat
     spec.loader.exec_module(replay)
     good = make_test_cases(3, seed=5)
     reach = {**make_test_cases(1, seed=6, start=50)[0], "identity": 90}
-    reach["task_metadata"] = {"actions": [{"action": "pickup", "objectType": "Apple"}, {"action": "end", "objectType": ""}]}
+    reach["task_metadata"] = {"actions": [{"action": "pickup", "objectType": "Apple"},
+                                          {"action": "end", "objectType": ""}]}
     reach["tasktype"] = "single_pickup"
     bare = {**make_test_cases(1, seed=6, start=60)[0], "identity": 91, "tasktype": "single_pickup"}
     bare["task_metadata"] = {"actions": [{"action": a, "objectType": o} for a, o in [

@@ -3,8 +3,9 @@ type, matched to the scene's object types.
 
 The original matches an object name that is not exactly a scene type with an embedding
 model (bge-small-en-v1.5, cosine > 0.2 on the whole action string): ``matcher: embedding``
-(``interactive.matching``). The offline default is a local string rule: common household names are first mapped to their AI2-THOR type
-(``SYNONYMS``: no string rule turns "refrigerator" into Fridge), then the object words are
+(``interactive.matching``). The offline default is a local string rule: common household
+names are first mapped to their AI2-THOR type (``SYNONYMS``: no string rule turns
+"refrigerator" into Fridge), then the object words are
 compared with each type name, case and spaces ignored, with a bonus when one holds the other's
 whole words ("dining table" and DiningTable, never "cupboard" and Cup); below ``threshold``
 nothing matches and the action is refused with feedback, as the original's "No Suitable

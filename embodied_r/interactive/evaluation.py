@@ -90,7 +90,8 @@ def replay_generator(cases: list[dict[str, Any]]) -> Generate:
         out = []
         for conv in conversations:
             first = next(_text(m) for m in conv if m["role"] == "user")
-            plan = max(((q, p) for q, p in plans.items() if q in first), key=lambda x: len(x[0]), default=("", ["end"]))[1]
+            known = [q for q in plans if q in first]
+            plan = plans[max(known, key=len)] if known else ["end"]
             turn = sum(1 for m in conv if m["role"] == "assistant")
             out.append(f"<DecisionMaking>{plan[turn] if turn < len(plan) else 'end'}</DecisionMaking>")
         return out
