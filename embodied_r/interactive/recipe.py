@@ -51,6 +51,9 @@ class EvaluateConfig(BaseModel):
     original_checkout: str | None = None
     limit: int | None = Field(None, ge=1)  # the first N test cases; None: all
     batch: int = operational(8, ge=1)
+    # Tasks split by a stable hash of their identity, run one shard after another, each with
+    # its own resumable log (``interactive.evaluation``); the merged results do not depend on it.
+    shards: int = operational(1, ge=1)
     episode: EpisodeConfig = Field(default_factory=EpisodeConfig)
 
 
