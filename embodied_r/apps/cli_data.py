@@ -91,7 +91,7 @@ def _catalog_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _raw_key(raw: Path, catalog_cfg: Any) -> str:
-    from embodied_r import benchmarks as bm
+    from embodied_r import benchmark_rules as bm
     from embodied_r.runners import code_version
 
     h = hashlib.sha256(f"{raw}\n{catalog_cfg.model_dump_json()}\n{code_version('preprocess')}\n".encode())
@@ -203,7 +203,7 @@ def cmd_fetch(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """These commands alone (``python -m embodied_r.apps.cli_data``), with the CLI's error handling."""
-    from embodied_r.benchmarks import DataSourceError
+    from embodied_r.benchmark_rules import DataSourceError
     from embodied_r.data.catalog import CatalogError
     from embodied_r.config import RecipeError
     from embodied_r.pipeline import StageError

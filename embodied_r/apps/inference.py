@@ -27,7 +27,7 @@ from typing import Any
 from embodied_r.perception import prompts
 from embodied_r.backends.base import Backend, BackendConfig, Conversation
 from embodied_r.backends.factory import make_backend
-from embodied_r.benchmarks import VSIBENCH_NUMERIC, split_urbanvideo_question
+from embodied_r.benchmark_rules import VSIBENCH_NUMERIC, split_urbanvideo_question
 from embodied_r.io import ItemLog, sha256_file, write_json_atomic
 from embodied_r.keyframes.extract import KeyframeConfig, extract_keyframes
 from embodied_r.perception.stage import PerceptionConfig

@@ -3,7 +3,7 @@
 Sources: ``synthetic`` (a small benchmark generated on the spot in the real layouts),
 ``local`` (an offline mirror laid out like the hub repos) and ``hub`` (Hugging Face Hub at a
 pinned revision, see ``download_hub``). Every source brings only the files a benchmark needs
-(``benchmarks.ALLOW_PATTERNS``). The manifest records where they came from (repo ids, the
+(``benchmark_rules.ALLOW_PATTERNS``). The manifest records where they came from (repo ids, the
 revision asked for and the commit it resolved to) and each file's size and sha256. VSI-Bench's
 video zips are then extracted inside the stage folder, safely.
 """
@@ -22,9 +22,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from embodied_r import benchmarks as bm
+from embodied_r import benchmark_rules as bm
 from embodied_r.data import hub as download_hub
-from embodied_r.benchmarks import DataSourceError
+from embodied_r.benchmark_rules import DataSourceError
 from embodied_r.data.hub import HubConfig
 from embodied_r.faults import item_done
 from embodied_r.io import is_complete, sha256_file, read_summary, stage_folder, write_json_atomic, write_summary
