@@ -9,12 +9,11 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from embodied_r.evaluation.registry import CHAMPION_URI
 from embodied_r.evaluation.stage import read_split, resolve_model_ref, run_evaluation
 from embodied_r.io import keyed_folder
 from embodied_r.pipeline import StageError, plan, training_stage_names
 from embodied_r.runners import code_version, module_version
-
-CHAMPION_URI = "models:/embodied-r-reasoner@champion"
 
 
 def evaluation_folder(root: Path, kind: str, identity: dict[str, Any], cfg: BaseModel) -> Path:
