@@ -27,7 +27,7 @@ from embodied_r.perception import prompts
 from embodied_r.backends.base import Backend, BackendConfig, Conversation
 from embodied_r.backends.factory import make_backend
 from embodied_r.benchmark_rules import VSIBENCH_NUMERIC, split_urbanvideo_question
-from embodied_r.io import ItemLog, keyed_folder, sha256_file, text_key, write_json_atomic
+from embodied_r.io import KEY_HEX, ItemLog, keyed_folder, sha256_file, text_key, write_json_atomic
 from embodied_r.keyframes.extract import KeyframeConfig, extract_keyframes
 from embodied_r.perception.stage import PerceptionConfig
 from embodied_r.perception.modes import QUESTION_PHASE, Question
@@ -198,7 +198,7 @@ def video_key(video: Path) -> str:
         return "missing-" + text_key(str(video))
     memo = (str(video), stat.st_size, stat.st_mtime_ns)
     if memo not in _VIDEO_KEYS:
-        _VIDEO_KEYS[memo] = sha256_file(video)[:16]
+        _VIDEO_KEYS[memo] = sha256_file(video)[:KEY_HEX]
     return _VIDEO_KEYS[memo]
 
 
