@@ -10,14 +10,13 @@ workers, failure limits), which change how a result is obtained, never the resul
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from embodied_r.config import Recipe
-from embodied_r.io import is_complete
+from embodied_r.io import is_complete, payload_key
 from embodied_r.paths import home as default_home
 from embodied_r.runners import code_version, extra_key, runner
 from embodied_r.settings import result_settings
@@ -65,11 +64,8 @@ _SELF_REPORTING = frozenset({"warmstart"})
 
 
 def _key(kind: str, config: dict[str, Any], upstream: list[str], extra: str = "") -> str:
-    payload = json.dumps(
-        {"kind": kind, "config": config, "upstream": upstream, "code": code_version(kind), "extra": extra},
-        sort_keys=True, default=str,
-    )
-    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+    return payload_key({"kind": kind, "config": config, "upstream": upstream, "code": code_version(kind),
+                        "extra": extra})
 
 
 def plan(recipe: Recipe, root: Path | None = None) -> dict[str, StagePlan]:

@@ -330,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
         start_watch()
     from embodied_r.data.catalog import CatalogError
     from embodied_r.config import RecipeError
-    from embodied_r.benchmarks import DataSourceError
+    from embodied_r.benchmark_rules import DataSourceError
     from embodied_r.paths import HomeMovedError, claim_home
     from embodied_r.pipeline import StageError
     from embodied_r.faults import StageFault, redact

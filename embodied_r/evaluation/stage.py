@@ -14,7 +14,6 @@ The model is a checkpoint folder, a hub id, ``tiny:lm``, or a registry URI such 
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 import json
@@ -36,6 +35,7 @@ from embodied_r.io import (
     read_summary,
     stage_folder,
     table_from_records,
+    text_key,
     write_json_atomic,
     write_parquet_atomic,
     write_summary,
@@ -72,7 +72,7 @@ def failed_row(record: dict[str, Any]) -> dict[str, Any]:
 
 
 def question_set(uids: Any) -> str:
-    return hashlib.sha256("\n".join(sorted(str(u) for u in uids)).encode()).hexdigest()[:16]
+    return text_key("\n".join(sorted(str(u) for u in uids)))
 
 
 def _conversation(record: dict[str, Any]) -> Conversation:

@@ -34,7 +34,7 @@ from embodied_r.scoring.answers import (
     parse_number,
     read_choice,
 )
-from embodied_r.benchmarks import PAPER_TASKS
+from embodied_r.benchmark_rules import PAPER_TASKS
 
 # VSI-Bench's thresholds: 0.50, 0.55, ..., 0.95 (its scorer builds the same array).
 MRA_THRESHOLDS = np.linspace(0.5, 0.95, 10)
