@@ -162,3 +162,17 @@ def test_last_server_keeps_its_retries(tmp_path: Path) -> None:
     # Batch two: the closed server is tried afresh and left out again.
     assert reasons[0].startswith("connection at " + dead) and reasons[1] == "http 503"
     assert reasons[2].startswith("connection at " + dead) and len(reasons) == 3
+
+
+def test_every_server_closed_fails_each_call_naming_them_all() -> None:
+    dead = [closed_url(), closed_url()]
+    cfg = BackendConfig(kind="openai", model="m", base_urls=dead, api_key_env=KEY_ENV, max_retries=0, timeout_s=5.0)
+    backend = OpenAIBackend(cfg)
+    try:
+        out = backend.generate([[{"role": "user", "content": "one"}], [{"role": "user", "content": "two"}]])
+    finally:
+        backend.close()
+    assert all(g.infra_failed for g in out)
+    first = next(g.error for g in out if not g.error.startswith("not sent"))
+    assert first.startswith("no server answers: ") and "\n" not in first
+    assert all(url in first for url in dead) and "ClientConnectorError" in first
