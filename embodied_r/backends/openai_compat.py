@@ -36,7 +36,6 @@ from typing import Any, Callable
 
 from embodied_r.backends.base import GENERATION_CONFIG, BackendConfig, Conversation, Generation, map_image_parts
 from embodied_r.backends.images import image_data_url
-from embodied_r.backends.servers import ServerPool, server_fault
 from embodied_r.backends.openai_wire import (
     MAX_RETRY_AFTER_S,
     EmptyReply,
@@ -48,6 +47,7 @@ from embodied_r.backends.openai_wire import (
     response_format,
     retry_after_seconds,
 )
+from embodied_r.backends.servers import ServerPool, server_fault
 from embodied_r.faults import redact, register_secret
 
 OnResult = Callable[[int, Generation], None]
