@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from embodied_r.paths import stages_root  # noqa: E402
+from embodied_r.paths import home  # noqa: E402
 from embodied_r.training.environment import LOG_NAME, SPEC_NAME, read_accelerate_config  # noqa: E402
 
 LAUNCH = "accelerate.commands.launch"
@@ -105,7 +105,8 @@ def main() -> int:
     args = parser.parse_args()
     if args.machine_rank < 1:
         parser.error("--machine-rank: the main node (0) is started by the train stage itself; give 1 or more")
-    follower = Follower(args.stages or stages_root())
+    # The pipeline's stage folders: <home>/stages/<stage name>/<key>.
+    follower = Follower(args.stages or home() / "stages")
     print(f"follow: node {args.machine_rank} waiting for trainer launches under {follower.root}", flush=True)
     while True:
         found = follower.next_launch()
