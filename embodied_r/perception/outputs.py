@@ -23,7 +23,7 @@ STAGE = "perception"
 
 
 def server_name(cfg: Any) -> str:
-    return f"{cfg.backend.base_url or 'the default OpenAI endpoint'} (model {cfg.backend.model!r})"
+    return f"{cfg.backend.servers_text()} (model {cfg.backend.model!r})"
 
 
 def server_hint(cfg: Any, summary: dict[str, Any]) -> str:

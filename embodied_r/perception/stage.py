@@ -178,8 +178,8 @@ def _valid_entry(rec: dict[str, Any]) -> bool:
 def _chunk_size(cfg: BackendConfig) -> int:
     # Enough calls per generate() to fill a batch in process and keep every connection
     # busy over HTTP; results are logged one by one as they finish, so a larger chunk
-    # only bounds how much is prepared at once.
-    return max(cfg.batch_size, 16 * cfg.concurrency)
+    # only bounds how much is prepared at once. ``concurrency`` is per server.
+    return max(cfg.batch_size, 16 * cfg.concurrency * max(1, len(cfg.urls())))
 
 
 class _Runner:
