@@ -82,6 +82,15 @@ class Recipe(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _given_models_are_not_promoted(self) -> "Recipe":
+        # Promotion registers the last training stage's model; a recipe that evaluates a
+        # given model (evaluation.model) trains none.
+        if self.evaluation.model is not None and self.tracking.promote:
+            raise ValueError("evaluation.model evaluates a given model and trains none, so there is nothing to "
+                             "promote: set tracking.promote: false")
+        return self
+
+    @model_validator(mode="after")
     def _positive_learning_rate(self) -> "Recipe":
         # A run at rate 0 trains nothing while looking like training. The trainer's own
         # config allows it, for the control run that checks exactly that.
@@ -112,6 +121,11 @@ def backend_problems(recipe: Recipe, kinds: set[str] | None = None) -> list[str]
         if backend is not None and (kinds is None or kind in kinds):
             if problem := backend.unready(needs_model):
                 found.append(f"{where}: {problem}; set it in the recipe or with --set {where}.base_url=URL")
+    # Before a run only (``kinds`` given): a recipe that needs the user's own prompts file
+    # still validates, and its run stops now rather than after the key frames.
+    if kinds is not None and "perception" in kinds and recipe.perception.texts_required and recipe.perception.texts is None:
+        found.append("prompts.file: this recipe needs the original texts; write them with `embodied-r prompts "
+                     "import-official PATH` (your clone of EmbodiedCity/Embodied-R.code) and add --set prompts.file=FILE")
     return found
 
 

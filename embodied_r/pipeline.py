@@ -107,18 +107,20 @@ def plan(recipe: Recipe, root: Path | None = None) -> dict[str, StagePlan]:
     model = recipe.training.policy
     prev: list[str] = []
     warm = None
-    if recipe.warmstart is not None:
+    # A recipe that evaluates a given model (evaluation.model) trains nothing.
+    trains = recipe.evaluation.model is None
+    if recipe.warmstart is not None and trains:
         warm = add("warmstart", "warmstart", ["convert"], recipe.warmstart.model_dump(mode="json", exclude={"python"}),
                    {"records": conv.out, "init_model": model, "python": recipe.warmstart.python or ""},
                    keyed=result_settings(recipe.warmstart))
         model = str(Path(warm.out) / "model")
         prev = [warm.name]
-    if training["reference"]["model"] == WARMSTART_REF:
+    if training["reference"]["model"] == WARMSTART_REF and trains:
         if warm is None:
             raise StageError(f"training.reference.model is {WARMSTART_REF!r} but the recipe has no warmstart section")
         # The warm-started model, frozen: it was taught the reference's task beside the policy's.
         training["reference"]["model"] = training_keyed["reference"]["model"] = model
-    for stage in recipe.training.stages:
+    for stage in recipe.training.stages if trains else []:
         stage_cfg = stage.model_dump(mode="json")
         sp = add(f"train_{stage.name}", "train", ["convert", *prev], {"stage": stage_cfg, "training": training},
                  {"records": conv.out, "init_model": model, "python": recipe.training.python or ""},
@@ -130,8 +132,10 @@ def plan(recipe: Recipe, root: Path | None = None) -> dict[str, StagePlan]:
     if evaluation["max_prompt_length"] is None:
         # The model is asked at test time with prompts cut as it was trained on them.
         evaluation["max_prompt_length"] = evaluation_keyed["max_prompt_length"] = recipe.training.max_prompt_length
+    if not trains:
+        model = str(recipe.evaluation.model)
     baselines: dict[str, str] = {}
-    if recipe.evaluation.compare_baselines:
+    if recipe.evaluation.compare_baselines and trains:
         # The same test questions answered before any training and after the warm start,
         # so the report shows what each phase added.
         before = {"untrained": ([], recipe.training.policy)}

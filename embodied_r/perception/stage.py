@@ -111,6 +111,9 @@ class PerceptionConfig(BaseModel):
     # training and test; "keep_placeholder" keeps it with the official text's "None" for
     # that frame. Either way the failed calls are counted.
     on_failure: Literal["drop", "keep_placeholder"] = "drop"
+    # Refuse to run without the original texts (the `released` recipe: the authors' reasoner
+    # read their perceiver's text); the recipe still validates without them.
+    texts_required: bool = operational(False)
     # More failed questions than this share fails the stage (kept .partial, never cached).
     max_failed_fraction: float = operational(DEFAULT_MAX_FAILED_FRACTION, ge=0, le=1)
 
@@ -284,6 +287,10 @@ def run_perception(catalog: Path, keyframes: Path, out: Path, cfg: PerceptionCon
     out = Path(out)
     if is_complete(out):
         return read_summary(out)
+    if cfg.texts_required and cfg.texts is None:
+        raise ValueError("perception: this recipe needs the original texts and names no prompts file: write it with "
+                         "`embodied-r prompts import-official PATH` (PATH: your clone of EmbodiedCity/Embodied-R.code) "
+                         "and run again with --set prompts.file=FILE")
     questions, frames = _read_inputs(catalog, keyframes, cfg.texts)
     mode = cfg.plan()
 

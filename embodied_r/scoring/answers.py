@@ -242,6 +242,16 @@ def official_think_choice(think: str | None) -> str | None:
     return None
 
 
+def think_fallback_reward(think: str, policy_answer: str | float | None, answer_type: str = "choice") -> float:
+    """The official local reward's score when its reference gives no reply: 1.0 when the
+    letter read from the policy's own ``<think>`` text (``official_think_choice``) is the
+    policy's answer, else 0.0. Only letters are compared: a numeric answer scores 0.0."""
+    if answer_type == "number" or not isinstance(policy_answer, str):
+        return 0.0
+    letter = official_think_choice(think)
+    return 1.0 if letter is not None and letter == policy_answer else 0.0
+
+
 def official_eval_choice(completion: str | None) -> str | None:
     """The letter the official evaluation script reads: the first letter right after an
     ``<answer>`` tag, else the last letter followed by a dot anywhere; None where it reads

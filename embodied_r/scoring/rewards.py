@@ -22,10 +22,10 @@ from embodied_r.scoring.answers import (
     extract_think,
     format_ok,
     official_reward_choice,
-    official_think_choice,
     parse_choice,
     parse_number,
     read_choice,
+    think_fallback_reward,
 )
 from embodied_r.backends.base import Backend, BackendConfig
 from embodied_r.backends.factory import make_backend
@@ -344,16 +344,6 @@ class ConsistencyReward:
             return [self._down_value(i, policy_answers[i]) if i in policy_answers else r
                     for i, r in enumerate(rewards)]
         return [self._down_value()] * len(rewards)
-
-
-def think_fallback_reward(think: str, policy_answer: str | float | None, answer_type: str = "choice") -> float:
-    """The official local reward's score when its reference gives no reply: 1.0 when the
-    letter read from the policy's own ``<think>`` text (``official_think_choice``) is the
-    policy's answer, else 0.0. Only letters are compared: a numeric answer scores 0.0."""
-    if answer_type == "number" or not isinstance(policy_answer, str):
-        return 0.0
-    letter = official_think_choice(think)
-    return 1.0 if letter is not None and letter == policy_answer else 0.0
 
 
 def reference_for_rank(cfg: BackendConfig, world_size: int) -> BackendConfig:
