@@ -82,15 +82,6 @@ class Recipe(BaseModel):
         return self
 
     @model_validator(mode="after")
-    def _given_models_are_not_promoted(self) -> "Recipe":
-        # Promotion registers the last training stage's model; a recipe that evaluates a
-        # given model (evaluation.model) trains none.
-        if self.evaluation.model is not None and self.tracking.promote:
-            raise ValueError("evaluation.model evaluates a given model and trains none, so there is nothing to "
-                             "promote: set tracking.promote: false")
-        return self
-
-    @model_validator(mode="after")
     def _positive_learning_rate(self) -> "Recipe":
         # A run at rate 0 trains nothing while looking like training. The trainer's own
         # config allows it, for the control run that checks exactly that.
@@ -105,6 +96,15 @@ class Recipe(BaseModel):
         bad = [path for path, value in _numbers(self.model_dump()) if not math.isfinite(value)]
         if bad:
             raise ValueError(f"not a finite number: {', '.join(bad)}")
+        return self
+
+    @model_validator(mode="after")
+    def _given_models_are_not_promoted(self) -> "Recipe":
+        # Promotion registers the last training stage's model; a recipe that evaluates a
+        # given model (evaluation.model) trains none.
+        if self.evaluation.model is not None and self.tracking.promote:
+            raise ValueError("evaluation.model evaluates a given model and trains none, so there is nothing to "
+                             "promote: set tracking.promote: false")
         return self
 
 

@@ -101,26 +101,28 @@ def plan(recipe: Recipe, root: Path | None = None) -> dict[str, StagePlan]:
               keyed=result_settings(recipe.perception))
     conv = add("convert", "convert", ["preprocess", "perception"], recipe.records.model_dump(mode="json"),
                {"catalog": catalog_file, "perception": per.out}, keyed=result_settings(recipe.records))
+    if recipe.evaluation.model is not None:
+        # A given model (the authors' released weights): no warm start, no training.
+        _evaluate_given(recipe, add, conv)
+        return stages
     # The trainer's interpreter travels as an input, not in the config it validates.
     training = recipe.training.model_dump(mode="json", exclude={"stages", "python"})
     training_keyed = result_settings(recipe.training, exclude={"stages"})
     model = recipe.training.policy
     prev: list[str] = []
     warm = None
-    # A recipe that evaluates a given model (evaluation.model) trains nothing.
-    trains = recipe.evaluation.model is None
-    if recipe.warmstart is not None and trains:
+    if recipe.warmstart is not None:
         warm = add("warmstart", "warmstart", ["convert"], recipe.warmstart.model_dump(mode="json", exclude={"python"}),
                    {"records": conv.out, "init_model": model, "python": recipe.warmstart.python or ""},
                    keyed=result_settings(recipe.warmstart))
         model = str(Path(warm.out) / "model")
         prev = [warm.name]
-    if training["reference"]["model"] == WARMSTART_REF and trains:
+    if training["reference"]["model"] == WARMSTART_REF:
         if warm is None:
             raise StageError(f"training.reference.model is {WARMSTART_REF!r} but the recipe has no warmstart section")
         # The warm-started model, frozen: it was taught the reference's task beside the policy's.
         training["reference"]["model"] = training_keyed["reference"]["model"] = model
-    for stage in recipe.training.stages if trains else []:
+    for stage in recipe.training.stages:
         stage_cfg = stage.model_dump(mode="json")
         sp = add(f"train_{stage.name}", "train", ["convert", *prev], {"stage": stage_cfg, "training": training},
                  {"records": conv.out, "init_model": model, "python": recipe.training.python or ""},
@@ -132,10 +134,8 @@ def plan(recipe: Recipe, root: Path | None = None) -> dict[str, StagePlan]:
     if evaluation["max_prompt_length"] is None:
         # The model is asked at test time with prompts cut as it was trained on them.
         evaluation["max_prompt_length"] = evaluation_keyed["max_prompt_length"] = recipe.training.max_prompt_length
-    if not trains:
-        model = str(recipe.evaluation.model)
     baselines: dict[str, str] = {}
-    if recipe.evaluation.compare_baselines and trains:
+    if recipe.evaluation.compare_baselines:
         # The same test questions answered before any training and after the warm start,
         # so the report shows what each phase added.
         before = {"untrained": ([], recipe.training.policy)}
@@ -150,6 +150,16 @@ def plan(recipe: Recipe, root: Path | None = None) -> dict[str, StagePlan]:
          **({"baselines": json.dumps(baselines), "training": json.dumps(train_outs)} if baselines else {})},
         keyed=evaluation_keyed)
     return stages
+
+
+def _evaluate_given(recipe: Recipe, add: Any, conv: StagePlan) -> None:
+    """The evaluate stage of a recipe whose ``evaluation.model`` names the model to evaluate."""
+    evaluation = recipe.evaluation.model_dump(mode="json")
+    keyed = result_settings(recipe.evaluation)
+    if evaluation["max_prompt_length"] is None:
+        evaluation["max_prompt_length"] = keyed["max_prompt_length"] = recipe.training.max_prompt_length
+    add("evaluate", "evaluate", ["convert"], evaluation, {"records": conv.out, "model": str(recipe.evaluation.model)},
+        keyed=keyed)
 
 
 def downstream(stages: dict[str, StagePlan], name: str) -> list[str]:
