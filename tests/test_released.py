@@ -82,3 +82,8 @@ def test_a_malformed_hub_folder_is_one_line_naming_the_form(ref: str) -> None:
 def test_a_given_model_is_never_promoted() -> None:
     with pytest.raises(RecipeError, match="tracking.promote: false"):
         load_recipe("released", {"tracking": {"promote": True}})
+
+
+def test_the_other_recipes_evaluate_what_they_train() -> None:
+    for name in ("demo", "paper", "official-script", "improved"):
+        assert load_recipe(name).evaluation.model is None
