@@ -51,6 +51,10 @@ class EvaluationConfig(BaseModel):
     prompts: str = "paraphrase"
     # Questions per generate call, and so between progress records.
     chunk_size: int = operational(32, ge=1)
+    # A trained model to evaluate instead of training one: a folder, a hub id, or a folder of
+    # a hub repository, hf://owner/repo/folder[@revision] (the `released` recipe: the authors'
+    # checkpoints). Set, the pipeline plans no warm start and no training stage.
+    model: str | None = None
 
     def choice_parser(self) -> ChoiceParser:
         return "official_eval" if self.answer_parser == "official" else "strict"

@@ -117,7 +117,8 @@ def _judge(judge: Backend, records: list[dict[str, Any]], texts: list[str]) -> l
 
 
 def resolve_model_ref(model: str) -> str:
-    """A local folder (or hub id) for ``model``: registry URIs and ``tiny:*`` are resolved."""
+    """A local folder (or hub id) for ``model``: registry URIs, ``hf://`` hub folders and
+    ``tiny:*`` are resolved."""
     if not model:
         raise ValueError("evaluation: no model given; pass a checkpoint folder, a hub id, tiny:lm "
                          "or a registry URI such as models:/embodied-r-reasoner@champion")
@@ -125,6 +126,10 @@ def resolve_model_ref(model: str) -> str:
         from embodied_r.evaluation.registry import resolve_model_uri
 
         return resolve_model_uri(model)
+    if model.startswith("hf://"):
+        from embodied_r.evaluation.released import fetch_hub_folder
+
+        return fetch_hub_folder(model)
     from embodied_r.backends.models import resolve_model
 
     return resolve_model(model)

@@ -2,8 +2,9 @@
 
 Multiple-choice answers score 1 or 0; numeric answers score VSI-Bench's mean relative
 accuracy. An answer that cannot be parsed scores 0 and stays in the denominator, as in
-the official evaluation (its ``dropna`` removes only failed generations, which are left
-out here too, as failures).
+the official evaluation (its reader returns the reply itself when it finds no letter, so
+its ``dropna`` removes no row). A failed generation also scores 0 and stays in the
+denominator; the evaluation stage counts and lists it as failed.
 
 Relative direction has three subtypes (easy: two options, medium: three, hard: four),
 which the catalog keeps in one ``object_rel_direction`` category; the subtype is
