@@ -193,8 +193,8 @@ def _files(tmp: Path) -> tuple[str, str]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from embodied_r import benchmarks as bm
-    from embodied_r.benchmarks import DataSourceError
+    from embodied_r import benchmark_rules as bm
+    from embodied_r.benchmark_rules import DataSourceError
     from embodied_r.data.catalog import CatalogError, _urbanvideo_rows
     from embodied_r.data.download import safe_extract
 

@@ -6,8 +6,13 @@ calls through ``OpenAIBackend`` at concurrency 1, 2, 4, ... and compares each ra
 the sequential one (concurrency 1) measured in the same process. The target: at
 concurrency N, at least 0.8 x N times the sequential rate.
 
+With ``--servers 1,2,4`` it starts that many such servers instead and sends the calls
+through one backend with ``base_urls``, ``--concurrency`` calls in flight per server,
+each count of servers compared with one server; the target is again 0.8 x the count.
+
     python benchmarks/perception_throughput.py                 # text calls, 100 ms
     python benchmarks/perception_throughput.py --images 2      # two key frames per call
+    python benchmarks/perception_throughput.py --servers 1,2,4 --concurrency 8 --images 2
 """
 
 from __future__ import annotations
@@ -111,7 +116,7 @@ def conversations(n: int, images: int, folder: Path) -> list:
     return [prompts.pair_conversation(paths[i], paths[i + 1], f"Q{i}") for i in range(n)]
 
 
-def measure(base_url: str, concurrency: int, calls: int, images: int, folder: Path,
+def measure(base_urls: list[str], concurrency: int, calls: int, images: int, folder: Path,
             repeats: int) -> tuple[float, float]:
     """(calls per second, client CPU milliseconds per call) at this concurrency: the best
     of ``repeats`` runs, after a warm-up that opens the connections. The best run is the
@@ -120,12 +125,12 @@ def measure(base_url: str, concurrency: int, calls: int, images: int, folder: Pa
     from embodied_r.backends.openai_compat import OpenAIBackend
     from embodied_r.backends.base import BackendConfig
 
-    cfg = BackendConfig(kind="openai", model="bench", base_url=base_url, concurrency=concurrency,
+    cfg = BackendConfig(kind="openai", model="bench", base_urls=base_urls, concurrency=concurrency,
                         max_retries=0, timeout_s=30, api_key_env="EMBODIED_R_BENCH_NO_KEY")
     backend = OpenAIBackend(cfg)
     best = (0.0, 0.0)
     try:
-        backend.generate(conversations(concurrency, images, folder))
+        backend.generate(conversations(concurrency * len(base_urls), images, folder))
         convs = conversations(calls, images, folder)
         for _ in range(repeats):
             IMAGES.clear()  # every run encodes each frame once
@@ -149,30 +154,42 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=8, help="calls per level = rounds x concurrency (min 20)")
     parser.add_argument("--repeats", type=int, default=3, help="runs per level; the best counts")
     parser.add_argument("--images", type=int, default=0, choices=[0, 1, 2], help="key frames per call")
+    parser.add_argument("--servers", help="counts of servers to compare, e.g. 1,2,4 (instead of --levels)")
+    parser.add_argument("--concurrency", type=int, default=8, help="with --servers: calls in flight per server")
     parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
         serve(args.serve, args.latency_ms / 1000)
         return 0
 
-    proc, base_url = start_server(args.latency_ms / 1000)
+    by_servers = args.servers is not None
+    levels = [int(x) for x in (args.servers if by_servers else args.levels).split(",")]
+    procs, urls = [], []
     rows = []
     try:
+        for _ in range(max(levels) if by_servers else 1):
+            proc, url = start_server(args.latency_ms / 1000)
+            procs.append(proc)
+            urls.append(url)
         with tempfile.TemporaryDirectory() as tmp:
-            levels = [int(x) for x in args.levels.split(",")]
-            sequential = None
+            baseline = None
             for n in levels:
-                calls = max(20, args.rounds * n)
-                rate, cpu_ms = measure(base_url, n, calls, args.images, Path(tmp), args.repeats)
-                sequential = sequential or rate  # the first level is the baseline
-                rows.append((n, calls, rate, rate / sequential, cpu_ms))
+                # n servers at a fixed concurrency each, or one server at concurrency n.
+                servers, concurrency = (urls[:n], args.concurrency) if by_servers else (urls, n)
+                calls = max(20, args.rounds * concurrency * len(servers))
+                rate, cpu_ms = measure(servers, concurrency, calls, args.images, Path(tmp), args.repeats)
+                baseline = baseline or rate  # the first level is the baseline
+                rows.append((n, calls, rate, rate / baseline, cpu_ms))
     finally:
-        proc.terminate()
-        proc.wait()
+        for proc in procs:
+            proc.terminate()
+            proc.wait()
 
-    print(f"latency {args.latency_ms:.0f} ms per call, {args.images} image(s) per call, "
-          f"best of {args.repeats} runs, baseline concurrency {levels[0]}")
-    print(f"{'concurrency':>11} {'calls':>6} {'calls/s':>8} {'speed-up':>9} {'target':>7} {'cpu ms/call':>12}  ok")
+    level = "servers" if by_servers else "concurrency"
+    per = f", {args.concurrency} calls in flight per server" if by_servers else ""
+    print(f"latency {args.latency_ms:.0f} ms per call, {args.images} image(s) per call{per}, "
+          f"best of {args.repeats} runs, baseline {level} {levels[0]}")
+    print(f"{level:>11} {'calls':>6} {'calls/s':>8} {'speed-up':>9} {'target':>7} {'cpu ms/call':>12}  ok")
     missed = 0
     for n, calls, rate, speedup, cpu_ms in rows:
         target = 0.8 * n / levels[0]

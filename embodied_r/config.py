@@ -98,6 +98,15 @@ class Recipe(BaseModel):
             raise ValueError(f"not a finite number: {', '.join(bad)}")
         return self
 
+    @model_validator(mode="after")
+    def _given_models_are_not_promoted(self) -> "Recipe":
+        # Promotion registers the last training stage's model; a recipe that evaluates a
+        # given model (evaluation.model) trains none.
+        if self.evaluation.model is not None and self.tracking.promote:
+            raise ValueError("evaluation.model evaluates a given model and trains none, so there is nothing to "
+                             "promote: set tracking.promote: false")
+        return self
+
 
 def backend_problems(recipe: Recipe, kinds: set[str] | None = None) -> list[str]:
     """``section: what it lacks`` for each backend the stages of ``kinds`` (None: all) would
@@ -112,6 +121,11 @@ def backend_problems(recipe: Recipe, kinds: set[str] | None = None) -> list[str]
         if backend is not None and (kinds is None or kind in kinds):
             if problem := backend.unready(needs_model):
                 found.append(f"{where}: {problem}; set it in the recipe or with --set {where}.base_url=URL")
+    # Before a run only (``kinds`` given): a recipe that needs the user's own prompts file
+    # still validates, and its run stops now rather than after the key frames.
+    if kinds is not None and "perception" in kinds and recipe.perception.texts_required and recipe.perception.texts is None:
+        found.append("prompts.file: this recipe needs the original texts; write them with `embodied-r prompts "
+                     "import-official PATH` (your clone of EmbodiedCity/Embodied-R.code) and add --set prompts.file=FILE")
     return found
 
 

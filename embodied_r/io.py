@@ -15,6 +15,8 @@ import os
 import shutil
 import threading
 import uuid
+import zipfile
+import zlib
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -22,7 +24,30 @@ from typing import Any, Callable, Iterator
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from embodied_r.faults import WriteFailure
+from embodied_r.benchmark_rules import DataSourceError
+from embodied_r.faults import WriteFailure, item_done
+
+# A folder key: the first 16 hex digits (64 bits) of a sha256, plenty to tell apart the
+# folders of one parent and short enough to read in a path.
+KEY_HEX = 16
+
+
+def text_key(text: str | bytes) -> str:
+    """The folder key of a text or bytes: its sha256, cut to ``KEY_HEX`` digits."""
+    data = text.encode() if isinstance(text, str) else text
+    return hashlib.sha256(data).hexdigest()[:KEY_HEX]
+
+
+def payload_key(payload: Any) -> str:
+    """The folder key of a JSON-able payload, by its canonical JSON (sorted keys; a value JSON
+    cannot hold, such as a path, as its ``str``), so equal payloads share a folder whatever
+    their key order."""
+    return text_key(json.dumps(payload, sort_keys=True, default=str))
+
+
+def keyed_folder(parent: Path, payload: Any) -> Path:
+    """``<parent>/<payload_key(payload)>``: a folder named by what is in it."""
+    return Path(parent) / payload_key(payload)
 
 
 def partial_path(final: Path) -> Path:
@@ -216,3 +241,45 @@ def sha256_file(path: Path, block: int = 1 << 20) -> str:
         while chunk := fh.read(block):
             h.update(chunk)
     return h.hexdigest()
+
+
+def safe_extract(archive: Path, dest: Path, max_bytes: int, stage: str = "download") -> int:
+    """Extract a zip, refusing absolute paths, ``..``, links and expansion past ``max_bytes``.
+
+    Idempotent: an entry already present with the right size is skipped. Returns the number
+    of files written; each is an item boundary of ``stage`` for the kill tests.
+    """
+    dest = Path(dest).resolve()
+    try:
+        return _extract(archive, dest, max_bytes, stage)
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, EOFError, NotImplementedError) as exc:
+        # A file that is not a zip, or one whose entry fails its CRC: name the archive.
+        detail = " ".join(str(exc).split())[:300] or type(exc).__name__
+        raise DataSourceError(f"{archive}: damaged or not a zip archive ({detail}); download it again") from None
+
+
+def _extract(archive: Path, dest: Path, max_bytes: int, stage: str) -> int:
+    written = 0
+    with zipfile.ZipFile(archive) as zf:
+        infos = [i for i in zf.infolist() if not i.is_dir()]
+        total = sum(i.file_size for i in infos)
+        if total > max_bytes:
+            raise DataSourceError(f"{archive}: expands to {total} bytes, over the bound {max_bytes}")
+        for info in infos:
+            name = info.filename
+            mode = (info.external_attr >> 16) & 0o170000
+            if mode == 0o120000:
+                raise DataSourceError(f"{archive}: entry {name!r} is a link; refusing to extract")
+            target = (dest / name).resolve()
+            if Path(name).is_absolute() or ".." in Path(name).parts or dest not in target.parents:
+                raise DataSourceError(f"{archive}: entry {name!r} escapes the target folder")
+            if target.exists() and target.stat().st_size == info.file_size:
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp = target.with_name(target.name + ".tmp")
+            with zf.open(info) as src, open(tmp, "wb") as out:
+                shutil.copyfileobj(src, out, 1 << 20)
+            os.replace(tmp, target)
+            written += 1
+            item_done(stage)
+    return written

@@ -29,10 +29,6 @@ def home() -> Path:
     return Path(os.environ.get("EMBODIED_R_HOME") or Path.home() / ".embodied-r").expanduser().resolve()
 
 
-def stages_root(root: Path | None = None) -> Path:
-    return (root or home()) / "stages"
-
-
 def default_tracking_uri(root: Path | None = None) -> str:
     return f"sqlite:///{(root or home()) / 'mlflow.db'}"
 

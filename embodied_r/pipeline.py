@@ -10,14 +10,13 @@ workers, failure limits), which change how a result is obtained, never the resul
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from embodied_r.config import Recipe
-from embodied_r.io import is_complete
+from embodied_r.io import is_complete, payload_key
 from embodied_r.paths import home as default_home
 from embodied_r.runners import code_version, extra_key, runner
 from embodied_r.settings import result_settings
@@ -65,11 +64,8 @@ _SELF_REPORTING = frozenset({"warmstart"})
 
 
 def _key(kind: str, config: dict[str, Any], upstream: list[str], extra: str = "") -> str:
-    payload = json.dumps(
-        {"kind": kind, "config": config, "upstream": upstream, "code": code_version(kind), "extra": extra},
-        sort_keys=True, default=str,
-    )
-    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+    return payload_key({"kind": kind, "config": config, "upstream": upstream, "code": code_version(kind),
+                        "extra": extra})
 
 
 def plan(recipe: Recipe, root: Path | None = None) -> dict[str, StagePlan]:
@@ -101,6 +97,10 @@ def plan(recipe: Recipe, root: Path | None = None) -> dict[str, StagePlan]:
               keyed=result_settings(recipe.perception))
     conv = add("convert", "convert", ["preprocess", "perception"], recipe.records.model_dump(mode="json"),
                {"catalog": catalog_file, "perception": per.out}, keyed=result_settings(recipe.records))
+    if recipe.evaluation.model is not None:
+        # A given model (the authors' released weights): no warm start, no training.
+        _evaluate_given(recipe, add, conv)
+        return stages
     # The trainer's interpreter travels as an input, not in the config it validates.
     training = recipe.training.model_dump(mode="json", exclude={"stages", "python"})
     training_keyed = result_settings(recipe.training, exclude={"stages"})
@@ -146,6 +146,16 @@ def plan(recipe: Recipe, root: Path | None = None) -> dict[str, StagePlan]:
          **({"baselines": json.dumps(baselines), "training": json.dumps(train_outs)} if baselines else {})},
         keyed=evaluation_keyed)
     return stages
+
+
+def _evaluate_given(recipe: Recipe, add: Any, conv: StagePlan) -> None:
+    """The evaluate stage of a recipe whose ``evaluation.model`` names the model to evaluate."""
+    evaluation = recipe.evaluation.model_dump(mode="json")
+    keyed = result_settings(recipe.evaluation)
+    if evaluation["max_prompt_length"] is None:
+        evaluation["max_prompt_length"] = keyed["max_prompt_length"] = recipe.training.max_prompt_length
+    add("evaluate", "evaluate", ["convert"], evaluation, {"records": conv.out, "model": str(recipe.evaluation.model)},
+        keyed=keyed)
 
 
 def downstream(stages: dict[str, StagePlan], name: str) -> list[str]:

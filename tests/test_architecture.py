@@ -10,7 +10,7 @@ import pytest
 from embodied_r.runners import ROOT, _is_module, imports_of, launches_of, module_version, named_module
 
 # Modules at the top of the package that every stage may use.
-FOUNDATION = {"io", "paths", "progress", "schemas", "benchmarks", "tracking", "runners", "faults", "settings",
+FOUNDATION = {"io", "paths", "progress", "schemas", "benchmark_rules", "tracking", "runners", "faults", "settings",
               "shards"}
 # What each sub-package (or top-level module) may import besides itself and the foundation.
 ALLOWED: dict[str, set[str]] = {

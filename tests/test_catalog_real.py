@@ -14,7 +14,7 @@ import pytest
 from mlflow import MlflowClient
 
 from conftest import SHARED
-from embodied_r import benchmarks as bm
+from embodied_r import benchmark_rules as bm
 from embodied_r.data.catalog import CatalogConfig, metric_name, run_catalog
 from embodied_r.apps.cli_data import main as cli_main
 from embodied_r.data.download import DownloadConfig, run_download

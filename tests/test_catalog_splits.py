@@ -82,3 +82,69 @@ def test_metric_names_have_no_leading_trailing_or_repeated_separators() -> None:
     assert metric_name("  Start/End Position  ") == "start_end_position"
     assert metric_name("_obj_appearance_order_") == "obj_appearance_order"
     assert metric_name("///") == "unnamed"
+
+
+def pooled_rows() -> list[dict]:
+    """Twelve scenes over two benchmarks, one to four questions each."""
+    return [{"benchmark": b, "scene": f"{b[0]}{s}", "uid": f"{b}{s}:{i}"}
+            for b, n in (("urbanvideo", 7), ("vsibench", 5)) for s in range(n) for i in range(1 + (s * 3) % 4)]
+
+
+def placed(rows: list[dict]) -> dict[str, tuple[str, int]]:
+    out: dict[str, tuple[str, int]] = {}
+    for r in rows:
+        assert out.setdefault(r["scene"], (r["split"], r["fold"])) == (r["split"], r["fold"])
+    return out
+
+
+def test_the_demo_split_is_unchanged() -> None:
+    # The demo's split settings on a fixed set of scenes, as they were before the pooled rule.
+    from embodied_r.config import load_recipe
+
+    cfg = load_recipe("demo").catalog.split
+    assert cfg.rule == "per_benchmark"
+    rows = pooled_rows()
+    assign_splits(rows, cfg)
+    assert placed(rows) == {
+        "u0": ("val", 1), "u1": ("test", 0), "u2": ("train", 0), "u3": ("val", 1), "u4": ("val", 0),
+        "u5": ("train", 1), "u6": ("train", 0), "v0": ("train", 1), "v1": ("train", 0), "v2": ("val", 1),
+        "v3": ("train", 0), "v4": ("test", 0)}
+
+
+def test_pooled_scenes_cut_the_pool_by_scene_count() -> None:
+    cfg = SplitConfig(seed=0, rule="pooled_scenes")
+    rows = pooled_rows()
+    assign_splits(rows, cfg)
+    where = placed(rows)
+    # 12 scenes: int(12 * 0.75) = 9 train, int(12 * 0.05) = 0 val, 3 test, whatever their questions.
+    splits = [s for s, _ in where.values()]
+    assert (splits.count("train"), splits.count("val"), splits.count("test")) == (9, 0, 3)
+    # One seeded order over both benchmarks, its first scenes train and folds dealt round-robin.
+    order = sorted(where, key=lambda s: rank(0, s))
+    assert [where[s] for s in order] == [("train", i % 5) for i in range(9)] + [("test", i % 5) for i in range(9, 12)]
+    again = pooled_rows()
+    assign_splits(again, cfg)
+    assert again == rows  # deterministic
+    other = pooled_rows()
+    assign_splits(other, SplitConfig(seed=1, rule="pooled_scenes"))
+    assert placed(other) != where
+
+
+def test_pooled_scenes_at_the_official_sizes_and_a_shared_name() -> None:
+    # 20 scenes: 15 train, 1 val (0.05 * 20 is 1 despite binary floats), 4 test.
+    rows = [{"benchmark": "u" if s % 2 else "v", "scene": f"s{s}", "uid": f"s{s}"} for s in range(20)]
+    rows.append({"benchmark": "u", "scene": "s0", "uid": "s0-u"})  # the same name in the other benchmark
+    assign_splits(rows, SplitConfig(seed=3, rule="pooled_scenes"))
+    where = placed(rows)
+    splits = [s for s, _ in where.values()]
+    assert (splits.count("train"), splits.count("val"), splits.count("test")) == (15, 1, 4)
+    assert len({r["split"] for r in rows if r["scene"] == "s0"}) == 1
+
+
+def test_the_recipes_split_as_their_source() -> None:
+    from embodied_r.config import load_recipe
+
+    rules = {n: load_recipe(n).catalog.split.rule for n in ("paper", "official-script", "official-script-5gpu",
+                                                             "improved", "demo")}
+    assert rules == {"paper": "pooled_scenes", "official-script": "pooled_scenes",
+                     "official-script-5gpu": "pooled_scenes", "improved": "per_benchmark", "demo": "per_benchmark"}

@@ -10,10 +10,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from embodied_r import benchmarks as bm
+from embodied_r import benchmark_rules as bm
 from embodied_r import schemas
 from embodied_r.data.catalog import CatalogConfig, CatalogError, SplitConfig, assign_splits, run_catalog
-from embodied_r.benchmarks import DataSourceError
+from embodied_r.benchmark_rules import DataSourceError
 from embodied_r.data.download import DownloadConfig, run_download, safe_extract
 from embodied_r.io import sha256_file
 from embodied_r.synthetic.config import SyntheticConfig

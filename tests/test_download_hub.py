@@ -26,9 +26,9 @@ import pyarrow.parquet as pq
 import pytest
 from huggingface_hub.utils import filter_repo_objects
 
-from embodied_r import benchmarks as bm
+from embodied_r import benchmark_rules as bm
 from embodied_r import schemas
-from embodied_r.benchmarks import DataSourceError
+from embodied_r.benchmark_rules import DataSourceError
 from embodied_r.data.download import DownloadConfig, run_download
 from embodied_r.data.hub import needed_files
 

@@ -224,7 +224,7 @@ def test_extends_resolves_beside_the_recipe_and_set_errors_are_one_line(tmp_path
 
 
 def _mirror(tmp_path: Path, table: pa.Table) -> Path:
-    from embodied_r import benchmarks as bm
+    from embodied_r import benchmark_rules as bm
 
     folder = tmp_path / "raw" / bm.URBANVIDEO_DIR
     folder.mkdir(parents=True)
@@ -243,7 +243,7 @@ def test_preprocess_rejects_duplicate_ids_naming_them(tmp_path: Path) -> None:
 
 
 def test_bad_source_files_are_named_in_one_line(tmp_path: Path) -> None:
-    from embodied_r.benchmarks import DataSourceError
+    from embodied_r.benchmark_rules import DataSourceError
     from embodied_r.data.catalog import CatalogError, _urbanvideo_rows
     from embodied_r.data.download import safe_extract
 

@@ -199,6 +199,7 @@ def test_the_table_covers_every_setting_that_changes_results() -> None:
         "evaluation.answer_parser", "report.table1_rdir", "perception.backend.repetition_penalty",
         "perception.backend.top_k", "training.reference.repetition_penalty", "training.reference.top_k",
         "evaluation.backend.repetition_penalty", "evaluation.backend.top_k", "prompts.source",
+        "perception.on_failure", "catalog.split.rule", "grpo.vllm_max_model_length",
     }
     assert must <= keys, f"docs/fidelity.md lacks {sorted(must - keys)}"
 

@@ -1,15 +1,18 @@
 """Embodied-Reasoner data: the synthetic sample in the real layouts, the catalog (Parquet and
 DuckDB), the image pairing check, a local mirror with its manifest, and the built-in house
-replaying every real test case (skipped where ../shared is absent)."""
+replaying every real test case (skipped where ../shared is absent), and image zips that the
+safe extraction refuses."""
 
 from __future__ import annotations
 
 import json
 import shutil
+import zipfile
 
 import duckdb
 import pytest
 
+from embodied_r.benchmark_rules import DataSourceError
 from embodied_r.interactive import tasks
 from embodied_r.interactive.catalog import build, read_test_cases, read_trajectories
 from embodied_r.interactive.download import run_data_stage
@@ -53,6 +56,43 @@ def test_unpaired_images_are_found_and_left_out(data_stage, tmp_path):
     local = run_data_stage(tmp_path / "local", {"data": {"source": "local", "source_dir": str(mirror)}}, {})
     assert local["unpaired"] == 2
     assert json.loads((tmp_path / "local" / "manifest.json").read_text())["source"] == "local"
+
+
+def _zip_with(path, name: str, data: bytes, link: bool = False) -> None:
+    info = zipfile.ZipInfo(name)
+    if link:
+        info.external_attr = 0o120777 << 16  # a symbolic link, its target as the member's bytes
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr(info, data)
+
+
+@pytest.mark.parametrize("name, data, link, refusal", [
+    ("house/a.png", b"../../../../etc/passwd", True, "is a link"),
+    ("../../escaped.png", b"png", False, "escapes the target folder"),
+    ("/abs/escaped.png", b"png", False, "escapes the target folder"),
+    ("house/huge.png", b"x" * 4096, False, "over the bound 1024"),
+])
+def test_image_zips_with_links_escapes_or_past_the_bound_are_refused(tmp_path, name, data, link, refusal):
+    mirror = tmp_path / "mirror"
+    mirror.mkdir()
+    _zip_with(mirror / "images.zip", name, data, link)
+    config = {"data": {"source": "local", "source_dir": str(mirror), "max_zip_bytes": 1024}}
+    with pytest.raises(DataSourceError, match=refusal) as err:
+        run_data_stage(tmp_path / "stage", config, {})
+    assert "images.zip" in str(err.value)
+    assert not (tmp_path / "stage").exists()
+    assert not list(tmp_path.rglob("*.png")) and not (tmp_path.parent / "escaped.png").exists()
+
+
+def test_an_image_zip_within_the_bound_is_unpacked_under_data_images(data_stage, tmp_path):
+    out, _ = data_stage
+    mirror = tmp_path / "mirror"
+    shutil.copytree(out / "raw", mirror)
+    _zip_with(mirror / "images.zip", "house/a.png", b"x" * 1024)
+    config = {"data": {"source": "local", "source_dir": str(mirror), "max_zip_bytes": 1024}}
+    run_data_stage(tmp_path / "stage", config, {})
+    assert (tmp_path / "stage" / "raw" / "data" / "images" / "house" / "a.png").read_bytes() == b"x" * 1024
+    assert json.loads((tmp_path / "stage" / "manifest.json").read_text())["zips_unpacked"] == 1
 
 
 REAL = tasks.shared_test_file()

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from embodied_r.interactive import tasks
-from embodied_r.interactive.metrics import aggregate, episode_metrics, flat_metrics, table2, total_reward
+from embodied_r.interactive.metrics import (aggregate, episode_metrics, extra_metrics, flat_metrics, lcs_length,
+                                            table2, total_reward)
 
 
 def step(action, obj=None, ok=1, legal=()):
@@ -149,3 +150,75 @@ def test_real_test_809_parses_with_its_groups_and_key_actions():
             unreachable.append(x["identity"])
             assert "put" in keys and x["tasktype"].startswith("long-range")
     assert unreachable == [786, 787, 788, 789, 790, 791, 792, 793, 794, 796, 797, 798, 799]
+
+
+# The original's extra figures (its result script), each case computed by hand.
+
+def test_lcs_length_hand_cases():
+    assert lcs_length([], ["a"]) == 0
+    assert lcs_length(["a", "b", "c"], ["a", "b", "c"]) == 3
+    assert lcs_length(["b", "a", "c"], ["a", "b", "c"]) == 2  # "a c" or "b c"
+    assert lcs_length(["x", "a", "y", "b"], ["a", "b", "z"]) == 2
+
+
+def test_ordered_completeness_is_the_common_subsequence_with_the_key_actions():
+    # put and open score out of order: scored = [put Fridge, open Fridge, end]; the ordered
+    # keys are [pickup Apple, open Fridge, put Fridge, end] -> LCS 2 ("open Fridge", "end") of 4.
+    keys = ["navigate to Apple", "pickup Apple", "navigate to Fridge", "open Fridge", "put Fridge", "end"]
+    traj = [INIT, step("navigate to", "Fridge"), step("put", "Fridge"), step("open", "Fridge"),
+            step("pickup", "Apple", ok=0), END]
+    m = extra_metrics(case(), traj, keys)
+    assert m["completeness_ordered"] == 2 / 4
+    assert episode_metrics(case(), traj, keys)["completeness"] == 3 / 4  # the plain one ignores order
+
+
+def test_ordered_completeness_of_single_search_is_the_completeness():
+    task = case("single_search", "Find the mug")
+    traj = [INIT, step("navigate to", "Sink"), step("end", legal=["Mug"])]
+    assert extra_metrics(task, traj, ["navigate to Sink", "end"])["completeness_ordered"] == 1.0
+
+
+def test_repeat_rate_counts_navigations_to_an_object_seen_before():
+    traj = [INIT, step("navigate to", "Fridge"), step("navigate to", "Sink", ok=0), step("navigate to", "Fridge"),
+            step("navigate to", "Fridge"), step("observe"), END]
+    # 4 navigations, 2 distinct objects: (4 - 2) / 4; a failed one counts too.
+    assert extra_metrics(case(), traj, TRANSPORT_KEYS)["repeat_rate"] == 0.5
+    assert extra_metrics(case(), [INIT, END], TRANSPORT_KEYS)["repeat_rate"] == 0.0
+
+
+def test_key_action_steps_and_success_by_their_number():
+    assert extra_metrics(case(), [INIT, END], TRANSPORT_KEYS)["key_action_steps"] == 5
+    closed = case("single_search_from_closerep", "Find the card")
+    assert extra_metrics(closed, [INIT, END], ["navigate to Drawer", "open Drawer", "open Box", "end"]
+                         )["key_action_steps"] == 2  # the original's fixed 2
+    rows = [{"tasktype": "pickup_and_put", "success": 1, "efficiency": 1.0, "completeness": 1.0,
+             "key_action_steps": 5},
+            {"tasktype": "pickup_and_put", "success": 0, "efficiency": 0.0, "completeness": 0.5,
+             "key_action_steps": 5},
+            {"tasktype": "single_search", "success": 1, "efficiency": 1.0, "completeness": 1.0,
+             "key_action_steps": 1},
+            {"tasktype": "long-range tasks with dependency relationships", "success": 0, "efficiency": 0.0,
+             "completeness": 0.1, "key_action_steps": 12}]
+    by = aggregate(rows)["by_key_actions"]
+    assert list(by) == ["1", "5", "9+"]
+    assert by["5"] == {"success": 0.5, "episodes": 2} and by["9+"] == {"success": 0.0, "episodes": 1}
+    assert flat_metrics(aggregate(rows))["success/key_actions/9_plus"] == 0.0
+
+
+def test_dropped_episodes_are_left_out_of_every_mean_and_counted():
+    rows = [{"tasktype": "pickup_and_put", "success": 1, "efficiency": 1.0, "completeness": 1.0},
+            {"tasktype": "pickup_and_put", "success": 0, "efficiency": 0.0, "completeness": 0.0, "dropped": True},
+            {"tasktype": "single_search", "success": 0, "efficiency": 0.0, "completeness": 0.0, "dropped": True}]
+    summary = aggregate(rows)
+    assert summary["episodes"] == 1 and summary["all"]["success"] == 1.0
+    assert summary["dropped"] == 2 and summary["dropped_by_type"] == {"pickup_and_put": 1, "single_search": 1}
+    assert flat_metrics(summary)["dropped"] == 2
+    assert "Dropped (failed generation, left out of every mean): 2 episodes" in table2(summary)
+
+
+def test_report_shows_the_extra_figures_beside_table2():
+    rows = [{"tasktype": "pickup_and_put", "success": 1, "efficiency": 0.5, "completeness": 1.0,
+             "completeness_ordered": 0.75, "repeat_rate": 0.25, "key_action_steps": 5}]
+    text = table2(aggregate(rows))
+    assert "| transport | 1 | 100.00 | 50.00 | 100.00 | 75.00 | 25.00 |" in text
+    assert "| 5 | 1 | 100.00 |" in text

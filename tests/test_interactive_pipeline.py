@@ -66,6 +66,10 @@ def test_reasoner_demo_end_to_end(tmp_path, monkeypatch, capsys):
     children = {r.data.tags["stage"] for r in runs if r.data.tags.get("mlflow.parentRunId") == parent.info.run_id}
     assert children == {"reasoner_data", "reasoner_sft_imitation", "reasoner_explore", "reasoner_sft_exploration",
                         "reasoner_sft_correction", "reasoner_evaluate"}
-    for metric in ("success", "efficiency", "completeness"):
+    for metric in ("success", "efficiency", "completeness", "completeness_ordered", "repeat_rate"):
         for group in ("search", "manipulation", "transport", "composite"):
             assert f"{metric}/{group}" in parent.data.metrics
+    # The original's success by number of key actions, and the dropped count (0 under the
+    # demo's score_as_failure), beside them.
+    assert any(k.startswith("success/key_actions/") for k in parent.data.metrics)
+    assert parent.data.metrics["dropped"] == 0 and evaluation["failed_generation"] == "score_as_failure"

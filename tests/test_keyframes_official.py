@@ -119,3 +119,16 @@ def test_official_fill_and_thinning(clips: dict[str, Path]) -> None:
 def test_the_mode_is_part_of_the_cache_key() -> None:
     assert params_hash(OFFICIAL) != params_hash(KeyframeConfig())
     assert KeyframeConfig().mode == "fast"
+
+
+def test_a_29_97_fps_video_is_sampled_every_29_frames(tmp_path: Path) -> None:
+    # NTSC containers say 30000/1001 fps: the official rule steps int(fps) = 29 source frames,
+    # so its 1-fps grid drifts from the fast mode's (round(fps) = 30) by a frame a second.
+    path = write_motion_video(tmp_path / "ntsc.mp4", [("turn right", 3.0, 60.0), ("fly forward", 2.0, 1.2)],
+                              seed=5, width=320, height=180, fps=30000 / 1001)
+    result = extract_keyframes(path, OFFICIAL.model_copy(update={"min_frames": 2, "max_frames": 1000}))
+    assert result.fps == pytest.approx(29.97, abs=0.01) and result.sample_step == 29
+    assert result.n_samples == len(sample_positions(result.n_frames, 29))
+    assert all(i % 29 == 0 for i in result.indices[:-1]) and result.indices[-1] == result.n_frames - 1
+    assert extract_keyframes(path, OFFICIAL).indices == plain_official(path)
+    assert extract_keyframes(path, KeyframeConfig(mode="fast", min_frames=2, max_frames=1000)).sample_step == 30

@@ -268,7 +268,9 @@ def test_a_reasoner_recipe_with_the_file_converses_in_the_originals_texts(
     with pytest.raises(ValueError, match="holds embodied-reasoner texts"):
         load_recipe("paper", {"prompts": {"file": str(path)}})
     replies = ["dance", "pickup Spaceship", "navigate to Fridge", "move forward", "end"]
-    (ep,) = run_episodes([TASK], HouseholdEnvironment, scripted(replies), tmp_path / "out", rec.evaluate.episode)
+    # The string rule: no embedding model here, and "Spaceship" must stay unmatched.
+    episode = rec.evaluate.episode.model_copy(update={"matcher": "string"})
+    (ep,) = run_episodes([TASK], HouseholdEnvironment, scripted(replies), tmp_path / "out", episode)
     users = [m["content"] for m in ep.messages if m["role"] == "user"]
     assert ep.messages[0] == {"role": "system", "content": "REASONER-SYSTEM: an invented robot."}
     assert users[0].endswith('REASONER-FIRST: invented task "' + TASK["taskquery"] + '" with actions {\n'

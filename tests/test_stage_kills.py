@@ -11,7 +11,7 @@ from typing import Any
 import duckdb
 import pytest
 
-from embodied_r import benchmarks as bm
+from embodied_r import benchmark_rules as bm
 from embodied_r.data.catalog import CatalogConfig, run_catalog
 from embodied_r.data.download import DownloadConfig, run_download
 from embodied_r.io import partial_path

@@ -222,8 +222,11 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
+    from embodied_r.apps.cli_reasoner import is_reasoner_recipe, validate_reasoner
     from embodied_r.config import RecipeError, backend_problems, load_recipe
 
+    if is_reasoner_recipe(args.recipe):
+        return validate_reasoner(args)
     recipe = load_recipe(args.recipe, _all_overrides(args) or None)
     if problems := backend_problems(recipe):
         raise RecipeError("; ".join(problems))
@@ -327,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
         start_watch()
     from embodied_r.data.catalog import CatalogError
     from embodied_r.config import RecipeError
-    from embodied_r.benchmarks import DataSourceError
+    from embodied_r.benchmark_rules import DataSourceError
     from embodied_r.paths import HomeMovedError, claim_home
     from embodied_r.pipeline import StageError
     from embodied_r.faults import StageFault, redact

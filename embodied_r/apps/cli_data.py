@@ -13,7 +13,6 @@ Prefect with MLflow tracking; these two are the quick local counterparts.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import shutil
 import sys
@@ -91,16 +90,17 @@ def _catalog_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _raw_key(raw: Path, catalog_cfg: Any) -> str:
-    from embodied_r import benchmarks as bm
+    from embodied_r import benchmark_rules as bm
+    from embodied_r.io import text_key
     from embodied_r.runners import code_version
 
-    h = hashlib.sha256(f"{raw}\n{catalog_cfg.model_dump_json()}\n{code_version('preprocess')}\n".encode())
+    lines = [f"{raw}\n{catalog_cfg.model_dump_json()}\n{code_version('preprocess')}\n"]
     for sub, name in ((bm.URBANVIDEO_DIR, bm.URBANVIDEO_FILE), (bm.VSIBENCH_DIR, bm.VSIBENCH_FILE)):
         f = raw / sub / name
         if f.is_file():
             st = f.stat()
-            h.update(f"{sub}/{name}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
-    return h.hexdigest()[:16]
+            lines.append(f"{sub}/{name}\0{st.st_size}\0{st.st_mtime_ns}\n")
+    return text_key("".join(lines))
 
 
 def count_table(catalog_parquet: Path) -> list[tuple[str, str, dict[str, int]]]:
@@ -203,7 +203,7 @@ def cmd_fetch(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """These commands alone (``python -m embodied_r.apps.cli_data``), with the CLI's error handling."""
-    from embodied_r.benchmarks import DataSourceError
+    from embodied_r.benchmark_rules import DataSourceError
     from embodied_r.data.catalog import CatalogError
     from embodied_r.config import RecipeError
     from embodied_r.pipeline import StageError

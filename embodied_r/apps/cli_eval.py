@@ -14,26 +14,20 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-CHAMPION_URI = "models:/embodied-r-reasoner@champion"
+# The registry module is light (the standard library only): the help lines read it at start.
+from embodied_r.evaluation.registry import CHAMPION, CHAMPION_URI
 
 
 # -- shared helpers ------------------------------------------------------------------------
 
 
 def _recipe(args: argparse.Namespace) -> Any:
-    from embodied_r.config import load_recipe, parse_override
+    from embodied_r.config import _deep_merge, load_recipe, parse_override
 
     merged: dict[str, Any] = {}
     for pair in args.set:
-        merged = _merge(merged, parse_override(pair))
+        merged = _deep_merge(merged, parse_override(pair))
     return load_recipe(args.recipe, merged or None)
-
-
-def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for key, value in over.items():
-        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
-    return out
 
 
 def _root() -> Path:
@@ -269,7 +263,7 @@ def register(sub: Any) -> None:
     p.add_argument("folder", nargs="?", help="model folder to register first (default: the recipe's last trained stage)")
     p.add_argument("--version", help="an already registered version instead of a folder")
     p.add_argument("--name", help="registered model name (default: the recipe's tracking.registered_model)")
-    p.add_argument("--alias", default="champion")
+    p.add_argument("--alias", default=CHAMPION)
     p.add_argument("--split", default="val", choices=["train", "val", "test"])
     p.add_argument("--metric", default="accuracy/overall", help="summary metric compared (default %(default)s)")
     p.set_defaults(handler=_guard(cmd_promote))

@@ -30,7 +30,8 @@ def register(subparsers: Any) -> None:
     e.add_argument("--limit", type=int, default=None, help="first N test cases")
     e.add_argument("--recipe", default="reasoner-demo")
     e.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    e.add_argument("--out", default=None, help="output folder (default under the home)")
+    e.add_argument("--out", default=None, help="output folder (default a new one under the home); the same "
+                   "--out again resumes an interrupted evaluation where it stopped")
     e.set_defaults(handler=cmd_reasoner_eval)
 
 
@@ -44,13 +45,61 @@ def _overrides(pairs: list[str]) -> dict[str, Any]:
     return out
 
 
+def is_reasoner_recipe(name_or_path: str) -> bool:
+    """A shipped reasoner recipe's name, or a YAML file with the reasoner's sections."""
+    import yaml
+
+    from embodied_r.interactive.recipe import RECIPES
+
+    path = Path(name_or_path)
+    if not path.is_file():
+        return (RECIPES / f"{name_or_path}.yaml").is_file()
+    data = yaml.safe_load(path.read_text()) or {}
+    return isinstance(data, dict) and bool({"sft", "explore", "sft_stages"} & set(data))
+
+
+def validate_reasoner(args: argparse.Namespace) -> int:
+    """``embodied-r validate`` for a reasoner recipe: its sampling, failure policy and texts
+    (``prompts.source``) are in what ``--show`` prints."""
+    from pydantic import ValidationError
+
+    from embodied_r.config import RecipeError
+    from embodied_r.interactive.recipe import load
+
+    try:
+        recipe = load(args.recipe, _overrides(args.set))
+    except ValidationError as exc:
+        wrong = "; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors())
+        raise RecipeError(f"recipe {args.recipe!r} does not validate: {wrong}") from None
+    except ValueError as exc:
+        raise RecipeError(str(exc)) from None
+    if problem := recipe.backend.unready(needs_model=False):
+        raise RecipeError(problem)
+    print(json.dumps(recipe.model_dump(mode="json"), indent=2) if args.show else f"{recipe.name}: valid")
+    return 0
+
+
+def _check_matcher(recipe: Any) -> None:
+    """An embedding matcher whose model is not here stops the run before its first stage."""
+    from embodied_r.config import RecipeError
+    from embodied_r.interactive.matching import embedding_model_problem
+
+    episode = recipe.evaluate.episode
+    if episode.matcher == "embedding" and (problem := embedding_model_problem(episode.embedding_model)):
+        raise RecipeError(problem)
+
+
 def _print_metrics(summary: dict[str, Any]) -> None:
     m = summary.get("metrics", {})
-    print(f"{'group':14s} {'SR':>7s} {'SE':>7s} {'TC':>7s}")
+    names = {"success": "SR", "efficiency": "SE", "completeness": "TC", "completeness_ordered": "TC-ord",
+             "repeat_rate": "repeat"}
+    print(f"{'group':14s} " + " ".join(f"{n:>7s}" for n in names.values()))
     for group in ("all", "search", "manipulation", "transport", "composite"):
         if f"success/{group}" in m:
-            print(f"{group:14s} {100 * m[f'success/{group}']:7.2f} {100 * m[f'efficiency/{group}']:7.2f} "
-                  f"{100 * m[f'completeness/{group}']:7.2f}")
+            print(f"{group:14s} " + " ".join(f"{100 * m[f'{k}/{group}']:7.2f}" if f"{k}/{group}" in m else f"{'-':>7s}"
+                                             for k in names))
+    if m.get("dropped"):
+        print(f"dropped (failed generation, left out of every mean): {int(m['dropped'])} episodes")
 
 
 def cmd_reasoner(args: argparse.Namespace) -> int:
@@ -60,7 +109,10 @@ def cmd_reasoner(args: argparse.Namespace) -> int:
 
     # A bad recipe fails before Prefect starts; planning here also hashes the code once,
     # before Prefect's threads run (CPython 3.11's ast.parse is not safe beside them).
-    plan(load(args.recipe, _overrides(args.set)), paths.home())
+    recipe = load(args.recipe, _overrides(args.set))
+    plan(recipe, paths.home())
+    if not args.only or any("evaluate" in stage for stage in args.only):
+        _check_matcher(recipe)
     started = time.time()
     result = embodied_reasoner(recipe=args.recipe, only=args.only, refresh=args.refresh,
                                overrides=_overrides(args.set) or None, home=str(paths.home()))
@@ -81,6 +133,7 @@ def cmd_reasoner_eval(args: argparse.Namespace) -> int:
     from embodied_r.interactive.tasks import load_test_cases
 
     recipe = load(args.recipe, _overrides(args.set))
+    _check_matcher(recipe)
     out = Path(args.out or paths.home() / "reasoner-eval" / time.strftime("%Y%m%d-%H%M%S"))
     catalog = out / "tests"
     if args.tests:

@@ -15,7 +15,6 @@ interrupted run resumes without repeating a finished record.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -27,8 +26,8 @@ from typing import Any
 from embodied_r.perception import prompts
 from embodied_r.backends.base import Backend, BackendConfig, Conversation
 from embodied_r.backends.factory import make_backend
-from embodied_r.benchmarks import VSIBENCH_NUMERIC, split_urbanvideo_question
-from embodied_r.io import ItemLog, sha256_file, write_json_atomic
+from embodied_r.benchmark_rules import VSIBENCH_NUMERIC, split_urbanvideo_question
+from embodied_r.io import KEY_HEX, ItemLog, keyed_folder, sha256_file, text_key, write_json_atomic
 from embodied_r.keyframes.extract import KeyframeConfig, extract_keyframes
 from embodied_r.perception.stage import PerceptionConfig
 from embodied_r.perception.modes import QUESTION_PHASE, Question
@@ -196,10 +195,10 @@ def video_key(video: Path) -> str:
     try:
         stat = video.stat()
     except OSError:
-        return "missing-" + hashlib.sha256(str(video).encode()).hexdigest()[:16]
+        return "missing-" + text_key(str(video))
     memo = (str(video), stat.st_size, stat.st_mtime_ns)
     if memo not in _VIDEO_KEYS:
-        _VIDEO_KEYS[memo] = sha256_file(video)[:16]
+        _VIDEO_KEYS[memo] = sha256_file(video)[:KEY_HEX]
     return _VIDEO_KEYS[memo]
 
 
@@ -209,9 +208,7 @@ _VIDEO_KEYS: dict[tuple[str, int, int], str] = {}
 def work_folder(root: Path, records: list[dict[str, Any]], *configs: Any, base: Path | None = None) -> Path:
     """The work folder of a batch: its records, configs and the content of its videos."""
     videos = [video_key(_video_path(v, base or Path("."))) if (v := _video_field(r)) else "" for r in records]
-    payload = json.dumps([records, [c.model_dump(mode="json") for c in configs], videos],
-                         sort_keys=True, default=str)
-    return Path(root) / "inference" / hashlib.sha256(payload.encode()).hexdigest()[:16]
+    return keyed_folder(Path(root) / "inference", [records, [c.model_dump(mode="json") for c in configs], videos])
 
 
 def run_inference(

@@ -40,6 +40,10 @@ class BackendConfig(BaseModel):
     # Which server answers and how it is asked (operational: the same model behind another
     # URL, more calls in flight or a longer timeout give the same replies).
     base_url: str | None = operational(None)  # openai: e.g. http://127.0.0.1:8000/v1
+    # openai: several servers of the same model, instead of ``base_url``. Calls go to the
+    # least busy one, ``concurrency`` at a time on each; a server that stops answering is
+    # left out and the rest carry on (``backends.servers``).
+    base_urls: list[str] | None = operational(None, min_length=1)
     api_key_env: str = operational("OPENAI_API_KEY")  # name of the variable; the key itself is never stored
     max_new_tokens: int = Field(256, ge=1)
     # transformers: a text prompt longer than this many tokens keeps its last ones, as the
@@ -53,7 +57,7 @@ class BackendConfig(BaseModel):
     # results, so both are in every stage key that holds this config.
     repetition_penalty: Annotated[float, Field(gt=0, allow_inf_nan=False)] | FromModel | None = None
     top_k: Annotated[int, Field(ge=0)] | FromModel | None = None  # sampling only; 0 turns it off
-    concurrency: int = operational(8, ge=1)
+    concurrency: int = operational(8, ge=1)  # calls in flight per server
     timeout_s: float = operational(120.0, gt=0, allow_inf_nan=False)
     max_retries: int = operational(5, ge=0)
     batch_size: int = operational(8, ge=1)  # transformers: prompts per forward pass
@@ -72,13 +76,43 @@ class BackendConfig(BaseModel):
         register_secret_env(self.api_key_env)
         return self
 
+    @model_validator(mode="after")
+    def _one_way_to_name_servers(self) -> "BackendConfig":
+        if self.base_url is not None and self.base_urls is not None:
+            raise ValueError(f"backend: set `base_url` or `base_urls`, not both (base_url {self.base_url!r}, "
+                             f"base_urls {self.base_urls!r}); put every server in `base_urls`")
+        if self.base_urls is not None:
+            urls = [u.rstrip("/") for u in self.base_urls]
+            if twice := sorted({u for u in urls if urls.count(u) > 1}):
+                raise ValueError(f"backend: `base_urls` names {', '.join(twice)} more than once; list each server once")
+        return self
+
+    def urls(self) -> list[str]:
+        """The servers' base URLs as configured (empty: the backend's default endpoint)."""
+        if self.base_urls is not None:
+            return list(self.base_urls)
+        return [self.base_url] if self.base_url else []
+
+    def pin(self, index: int) -> "BackendConfig":
+        """This config with server ``index % len(urls())`` alone, so that shard i of a stage
+        sends every call to server i mod n. Only operational fields change: the pinned
+        config keys the same stage folder as the whole list."""
+        urls = self.urls()
+        if not urls:
+            return self
+        return self.model_copy(update={"base_url": urls[index % len(urls)], "base_urls": None})
+
+    def servers_text(self) -> str:
+        """The servers for a message: one URL, or all of them."""
+        return ", ".join(self.urls()) or "the default OpenAI endpoint"
+
     def unready(self, needs_model: bool = True) -> str | None:
         """What this backend lacks to start in this environment, or None. Checked before a run
         starts (and by ``embodied-r validate``), not minutes in when the stage first calls it."""
         if self.kind != "openai":
             return None
-        if not self.base_url and not os.environ.get(self.api_key_env):
-            return (f"backend 'openai' needs `base_url` (e.g. http://127.0.0.1:8000/v1) or the API key "
+        if not self.urls() and not os.environ.get(self.api_key_env):
+            return (f"backend 'openai' needs `base_url` (e.g. http://127.0.0.1:8000/v1), `base_urls` or the API key "
                     f"in the environment variable {self.api_key_env}")
         if needs_model and not self.model:
             return "backend 'openai' needs `model`: the name the server serves the model under"

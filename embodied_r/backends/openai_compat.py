@@ -1,7 +1,7 @@
 """The ``openai`` backend: any OpenAI-compatible chat endpoint over HTTP.
 
 Serves ``vllm serve``, hosted APIs and ``transformers serve`` alike. Calls run
-concurrently up to ``cfg.concurrency``; each has a total timeout and is retried with
+concurrently up to ``cfg.concurrency`` per server; each has a total timeout and is retried with
 exponential backoff and jitter on rate limits, server errors, timeouts, dropped
 connections, malformed and empty replies, honouring ``Retry-After``. A call that still
 fails comes back with ``error`` set. The API key is read from the environment, registered
@@ -15,6 +15,9 @@ Requests go out through aiohttp rather than the ``openai`` SDK: the SDK spends a
 open connection) against about 0.2 ms here, and at concurrency 32 on a small machine
 that decides whether one event loop keeps every connection busy
 (``benchmarks/perception_throughput.py``).
+
+With several servers (``base_urls``) each call goes to the least busy one, and a server
+that stops answering is left out while the others carry on (``backends.servers``).
 
 A reply schema, where given, is sent as ``response_format`` (JSON schema, strict). A
 server that refuses the field (a 4xx naming it) gets the call again without it, and no
@@ -44,6 +47,7 @@ from embodied_r.backends.openai_wire import (
     response_format,
     retry_after_seconds,
 )
+from embodied_r.backends.servers import ServerPool, server_fault
 from embodied_r.faults import redact, register_secret
 
 OnResult = Callable[[int, Generation], None]
@@ -88,7 +92,7 @@ class OpenAIBackend:
         self.backoff_base_s = backoff_base_s
         self.backoff_max_s = backoff_max_s
         self._aiohttp = aiohttp
-        self._url = (cfg.base_url or DEFAULT_BASE_URL).rstrip("/") + "/chat/completions"
+        self._pool = ServerPool(cfg.urls() or [DEFAULT_BASE_URL], cfg.concurrency, cfg.max_retries + 1)
         # Held only in this header, which is neither logged nor part of any error text.
         key = os.environ.get(cfg.api_key_env) or PLACEHOLDER_KEY
         self._headers = {"Authorization": f"Bearer {key}"}
@@ -109,12 +113,12 @@ class OpenAIBackend:
         # Created on the private loop so its connection pool belongs to that loop.
         aiohttp = self._aiohttp
         return aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=self.cfg.concurrency),
+            connector=aiohttp.TCPConnector(limit=self.cfg.concurrency * len(self._pool.servers)),
             timeout=aiohttp.ClientTimeout(total=self.cfg.timeout_s),
         )
 
-    async def _post(self, body: dict[str, Any]) -> dict[str, Any]:
-        async with self._session.post(self._url, json=body, headers=self._headers) as resp:
+    async def _post(self, url: str, body: dict[str, Any]) -> dict[str, Any]:
+        async with self._session.post(url, json=body, headers=self._headers) as resp:
             raw = await resp.read()
             if resp.status >= 300:
                 raise HTTPStatusError(resp.status, error_message(raw), resp.headers)
@@ -153,7 +157,6 @@ class OpenAIBackend:
         conversation: Conversation,
         schema: dict[str, Any] | None,
         max_new_tokens: int,
-        sem: asyncio.Semaphore,
     ) -> Generation:
         try:
             if has_images(conversation):
@@ -183,7 +186,8 @@ class OpenAIBackend:
         while True:
             if self.outage is not None:
                 return Generation(text="", error=f"not sent: {self.outage}", error_kind="infra")
-            async with sem:
+            server = await self._pool.acquire()
+            try:
                 # Decided once the call may go: an earlier call may just have found that
                 # the server refuses the field.
                 if schema is not None and not self.structured_output_refused:
@@ -191,19 +195,38 @@ class OpenAIBackend:
                 else:
                     kwargs.pop("response_format", None)
                 try:
-                    return self._generation(await self._post(kwargs), max_new_tokens)
+                    data = await self._post(server.endpoint, kwargs)
                 except Exception as exc:
-                    reason, requested = self._retry_reason(exc)
-                    detail = str(exc) or (
-                        f"no reply within {self.cfg.timeout_s:g} s" if reason == "timeout" else "no detail"
-                    )
-                    error = redact(f"{type(exc).__name__}: {detail}")
-                    status = exc.status if isinstance(exc, HTTPStatusError) else None
-                    refused = (
-                        "response_format" in kwargs
-                        and isinstance(exc, HTTPStatusError)
-                        and refuses_structured_output(exc.status, str(exc))
-                    )
+                    failure = exc
+                else:
+                    self._pool.answered(server)
+                    try:
+                        return self._generation(data, max_new_tokens)
+                    except Exception as exc:
+                        failure = exc
+                reason, requested = self._retry_reason(failure)
+                detail = str(failure) or (
+                    f"no reply within {self.cfg.timeout_s:g} s" if reason == "timeout" else "no detail"
+                )
+                error = redact(f"{type(failure).__name__}: {detail}")
+                status = failure.status if isinstance(failure, HTTPStatusError) else None
+                refused = (
+                    "response_format" in kwargs
+                    and isinstance(failure, HTTPStatusError)
+                    and refuses_structured_output(failure.status, str(failure))
+                )
+                fault = server_fault(failure, self._aiohttp, status)
+                if fault is None:
+                    self._pool.answered(server)
+                left_out = fault is not None and self._pool.failed(server, fault, error)
+            finally:
+                # Released after the reply is read, so the slot bounds calls truly in flight.
+                await self._pool.release(server)
+            if left_out:
+                # The server is out of the rotation and another still answers: the call goes
+                # there at once, and this failure is the server's, not the call's.
+                self.retry_log.append((f"{reason} at {server.base_url}, sent elsewhere", 0.0))
+                continue
             if refused:
                 if not self.structured_output_refused:
                     log.warning("the server refuses response_format (%s); reading plain text from now on", error)
@@ -211,6 +234,7 @@ class OpenAIBackend:
                 continue  # at once, and not counted against the retries
             if reason is None:
                 if status in INFRA_STATUSES:
+                    error = self._pool.outage(server, error)
                     self.outage = self.outage or error
                     return Generation(text="", error=error, error_kind="infra")
                 return Generation(text="", error=error, error_kind="item")
@@ -221,7 +245,7 @@ class OpenAIBackend:
                                   error_kind="item")
             if attempt >= self.cfg.max_retries:
                 # Still down after the whole retry budget: the service, not this item.
-                error = f"after {attempt + 1} attempts: {error}"
+                error = self._pool.outage(server, f"after {attempt + 1} attempts: {error}")
                 self.outage = self.outage or error
                 return Generation(text="", error=error, error_kind="infra")
             delay = self._backoff(attempt, requested)
@@ -263,10 +287,8 @@ class OpenAIBackend:
         max_new_tokens: int,
         on_result: OnResult | None,
     ) -> list[Generation]:
-        sem = asyncio.Semaphore(self.cfg.concurrency)
-
         async def one(i: int) -> Generation:
-            gen = await self._call(conversations[i], schemas[i], max_new_tokens, sem)
+            gen = await self._call(conversations[i], schemas[i], max_new_tokens)
             if on_result is not None:
                 # In a worker thread: the callback may write to disk, which must not
                 # stall the event loop that drives every other call.
@@ -290,7 +312,8 @@ class OpenAIBackend:
             return []
         if schemas is not None and len(schemas) != len(conversations):
             raise ValueError(f"{len(schemas)} schemas for {len(conversations)} conversations")
-        self.outage = None  # each batch tries the service afresh
+        self.outage = None  # each batch tries the service afresh, every server included
+        self._pool.reset()
         return self._loop.run(
             self._generate(
                 conversations,

@@ -2,5 +2,5 @@
 and verifies a pinned revision) and the catalog (one questions table, parsed options,
 seeded scene-disjoint splits).
 
-May import: the core (``io``, ``schemas``, ``benchmarks``, ``paths``) and ``synthetic``.
+May import: the core (``io``, ``schemas``, ``benchmark_rules``, ``paths``) and ``synthetic``.
 """

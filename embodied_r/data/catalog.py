@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from embodied_r import benchmarks as bm
+from embodied_r import benchmark_rules as bm
 from embodied_r import schemas
 from embodied_r.faults import item_done
 from embodied_r.io import (
@@ -35,6 +35,11 @@ class SplitConfig(BaseModel):
     test: float = Field(0.20, ge=0, le=1)
     seed: int = 0
     folds: int = Field(5, ge=1)
+    # "per_benchmark": each benchmark's scenes fill train, val and test by question count;
+    # "pooled_scenes": the official preprocessing's rule, both benchmarks' scenes in one pool
+    # cut by scene count (75 % of the scenes, truncated, then 5 %, the rest test), whatever
+    # the questions per scene. Both are scene-disjoint and seeded.
+    rule: Literal["per_benchmark", "pooled_scenes"] = "per_benchmark"
 
     @model_validator(mode="after")
     def _sums_to_one(self) -> "SplitConfig":
@@ -171,8 +176,15 @@ def _stable_rank(seed: int, key: str) -> str:
 
 
 def assign_splits(rows: list[dict], cfg: SplitConfig) -> None:
-    """Scene-disjoint split per benchmark: scenes in a seeded order fill train, val, test
-    by question count; folds deal scenes round-robin in the same order."""
+    """Scene-disjoint split by ``cfg.rule``, written into each row's ``split`` and ``fold``."""
+    split_of = pooled_scene_splits(rows, cfg) if cfg.rule == "pooled_scenes" else per_benchmark_splits(rows, cfg)
+    for r in rows:
+        r["split"], r["fold"] = split_of[(r["benchmark"], r["scene"])]
+
+
+def per_benchmark_splits(rows: list[dict], cfg: SplitConfig) -> dict[tuple[str, str], tuple[str, int]]:
+    """Per benchmark: scenes in a seeded order fill train, val, test by question count;
+    folds deal scenes round-robin in the same order."""
     by_bench: dict[str, Counter] = {}
     for r in rows:
         by_bench.setdefault(r["benchmark"], Counter())[r["scene"]] += 1
@@ -189,8 +201,20 @@ def assign_splits(rows: list[dict], cfg: SplitConfig) -> None:
                 split = "test"
             split_of[(bench, scene)] = (split, i % cfg.folds)
             seen += counts[scene]
-    for r in rows:
-        r["split"], r["fold"] = split_of[(r["benchmark"], r["scene"])]
+    return split_of
+
+
+def pooled_scene_splits(rows: list[dict], cfg: SplitConfig) -> dict[tuple[str, str], tuple[str, int]]:
+    """The official rule: the scene names of all benchmarks in one pool (a name two
+    benchmarks share is one scene), in a seeded order; the first ``int(n * train)`` scenes
+    train, the next ``int(n * val)`` validate, the rest test. Folds deal the pool round-robin."""
+    scenes = sorted({r["scene"] for r in rows}, key=lambda s: _stable_rank(cfg.seed, s))
+    # The official sizes are truncated; the epsilon keeps 0.05 * 20 at 1 despite binary floats.
+    n_train = int(len(scenes) * cfg.train + 1e-9)
+    n_val = int(len(scenes) * cfg.val + 1e-9)
+    place = {s: ("train" if i < n_train else "val" if i < n_train + n_val else "test", i % cfg.folds)
+             for i, s in enumerate(scenes)}
+    return {(r["benchmark"], r["scene"]): place[r["scene"]] for r in rows}
 
 
 def _cap(rows: list[dict], cap: int | None, seed: int) -> list[dict]:

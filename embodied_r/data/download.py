@@ -3,7 +3,7 @@
 Sources: ``synthetic`` (a small benchmark generated on the spot in the real layouts),
 ``local`` (an offline mirror laid out like the hub repos) and ``hub`` (Hugging Face Hub at a
 pinned revision, see ``download_hub``). Every source brings only the files a benchmark needs
-(``benchmarks.ALLOW_PATTERNS``). The manifest records where they came from (repo ids, the
+(``benchmark_rules.ALLOW_PATTERNS``). The manifest records where they came from (repo ids, the
 revision asked for and the commit it resolved to) and each file's size and sha256. VSI-Bench's
 video zips are then extracted inside the stage folder, safely.
 """
@@ -15,19 +15,18 @@ import json
 import os
 import shutil
 import time
-import zipfile
-import zlib
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from embodied_r import benchmarks as bm
+from embodied_r import benchmark_rules as bm
 from embodied_r.data import hub as download_hub
-from embodied_r.benchmarks import DataSourceError
+from embodied_r.benchmark_rules import DataSourceError
 from embodied_r.data.hub import HubConfig
 from embodied_r.faults import item_done
-from embodied_r.io import is_complete, sha256_file, read_summary, stage_folder, write_json_atomic, write_summary
+from embodied_r.io import (is_complete, read_summary, safe_extract, sha256_file, stage_folder,
+                          write_json_atomic, write_summary)
 from embodied_r.settings import operational, result_settings
 from embodied_r.synthetic.config import SyntheticConfig
 from embodied_r.synthetic.generate import make_synthetic_benchmark
@@ -114,48 +113,6 @@ def _link_or_copy(src: Path, dst: Path) -> None:
     except OSError:
         shutil.copy2(src, tmp)
     os.replace(tmp, dst)
-
-
-def safe_extract(archive: Path, dest: Path, max_bytes: int) -> int:
-    """Extract a zip, refusing absolute paths, ``..``, links and oversized expansion.
-
-    Idempotent: an entry already present with the right size is skipped. Returns the
-    number of files written.
-    """
-    dest = dest.resolve()
-    try:
-        return _extract(archive, dest, max_bytes)
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, EOFError, NotImplementedError) as exc:
-        # A file that is not a zip, or one whose entry fails its CRC: name the archive.
-        detail = " ".join(str(exc).split())[:300] or type(exc).__name__
-        raise DataSourceError(f"{archive}: damaged or not a zip archive ({detail}); download it again") from None
-
-
-def _extract(archive: Path, dest: Path, max_bytes: int) -> int:
-    written = 0
-    with zipfile.ZipFile(archive) as zf:
-        infos = [i for i in zf.infolist() if not i.is_dir()]
-        total = sum(i.file_size for i in infos)
-        if total > max_bytes:
-            raise DataSourceError(f"{archive}: expands to {total} bytes, over the bound {max_bytes}")
-        for info in infos:
-            name = info.filename
-            mode = (info.external_attr >> 16) & 0o170000
-            if mode == 0o120000:
-                raise DataSourceError(f"{archive}: entry {name!r} is a link; refusing to extract")
-            target = (dest / name).resolve()
-            if Path(name).is_absolute() or ".." in Path(name).parts or dest not in target.parents:
-                raise DataSourceError(f"{archive}: entry {name!r} escapes the target folder")
-            if target.exists() and target.stat().st_size == info.file_size:
-                continue
-            target.parent.mkdir(parents=True, exist_ok=True)
-            tmp = target.with_name(target.name + ".tmp")
-            with zf.open(info) as src, open(tmp, "wb") as out:
-                shutil.copyfileobj(src, out, 1 << 20)
-            os.replace(tmp, target)
-            written += 1
-            item_done("download")
-    return written
 
 
 def _from_folder(root: Path, cfg: DownloadConfig, work: Path) -> dict[str, dict]:

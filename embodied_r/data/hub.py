@@ -3,7 +3,7 @@
 The requested revision (a branch, a tag or a commit) is first resolved to its commit hash and
 the files are fetched at that commit, so a branch that moves during a long download cannot mix
 two versions; the manifest records both. Only the files a benchmark needs are fetched
-(``benchmarks.ALLOW_PATTERNS``). ``snapshot_download`` into the stage's partial folder makes an
+(``benchmark_rules.ALLOW_PATTERNS``). ``snapshot_download`` into the stage's partial folder makes an
 interrupted run resumable: finished files are skipped and a half-fetched one continues where
 it stopped. Afterwards every expected file is checked against the hub's own listing (size, and
 sha256 where the hub stores one), because ``snapshot_download`` hands back a half-filled folder
@@ -21,8 +21,8 @@ from typing import Iterable
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from embodied_r import benchmarks as bm
-from embodied_r.benchmarks import DataSourceError
+from embodied_r import benchmark_rules as bm
+from embodied_r.benchmark_rules import DataSourceError
 from embodied_r.settings import operational
 
 OFFLINE_FIX = ("without network access, copy the repos elsewhere (for example `hf download "

@@ -27,6 +27,7 @@ from typing import Any, Callable, Sequence
 
 MODEL_NAME = "embodied-r-reasoner"
 CHAMPION = "champion"
+CHAMPION_URI = f"models:/{MODEL_NAME}@{CHAMPION}"
 _URI_RE = re.compile(r"^models:/(?P<name>[^/@]+)(?:@(?P<alias>[^/]+)|/(?P<version>\d+))/?$")
 
 

@@ -14,7 +14,6 @@ The model is a checkpoint folder, a hub id, ``tiny:lm``, or a registry URI such 
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 import json
@@ -36,6 +35,7 @@ from embodied_r.io import (
     read_summary,
     stage_folder,
     table_from_records,
+    text_key,
     write_json_atomic,
     write_parquet_atomic,
     write_summary,
@@ -73,7 +73,7 @@ def failed_row(record: dict[str, Any]) -> dict[str, Any]:
 
 
 def question_set(uids: Any) -> str:
-    return hashlib.sha256("\n".join(sorted(str(u) for u in uids)).encode()).hexdigest()[:16]
+    return text_key("\n".join(sorted(str(u) for u in uids)))
 
 
 def _conversation(record: dict[str, Any]) -> Conversation:
@@ -118,7 +118,8 @@ def _judge(judge: Backend, records: list[dict[str, Any]], texts: list[str]) -> l
 
 
 def resolve_model_ref(model: str) -> str:
-    """A local folder (or hub id) for ``model``: registry URIs and ``tiny:*`` are resolved."""
+    """A local folder (or hub id) for ``model``: registry URIs, ``hf://`` hub folders and
+    ``tiny:*`` are resolved."""
     if not model:
         raise ValueError("evaluation: no model given; pass a checkpoint folder, a hub id, tiny:lm "
                          "or a registry URI such as models:/embodied-r-reasoner@champion")
@@ -126,6 +127,10 @@ def resolve_model_ref(model: str) -> str:
         from embodied_r.evaluation.registry import resolve_model_uri
 
         return resolve_model_uri(model)
+    if model.startswith("hf://"):
+        from embodied_r.evaluation.released import fetch_hub_folder
+
+        return fetch_hub_folder(model)
     from embodied_r.backends.models import resolve_model
 
     return resolve_model(model)

@@ -2,7 +2,8 @@
 
 Owns the task types and their groups, the episode metrics (success, search efficiency,
 task completeness) and their aggregation, the ``Environment`` interface with a built-in
-household stand-in and an AI2-THOR adapter, the episode loop, the dataset (download,
+household stand-in and an AI2-THOR adapter (both under the original agent's legality rules),
+the episode loop, the dataset (download,
 catalog, synthetic sample), the three SFT stages with rejection sampling, and the stage
 runners of the ``embodied-reasoner`` pipeline.
 

@@ -2,9 +2,10 @@
 type, matched to the scene's object types.
 
 The original matches an object name that is not exactly a scene type with an embedding
-model (bge-small-en-v1.5, cosine > 0.2 on the whole action string). Here a local string
-similarity stands in for it: common household names are first mapped to their AI2-THOR type
-(``SYNONYMS``: no string rule turns "refrigerator" into Fridge), then the object words are
+model (bge-small-en-v1.5, cosine > 0.2 on the whole action string): ``matcher: embedding``
+(``interactive.matching``). The offline default is a local string rule: common household
+names are first mapped to their AI2-THOR type (``SYNONYMS``: no string rule turns
+"refrigerator" into Fridge), then the object words are
 compared with each type name, case and spaces ignored, with a bonus when one holds the other's
 whole words ("dining table" and DiningTable, never "cupboard" and Cup); below ``threshold``
 nothing matches and the action is refused with feedback, as the original's "No Suitable
@@ -16,6 +17,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from difflib import SequenceMatcher
+from typing import Callable
 
 from embodied_r.interactive.tasks import ACTION_VERBS
 
@@ -31,6 +33,9 @@ class Decision:
     obj: str | None  # a scene object type, or None
     unmatched: str | None = None  # an object name that matched no type
 
+
+# (the whole action text, the scene's types) -> a type, or None: the embedding matcher.
+Matcher = Callable[[str, list[str]], "str | None"]
 
 # Everyday names whose AI2-THOR type shares too few letters with them for any string rule.
 SYNONYMS = {
@@ -87,7 +92,8 @@ def verb_of(raw: str) -> str:
     return "error"
 
 
-def parse_decision(response: str, types: list[str], threshold: float = 0.6) -> Decision:
+def parse_decision(response: str, types: list[str], threshold: float = 0.6,
+                   match: Matcher | None = None) -> Decision:
     found = DECISION.search(response or "")
     if not found:
         return Decision("", "error", None)
@@ -101,5 +107,6 @@ def parse_decision(response: str, types: list[str], threshold: float = 0.6) -> D
     last = raw.split(" ")[-1].strip()
     if last in types:
         return Decision(raw, verb, last)
-    matched = match_object(words, types, threshold)
+    # The original hands its matcher the whole action text ("navigate to fridge").
+    matched = match(raw.strip(), types) if match is not None else match_object(words, types, threshold)
     return Decision(raw, verb, matched, None if matched else words)

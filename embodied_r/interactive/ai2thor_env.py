@@ -1,158 +1,306 @@
-"""The ``Environment`` interface on AI2-THOR 5.0.0, with the original evaluator's settings.
+"""The ``Environment`` interface on AI2-THOR 5.0.0, with the original evaluator's agent rules.
 
 Optional: ``pip install 'embodied-r[ai2thor]'``. AI2-THOR downloads a ~500 MB Unity build at
 run time (or finds it under ``~/.ai2thor/releases/``) and renders with Vulkan on a GPU
-(``CloudRendering``); it cannot run on the CPU machines this project is developed on, so
-this adapter is written against the documented Controller API and not exercised by the
-tests. The built-in household environment implements the same interface on a CPU.
+(``CloudRendering``). The tests drive this adapter with a fake controller whose events have
+ai2thor 5.0.0's metadata shape; the simulator itself is not run by the tests.
 
-Mapping (as the evaluator's agent does it): ``navigate to`` teleports to the nearest
-interactable pose of the object (within 1.5 m when one exists) and looks at it;
-``pickup`` -> PickupObject; ``put``/``put in`` -> PutObject(placeStationary); ``open`` ->
-OpenObject(openness=1); ``close`` -> CloseObject; ``toggle`` -> ToggleObjectOn/Off by the
-object's state; ``observe`` -> three 90-degree left turns joined into one image, then a
-fourth turn back; ``move forward`` -> MoveAhead(0.5). Success is an empty errorMessage.
+The agent's rules, as the original's agent applies them:
+
+- legality (``legality.py``): ``navigate to X`` only for X in the navigable list, an
+  interaction only on X in the legal interactions; an illegal action fails without acting;
+- ``init``: the corner start pose (``ai2thor_poses.start_pose``), retried on a failed teleport;
+- ``navigate to``: the task's own object of that type, else the scene's first; on an open
+  receptacle (a counter) holding one of the task's related objects, that object instead; the
+  hand-made pose of the user's checkout, else the eight-position search at horizon 60 with
+  crouch/stand and look-at; a failed teleport retries the next candidate;
+- ``pickup``/``put``/``open``/``close``/``toggle``: PickupObject, PutObject(placeStationary),
+  OpenObject(openness=1), CloseObject, ToggleObjectOn/Off by state, all without force;
+- ``observe``: three left turns, labelled left/back/right views side by side (the middle one
+  framed), then a fourth turn back;
+- ``move forward``: MoveAhead 0.5; when blocked, a sideways step (toward the nearer visible
+  related object when both sides are free), then a step back, then turning right and left.
+Success is an empty ``errorMessage``; images are PNG.
 """
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
+from embodied_r.interactive import ai2thor_poses as poses_mod
 from embodied_r.interactive.environment import StepResult
+from embodied_r.interactive.legality import Legality, seen_in
 
 CONTROLLER_ARGS: dict[str, Any] = dict(
     snapToGrid=False, quality="Medium", agentMode="default", massThreshold=None, scene="FloorPlan1",
     visibilityDistance=20, gridSize=0.1, renderDepthImage=False, renderInstanceSegmentation=False,
     width=800, height=450, fieldOfView=90,
 )
+MOVE = 0.5  # metres per "move forward" and per fallback step
+VIEWS = ("left view", "back view", "right view")
+BORDER = 5  # black pixels either side of the middle view
 
 
 class AI2ThorUnavailable(RuntimeError):
     """ai2thor is not installed, or its build cannot start here (no GPU, no Vulkan)."""
 
 
+def start_controller(**overrides: Any) -> Any:
+    try:
+        from ai2thor.controller import Controller
+        from ai2thor.platform import CloudRendering
+    except ImportError as exc:
+        raise AI2ThorUnavailable("install the extra: pip install 'embodied-r[ai2thor]' "
+                                 "(ai2thor==5.0.0), on a machine with a GPU and Vulkan") from exc
+    try:
+        return Controller(platform=CloudRendering, **{**CONTROLLER_ARGS, **overrides})
+    except Exception as exc:  # noqa: BLE001 - no display, no Vulkan, no build download
+        raise AI2ThorUnavailable(f"AI2-THOR did not start: {exc}") from exc
+
+
 class AI2ThorEnvironment:
-    def __init__(self, controller: Any = None, **overrides: Any):
-        if controller is None:
-            try:
-                from ai2thor.controller import Controller
-                from ai2thor.platform import CloudRendering
-            except ImportError as exc:
-                raise AI2ThorUnavailable("install the extra: pip install 'embodied-r[ai2thor]' "
-                                         "(ai2thor==5.0.0), on a machine with a GPU and Vulkan") from exc
-            try:
-                controller = Controller(platform=CloudRendering, **{**CONTROLLER_ARGS, **overrides})
-            except Exception as exc:  # noqa: BLE001 - no display, no Vulkan, no build download
-                raise AI2ThorUnavailable(f"AI2-THOR did not start: {exc}") from exc
+    """One episode at a time on its own controller (``env_factory`` hands each running
+    episode its own); ``poses`` is ``ai2thor_poses.load_poses``'s map."""
+
+    def __init__(self, controller: Any, poses: dict[str, dict[str, dict[str, Any]]], release: Any = None,
+                 max_retries: int = 20):
         self.c = controller
+        self.poses = poses
+        self.release = release  # called with the controller when the episode closes
+        self.max_retries = max_retries  # the original retries a failed teleport without end
         self.out = Path(".")
         self.steps = 0
+        self.task: dict[str, Any] = {}
         self.targets: dict[str, str] = {}
+        self.legality = Legality()
 
-    # -- helpers ----------------------------------------------------------------------
+    # -- reading the event --------------------------------------------------------------
 
     @property
-    def event(self) -> Any:
-        return self.c.last_event
-
-    def _objects(self) -> list[dict[str, Any]]:
-        return self.event.metadata["objects"]
-
-    def _id(self, kind: str) -> str | None:
-        """The task's own target of that type first, else the first object of the type."""
-        if kind in self.targets:
-            return self.targets[kind]
-        return next((o["objectId"] for o in self._objects() if o["objectType"] == kind), None)
+    def meta(self) -> dict[str, Any]:
+        return self.c.last_event.metadata
 
     def _ok(self) -> bool:
-        return self.event.metadata.get("errorMessage", "") == ""
+        return self.meta.get("errorMessage", "") == ""
 
-    def legal_objects(self) -> list[str]:
-        return list(dict.fromkeys(o["objectType"] for o in self._objects() if o.get("visible")))
+    def _object(self, oid: str) -> dict[str, Any] | None:
+        return next((o for o in self.meta["objects"] if o["objectId"] == oid), None)
+
+    def _item(self, kind: str) -> dict[str, Any] | None:
+        """The task's own object of that type first, else the scene's first of the type."""
+        if kind in self.targets:
+            return self._object(self.targets[kind])
+        return next((o for o in self.meta["objects"] if o["objectType"] == kind), None)
 
     def object_types(self) -> list[str]:
-        return [o["objectType"] for o in self._objects()]
+        return list(dict.fromkeys(o["objectType"] for o in self.meta["objects"]))
 
     def _frame(self, name: str) -> str:
         from PIL import Image
 
         path = self.out / f"{self.steps:03d}_{name.replace(' ', '_')}.png"
-        Image.fromarray(self.event.frame).save(path)
+        Image.fromarray(self.c.last_event.frame).save(path, format="PNG")
         return str(path.resolve())
 
-    def _result(self, ok: bool, name: str, feedback: str = "") -> StepResult:
-        images = [self._frame(name)] if ok else []
-        return StepResult(ok, images, self.legal_objects(), feedback if not ok else "")
+    def _done(self, ok: bool, name: str, feedback: str = "") -> StepResult:
+        """After a move that succeeded: update the lists and save the view; a move that
+        failed leaves them as they were (the original returns none)."""
+        if not ok:
+            return self._refuse(feedback)
+        self.legality.observe(seen_in(self.meta))
+        return StepResult(True, [self._frame(name)], self.legality.legal_objects)
+
+    def _refuse(self, feedback: str) -> StepResult:
+        return StepResult(False, [], self.legality.legal_objects, feedback)
+
+    # -- moving -------------------------------------------------------------------------
+
+    def _teleport(self, pos: dict[str, float], yaw: float, horizon: float) -> bool:
+        self.c.step(action="Teleport", position=dict(x=pos["x"], y=pos["y"], z=pos["z"]),
+                    rotation=dict(x=0, y=yaw, z=0), horizon=horizon)
+        return self._ok()
+
+    def _start(self) -> bool:
+        corners = self.meta["sceneBounds"]["cornerPoints"]
+        reachable = self.c.step(action="GetReachablePositions").metadata.get("actionReturn") or []
+        tried: list[dict[str, float]] = []
+        for _ in range(self.max_retries):
+            found = poses_mod.start_pose(corners, reachable, tried)
+            if found is None:
+                return False
+            if self._teleport(found[0], found[1], 0):
+                return True
+            tried.append(found[0])
+        return False
+
+    def _navigate(self, kind: str) -> bool:
+        item = self._item(kind)
+        if item is None:
+            return False
+        if item.get("receptacle") and not item.get("openable"):
+            inside = item.get("receptacleObjectIds") or []
+            related = next((r for r in self.task.get("related_objects") or [] if r in inside), None)
+            item = (self._object(related) or item) if related else item
+        fixed = self.poses.get(self.task.get("scene", ""), {}).get(item["objectId"])
+        if fixed is not None:
+            # The original teleports to the hand-made pose as it is: no crouch, no look-at.
+            ok = self._teleport(fixed["agent_teleport_position"], fixed["agent_rotation"]["y"],
+                                fixed["agent_cameraHorizon"])
+        else:
+            ok = self._computed_pose(item)
+        if ok and item.get("receptacle"):
+            self.legality.enter(oid.split("|")[0] for oid in item.get("receptacleObjectIds") or [])
+        return ok
+
+    def _computed_pose(self, item: dict[str, Any]) -> bool:
+        interactable = self.c.step(action="GetInteractablePoses", objectId=item["objectId"]).metadata.get(
+            "actionReturn") or []
+        tried: list[dict[str, Any]] = []
+        for _ in range(self.max_retries):
+            found = poses_mod.navigation_pose(item, interactable, tried)
+            if found is None:
+                return False
+            if self._teleport(found[0], found[1], poses_mod.NAV_HORIZON):
+                break
+            tried.append(found[0])
+        else:
+            return False
+        lowest = min(p[1] for p in item["axisAlignedBoundingBox"]["cornerPoints"])
+        agent = self.meta["agent"]
+        self.c.step(action="Crouch" if poses_mod.crouch(agent["position"]["y"], lowest) else "Stand")
+        if not (self._object(item["objectId"]) or {}).get("visible"):
+            self.c.step(action="Stand")
+        agent = self.meta["agent"]
+        up, left = poses_mod.look_at(self.meta["cameraPosition"], item["axisAlignedBoundingBox"]["center"],
+                                     agent["cameraHorizon"], agent["rotation"]["y"])
+        if up > 0:
+            self.c.step(action="LookUp", degrees=up)
+        elif up < 0:
+            self.c.step(action="LookDown", degrees=-up)
+        self.c.step(action="RotateLeft", degrees=left)
+        return True
+
+    def _sideways(self, direction: str) -> bool:
+        """One step to a side, facing as before (the original's turn, step, turn back)."""
+        turn, back = ("RotateRight", "RotateLeft") if direction == "right" else ("RotateLeft", "RotateRight")
+        self.c.step(action=turn, degrees=90)
+        self.c.step(action="MoveAhead", moveMagnitude=MOVE)
+        ok = self._ok()
+        self.c.step(action=back, degrees=90)
+        return ok
+
+    def _move_forward(self) -> bool:
+        self.c.step(action="MoveAhead", moveMagnitude=MOVE)
+        if self._ok():
+            return True
+        if self.task.get("related_objects"):
+            right_ok = self._sideways("right")
+            at_right = dict(self.meta["agent"]["position"])
+            if right_ok:
+                self._sideways("left")  # back where it was
+            left_ok = self._sideways("left")
+            at_left = dict(self.meta["agent"]["position"])
+            if left_ok:
+                self._sideways("right")
+            if right_ok and left_ok:
+                near = [o["position"] for o in (self._object(r) for r in self.task["related_objects"])
+                        if o is not None and o.get("visible")]
+                if near:
+                    d_r = min(poses_mod._flat(at_right, p) for p in near)
+                    d_l = min(poses_mod._flat(at_left, p) for p in near)
+                    return self._sideways("right" if d_r < d_l else "left")
+            if right_ok or left_ok:
+                return self._sideways("right" if right_ok else "left")
+        else:
+            if self._sideways("right") or self._sideways("left"):
+                return True
+        self.c.step(action="MoveBack", moveMagnitude=MOVE)
+        if self._ok():
+            return True
+        self.c.step(action="RotateRight", degrees=90)
+        turned = self._ok()
+        self.c.step(action="MoveAhead", moveMagnitude=MOVE)
+        if self._ok():
+            return True
+        if turned:
+            self.c.step(action="RotateLeft", degrees=180)
+        self.c.step(action="MoveAhead", moveMagnitude=MOVE)
+        return self._ok()
+
+    def _observe(self) -> StepResult:
+        import numpy as np
+        from PIL import Image, ImageDraw, ImageFont
+
+        views = []
+        for label in VIEWS:
+            self.c.step(action="RotateLeft", degrees=90)
+            self.legality.observe(seen_in(self.meta), interactions=False)
+            img = Image.fromarray(self.c.last_event.frame).convert("RGB")
+            draw = ImageDraw.Draw(img)
+            font = ImageFont.load_default(size=max(12, img.height // 15))
+            draw.text((10, img.height - 20), label, fill=(0, 0, 255), font=font, anchor="ls")
+            views.append(np.asarray(img))
+        middle = np.pad(views[1], ((0, 0), (BORDER, BORDER), (0, 0)))
+        path = self.out / f"{self.steps:03d}_observe.png"
+        Image.fromarray(np.concatenate([views[0], middle, views[2]], axis=1)).save(path, format="PNG")
+        self.c.step(action="RotateLeft", degrees=90)
+        self.legality.observe(seen_in(self.meta), navigable=False)
+        return StepResult(self._ok(), [str(path.resolve())], self.legality.legal_objects)
 
     # -- the interface ----------------------------------------------------------------
 
     def reset(self, task: dict[str, Any], out_dir: Path) -> StepResult:
         self.out = Path(out_dir)
         self.out.mkdir(parents=True, exist_ok=True)
-        self.steps = 0
+        self.steps, self.task = 0, task
         self.c.reset(scene=task["scene"], **{k: v for k, v in CONTROLLER_ARGS.items() if k not in ("scene", "gridSize")})
         self.targets = {}
         for oid in task.get("target_objects") or []:
             self.targets.setdefault(oid.split("|")[0], oid)
-        return self._result(True, "init")
-
-    def _navigate(self, oid: str) -> bool:
-        obj = next(o for o in self._objects() if o["objectId"] == oid)
-        poses = self.c.step(action="GetInteractablePoses", objectId=oid).metadata.get("actionReturn") or []
-        if not poses:
-            return False
-        centre = obj["axisAlignedBoundingBox"]["center"]
-        near = [p for p in poses if math.dist((p["x"], p["z"]), (centre["x"], centre["z"])) <= 1.5] or poses
-        pose = min(near, key=lambda p: math.dist((p["x"], p["z"]), (centre["x"], centre["z"])))
-        self.c.step(action="Teleport", position=dict(x=pose["x"], y=pose["y"], z=pose["z"]),
-                    rotation=dict(x=0, y=pose["rotation"], z=0), horizon=pose.get("horizon", 30),
-                    standing=pose.get("standing", True))
-        return self._ok()
+        self.legality = Legality.for_task(task)
+        if not self._start():
+            return self._refuse("no reachable start position in this scene.")
+        return self._done(True, "init")
 
     def step(self, action: str, obj: str | None = None) -> StepResult:
         self.steps += 1
         if action == "observe":
-            import numpy as np
-            from PIL import Image
-
-            frames = []
-            for _ in range(3):
-                self.c.step(action="RotateLeft", degrees=90)
-                frames.append(self.event.frame)
-            self.c.step(action="RotateLeft", degrees=90)
-            path = self.out / f"{self.steps:03d}_observe.png"
-            Image.fromarray(np.concatenate(frames, axis=1)).save(path)
-            return StepResult(True, [str(path.resolve())], self.legal_objects())
+            return self._observe()
         if action == "move forward":
-            self.c.step(action="MoveAhead", moveMagnitude=0.5)
-            return self._result(self._ok(), "move_forward", "something blocks the way.")
-        oid = self._id(obj) if obj else None
-        if oid is None:
-            return self._result(False, action, f"there is no {obj} in this room.")
-        calls = {
-            "pickup": dict(action="PickupObject", objectId=oid, forceAction=False),
-            "put": dict(action="PutObject", objectId=oid, forceAction=False, placeStationary=True),
-            "put in": dict(action="PutObject", objectId=oid, forceAction=False, placeStationary=True),
-            "open": dict(action="OpenObject", objectId=oid, openness=1, forceAction=False),
-            "close": dict(action="CloseObject", objectId=oid, forceAction=False),
-        }
+            return self._done(self._move_forward(), "move_forward", "something blocks the way.")
+        if obj is None:
+            return self._refuse(f"{action} needs an object.")
+        if self._item(obj) is None:
+            return self._refuse(f"there is no {obj} in this room.")
+        if not self.legality.allows(action, obj):
+            why = "not navigable from here" if action == "navigate to" else "not available for interaction here"
+            return self._refuse(f"{obj} is {why}.")
         if action == "navigate to":
-            return self._result(self._navigate(oid), f"navigate_{obj}", f"{obj} cannot be reached.")
+            if not self._navigate(obj):
+                return self._refuse(f"{obj} cannot be reached.")
+            return self._done(True, f"navigate_{obj}")
+        oid = self._item(obj)["objectId"]
         if action == "toggle":
-            state = next((o.get("isToggled") for o in self._objects() if o["objectId"] == oid), False)
+            state = bool(self._object(oid).get("isToggled"))
             self.c.step(action="ToggleObjectOff" if state else "ToggleObjectOn", objectId=oid, forceAction=False)
-        elif action in calls:
-            self.c.step(**calls[action])
+        elif action == "pickup":
+            self.c.step(action="PickupObject", objectId=oid, forceAction=False, manualInteract=False)
+        elif action in ("put", "put in"):
+            self.c.step(action="PutObject", objectId=oid, forceAction=False, placeStationary=True)
+        elif action == "open":
+            self.c.step(action="OpenObject", objectId=oid, openness=1, forceAction=False)
+        elif action == "close":
+            self.c.step(action="CloseObject", objectId=oid, forceAction=False)
         else:
-            return self._result(False, action, "unknown action.")
-        return self._result(self._ok(), f"{action}_{obj}", f"{obj} is not reachable for {action}: "
-                            f"{self.event.metadata.get('errorMessage', '')[:200]}")
+            return self._refuse("unknown action.")
+        # The original updates its lists after an executed interaction, failed or not.
+        ok = self._ok()
+        self.legality.observe(seen_in(self.meta))
+        return StepResult(ok, [self._frame(f"{action}_{obj}")] if ok else [], self.legality.legal_objects,
+                          "" if ok else f"{obj} is not reachable for {action}: {self.meta.get('errorMessage', '')[:200]}")
 
     def close(self) -> None:
-        # One controller serves many episodes; the owner stops it.
-        pass
-
-    def stop(self) -> None:
-        self.c.stop()
+        if self.release is not None:
+            self.release(self.c)
+            self.release = None

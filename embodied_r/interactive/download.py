@@ -4,21 +4,22 @@ the synthetic sample; and the data stage that catalogs it.
 Hub: the revision is resolved to a commit first and the files are fetched at that commit;
 each fetched file is checked against the hub's listing (size, and sha256 where the hub
 keeps one) and recorded in ``manifest.json`` with its own sha256. Image zips are unpacked
-into ``data/images`` (members that would land outside it are refused). A local mirror is a
-folder laid out like the hub repo; its manifest is written the same way. Nothing here uses
+into ``data/images`` by the project's safe extraction (``io.safe_extract``: members that
+would land outside it, links and archives expanding past ``max_zip_bytes`` are refused). A
+local mirror is a folder laid out like the hub repo; its manifest is written the same way. Nothing here uses
 the network at test time: the tests use the synthetic sample and a local mirror.
 """
 
 from __future__ import annotations
 
-import hashlib
-import zipfile
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from embodied_r.io import is_complete, read_summary, stage_folder, write_json_atomic, write_summary
+from embodied_r.io import (is_complete, read_summary, safe_extract, sha256_file, stage_folder, text_key,
+                          write_json_atomic, write_summary)
+from embodied_r.settings import operational
 
 HUB_REPO = "zwq2018/embodied_reasoner"
 ALLOW_PATTERNS = ["*.json", "*.zip", "**/*.zip"]
@@ -36,14 +37,7 @@ class ReasonerDataConfig(BaseModel):
     synthetic_train: int = Field(33, ge=3)
     synthetic_test: int = Field(22, ge=1)
     seed: int = 0
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+    max_zip_bytes: int = operational(200 * 1024**3, ge=1)  # refuse image zips that would expand past this
 
 
 def file_manifest(root: Path) -> dict[str, dict[str, Any]]:
@@ -53,22 +47,17 @@ def file_manifest(root: Path) -> dict[str, dict[str, Any]]:
         rel = str(path.relative_to(root))
         out[rel] = {"size": path.stat().st_size}
         if path.suffix in (".json", ".zip"):
-            out[rel]["sha256"] = sha256(path)
+            out[rel]["sha256"] = sha256_file(path)
     return out
 
 
-def unzip_images(root: Path) -> int:
-    target = (Path(root) / "data" / "images").resolve()
-    count = 0
-    for archive in sorted(Path(root).rglob("*.zip")):
-        with zipfile.ZipFile(archive) as zf:
-            for member in zf.infolist():
-                dest = (target / member.filename).resolve()
-                if target not in dest.parents and dest != target:
-                    raise ValueError(f"{archive.name}: member {member.filename} would land outside {target}")
-            zf.extractall(target)
-            count += 1
-    return count
+def unzip_images(root: Path, max_bytes: int) -> int:
+    """Unpack every zip under ``root`` into ``data/images``; returns how many were unpacked."""
+    target = Path(root) / "data" / "images"
+    archives = sorted(Path(root).rglob("*.zip"))
+    for archive in archives:
+        safe_extract(archive, target, max_bytes, stage="reasoner_data")
+    return len(archives)
 
 
 def fetch_hub(cfg: ReasonerDataConfig, raw: Path) -> dict[str, Any]:
@@ -92,7 +81,7 @@ def fetch_hub(cfg: ReasonerDataConfig, raw: Path) -> dict[str, Any]:
             problems.append(f"{s.rfilename} missing")
         elif s.size is not None and path.stat().st_size != s.size:
             problems.append(f"{s.rfilename} has the wrong size")
-        elif s.lfs and sha256(path) != s.lfs.sha256:
+        elif s.lfs and sha256_file(path) != s.lfs.sha256:
             problems.append(f"{s.rfilename} has the wrong sha256")
     if problems:
         raise RuntimeError(f"{cfg.repo}@{info.sha} does not match the hub's listing: {'; '.join(problems[:5])}")
@@ -116,7 +105,7 @@ def acquire(cfg: ReasonerDataConfig, raw: Path) -> dict[str, Any]:
         origin = {"source": "local", "source_dir": str(Path(cfg.source_dir).expanduser().resolve())}
     else:
         origin = {"source": "hub", **fetch_hub(cfg, raw)}
-    origin["zips_unpacked"] = unzip_images(raw)
+    origin["zips_unpacked"] = unzip_images(raw, cfg.max_zip_bytes)
     return origin
 
 
@@ -126,11 +115,9 @@ def fingerprint(config: dict[str, Any]) -> str:
     if data.get("source") != "local" or not data.get("source_dir"):
         return ""
     root = Path(data["source_dir"]).expanduser()
-    h = hashlib.sha256()
-    for path in sorted(p for p in root.rglob("*") if p.is_file()):
-        st = path.stat()
-        h.update(f"{path.relative_to(root)}:{st.st_size}:{int(st.st_mtime)}\n".encode())
-    return h.hexdigest()[:16]
+    lines = (f"{path.relative_to(root)}:{(st := path.stat()).st_size}:{int(st.st_mtime)}\n"
+             for path in sorted(p for p in root.rglob("*") if p.is_file()))
+    return text_key("".join(lines))
 
 
 def run_data_stage(out: Path, config: dict[str, Any], inputs: dict[str, str],

@@ -1,8 +1,16 @@
-"""Build the environment a config names; AI2-THOR is imported only when chosen."""
+"""Build the environments a config names; AI2-THOR is imported only when chosen.
+
+Episodes of a batch run in lockstep, so each running episode needs its own AI2-THOR
+controller: a controller holds one scene and one agent, and two episodes on one controller
+would both play in whichever scene was loaded last. Starting a controller costs a Unity
+launch, so a finished episode's controller goes back to a pool and serves the next episode;
+at most ``batch`` controllers run at once.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from pathlib import Path
+from typing import Any, Callable
 
 from embodied_r.interactive.environment import Environment
 
@@ -18,3 +26,53 @@ def make_environment(kind: str, **kwargs: Any) -> Environment:
 
         return AI2ThorEnvironment(**kwargs)
     raise ValueError(f"unknown environment {kind!r}; choose builtin or ai2thor")
+
+
+class ControllerPool:
+    """Controllers lent to one episode at a time; ``stop`` ends them all."""
+
+    def __init__(self, start: Callable[[], Any]):
+        self.start = start
+        self.idle: list[Any] = []
+        self.started: list[Any] = []
+
+    def take(self) -> Any:
+        if self.idle:
+            return self.idle.pop()
+        controller = self.start()
+        self.started.append(controller)
+        return controller
+
+    def give(self, controller: Any) -> None:
+        self.idle.append(controller)
+
+    def stop(self) -> None:
+        for controller in self.started:
+            controller.stop()
+        self.started, self.idle = [], []
+
+
+class EnvironmentMaker:
+    """``maker()`` builds one episode's environment; ``maker.close()`` when the run ends."""
+
+    def __init__(self, kind: str, original_checkout: str | Path | None = None,
+                 start_controller: Callable[[], Any] | None = None):
+        self.kind = kind
+        self.pool: ControllerPool | None = None
+        if kind == "ai2thor":
+            from embodied_r.interactive import ai2thor_env, ai2thor_poses
+
+            # Read first, so a missing poses file stops the run before any Unity launch.
+            self.poses = ai2thor_poses.load_poses(original_checkout)
+            self.pool = ControllerPool(start_controller or ai2thor_env.start_controller)
+        elif kind != "builtin":
+            raise ValueError(f"unknown environment {kind!r}; choose builtin or ai2thor")
+
+    def __call__(self) -> Environment:
+        if self.pool is None:
+            return make_environment("builtin")
+        return make_environment("ai2thor", controller=self.pool.take(), poses=self.poses, release=self.pool.give)
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.stop()

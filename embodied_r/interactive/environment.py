@@ -3,7 +3,8 @@
 ``reset(task, out_dir)`` starts an episode and returns the first observation (the ``init``
 step); ``step(action, obj)`` runs one action on a resolved object type and returns whether
 it succeeded, the new image or images, the object types the agent may act on now and, for
-an illegal action, the feedback the agent is given. ``object_types()`` is the candidate
+an illegal action, the feedback the agent is given. Both implementations judge legality by
+the original agent's rules in ``legality.py``; an illegal action fails without acting. ``object_types()`` is the candidate
 list that an unknown object name in a reply is matched against.
 """
 

@@ -9,6 +9,12 @@ model. The episode ends when the model says ``end``, at the task type's step lim
 step is appended, as the original always does; ``always_append_end=False`` appends it only
 when the model itself said ``end``.
 
+A failed generation (the backend gave up on the call, after the long-context retry where it
+is on, or the reply is empty) follows ``failed_generation``: ``drop`` ends the episode and
+marks it dropped, so it is left out of every mean and counted apart (the original's way: such
+an episode writes no result); ``score_as_failure`` reads it as a reply without an action (an
+``error`` step) and goes on.
+
 Episodes advance in lockstep so one batched ``generate`` call serves all that are running.
 """
 
@@ -16,14 +22,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from embodied_r.interactive import prompts
-from embodied_r.interactive.actions import Decision, parse_decision
+from embodied_r.interactive.actions import Decision, Matcher, parse_decision
 from embodied_r.interactive.environment import Environment
-from embodied_r.interactive.metrics import episode_metrics
+from embodied_r.interactive.metrics import episode_metrics, extra_metrics
 from embodied_r.interactive.tasks import key_actions, step_limit
 
 
@@ -33,7 +39,16 @@ class EpisodeConfig(BaseModel):
     max_same_action: int = Field(3, ge=1)  # executions of one (verb, object) in a row
     max_idle_calls: int = Field(3, ge=1)  # replies in a row that did not act
     always_append_end: bool = True  # the original's behaviour
-    match_threshold: float = Field(0.6, ge=0, le=1)
+    # string: the local rule (``actions.match_object``, offline); embedding: the original's
+    # sentence-embedding match (``matching.EmbeddingMatcher``) with its model and threshold.
+    matcher: Literal["string", "embedding"] = "string"
+    match_threshold: float = Field(0.6, ge=0, le=1)  # the string rule's
+    embedding_model: str = "BAAI/bge-small-en-v1.5"  # a local folder, or a hub id already in the cache
+    embedding_threshold: float = Field(0.2, ge=-1, le=1)  # cosine; the original's
+    failed_generation: Literal["drop", "score_as_failure"] = "score_as_failure"
+    # Retry a failed call with its images halved one by one, then a shorter history
+    # (``retry.retry_variants``), as the original's inference server does.
+    retry_long_context: bool = False
     step_limit: int | None = None  # None: the task type's limit (22/24/30/36)
     # The original's texts, set from the recipe's prompts file; None: this project's wording.
     texts: prompts.ReasonerTexts | None = None
@@ -56,6 +71,8 @@ class Episode:
     steps_before: int = 0
     stop: str = ""
     legal: list[str] = field(default_factory=list)
+    match: Matcher | None = None  # None: the string rule at ``cfg.match_threshold``
+    dropped: bool = False
 
     def __post_init__(self) -> None:
         texts = self.cfg.texts
@@ -69,6 +86,8 @@ class Episode:
     def advance(self) -> bool:
         """Act on the last decision; False when the episode has ended instead."""
         d = self.decision
+        if self.stop:
+            return False
         if d.verb == "end":
             return self._finish("end")
         if self.steps >= self.limit:
@@ -121,10 +140,15 @@ class Episode:
             text = texts.after_action.format(action=action)
         return prompts.IMAGE * n + text
 
-    def feed(self, response: str) -> None:
-        """Take the model's reply to the turn ``advance`` added."""
+    def feed(self, response: str | None) -> None:
+        """Take the model's reply to the turn ``advance`` added; None: the generation failed."""
+        if not response and self.cfg.failed_generation == "drop":
+            # The original tests the reply for "" alone: a call that failed and an empty reply.
+            self.stop, self.dropped = "failed_generation", True
+            return
+        response = response or ""
         self.idle_calls = 0 if self.steps != self.steps_before else self.idle_calls + 1
-        self.decision = parse_decision(response, self.env.object_types(), self.cfg.match_threshold)
+        self.decision = parse_decision(response, self.env.object_types(), self.cfg.match_threshold, self.match)
         self.messages.append({"role": "assistant", "content": response})
 
     def _finish(self, why: str) -> bool:
@@ -138,7 +162,8 @@ class Episode:
         scored = [{k: v for k, v in s.items() if k != "images"} for s in self.trajectory]
         return {"identity": self.task["identity"], "tasktype": self.task["tasktype"], "scene": self.task["scene"],
                 "stop": self.stop, "steps": self.steps, "key_actions": keys, "trajectory": scored,
-                **episode_metrics(self.task, scored, keys)}
+                "dropped": self.dropped, **episode_metrics(self.task, scored, keys),
+                **extra_metrics(self.task, scored, keys)}
 
 
 def conversation(messages: list[dict[str, str]], images: list[str]) -> list[dict[str, Any]]:
@@ -156,7 +181,8 @@ def conversation(messages: list[dict[str, str]], images: list[str]) -> list[dict
     return out
 
 
-Generate = Callable[[list[list[dict[str, Any]]]], list[str]]
+# One reply per conversation; None where the generation failed.
+Generate = Callable[[list[list[dict[str, Any]]]], list[str | None]]
 
 
 def run_episodes(tasks: list[dict[str, Any]], make_env: Callable[[], Environment], generate: Generate,
@@ -164,8 +190,14 @@ def run_episodes(tasks: list[dict[str, Any]], make_env: Callable[[], Environment
                  batch: int = 8) -> list[Episode]:
     """Run every task's episode, ``batch`` at a time in lockstep; ``on_done`` fires per episode."""
     finished: list[Episode] = []
+    match = None
+    if cfg.matcher == "embedding" and tasks:
+        from embodied_r.interactive.matching import EmbeddingMatcher
+
+        match = EmbeddingMatcher(cfg.embedding_model, cfg.embedding_threshold)  # loaded once per run
     for start in range(0, len(tasks), batch):
-        running = [Episode(t, make_env(), Path(out) / str(t["identity"]), cfg) for t in tasks[start:start + batch]]
+        running = [Episode(t, make_env(), Path(out) / str(t["identity"]), cfg, match=match)
+                   for t in tasks[start:start + batch]]
         while running:
             active = [e for e in running if e.advance()]
             for e in running:

@@ -10,6 +10,13 @@ The agent stands at one thing at a time (``navigate to`` teleports, as the origi
 navigation does). It may act on the thing it stands at, on what is in or on it, and on
 fixtures placed next to it. Views are small drawings: a wall and floor tinted by where the
 agent stands, one labelled box per thing in sight, the held object at the bottom.
+
+Which actions are legal follows the original agent's rules through ``legality.py``, as in
+AI2-THOR: the house describes each thing as the simulator would (a small box for what can be
+picked up, a large one for the rest; beside the agent where it stands, a few metres away
+otherwise), so a small thing across the room cannot be navigated to until the agent has
+stood near it or the task lists it as navigable, and only what is navigable from here or
+visible in the container last navigated to may be acted on.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from typing import Any
 from PIL import Image, ImageDraw
 
 from embodied_r.interactive.environment import StepResult
+from embodied_r.interactive.legality import Legality, Seen
 
 OPENABLE = {"Fridge", "Cabinet", "Drawer", "Microwave", "Box", "Safe", "Laptop"}
 TOGGLEABLE = {"Faucet", "StoveBurner", "Microwave", "DeskLamp", "FloorLamp", "Television", "CoffeeMachine",
@@ -29,6 +37,11 @@ TOGGLEABLE = {"Faucet", "StoveBurner", "Microwave", "DeskLamp", "FloorLamp", "Te
 SURFACES = ("CounterTop", "DiningTable", "Shelf", "Desk", "SideTable", "Sofa", "Bed", "Dresser")
 SMALL = ("Mug", "Book", "Spoon", "Apple", "Pen", "Bowl", "Cup", "Tomato", "KeyChain", "Vase")
 BIG = ("Cabinet", "GarbageCan", "Chair", "Fridge", "Shelf", "Drawer", "SideTable")
+# What the legality rule sees: boxes and distances chosen so that a small thing is navigable
+# only beside the agent (under 1 m) and a large one from anywhere in the room.
+SMALL_BOX = (0.1, 0.1, 0.1)
+LARGE_BOX = (1.0, 1.0, 1.0)
+BESIDE_M, ACROSS_M = 0.5, 3.0
 
 
 @dataclass
@@ -123,6 +136,7 @@ class HouseholdEnvironment:
         self.holding: str | None = None
         self.out = Path(".")
         self.steps = 0
+        self.legality = Legality()
 
     # -- what the agent sees ----------------------------------------------------------
 
@@ -150,10 +164,19 @@ class HouseholdEnvironment:
             parent = self.things[parent].parent if parent in self.things else None
         return False
 
-    def legal_objects(self) -> list[str]:
-        """Things in sight: every free-standing thing, and what is reachable from here."""
+    def in_sight(self) -> list[str]:
+        """Things drawn in a view: every free-standing thing, and what is reachable from here."""
         return [k for k, t in self.things.items()
                 if self._accessible(t) and (t.parent is None or self._reachable(k))]
+
+    def seen(self) -> list[Seen]:
+        """Every thing as the legality rule sees it (module doc)."""
+        return [Seen(k, k, self._accessible(t), SMALL_BOX if t.pickupable else LARGE_BOX,
+                     BESIDE_M if self.at is not None and self._reachable(k) else ACROSS_M)
+                for k, t in self.things.items()]
+
+    def legal_objects(self) -> list[str]:
+        return self.legality.legal_objects
 
     def object_types(self) -> list[str]:
         return list(self.things)
@@ -164,7 +187,7 @@ class HouseholdEnvironment:
         img = Image.new("RGB", (w, h), wall)
         draw = ImageDraw.Draw(img)
         draw.rectangle([0, int(h * 0.62), w, h], fill=tuple(c // 2 for c in wall))
-        shown = self.legal_objects()
+        shown = self.in_sight()
         if view:
             # Another heading shows the free-standing things in another order.
             shift = {"left": 1, "back": 2, "right": 3}.get(view, 0)
@@ -192,6 +215,7 @@ class HouseholdEnvironment:
         return str(path.resolve())
 
     def _view(self, name: str) -> StepResult:
+        self.legality.observe(self.seen())
         return StepResult(True, [self._save(self._render(), name)], self.legal_objects())
 
     # -- the interface ----------------------------------------------------------------
@@ -199,11 +223,15 @@ class HouseholdEnvironment:
     def reset(self, task: dict[str, Any], out_dir: Path) -> StepResult:
         self.things = scene_from_task(task)
         self.at, self.holding, self.steps = None, None, 0
+        self.legality = Legality.for_task(task)
         self.out = Path(out_dir)
         self.out.mkdir(parents=True, exist_ok=True)
         return self._view("init")
 
-    def _fail(self, action: str, obj: str | None, reason: str) -> StepResult:
+    def _fail(self, action: str, obj: str | None, reason: str, acted: bool = True) -> StepResult:
+        """A failed action; one that was tried (not refused as illegal) updates the lists."""
+        if acted:
+            self.legality.observe(self.seen())
         text = f"{action} {obj}" if obj else action
         return StepResult(False, [], self.legal_objects(), f'"{text}" cannot be done: {reason}.')
 
@@ -215,18 +243,25 @@ class HouseholdEnvironment:
             merged = Image.new("RGB", (3 * w + 10, h), (0, 0, 0))
             for i, view in enumerate(views):
                 merged.paste(view, (i * (w + 5), 0))
+            self.legality.observe(self.seen())
             return StepResult(True, [self._save(merged, "observe")], self.legal_objects())
         if action in ("init", "move forward"):
             return self._view(action)
         if action in ("put", "put in") and obj is None:
             obj = self.at  # a bare "put" puts the held object where the agent stands
         if obj is None or obj not in self.things:
-            return self._fail(action, obj, "no such object in this room")
+            return self._fail(action, obj, "no such object in this room", acted=False)
         thing = self.things[obj]
+        if not self.legality.allows(action, obj):
+            why = "it is not navigable from here" if action == "navigate to" else "it is not available for interaction here"
+            return self._fail(action, obj, why, acted=False)
         if action == "navigate to":
             if not self._accessible(thing):
                 return self._fail(action, obj, "it is not in sight")
             self.at = obj
+            inside = [k for k, t in self.things.items() if t.parent == obj]
+            if inside or thing.openable or obj in SURFACES:
+                self.legality.enter(inside)  # a receptacle: what is in it may be acted on once visible
             return self._view(f"navigate_{obj}")
         if not self._reachable(obj):
             return self._fail(action, obj, "it is out of reach from here")

@@ -14,17 +14,30 @@ An episode's ``trajectory`` is a list of steps ``{"action", "object", "legal_obj
 - success = int(reward / total), completeness = reward / total,
   efficiency = (len(key_actions) + 1) / len(trajectory) when successful, else 0.
 
+Beside these three, the original's result script reports (``extra_metrics``):
+
+- completeness_ordered = the longest common subsequence of the scored actions (in the order
+  they scored, ``end`` included) with the key actions other than navigate/observe/move
+  forward, over the count of those; for ``single_search`` it is the completeness;
+- repeat_rate = the share of ``navigate to`` steps (successful or not) whose object was
+  navigated to before in the episode;
+- key_action_steps = len(key_actions) - 1 (2 for ``single_search_from_closerep``), by which
+  success is also reported, in buckets 1 ... 8 and "9+".
+
+Episodes whose generation failed can be dropped from every mean (the original's way: such an
+episode writes no result); ``aggregate`` counts them apart.
+
 All functions here are pure.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from typing import Any, Iterable
 
 from embodied_r.interactive.tasks import GROUPS, NON_INTERACTIVE, group_of
 
-METRICS = ("success", "efficiency", "completeness")
+METRICS = ("success", "efficiency", "completeness", "completeness_ordered", "repeat_rate")
 # Steps that never score; "error" is an unparseable reply.
 _UNSCORED = ("init", "observe", "move forward", "navigate to", "error")
 
@@ -40,7 +53,60 @@ def _named(action: str, item: str | None) -> str:
 def episode_metrics(task: dict[str, Any], trajectory: list[dict[str, Any]],
                     key_actions: list[str]) -> dict[str, float]:
     """``{"success", "efficiency", "completeness"}`` of one episode (see the module doc)."""
+    reward, _ = _score(task, trajectory, key_actions)
+    total = total_reward(key_actions)
+    if total == 0:
+        raise ValueError(f"task {task.get('identity')} has no scoring key action (not even 'end')")
+    success = int(reward / total)
+    return {
+        "success": success,
+        "efficiency": (len(key_actions) + 1) / len(trajectory) if success else 0.0,
+        "completeness": reward / total,
+    }
+
+
+def lcs_length(a: list[str], b: list[str]) -> int:
+    """Length of the longest common subsequence of two action lists."""
+    prev = [0] * (len(b) + 1)
+    for x in a:
+        cur = [0]
+        for j, y in enumerate(b, start=1):
+            cur.append(prev[j - 1] + 1 if x == y else max(prev[j], cur[j - 1]))
+        prev = cur
+    return prev[-1]
+
+
+def key_action_steps(task: dict[str, Any], key_actions: list[str]) -> int:
+    # The original counts the closed-receptacle search as 2 whatever its metadata lists.
+    return 2 if task["tasktype"] == "single_search_from_closerep" else len(key_actions) - 1
+
+
+def step_bucket(steps: int) -> str:
+    return str(steps) if steps < 9 else "9+"
+
+
+def extra_metrics(task: dict[str, Any], trajectory: list[dict[str, Any]],
+                  key_actions: list[str]) -> dict[str, float]:
+    """``{"completeness_ordered", "repeat_rate", "key_action_steps"}`` (see the module doc)."""
+    reward, scored = _score(task, trajectory, key_actions)
+    ordered = [k for k in key_actions if not any(v in k for v in NON_INTERACTIVE)]
+    if not ordered:
+        raise ValueError(f"task {task.get('identity')} has no scoring key action (not even 'end')")
+    if task["tasktype"] == "single_search":
+        completeness_ordered = reward / len(ordered)
+    else:
+        completeness_ordered = lcs_length(scored, ordered) / len(ordered)
+    visited = [s.get("object") for s in trajectory if s["action"] == "navigate to"]
+    repeat = (len(visited) - len(set(visited))) / len(visited) if visited else 0.0
+    return {"completeness_ordered": completeness_ordered, "repeat_rate": repeat,
+            "key_action_steps": key_action_steps(task, key_actions)}
+
+
+def _score(task: dict[str, Any], trajectory: list[dict[str, Any]],
+           key_actions: list[str]) -> tuple[int, list[str]]:
+    """The reward and the actions that scored, in order (``end`` as "end")."""
     unmatched = list(key_actions)
+    scored: list[str] = []
     task_type, task_name = task["tasktype"], task["taskname"]
     reward = 0
     previous = ""
@@ -60,42 +126,49 @@ def episode_metrics(task: dict[str, Any], trajectory: list[dict[str, Any]],
                     break
             else:
                 reward += 1
+                scored.append(action)
         elif item is not None:
             if action.startswith("put"):
                 action = "put"
             if _named(action, item) in unmatched:
                 unmatched.remove(_named(action, item))
+                scored.append(_named(action, item))
                 reward += 1
         previous = _named(action, item)
-    total = total_reward(key_actions)
-    if total == 0:
-        raise ValueError(f"task {task.get('identity')} has no scoring key action (not even 'end')")
-    success = int(reward / total)
-    return {
-        "success": success,
-        "efficiency": (len(key_actions) + 1) / len(trajectory) if success else 0.0,
-        "completeness": reward / total,
-    }
+    return reward, scored
 
 
 def _mean(rows: list[dict[str, float]]) -> dict[str, float]:
-    return {m: sum(r[m] for r in rows) / len(rows) for m in METRICS} if rows else {}
+    # A figure is averaged only where every row has it (results written before it existed).
+    return {m: sum(r[m] for r in rows) / len(rows) for m in METRICS if all(m in r for r in rows)} if rows else {}
 
 
 def aggregate(results: Iterable[dict[str, Any]]) -> dict[str, Any]:
     """Plain means over episodes (a failure counts with efficiency 0): overall, per group and
-    per task type. Each result holds ``tasktype`` and the three metrics."""
+    per task type, and success by number of key actions. Each result holds ``tasktype`` and
+    the metrics; one marked ``dropped`` (its generation failed, under the ``drop`` policy)
+    is left out of every mean and counted in ``dropped``."""
     results = list(results)
+    dropped = [r for r in results if r.get("dropped")]
+    results = [r for r in results if not r.get("dropped")]
     by_type: dict[str, list] = defaultdict(list)
     by_group: dict[str, list] = defaultdict(list)
+    by_steps: dict[str, list] = defaultdict(list)
     for r in results:
         by_type[r["tasktype"]].append(r)
         by_group[group_of(r["tasktype"])].append(r)
+        if "key_action_steps" in r:
+            by_steps[step_bucket(r["key_action_steps"])].append(r["success"])
+    order = sorted(by_steps, key=lambda b: (b == "9+", b))
     return {
         "episodes": len(results),
+        "dropped": len(dropped),
+        "dropped_by_type": dict(sorted(Counter(r["tasktype"] for r in dropped).items())),
         "all": _mean(results),
         "groups": {g: {**_mean(by_group[g]), "episodes": len(by_group[g])} for g in GROUPS if by_group[g]},
         "task_types": {t: {**_mean(rows), "episodes": len(rows)} for t, rows in sorted(by_type.items())},
+        "by_key_actions": {b: {"success": sum(by_steps[b]) / len(by_steps[b]), "episodes": len(by_steps[b])}
+                           for b in order},
     }
 
 
@@ -110,30 +183,52 @@ PAPER_TABLE2: dict[str, tuple[float, float, float]] = {
 }
 
 
+def _pct(row: dict[str, Any], m: str) -> str:
+    return f"{100 * row[m]:.2f}" if m in row else "-"
+
+
 def table2(summary: dict[str, Any], name: str = "this run") -> str:
-    """A Markdown table of this run beside the paper's Table 2 (percentages), per group too."""
+    """A Markdown table of this run beside the paper's Table 2 (percentages), per group too,
+    with the original's extra figures and the count of dropped episodes."""
     lines = ["| model | SR | SE | TC |", "|---|---:|---:|---:|"]
     for model, (sr, se, tc) in PAPER_TABLE2.items():
         lines.append(f"| {model} (paper) | {sr:.2f} | {se:.2f} | {tc:.2f} |")
     overall = summary.get("all") or {}
     if overall:
-        lines.append(f"| **{name}** | {100 * overall['success']:.2f} | {100 * overall['efficiency']:.2f} | "
-                     f"{100 * overall['completeness']:.2f} |")
-    lines += ["", "| group | episodes | SR | SE | TC |", "|---|---:|---:|---:|---:|"]
-    for group, row in summary.get("groups", {}).items():
-        lines.append(f"| {group} | {row['episodes']} | {100 * row['success']:.2f} | "
-                     f"{100 * row['efficiency']:.2f} | {100 * row['completeness']:.2f} |")
+        lines.append(f"| **{name}** | {_pct(overall, 'success')} | {_pct(overall, 'efficiency')} | "
+                     f"{_pct(overall, 'completeness')} |")
+    lines += ["", "| group | episodes | SR | SE | TC | ordered TC | repeat rate |",
+              "|---|---:|---:|---:|---:|---:|---:|"]
+    rows = list(summary.get("groups", {}).items()) + ([("all", {**overall, "episodes": summary["episodes"]})]
+                                                       if overall else [])
+    for group, row in rows:
+        lines.append(f"| {group} | {row['episodes']} | " + " | ".join(_pct(row, m) for m in METRICS) + " |")
+    if summary.get("by_key_actions"):
+        lines += ["", "| key actions | episodes | SR |", "|---|---:|---:|"]
+        for bucket, row in summary["by_key_actions"].items():
+            lines.append(f"| {bucket} | {row['episodes']} | {100 * row['success']:.2f} |")
+    if summary.get("dropped"):
+        by_type = ", ".join(f"{t} {n}" for t, n in summary.get("dropped_by_type", {}).items())
+        lines += ["", f"Dropped (failed generation, left out of every mean): {summary['dropped']} "
+                      f"episodes ({by_type})."]
     return "\n".join(lines) + "\n"
 
 
 def flat_metrics(summary: dict[str, Any]) -> dict[str, float]:
-    """``success/all``, ``success/search``, ..., ``completeness/type/<task type>`` for MLflow."""
+    """``success/all``, ``success/search``, ..., ``completeness/type/<task type>``,
+    ``success/key_actions/<n>`` and ``dropped`` for MLflow."""
     out: dict[str, float] = {}
     for m in METRICS:
-        if summary.get("all"):
+        if m in (summary.get("all") or {}):
             out[f"{m}/all"] = summary["all"][m]
         for group, row in summary.get("groups", {}).items():
-            out[f"{m}/{group}"] = row[m]
+            if m in row:
+                out[f"{m}/{group}"] = row[m]
         for task_type, row in summary.get("task_types", {}).items():
-            out[f"{m}/type/{task_type.replace(' ', '_')}"] = row[m]
+            if m in row:
+                out[f"{m}/type/{task_type.replace(' ', '_')}"] = row[m]
+    for bucket, row in summary.get("by_key_actions", {}).items():
+        out[f"success/key_actions/{bucket.replace('+', '_plus')}"] = row["success"]
+    if "dropped" in summary:
+        out["dropped"] = summary["dropped"]
     return out

@@ -9,8 +9,6 @@ schema differs). Stages, each a hashed folder under ``$EMBODIED_R_HOME/stages``:
 
 from __future__ import annotations
 
-import hashlib
-import json
 from pathlib import Path
 from typing import Any, Literal
 
@@ -21,6 +19,7 @@ from embodied_r.backends.base import BackendConfig
 from embodied_r.interactive.download import ReasonerDataConfig, fingerprint
 from embodied_r.interactive.episode import EpisodeConfig
 from embodied_r.interactive.sft_config import ReasonerSFTConfig
+from embodied_r.io import payload_key
 from embodied_r.paths import home as default_home
 from embodied_r.prompts.store import PromptsConfig, apply_prompts
 from embodied_r.runners import code_version
@@ -46,8 +45,14 @@ class EvaluateConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     environment: Literal["builtin", "ai2thor"] = "builtin"
+    # AI2-THOR only: the user's checkout of the original repository, whose hand-made
+    # navigation poses (data/agent_positions.json) are read at run time, never shipped.
+    original_checkout: str | None = None
     limit: int | None = Field(None, ge=1)  # the first N test cases; None: all
     batch: int = operational(8, ge=1)
+    # Tasks split by a stable hash of their identity, run one shard after another, each with
+    # its own resumable log (``interactive.evaluation``); the merged results do not depend on it.
+    shards: int = operational(1, ge=1)
     episode: EpisodeConfig = Field(default_factory=EpisodeConfig)
 
 
@@ -102,9 +107,8 @@ def plan(recipe: ReasonerRecipe, root: Path | None = None) -> dict[str, dict[str
     def add(name: str, kind: str, deps: list[str], config: dict[str, Any], inputs: dict[str, str],
             extra: str = "", *, keyed: dict[str, Any]) -> dict[str, Any]:
         # ``keyed`` is ``config`` less its operational settings (``settings.result_settings``).
-        payload = json.dumps({"kind": kind, "config": keyed, "upstream": [stages[d]["key"] for d in deps],
-                              "code": code_version(kind), "extra": extra}, sort_keys=True, default=str)
-        key = hashlib.sha256(payload.encode()).hexdigest()[:16]
+        key = payload_key({"kind": kind, "config": keyed, "upstream": [stages[d]["key"] for d in deps],
+                           "code": code_version(kind), "extra": extra})
         stages[name] = {"name": name, "kind": kind, "key": key, "out": str(root / "stages" / name / key),
                         "deps": tuple(deps), "inputs": inputs, "config": config}
         return stages[name]

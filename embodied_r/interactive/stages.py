@@ -17,13 +17,15 @@ from embodied_r.backends.base import BackendConfig
 from embodied_r.backends.models import resolve_model
 from embodied_r.interactive.catalog import read_test_cases, read_trajectories
 from embodied_r.interactive.episode import EpisodeConfig, run_episodes
+from embodied_r.interactive.evaluation import evaluate_cases
 from embodied_r.interactive.metrics import aggregate, flat_metrics, table2
+from embodied_r.interactive.retry import replies
 from embodied_r.interactive.sft_config import ReasonerSFTConfig
 from embodied_r.io import is_complete, read_summary, stage_folder, write_json_atomic, write_summary
 from embodied_r.training.environment import run_child
 
 
-def _generator(backend_cfg: dict[str, Any], model: str):
+def _generator(backend_cfg: dict[str, Any], model: str, retry: bool = False):
     from embodied_r.backends.factory import make_backend
 
     cfg = BackendConfig.model_validate({**backend_cfg, "model": backend_cfg.get("model") or model})
@@ -31,19 +33,18 @@ def _generator(backend_cfg: dict[str, Any], model: str):
         cfg = cfg.model_copy(update={"model": resolve_model(cfg.model)})
     backend = make_backend(cfg)
 
-    def generate(conversations: list[list[dict[str, Any]]]) -> list[str]:
-        return [g.text for g in backend.generate(conversations)]
+    def generate(conversations: list[list[dict[str, Any]]]) -> list[str | None]:
+        # None: a failed generation, which the episode handles by its ``failed_generation``.
+        return replies(backend.generate, conversations, cfg.max_pixels, retry)
 
     return backend, generate
 
 
-def _environment(kind: str):
-    from embodied_r.interactive.env_factory import make_environment
+def _environment(kind: str, original_checkout: str | None = None):
+    from embodied_r.interactive.env_factory import EnvironmentMaker
 
-    if kind == "ai2thor":
-        shared = make_environment("ai2thor")  # one controller serves every episode
-        return lambda: shared
-    return lambda: make_environment("builtin")
+    # One environment, and for AI2-THOR one controller, per running episode.
+    return EnvironmentMaker(kind, original_checkout)
 
 
 def run_sft_stage(out: Path, config: dict[str, Any], inputs: dict[str, str],
@@ -79,7 +80,8 @@ def run_sft_stage(out: Path, config: dict[str, Any], inputs: dict[str, str],
 
 def run_explore_stage(out: Path, config: dict[str, Any], inputs: dict[str, str],
                       mlflow_run_id: str | None = None) -> dict[str, Any]:
-    """Self-exploration data: the dataset's stage-2 trajectories and/or the stage-1 model's own
+    """Self-exploration data: the trajectories the catalog assigns to stage 2 (its heuristic,
+    ``interactive.catalog``) and/or the stage-1 model's own
     successful episodes on fresh tasks in the built-in house (rejection sampling)."""
     from embodied_r.interactive.synthetic import make_test_cases
 
@@ -120,32 +122,39 @@ def run_explore_stage(out: Path, config: dict[str, Any], inputs: dict[str, str],
 
 def run_evaluate_stage(out: Path, config: dict[str, Any], inputs: dict[str, str],
                        mlflow_run_id: str | None = None) -> dict[str, Any]:
-    """Episodes on the catalog's test cases; metrics per group and task type beside Table 2."""
+    """Episodes on the catalog's test cases, resumed from the shards' logs of an interrupted
+    run; metrics per group, task type and number of key actions beside Table 2."""
     out = Path(out)
     if is_complete(out):
         return read_summary(out)
     ev = config["evaluate"]
+    episode = EpisodeConfig.model_validate(ev["episode"])
     cases = read_test_cases(Path(inputs["catalog"]))[: ev.get("limit") or None]
     started = time.monotonic()
     with stage_folder(out) as work:
-        backend, generate = _generator(config["backend"], inputs["model"])
+        make_env = _environment(ev["environment"], ev.get("original_checkout"))
+        backend, generate = _generator(config["backend"], inputs["model"], episode.retry_long_context)
         try:
-            episodes = run_episodes(cases, _environment(ev["environment"]), generate, work / "episodes",
-                                    EpisodeConfig.model_validate(ev["episode"]), batch=ev["batch"])
+            results, ran = evaluate_cases(cases, make_env, generate, work, episode,
+                                          batch=ev["batch"], shards=ev.get("shards", 1))
         finally:
             backend.close()
-        results = [e.result() for e in episodes]
+            make_env.close()
         with open(work / "results.jsonl", "w", encoding="utf-8") as fh:
-            for r, e in zip(results, episodes):
-                fh.write(json.dumps({**r, "messages": e.messages}) + "\n")
+            for r in results:
+                fh.write(json.dumps(r) + "\n")
         agg = aggregate(results)
         write_json_atomic(work / "metrics.json", agg)
+        source = (episode.texts.source if episode.texts else None) or "paraphrase"
         (work / "report.md").write_text(f"# Embodied-Reasoner evaluation ({ev['environment']} environment)\n\n"
-                                        f"Model: `{inputs['model']}`\n\n" + table2(agg))
+                                        f"Model: `{inputs['model']}`; texts: {source}; failed generations: "
+                                        f"{episode.failed_generation}\n\n" + table2(agg))
         stops: dict[str, int] = {}
         for r in results:
             stops[r["stop"]] = stops.get(r["stop"], 0) + 1
         summary = {"stage": "reasoner_evaluate", "episodes": len(results), "environment": ev["environment"],
+                   "episodes_run": ran, "episodes_resumed": len(results) - ran, "dropped": agg["dropped"],
+                   "failed_generation": episode.failed_generation, "prompts_source": source,
                    "stops": stops, "seconds": round(time.monotonic() - started, 2), "metrics": flat_metrics(agg)}
         write_summary(work, summary)
     return summary

@@ -78,7 +78,9 @@ def make_test_case(identity: int, task_type: str, seed: int) -> dict[str, Any]:
             {"action": v, "objectType": t, "objectId": f"{t}|1" if t else "", "baseaction": "", "reward": 1,
              "relatedObject": []} for v, t in actions], "totalreward": len(actions)},
         "target_objects": extra.get("target_objects", []), "related_objects": extra.get("related_objects", []),
-        "navigable_objects": [t for v, t in actions if v == "navigate to"][:2],
+        # Every navigation target, as the real cases list theirs: a small thing the agent goes
+        # straight to is legal only when listed (legality.py).
+        "navigable_objects": list(dict.fromkeys(t for v, t in actions if v == "navigate to")),
     }
 
 

@@ -21,7 +21,6 @@ reported beside the extraction time in the stage summary.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shutil
 import time
@@ -33,8 +32,7 @@ from typing import Any
 
 import cv2
 
-from embodied_r.io import sha256_file
-from embodied_r.io import read_json, write_json_atomic
+from embodied_r.io import payload_key, read_json, sha256_file, write_json_atomic
 from embodied_r.keyframes.extract import KeyframeConfig, KeyframeResult, extract_keyframes
 from embodied_r.paths import home
 from embodied_r.keyframes.video import VideoError
@@ -56,8 +54,7 @@ def _code_version() -> str:
 
 
 def params_hash(cfg: KeyframeConfig) -> str:
-    payload = json.dumps({"params": cfg.output_params(), "code": _code_version()}, sort_keys=True)
-    return hashlib.sha256(payload.encode()).hexdigest()[:16]
+    return payload_key({"params": cfg.output_params(), "code": _code_version()})
 
 
 @dataclass

@@ -44,31 +44,6 @@ def safe_name(video_id: str) -> str:
     return name if name == video_id else f"{name[:120]}-{sha1(video_id.encode()).hexdigest()[:8]}"
 
 
-def make_montage(image_paths: Sequence[str | Path], out_path: str | Path, *, labels: Sequence[str] | None = None,
-                 columns: int = 0, tile_width: int = 320) -> Path:
-    """A grid of images (one video's key frames), written as JPEG."""
-    images = [(i, cv2.imread(str(p))) for i, p in enumerate(image_paths)]
-    images = [(i, im) for i, im in images if im is not None]
-    if not images:
-        raise ValueError(f"no readable image among {len(image_paths)} paths")
-    cols = columns or math.ceil(math.sqrt(len(images)))
-    rows = math.ceil(len(images) / cols)
-    h0, w0 = images[0][1].shape[:2]
-    th = max(1, round(tile_width * h0 / w0))
-    canvas = np.full((rows * th, cols * tile_width, 3), 32, np.uint8)
-    for n, (i, im) in enumerate(images):
-        tile = cv2.resize(im, (tile_width, th), interpolation=cv2.INTER_AREA)
-        text = labels[i] if labels else str(i)
-        cv2.putText(tile, text, (6, 20), cv2.FONT_HERSHEY_SIMPLEX, 0.5, (0, 0, 0), 3, cv2.LINE_AA)
-        cv2.putText(tile, text, (6, 20), cv2.FONT_HERSHEY_SIMPLEX, 0.5, (255, 255, 255), 1, cv2.LINE_AA)
-        r, c = divmod(n, cols)
-        canvas[r * th:(r + 1) * th, c * tile_width:(c + 1) * tile_width] = tile
-    out = Path(out_path)
-    if not cv2.imwrite(str(out), canvas, [cv2.IMWRITE_JPEG_QUALITY, 85]):
-        raise OSError(f"cannot write {out}")
-    return out
-
-
 MONTAGE_VIDEOS = 3
 MONTAGE_FRAMES = 6
 

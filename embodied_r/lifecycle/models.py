@@ -3,29 +3,26 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
 
+from embodied_r.evaluation.registry import CHAMPION_URI
 from embodied_r.evaluation.stage import read_split, resolve_model_ref, run_evaluation
+from embodied_r.io import keyed_folder
 from embodied_r.pipeline import StageError, plan, training_stage_names
 from embodied_r.runners import code_version, module_version
-
-CHAMPION_URI = "models:/embodied-r-reasoner@champion"
 
 
 def evaluation_folder(root: Path, kind: str, identity: dict[str, Any], cfg: BaseModel) -> Path:
     """``<root>/evaluations/<kind>/<hash>``: a folder named by what is evaluated (``identity``:
     model, records, ...), the config and the code, like a pipeline stage's folder."""
 
-    payload = json.dumps({"kind": kind, "identity": identity, "config": cfg.model_dump(mode="json"),
-                          "code": code_version("evaluate"), "report": module_version("evaluation.report"),
-                          "baselines": module_version("lifecycle.baselines")}, sort_keys=True, default=str)
-    return Path(root) / "evaluations" / kind / hashlib.sha256(payload.encode()).hexdigest()[:16]
+    return keyed_folder(Path(root) / "evaluations" / kind, {
+        "kind": kind, "identity": identity, "config": cfg.model_dump(mode="json"), "code": code_version("evaluate"),
+        "report": module_version("evaluation.report"), "baselines": module_version("lifecycle.baselines")})
 
 
 def trained_model(recipe: Any, root: Path) -> str:

@@ -3,14 +3,12 @@ evaluate the model the same way, each step in its own MLflow run under one paren
 
 from __future__ import annotations
 
-import hashlib
-import json
 import shutil
 from pathlib import Path
 from typing import Any
 
 from embodied_r.evaluation.stage import run_evaluation
-from embodied_r.io import is_complete
+from embodied_r.io import is_complete, payload_key
 from embodied_r.paths import home
 from embodied_r.pipeline import StageError, plan
 from embodied_r.runners import closure, code_version, modules_version
@@ -23,7 +21,7 @@ SFT_MODULES = ("embodied_r.training.sft", "embodied_r.training.sft_child")
 
 
 def _digest(payload: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    return payload_key(payload)
 
 
 def sft_config_for(recipe: Any, **updates: Any) -> SFTConfig:

@@ -48,6 +48,17 @@ class Call:
     needs: tuple[str, ...] = ()
 
 
+# What stands for a frame whose call failed, with ``perception.on_failure: keep_placeholder``:
+# the official text's rendering of a failed call (its description None), "After None,
+# Observe: None".
+FAILED_TEXT = "None"
+FAILED = "failed"  # parsed_as of such a frame
+
+
+def placeholder() -> FrameInfo:
+    return FrameInfo(FAILED_TEXT, FAILED_TEXT, "", FAILED)
+
+
 @dataclass
 class Assembled:
     """One question's frames and the logged calls they were built from."""
@@ -102,16 +113,18 @@ class PerQuestion(_Mode):
         out.sort(key=lambda item: item[:3])
         return [item[3] for item in out]
 
-    def assemble(self, q: Question, done: dict[str, dict[str, Any]]) -> Assembled | str:
-        """The question's frames, or the key of the first call it still lacks."""
+    def assemble(self, q: Question, done: dict[str, dict[str, Any]],
+                 failed: frozenset[str] | set[str] = frozenset()) -> Assembled | str:
+        """The question's frames, or the key of the first call it still lacks; a call in
+        ``failed`` gives its frame the placeholder instead."""
         keys = [self.key(q.uid, f) for f in range(len(q.frames))]
-        missing = next((k for k in keys if k not in done), None)
+        missing = next((k for k in keys if k not in done and k not in failed), None)
         if missing is not None:
             return missing
-        raws = [done[k]["raw"] for k in keys]
+        raws = [done[k]["raw"] if k in done else "" for k in keys]
         infos = [parse_frame_response(raw, first=f == 0, reply_format=self.style.reply_format)
-                 for f, raw in enumerate(raws)]
-        return Assembled(infos, raws, keys)
+                 if k in done else placeholder() for f, (k, raw) in enumerate(zip(keys, raws))]
+        return Assembled(infos, raws, [k for k in keys if k in done])
 
 
 class PerVideo(_Mode):
@@ -160,22 +173,29 @@ class PerVideo(_Mode):
                 )
         return [c for *_, c in video_calls] + question_calls
 
-    def assemble(self, q: Question, done: dict[str, dict[str, Any]]) -> Assembled | str:
+    def assemble(self, q: Question, done: dict[str, dict[str, Any]],
+                 failed: frozenset[str] | set[str] = frozenset()) -> Assembled | str:
+        """As ``PerQuestion.assemble``: a failed video call gives its frame the placeholder,
+        a failed question pass leaves its frames without question-related text."""
         spans = windows(len(q.frames), self.window)
         video_keys = [self.video_key(q.video_id, f) for f in range(len(q.frames))]
         question_keys = [self.question_key(q.uid, s.start) for s in spans]
-        missing = next((k for k in video_keys + question_keys if k not in done), None)
+        missing = next((k for k in video_keys + question_keys if k not in done and k not in failed), None)
         if missing is not None:
             return missing
         related: dict[int, str] = {}
         for span, key in zip(spans, question_keys):
-            related.update(parse_question_pass(done[key]["raw"], span)[0])
-        raws = [done[k]["raw"] for k in video_keys]
+            if key in done:
+                related.update(parse_question_pass(done[key]["raw"], span)[0])
+        raws = [done[k]["raw"] if k in done else "" for k in video_keys]
         infos = []
-        for f, raw in enumerate(raws):
+        for f, (key, raw) in enumerate(zip(video_keys, raws)):
+            if key not in done:
+                infos.append(placeholder())
+                continue
             seen = parse_frame_response(raw, first=f == 0, reply_format=self.style.reply_format)
             infos.append(FrameInfo(seen.action, seen.new_info, related.get(f, ""), seen.parsed_as))
-        return Assembled(infos, raws, video_keys + question_keys)
+        return Assembled(infos, raws, [k for k in video_keys + question_keys if k in done])
 
 
 def make_mode(mode: Mode, question_window: int, style: PromptStyle = PAPER_STYLE) -> PerQuestion | PerVideo:

@@ -16,14 +16,14 @@ from embodied_r import schemas
 from embodied_r.faults import StageFault
 from embodied_r.io import table_from_records, write_parquet_atomic
 from embodied_r.perception import prompts
-from embodied_r.perception.modes import Assembled, Call, Question
+from embodied_r.perception.modes import FAILED, Assembled, Call, Question
 from embodied_r.perception.parse import video_text
 
 STAGE = "perception"
 
 
 def server_name(cfg: Any) -> str:
-    return f"{cfg.backend.base_url or 'the default OpenAI endpoint'} (model {cfg.backend.model!r})"
+    return f"{cfg.backend.servers_text()} (model {cfg.backend.model!r})"
 
 
 def server_hint(cfg: Any, summary: dict[str, Any]) -> str:
@@ -61,15 +61,21 @@ def write_outputs(
     failures: dict[str, str],
     n_questions: int,
     question_label: str = "",
+    on_failure: str = "drop",
 ) -> dict[str, Any]:
     rows, frame_rows = [], []
     parsed_as: Counter[str] = Counter()
+    # keep_placeholder: a call that failed after its retries stands as the placeholder text
+    # (as the official code kept its question); a call never made still drops the question.
+    failed = set(errors) if on_failure == "keep_placeholder" else set()
+    with_placeholder = 0
     for q in ready:
-        built: Assembled | str = mode.assemble(q, done)
+        built: Assembled | str = mode.assemble(q, done, failed)
         if isinstance(built, str):
             why = errors.get(built, "no result")
             failures[q.uid] = f"call {built} failed after retries: {why}"[:600]
             continue
+        with_placeholder += any(info.parsed_as == FAILED for info in built.infos)
         for f, (info, raw) in enumerate(zip(built.infos, built.raws)):
             parsed_as[info.parsed_as] += 1
             frame_rows.append(
@@ -106,6 +112,10 @@ def write_outputs(
         "questions": n_questions,
         "done": len(rows),
         "failed": len(failures),
+        # Questions kept with a placeholder for a failed call, and such frames: counted
+        # apart from the failed (dropped) questions, never hidden among the done ones.
+        "questions_with_placeholder": with_placeholder,
+        "placeholder_frames": parsed_as[FAILED],
         "reasons": dict(Counter(_reason_kind(r) for r in failures.values())),
         "calls": len(logged),
         "calls_needed": len(calls),

@@ -6,10 +6,12 @@ and adds one question pass per question. Calls are sent in batches ordered for t
 backend's batching and a server's prefix cache. Every finished call is logged the moment
 it finishes, so a killed run resumes without repeating a finished call or losing one.
 
-A call that still fails after the backend's retries is counted and its question listed in
-``failures.parquet`` with the reason; such a question has no row in ``perception.parquet``,
-so the convert stage leaves it out (reason ``no_perception``) instead of training on a
-partial text. The summary counts calls, failed calls, retries, tokens and replies cut to
+A call that still fails after the backend's retries is counted, and what becomes of its
+question is ``on_failure``: ``drop`` lists it in ``failures.parquet`` with the reason, and it has
+no row in ``perception.parquet``, so the convert stage leaves it out (reason
+``no_perception``) instead of training on a partial text; ``keep_placeholder``, as the
+official code, keeps it with "None" for the failed frame ("After None, Observe: None"),
+counted in the summary's ``questions_with_placeholder`` and ``placeholder_frames``. The summary counts calls, failed calls, retries, tokens and replies cut to
 their token budget (``replies_truncated``: a server that ignores ``max_tokens``); its numbers
 become MLflow metrics. A served perceiver whose replies name no action at all is not
 perceiving (a wrong model, a chat template that drops the images): the stage fails then,
@@ -106,6 +108,13 @@ class PerceptionConfig(BaseModel):
     # The original texts, set from the recipe's prompts file (``prompts.file``); None: this
     # project's instructions.
     texts: PerceiverTexts | None = None
+    # A question one of whose calls failed after its retries: "drop" leaves it out of
+    # training and test; "keep_placeholder" keeps it with the official text's "None" for
+    # that frame. Either way the failed calls are counted.
+    on_failure: Literal["drop", "keep_placeholder"] = "drop"
+    # Refuse to run without the original texts (the `released` recipe: the authors' reasoner
+    # read their perceiver's text); the recipe still validates without them.
+    texts_required: bool = operational(False)
     # More failed questions than this share fails the stage (kept .partial, never cached).
     max_failed_fraction: float = operational(DEFAULT_MAX_FAILED_FRACTION, ge=0, le=1)
     # Parts the videos (with their questions) are split into, each run on its own and merged
@@ -182,19 +191,21 @@ def _valid_entry(rec: dict[str, Any]) -> bool:
 def _chunk_size(cfg: BackendConfig) -> int:
     # Enough calls per generate() to fill a batch in process and keep every connection
     # busy over HTTP; results are logged one by one as they finish, so a larger chunk
-    # only bounds how much is prepared at once.
-    return max(cfg.batch_size, 16 * cfg.concurrency)
+    # only bounds how much is prepared at once. ``concurrency`` is per server.
+    return max(cfg.batch_size, 16 * cfg.concurrency * max(1, len(cfg.urls())))
 
 
 class _Runner:
     """Sends calls through a backend and logs each one the moment it finishes."""
 
     def __init__(self, backend: Backend, item_log: ItemLog, done: dict[str, dict[str, Any]],
-                 structured: bool):
+                 structured: bool, send_after_failure: bool = False):
         self.backend = backend
         self.item_log = item_log
         self.done = done
         self.structured = structured
+        # keep_placeholder: a failed call's question is kept, so the calls after it are worth sending.
+        self.send_after_failure = send_after_failure
         self.errors: dict[str, str] = {}
         self.outage: str | None = None
         self.unwritable: WriteFailure | None = None
@@ -241,7 +252,7 @@ class _Runner:
         """Whether a call is not worth sending: one it needs failed (or was skipped)
         earlier in this run, so its question cannot be completed anyway."""
         failed = next((k for k in call.needs if k in self.errors), None)
-        if failed is None:
+        if failed is None or self.send_after_failure:
             return False
         self.errors[call.key] = f"not sent: {failed} failed"
         self.skipped += 1
@@ -307,7 +318,8 @@ def _work(work: Path, ready: list[Question], cfg: PerceptionConfig, catalog: Pat
     backend_cfg = cfg.backend.model_copy(update={"max_new_tokens": cfg.max_new_tokens})
     backend: Backend = make_backend(backend_cfg, catalog=catalog)
     try:
-        runner = _Runner(backend, item_log, done, cfg.structured_output)
+        runner = _Runner(backend, item_log, done, cfg.structured_output,
+                         send_after_failure=cfg.on_failure == "keep_placeholder")
         runner.total = len(calls)
         size = _chunk_size(backend_cfg)
         runner.run([c for c in pending if c.kind != QUESTION_PHASE], size, cfg.max_new_tokens)
@@ -332,11 +344,14 @@ def _finish(work: Path, questions: list[Question], ready: list[Question], failur
     item_log = ItemLog(work / "items.jsonl", key="key", validate=_valid_entry)
     done = {rec["key"]: rec for rec in item_log.read()}
     summary = write_outputs(work, mode, ready, mode.calls(ready), done, dict(run["errors"]), failures,
-                            len(questions), cfg.question_label)
+                            len(questions), cfg.question_label, cfg.on_failure)
     summary.update({k: run[k] for k in RUN_COUNTERS})
     summary["structured_output"] = cfg.structured_output
     summary["reply_format"] = cfg.reply_format
-    check_failed_fraction(STAGE, summary["failed"], len(questions), cfg.max_failed_fraction,
+    summary["on_failure"] = cfg.on_failure
+    # A question kept on a placeholder counts against the limit as a dropped one does.
+    check_failed_fraction(STAGE, summary["failed"] + summary["questions_with_placeholder"], len(questions),
+                          cfg.max_failed_fraction,
                           f"reasons {summary['reasons']}; see failures.parquet{server_hint(cfg, summary)}")
     check_actions(cfg, summary, work)
     return summary
@@ -349,6 +364,10 @@ def run_perception(catalog: Path, keyframes: Path, out: Path, cfg: PerceptionCon
     out = Path(out)
     if is_complete(out):
         return read_summary(out)
+    if cfg.texts_required and cfg.texts is None:
+        raise ValueError("perception: this recipe needs the original texts and names no prompts file: write it with "
+                         "`embodied-r prompts import-official PATH` (PATH: your clone of EmbodiedCity/Embodied-R.code) "
+                         "and run again with --set prompts.file=FILE")
     questions, frames = _read_inputs(catalog, keyframes, cfg.texts)
     ready, failures = _split(questions, frames)
     if cfg.shards > 1:

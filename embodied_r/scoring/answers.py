@@ -217,6 +217,41 @@ def official_reward_choice(completion: str | None) -> str | None:
     return None
 
 
+# The conclusion phrases the official local reward looks for in the reasoning when no letter
+# pattern matched (a letter closing "so ...", "the answer is ...", "choose ...", "... is correct").
+_OFFICIAL_CONCLUSIONS = (
+    re.compile(r"(?:so|thus|in conclusion|the answer is|choose|select|option|answer)[^A-H]*([A-H])\b",
+               re.IGNORECASE),
+    re.compile(r"(?:the answer is|choose|select|option|answer)[^A-H]*([A-H])\b", re.IGNORECASE),
+    re.compile(r"\b([A-H])\s+(?:is correct)\b", re.IGNORECASE),
+)
+
+
+def official_think_choice(think: str | None) -> str | None:
+    """The letter the official local consistency reward (5-GPU script) takes from the
+    policy's ``<think>`` text when its reference server gives no reply: the *last* match of
+    the first of its letter patterns that matches (``$\\boxed{X}$``, "answer X", a letter
+    followed by a dot, a standalone letter A-H in any case), else of its conclusion phrases;
+    None when nothing matches. The standalone-letter pattern takes the article "a" too, so
+    most reasoning in English yields a letter, often A."""
+    text = think or ""
+    for pattern in (_OFFICIAL_BOXED, _OFFICIAL_ANSWER_WORD, _OFFICIAL_DOT, _OFFICIAL_BARE, *_OFFICIAL_CONCLUSIONS):
+        letter = _last(pattern, text)
+        if letter is not None:
+            return letter
+    return None
+
+
+def think_fallback_reward(think: str, policy_answer: str | float | None, answer_type: str = "choice") -> float:
+    """The official local reward's score when its reference gives no reply: 1.0 when the
+    letter read from the policy's own ``<think>`` text (``official_think_choice``) is the
+    policy's answer, else 0.0. Only letters are compared: a numeric answer scores 0.0."""
+    if answer_type == "number" or not isinstance(policy_answer, str):
+        return 0.0
+    letter = official_think_choice(think)
+    return 1.0 if letter is not None and letter == policy_answer else 0.0
+
+
 def official_eval_choice(completion: str | None) -> str | None:
     """The letter the official evaluation script reads: the first letter right after an
     ``<answer>`` tag, else the last letter followed by a dot anywhere; None where it reads

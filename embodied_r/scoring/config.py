@@ -8,13 +8,13 @@ from pydantic import BaseModel, ConfigDict
 
 from embodied_r.scoring.answers import AnswerParser, ChoiceParser
 
-ReferenceDown = Literal["unscored", "zero"]
+ReferenceDown = Literal["unscored", "zero", "think_last_letter"]
 
 
 class ScoringConfig(BaseModel):
     """How the training rewards read completions; each choice is a named option a run
-    records. ``strict``/``unscored`` are this project's; ``official``/``zero`` the
-    official code's."""
+    records. ``strict``/``unscored`` are this project's; ``official``, ``zero`` and
+    ``think_last_letter`` the official code's."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -27,7 +27,10 @@ class ScoringConfig(BaseModel):
     # </answer>, not even a newline).
     format_rule: AnswerParser = "strict"
     # The consistency reward when the reference model cannot be reached: "unscored" (None:
-    # unknown is not wrong) or "zero" (the official code's 0).
+    # unknown is not wrong), "zero" (the official API reward's 0, `train_8GPUs.sh`) or
+    # "think_last_letter" (the official local reward's fallback, `train_5GPUs.sh`: the letter
+    # its patterns find last in the policy's own <think> text stands in for the reference's
+    # answer; ``answers.official_think_choice``).
     consistency_when_reference_down: ReferenceDown = "unscored"
     # The reference's system message and its template for multiple-choice questions
     # ({question}, {think}), set from the recipe's prompts file; None: this project's.

@@ -2,8 +2,9 @@
 
 Multiple-choice answers score 1 or 0; numeric answers score VSI-Bench's mean relative
 accuracy. An answer that cannot be parsed scores 0 and stays in the denominator, as in
-the official evaluation (its ``dropna`` removes only failed generations, which are left
-out here too, as failures).
+the official evaluation (its reader returns the reply itself when it finds no letter, so
+its ``dropna`` removes no row). A failed generation also scores 0 and stays in the
+denominator; the evaluation stage counts and lists it as failed.
 
 Relative direction has three subtypes (easy: two options, medium: three, hard: four),
 which the catalog keeps in one ``object_rel_direction`` category; the subtype is
@@ -34,7 +35,7 @@ from embodied_r.scoring.answers import (
     parse_number,
     read_choice,
 )
-from embodied_r.benchmarks import PAPER_TASKS
+from embodied_r.benchmark_rules import PAPER_TASKS
 
 # VSI-Bench's thresholds: 0.50, 0.55, ..., 0.95 (its scorer builds the same array).
 MRA_THRESHOLDS = np.linspace(0.5, 0.95, 10)

@@ -25,6 +25,7 @@ from embodied_r.scoring.answers import (
     parse_choice,
     parse_number,
     read_choice,
+    think_fallback_reward,
 )
 from embodied_r.backends.base import Backend, BackendConfig
 from embodied_r.backends.factory import make_backend
@@ -177,7 +178,9 @@ class ConsistencyReward:
     when ``require_correct`` and the answer is wrong (the reference is then not asked).
     None (unscored) where the reference could not answer: an unknown reward must not
     look like a bad one (``when_down="unscored"``); 0.0 with ``"zero"``, as the official
-    code scored it. Answers are read with ``parser``. The reference is its own frozen model
+    API reward scored it; with ``"think_last_letter"``, as the official local reward, the
+    letter ``official_think_choice`` reads from the policy's own reasoning stands in for the
+    reference's answer (a numeric answer has no letter: 0.0). Answers are read with ``parser``. The reference is its own frozen model
     behind a backend; the policy under training never grades its own reasoning.
 
     With ``fill_unscored`` (the trainer's setting) an unscored completion gets the mean
@@ -249,6 +252,7 @@ class ConsistencyReward:
         asked: list[int] = []
         conversations: list[list[dict[str, str]]] = []
         policy_answers: dict[int, str | float] = {}
+        self._thinks: dict[int, tuple[str, str]] = {}  # asked completions: (reasoning, answer type)
         for i, text in enumerate(texts):
             think = extract_think(text)
             answer = _policy_answer(text, answer_types[i], _n_options(options[i]), self.parser)
@@ -268,6 +272,7 @@ class ConsistencyReward:
             )
             asked.append(i)
             policy_answers[i] = answer
+            self._thinks[i] = (think, answer_types[i])
 
         if log_metric is not None:
             log_metric("consistency/asked", float(len(asked)))
@@ -282,16 +287,16 @@ class ConsistencyReward:
             generations = backend.generate(conversations)
         except Exception as exc:  # noqa: BLE001 - any failure of the reference is "unknown"
             log.warning("consistency reward: reference model failed (%s); %s", exc, self._down_words())
-            return self._log_skipped(self._unreachable(n, log_metric), log_metric), replies
+            return self._log_skipped(self._unreachable(rewards, policy_answers, log_metric), log_metric), replies
         if len(generations) != len(asked) or all(g.error for g in generations):
             first = next((g.error for g in generations if g.error), "wrong number of replies")
             log.warning("consistency reward: reference model unreachable (%s); %s", first, self._down_words())
-            return self._log_skipped(self._unreachable(n, log_metric), log_metric), replies
+            return self._log_skipped(self._unreachable(rewards, policy_answers, log_metric), log_metric), replies
 
         failed = 0
         for i, generation in zip(asked, generations):
             if generation.error:
-                rewards[i] = self._down_value()
+                rewards[i] = self._down_value(i, policy_answers[i])
                 failed += 1
                 continue
             reference = _reference_answer(generation.text, answer_types[i], _n_options(options[i]),
@@ -300,7 +305,7 @@ class ConsistencyReward:
             rewards[i] = 1.0 if _agrees(reference, policy_answers[i], answer_types[i]) else 0.0
         if failed:
             log.warning("consistency reward: %d of %d reference calls failed; %s", failed, len(asked),
-                        "left unscored" if self.when_down == "unscored" else "scored 0")
+                        self._down_words().removeprefix("rewards "))
         if log_metric is not None:
             log_metric("consistency/reference_failed", float(failed))
         self._log_skipped(rewards, log_metric)
@@ -317,19 +322,28 @@ class ConsistencyReward:
             log_metric("consistency/skipped_ratio", skipped / len(rewards) if rewards else 0.0)
         return rewards
 
-    def _down_value(self) -> float | None:
+    def _down_value(self, i: int | None = None, answer: str | float | None = None) -> float | None:
         # Unknown, not wrong: a made-up 0 would punish the policy for the reference's outage,
         # and falling back to the policy itself would let it grade its own reasoning. The
-        # official code scored 0; "zero" reproduces it.
-        return 0.0 if self.when_down == "zero" else None
+        # official code did both ("zero", "think_last_letter"); each is reproduced as a named value.
+        if self.when_down == "think_last_letter" and i is not None:
+            think, answer_type = self._thinks[i]
+            return think_fallback_reward(think, answer, answer_type)
+        return 0.0 if self.when_down in ("zero", "think_last_letter") else None
 
     def _down_words(self) -> str:
-        return "rewards left unscored" if self.when_down == "unscored" else "rewards scored 0"
+        return {"unscored": "rewards left unscored", "zero": "rewards scored 0",
+                "think_last_letter": "rewards scored from the reasoning's last letter"}[self.when_down]
 
-    def _unreachable(self, n: int, log_metric: Callable[[str, float], None] | None) -> list[float | None]:
+    def _unreachable(self, rewards: list[float | None], policy_answers: dict[int, str | float],
+                     log_metric: Callable[[str, float], None] | None) -> list[float | None]:
         if log_metric is not None:
             log_metric("consistency/reference_unreachable", 1.0)
-        return [self._down_value()] * n
+        if self.when_down == "think_last_letter":
+            # Per asked completion; the others keep their 0 (no reasoning, no answer, wrong).
+            return [self._down_value(i, policy_answers[i]) if i in policy_answers else r
+                    for i, r in enumerate(rewards)]
+        return [self._down_value()] * len(rewards)
 
 
 def reference_for_rank(cfg: BackendConfig, world_size: int) -> BackendConfig:

@@ -13,6 +13,7 @@ import shutil
 from pathlib import Path
 
 from embodied_r.training.environment import CHECKPOINTS
+from embodied_r.training.multinode import is_global_main_process
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +55,9 @@ def last_checkpoint(work: Path) -> tuple[str | None, int]:
     for step, path in found:
         if checkpoint_is_whole(path):
             return str(path), step
-        log.warning("checkpoint %s is incomplete (a run died while saving it): removed, falling back", path)
-        shutil.rmtree(path, ignore_errors=True)
+        # Every process reaches the same verdict; on several nodes sharing the folder only
+        # one of them may remove it.
+        if is_global_main_process():
+            log.warning("checkpoint %s is incomplete (a run died while saving it): removed, falling back", path)
+            shutil.rmtree(path, ignore_errors=True)
     return None, 0

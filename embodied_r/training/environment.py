@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from embodied_r import progress
 from embodied_r.io import read_json, write_json_atomic
 from embodied_r.settings import operational
+from embodied_r.training.multinode import main_node_args
 
 SPEC_NAME = "spec.json"
 RESULT_NAME = "train_result.json"
@@ -169,6 +170,7 @@ class TrainerEnvironment(BaseModel):
         if self.accelerate_config:
             config = resolve_config_file(self.accelerate_config)
             cmd += ["--config_file", str(config)]
+            cmd += main_node_args(read_accelerate_config(config), str(config))
             ds = deepspeed_file(config)
             if ds is not None:
                 # accelerate reads a relative path against the working folder; pin it.

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field
 
 from embodied_r import schemas
-from embodied_r.benchmarks import question_block
+from embodied_r.benchmark_rules import question_block
 from embodied_r.faults import item_done
 from embodied_r.training.prompts import (
     DEFAULT_CHOICE_INSTRUCTION,

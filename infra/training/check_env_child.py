@@ -17,7 +17,9 @@ each argument means there what the project meant:
 - bf16 weights only where an fp32 master copy exists (DeepSpeed or LoRA);
 - the launch: ``accelerate launch`` parses the command line the project builds, picks the
   launcher the config asks for (DeepSpeed, multi-GPU) with that many processes, and the
-  DeepSpeed JSON's ``auto`` values resolve against the trainer's arguments.
+  DeepSpeed JSON's ``auto`` values resolve against the trainer's arguments; over several
+  nodes, the main node's launch and each other node's (as ``follow_launches.py`` replays
+  it) meet at the main node's address with their share of the processes.
 
 The world size is faked by the config class's ``world_size``; a bf16 recipe is built as
 on a bf16-capable GPU. Writes one result per case to OUT.json.
@@ -107,9 +109,42 @@ def launch_plan(cmd: list[str], gpus: int) -> dict[str, Any]:
     finally:
         launch.deepspeed_launcher, launch.multi_gpu_launcher, launch.simple_launcher = originals
     args = seen["args"]
-    processes = int(getattr(args, "nproc_per_node", None) or args.num_processes or 1)
+    # On several nodes each launcher starts its node's share; the world is all of them.
+    nodes = int(getattr(args, "nnodes", None) or 1)
+    per_node = int(getattr(args, "nproc_per_node", None) or args.num_processes or 1)
     env = {k: v for k, v in seen["env"].items() if k.startswith("ACCELERATE_")}
-    return {"launcher": seen["kind"], "processes": processes, "env": env}
+    return {"launcher": seen["kind"], "processes": per_node * nodes, "env": env, "nodes": nodes,
+            "per_node": per_node, "node_rank": int(getattr(args, "node_rank", None) or 0),
+            # torchrun's static rendezvous meets at rdzv_endpoint, else at master_addr:port.
+            "master": getattr(args, "rdzv_endpoint", None)
+            or f"{getattr(args, 'master_addr', None)}:{getattr(args, 'master_port', None)}"}
+
+
+# A documentation address (RFC 5737): the main node's, as the cluster would set it.
+MAIN_ADDR = "192.0.2.10"
+
+
+def check_nodes(cmd: list[str], first: dict[str, Any], world: int, gpus: int) -> list[str]:
+    """A launch over several nodes: the main node's as the stage builds it, and every other
+    node's as ``follow_launches`` replays it, meet at the main node's address, each starting
+    its share of the world."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("follow_launches", Path(__file__).with_name("follow_launches.py"))
+    follow = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(follow)
+    problems = []
+    plans = [first] + [launch_plan(follow.for_rank(cmd, rank), gpus) for rank in range(1, first["nodes"])]
+    for rank, plan in enumerate(plans):
+        where = f"node {rank}"
+        if plan["node_rank"] != rank:
+            problems.append(f"{where}: launched as node rank {plan['node_rank']}")
+        if not plan["master"].startswith(f"{MAIN_ADDR}:") or plan["master"] != first["master"]:
+            problems.append(f"{where}: meets at {plan['master']}, not the main node {MAIN_ADDR}")
+        if plan["per_node"] * len(plans) != world or plan["launcher"] != first["launcher"]:
+            problems.append(f"{where}: {plan['launcher']} with {plan['per_node']} processes, "
+                            f"not {world // len(plans)} of {world}")
+    return problems
 
 
 def _plain(value: Any) -> Any:
@@ -219,10 +254,20 @@ def run_case(case: dict[str, Any], work: Path) -> dict[str, Any]:
     sft = SFTConfig.model_validate(case["sft"])
     launch: dict[str, Any] = {"launcher": "python", "processes": 1, "env": {}}
     if cfg.launcher == "accelerate":
-        launch = launch_plan(cfg.command("embodied_r.training.grpo", work / "spec.json"), gpus)
+        from embodied_r.training.multinode import MAIN_ADDR_ENV
+
+        from unittest import mock
+
+        with mock.patch.dict(os.environ, {MAIN_ADDR_ENV: MAIN_ADDR}):
+            cmd = cfg.command("embodied_r.training.grpo", work / "spec.json")
+        launch = launch_plan(cmd, gpus)
         if launch["processes"] != world:
             result["problems"].append(f"accelerate launch starts {launch['processes']} processes, expected {world}")
+        if launch["nodes"] > 1:
+            result["problems"] += check_nodes(cmd, launch, world, gpus)
     result["launch"] = {k: launch[k] for k in ("launcher", "processes")}
+    if launch.get("nodes", 1) > 1:
+        result["launch"]["nodes"] = launch["nodes"]
     deepspeed = launch["launcher"] == "deepspeed"
     if deepspeed != cfg.deepspeed():
         result["problems"].append(f"launcher {launch['launcher']}, but the config says DeepSpeed={cfg.deepspeed()}")

@@ -6,7 +6,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from embodied_r import benchmarks as bm
+from embodied_r import benchmark_rules as bm
 
 REAL_MCQ = Path(__file__).resolve().parents[2] / "shared" / "benchmarks" / "urbanvideo-bench" / "MCQ.parquet"
 needs_real = pytest.mark.skipif(not REAL_MCQ.is_file(), reason=f"real MCQ.parquet not found at {REAL_MCQ} "

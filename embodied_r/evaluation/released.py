@@ -1,0 +1,53 @@
+"""Models kept in a folder of a hub repository, as the authors released theirs.
+
+``hf://owner/repo/folder`` (``@revision`` to pin it) names the model in ``folder`` of the hub
+model repository ``owner/repo``: EmbodiedCity/Embodied-R holds its two trained reasoners as
+``Weight_1`` and ``Weight_2``. Backends load a local folder or a whole repository, so the
+folder is fetched into the hub cache (only its files) and its local path handed on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+PREFIX = "hf://"
+
+
+@dataclass(frozen=True)
+class HubFolder:
+    repo: str
+    folder: str
+    revision: str | None = None
+
+
+def parse_hub_folder(ref: str) -> HubFolder:
+    """``hf://owner/repo/folder[@revision]`` split into its parts; a one-line error names a
+    malformed reference and its form."""
+    if not ref.startswith(PREFIX):
+        raise ValueError(f"{ref!r} is not a hub folder reference (hf://owner/repo/folder[@revision])")
+    body, _, revision = ref[len(PREFIX):].partition("@")
+    parts = [p for p in body.split("/") if p]
+    if len(parts) < 3 or (revision == "" and "@" in ref):
+        raise ValueError(f"{ref!r}: name the repository and the model's folder in it, as "
+                         "hf://owner/repo/folder (and @revision to pin it), e.g. hf://EmbodiedCity/Embodied-R/Weight_1")
+    return HubFolder("/".join(parts[:2]), "/".join(parts[2:]), revision or None)
+
+
+def fetch_hub_folder(ref: str) -> str:
+    """The local path of the model a ``hf://`` reference names, fetched on first use."""
+    where = parse_hub_folder(ref)
+    from huggingface_hub import snapshot_download
+
+    try:
+        root = snapshot_download(where.repo, revision=where.revision, allow_patterns=[f"{where.folder}/*"])
+    except Exception as exc:  # noqa: BLE001 - every cause has the same fix: reach the hub or the cache
+        first = " ".join(str(exc).split())[:200]
+        raise RuntimeError(f"cannot fetch {where.folder}/ of {where.repo} from the hub ({first}): connect to the "
+                           "hub (or set HF_ENDPOINT to a mirror) and run again; once fetched it is read from "
+                           "the hub cache") from None
+    path = Path(root) / where.folder
+    if not (path / "config.json").is_file():
+        raise RuntimeError(f"{where.repo} has no model in {where.folder}/ (no config.json at {path}): check the "
+                           "folder's name on the hub")
+    return str(path)

@@ -1,0 +1,174 @@
+"""Where the agent stands in AI2-THOR, as the original evaluator places it; pure geometry.
+
+- **Start pose**: the reachable position nearest one of the scene's four floor-level corners
+  (``sceneBounds.cornerPoints`` 2, 3, 6, 7), facing diagonally into the room, horizon 0.
+- **Navigation pose**: the scene's hand-made pose for the object when the original repository
+  has one (``data/agent_positions.json`` of the user's checkout, read at run time); else the
+  eight-position search: the object's heading is rounded to one of eight directions; the
+  candidates are its interactable poses within 1.5 m, on the side it faces (in line with it
+  for the four axis headings, in that quadrant for the diagonals), then behind it, then (for
+  diagonals) beside it; among those near the line it faces along, a small object takes the
+  nearest, a middling one the median within 1 m, a large one the farthest within 1 m. Small
+  objects, or no candidate at all, take the nearest pose. The agent then faces the object.
+- **Look-at**: the camera tilts toward the object's box centre (between 30 up and 60 down) and
+  the body turns to the nearest of the eight headings; it crouches when it stands more than
+  0.44 m above the object's lowest corner.
+
+The original's search differs per heading in details that read as slips (heading 0 filters on
+the wrong axis; only heading 135 looks beside the object); here every heading follows the one
+rule above.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+POSES_RELPATH = Path("data") / "agent_positions.json"
+_CORNERS = ((2, 225), (3, 315), (6, 135), (7, 45))  # corner point index, heading into the room
+REACH = 1.5  # metres from the object a candidate may stand
+LINE_GAP = 0.1  # candidates this much farther from the facing line than the best still count
+NAV_HORIZON = 60  # camera tilt after a computed navigation (degrees down)
+CROUCH_ABOVE = 0.44  # crouch when the agent stands this much above the object's lowest corner
+
+
+class PosesError(ValueError):
+    """The hand-made poses file is missing or not in the original's shape."""
+
+
+def load_poses(checkout: str | Path | None) -> dict[str, dict[str, dict[str, Any]]]:
+    """``{scene: {objectId: pose}}`` from the user's checkout of the original repository.
+
+    The original merges every task's poses into one map, whatever the scene; keyed by scene
+    here, an object id that repeats across scenes cannot borrow another scene's pose."""
+    if not checkout:
+        raise PosesError("AI2-THOR navigation needs the original's hand-made poses: set evaluate.original_checkout "
+                         f"to a checkout of zwq2018/embodied_reasoner (it reads {POSES_RELPATH})")
+    path = Path(checkout).expanduser() / POSES_RELPATH
+    if not path.is_file():
+        raise PosesError(f"{path} not found: point evaluate.original_checkout at a checkout of "
+                         "zwq2018/embodied_reasoner")
+    try:
+        data = json.loads(path.read_text())
+        poses: dict[str, dict[str, dict[str, Any]]] = {}
+        for entry in data.values():
+            scene = entry["scene"]
+            for key, pose in entry.items():
+                if isinstance(pose, dict):
+                    pose["agent_teleport_position"], pose["agent_rotation"], pose["agent_cameraHorizon"]
+                    poses.setdefault(scene, {})[key] = pose
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise PosesError(f"{path}: not the original's poses file ({type(exc).__name__}: {exc})") from exc
+    return poses
+
+
+def _flat(a: dict[str, float], b: dict[str, float]) -> float:
+    return math.hypot(a["x"] - b["x"], a["z"] - b["z"])
+
+
+def start_pose(corner_points: list[list[float]], reachable: list[dict[str, float]],
+               tried: list[dict[str, float]] = ()) -> tuple[dict[str, float], int] | None:
+    """The reachable position nearest a floor corner and the diagonal heading from it."""
+    best, best_d = None, math.inf
+    for index, heading in _CORNERS:
+        corner = corner_points[index]
+        for p in reachable:
+            if p in tried:
+                continue
+            d = math.hypot(p["x"] - corner[0], p["z"] - corner[2])
+            if d < best_d:
+                best, best_d = (p, heading), d
+    return best
+
+
+def _size(obj: dict[str, Any]) -> tuple[float, float]:
+    s = obj["axisAlignedBoundingBox"]["size"]
+    x, y, z = s["x"], s["y"], s["z"]
+    return round(x * y * z, 4), round(max(x * y, x * z, y * z), 4)
+
+
+def _nearest(obj: dict[str, Any], poses: list[dict[str, Any]]) -> tuple[dict[str, Any], int] | None:
+    if not poses:
+        return None
+    p = min(poses, key=lambda q: _flat(q, obj["position"]))
+    return p, int(p.get("rotation", 0))
+
+
+def _pick_on_line(obj: dict[str, Any], heading: int, cands: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """Among candidates near the line the object faces along, one by the object's size."""
+    if not cands:
+        return None
+    c, h = obj["position"], math.radians(heading)
+    off = [abs((p["x"] - c["x"]) * math.cos(h) - (p["z"] - c["z"]) * math.sin(h)) for p in cands]
+    best = min(off)
+    line = sorted((p for p, o in zip(cands, off) if o <= best + LINE_GAP), key=lambda p: _flat(p, c))
+    volume, face = _size(obj)
+    if volume <= 0.2 and face <= 0.5:
+        return line[0]
+    within = [p for p in line if _flat(p, c) <= 1.0]
+    if not within:
+        return None
+    if volume <= 1 and face <= 1:
+        return within[len(within) // 2]
+    return within[-1]
+
+
+def _side(obj: dict[str, Any], p: dict[str, Any], direction: int) -> bool:
+    """Whether ``p`` lies on the object's ``direction`` side: ahead of it along an axis
+    heading, inside that quadrant for a diagonal one."""
+    dx, dz = p["x"] - obj["position"]["x"], p["z"] - obj["position"]["z"]
+    ux, uz = math.sin(math.radians(direction)), math.cos(math.radians(direction))
+    if direction % 90:
+        return dx * ux > 0 and dz * uz > 0
+    return dx * ux + dz * uz > 1e-9
+
+
+def _in_line(obj: dict[str, Any], cands: list[dict[str, Any]], heading: int) -> list[dict[str, Any]]:
+    """Axis headings: candidates within the first of 0.1 ... 0.5 m of the facing axis that has any."""
+    lateral = "x" if heading in (0, 180) else "z"
+    for tol in (0.1, 0.2, 0.3, 0.4, 0.5):
+        found = [p for p in cands if abs(p[lateral] - obj["position"][lateral]) <= tol]
+        if found:
+            return found
+    return []
+
+
+def navigation_pose(obj: dict[str, Any], interactable: list[dict[str, Any]],
+                    tried: list[dict[str, Any]] = ()) -> tuple[dict[str, Any], int] | None:
+    """The eight-position search (module doc): ``(pose, heading)`` or None when none is left."""
+    cands = [p for p in interactable if _flat(p, obj["position"]) <= REACH and p not in tried]
+    if not cands:
+        return None
+    volume, face = _size(obj)
+    if volume <= 0.1 and face <= 1:
+        return _nearest(obj, cands)
+    heading = min(range(0, 361, 45), key=lambda a: abs(a - round(obj["rotation"]["y"]))) % 360
+    if heading % 90 == 0:
+        cands = _in_line(obj, cands, heading)
+    sides = [(heading, (heading + 180) % 360), ((heading + 180) % 360, heading)]
+    if heading % 90:
+        sides += [((heading + 90) % 360, (heading + 270) % 360), ((heading + 270) % 360, (heading + 90) % 360)]
+    for side, facing in sides:
+        chosen = _pick_on_line(obj, heading, [p for p in cands if _side(obj, p, side)])
+        if chosen is not None:
+            return chosen, facing
+    return _nearest(obj, [p for p in interactable if _flat(p, obj["position"]) <= REACH and p not in tried])
+
+
+def look_at(camera: dict[str, float], centre: dict[str, float], horizon: float, yaw: float) -> tuple[float, float]:
+    """``(look up by, rotate left by)`` in degrees that turn the camera toward ``centre``
+    (negative ``look up`` looks down), the tilt kept within 30 up and 60 down."""
+    dx, dy, dz = centre["x"] - camera["x"], centre["y"] - camera["y"], centre["z"] - camera["z"]
+    norm = math.sqrt(dx * dx + dy * dy + dz * dz) or 1.0
+    pitch = math.degrees(math.asin(max(-1.0, min(1.0, dy / norm))))
+    target = min(30, int(pitch)) if int(pitch) > 0 else max(-60, int(pitch))
+    heading = math.degrees(math.atan2(dx, dz)) % 360
+    nearest = min(range(0, 361, 45), key=lambda a: abs(a - round(heading))) % 360
+    # The camera's horizon counts degrees down; the tilt above counts up.
+    return target - (-horizon), yaw - nearest
+
+
+def crouch(agent_y: float, lowest_corner_y: float) -> bool:
+    return agent_y > lowest_corner_y + CROUCH_ABOVE

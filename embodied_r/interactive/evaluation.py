@@ -1,0 +1,99 @@
+"""The test cases' episodes, resumable and in shards.
+
+Each finished episode is appended to its shard's log (``io.ItemLog``: one line per episode,
+flushed before the next starts), so an evaluation stopped at any moment (a kill, a lost
+machine) and run again reads the logs, skips every task already there and runs the rest: no
+task is done twice, none is lost. ``shards: N`` splits the tasks by a stable rule on their
+identity (``shard_of``), so one shard's tasks are the same on every run and every machine;
+here the shards run one after another, each with its own log, and the merged results (in the
+test file's order) are the same whatever N is. A rerun with another N reuses every log there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any, Callable
+
+from embodied_r.interactive.environment import Environment
+from embodied_r.interactive.episode import EpisodeConfig, Generate, run_episodes
+from embodied_r.io import ItemLog
+
+KEY = "identity"
+
+
+def shard_of(identity: Any, shards: int) -> int:
+    """The shard of a task: a hash of its identity, the same in every process and Python."""
+    digest = hashlib.sha256(str(identity).encode()).digest()
+    return int.from_bytes(digest[:8], "big") % shards
+
+
+def shard_log(work: Path, shard: int, shards: int) -> ItemLog:
+    return ItemLog(Path(work) / f"results.shard-{shard}-of-{shards}.jsonl", key=KEY,
+                   validate=lambda r: "success" in r and "tasktype" in r)
+
+
+def check_identities(cases: list[dict[str, Any]]) -> None:
+    seen: set[str] = set()
+    for case in cases:
+        key = str(case[KEY])
+        if key in seen:
+            raise ValueError(f"test case identity {key!r} occurs twice: give every case its own identity "
+                             "(the results log and the shards are keyed by it)")
+        seen.add(key)
+
+
+def evaluate_cases(cases: list[dict[str, Any]], make_env: Callable[[], Environment], generate: Generate,
+                   work: Path, cfg: EpisodeConfig, batch: int = 8, shards: int = 1,
+                   on_done: Callable[[dict[str, Any]], None] | None = None) -> tuple[list[dict[str, Any]], int]:
+    """Every case's result (with its messages), in ``cases`` order, and how many episodes this
+    call ran (the rest were read from the logs of an earlier run)."""
+    check_identities(cases)
+    work = Path(work)
+    finished: dict[str, dict[str, Any]] = {}
+    for path in sorted(work.glob("results.shard-*-of-*.jsonl")):
+        finished.update({str(r[KEY]): r for r in ItemLog(path, key=KEY).read() if "success" in r})
+    done: dict[str, dict[str, Any]] = {}
+    ran = 0
+    for shard in range(shards):
+        log = shard_log(work, shard, shards)
+        mine = [c for c in cases if shard_of(c[KEY], shards) == shard]
+        todo = [c for c in mine if str(c[KEY]) not in finished]
+
+        def record(episode: Any, log: ItemLog = log) -> None:
+            row = {**episode.result(), "messages": episode.messages}
+            log.append(row)
+            finished[str(row[KEY])] = row
+            if on_done:
+                on_done(row)
+
+        if todo:
+            run_episodes(todo, make_env, generate, work / "episodes", cfg, on_done=record, batch=batch)
+            ran += len(todo)
+        done.update({k: finished[k] for k in (str(c[KEY]) for c in mine)})
+    return [done[str(c[KEY])] for c in cases], ran
+
+
+def _text(message: dict[str, Any]) -> str:
+    content = message["content"]
+    return content if isinstance(content, str) else " ".join(p.get("text", "") for p in content)
+
+
+def replay_generator(cases: list[dict[str, Any]]) -> Generate:
+    """A stand-in model that answers each turn with the task's next key action (then ``end``):
+    the ceiling of the environment's rules, and a deterministic model for tests. A task is
+    known by its query in the first user turn."""
+    plans = {c["taskquery"]: [f"{a['action']} {a.get('objectType', '')}".strip()
+                              for a in c["task_metadata"]["actions"]] for c in cases}
+
+    def generate(conversations: list[list[dict[str, Any]]]) -> list[str | None]:
+        out = []
+        for conv in conversations:
+            first = next(_text(m) for m in conv if m["role"] == "user")
+            known = [q for q in plans if q in first]
+            plan = plans[max(known, key=len)] if known else ["end"]
+            turn = sum(1 for m in conv if m["role"] == "assistant")
+            out.append(f"<DecisionMaking>{plan[turn] if turn < len(plan) else 'end'}</DecisionMaking>")
+        return out
+
+    return generate

@@ -1,0 +1,110 @@
+"""Failed generations: the original's long-context retry, and replies for the episode loop.
+
+The original's inference server (its transformers predictor, which its local evaluation
+calls) answers a call that raised (most often a context too long for the GPU) by trying again
+with less, at most ``2 * images`` more times, and then gives up with an empty reply. After
+failed try ``t`` (1, 2, ...) it changes one thing:
+
+1. while the conversation holds more than ``t`` images, image ``t`` (0-based: never the first)
+   is cut to half the pixel budget (nearest-neighbour, as its ``preprocess_image``);
+2. once every image but the first is halved, one try changes nothing and marks the history
+   for shortening;
+3. from then on, when the conversation has more than ``2t + 2`` messages, it keeps
+   ``messages[2:2t]``: the original's slice, kept as it is, which drops the system prompt and
+   the first turn, and the latest turns as well.
+
+``retry_variants`` yields those conversations in order; ``replies`` runs them through a
+backend and returns None for a generation that still failed. An infrastructure failure (the
+server down, a refused key) is no item's fault: it stops the stage.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from PIL import Image
+
+Conversation = list[dict[str, Any]]
+
+
+class GenerationUnavailable(RuntimeError):
+    """The model service failed for a reason that is not the item's (``error_kind`` infra)."""
+
+
+def image_paths(conversation: Conversation) -> list[str]:
+    return [p["path"] for m in conversation if isinstance(m["content"], list)
+            for p in m["content"] if p.get("type") == "image"]
+
+
+def _replace_image(conversation: Conversation, index: int, path: str) -> Conversation:
+    out, seen = [], 0
+    for m in conversation:
+        if not isinstance(m["content"], list):
+            out.append(m)
+            continue
+        parts = []
+        for p in m["content"]:
+            if p.get("type") == "image":
+                if seen == index:
+                    p = {**p, "path": path}
+                seen += 1
+            parts.append(p)
+        out.append({**m, "content": parts})
+    return out
+
+
+def halve_image(path: str, max_pixels: int) -> str:
+    """A copy of the image within ``max_pixels // 2`` pixels beside it (PNG, nearest)."""
+    budget = max_pixels // 2
+    target = Path(path).with_name(f"{Path(path).stem}.half{budget}.png")
+    if not target.exists():
+        with Image.open(path) as img:
+            img = img.convert("RGB")
+            w, h = img.size
+            if w * h > budget:
+                scale = math.sqrt(budget / (w * h))
+                img = img.resize((max(1, int(w * scale)), max(1, int(h * scale))), Image.NEAREST)
+            img.save(target)
+    return str(target)
+
+
+def retry_variants(conversation: Conversation, halve: Callable[[str], str]) -> Iterator[Conversation]:
+    """The conversations of the retries after a failed call, in order (module doc)."""
+    current = conversation
+    shorten = False
+    for attempt in range(1, 2 * len(image_paths(conversation)) + 1):
+        paths = image_paths(current)
+        if shorten and len(current) > 2 * attempt + 2:
+            current = current[2:2 * attempt]
+        elif len(paths) > attempt:
+            current = _replace_image(current, attempt, halve(paths[attempt]))
+        else:
+            shorten = True
+        yield current
+
+
+def replies(generate: Callable[[list[Conversation]], list[Any]], conversations: list[Conversation],
+            max_pixels: int, retry: bool) -> list[str | None]:
+    """One reply per conversation (``Generation.text``), None where the call failed after its
+    retries; ``retry``: the long-context retry above."""
+    out: list[str | None] = []
+    for conversation, gen in zip(conversations, generate(conversations)):
+        _raise_if_infra(gen)
+        text = gen.text if gen.error is None else None
+        if text is None and retry:
+            for variant in retry_variants(conversation, lambda p: halve_image(p, max_pixels)):
+                again = generate([variant])[0]
+                _raise_if_infra(again)
+                if again.error is None:
+                    text = again.text
+                    break
+        out.append(text)
+    return out
+
+
+def _raise_if_infra(gen: Any) -> None:
+    if getattr(gen, "infra_failed", False):
+        raise GenerationUnavailable(f"the model service failed: {gen.error}; start it (or fix its key) and run "
+                                    "again: finished episodes are kept")
