@@ -200,3 +200,27 @@ def test_a_refresh_discards_the_shards_too(tmp_path: Path) -> None:
     discard(out)
     assert not out.exists() and not shard_paths(out)
     assert [p.name for p in out.parent.iterdir()] == ["abcd.shard-1-of-2"]
+
+
+def test_a_shard_run_on_its_own_calls_its_own_server(tmp_path: Path) -> None:
+    """What a flow run of one shard does: shard i sends every call to server i mod n of the
+    backend's servers; the run that follows only merges."""
+    catalog, kf = make_inputs(tmp_path, VIDEOS, QUESTIONS)
+    servers = [RecordingServer(), RecordingServer()]
+    try:
+        cfg = perceiver(servers[0], shards=2)
+        cfg = cfg.model_copy(update={"backend": cfg.backend.model_copy(
+            update={"base_url": None, "base_urls": [s.base_url for s in servers]})})
+        out = tmp_path / "perception"
+        counts = []
+        for index in (1, 0):
+            shard = run_perception(catalog, kf, out, cfg, shard=index)
+            assert shard["shard"] == index + 1 and is_complete(shard_folder(out, index, 2)) and not out.exists()
+            counts.append([len(s.bodies) for s in servers])
+        assert counts[0][0] == 0 and counts[0][1] > 0  # shard 2 on server 2 alone
+        assert counts[1][1] == counts[0][1] and counts[1][0] > 0  # then shard 1 on server 1 alone
+        summary = run_perception(catalog, kf, out, cfg)
+        assert [len(s.bodies) for s in servers] == counts[1] and summary["calls"] == sum(counts[1])
+    finally:
+        for s in servers:
+            s.stop()
