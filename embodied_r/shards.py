@@ -141,6 +141,8 @@ def _run_shard(folder: Path, index: int, count: int, sharding: Sharding) -> dict
     mine = members(sharding.ids, index, count)
     start = time.monotonic()
     with stage_folder(folder) as work:
+        if is_complete(folder):  # another run of this shard finished it while this one waited
+            return read_summary(folder)
         figures = sharding.work(work, mine)
         summary = {"shard": index + 1, "of": count, "items": len(mine), "where": where(),
                    "seconds": round(time.monotonic() - start, 3), **figures}
@@ -154,6 +156,8 @@ def merge(out: Path, count: int, sharding: Sharding) -> dict[str, Any]:
     When the stage's own checks fail (too many failed items), the shards that had failed
     items are opened again, so a rerun tries those items again as an unsharded rerun would."""
     out = Path(out)
+    if is_complete(out):
+        return read_summary(out)
     folders = [shard_folder(out, i, count) for i in range(count)]
     missing = [i + 1 for i, f in enumerate(folders) if not is_complete(f)]
     if missing:
@@ -161,6 +165,8 @@ def merge(out: Path, count: int, sharding: Sharding) -> dict[str, Any]:
     summaries = [read_summary(f) for f in folders]
     try:
         with stage_folder(out) as work:
+            if is_complete(out):  # merged by another run while this one waited
+                return read_summary(out)
             _gather_logs(work, folders)
             for sub in sharding.files:
                 for folder in folders:

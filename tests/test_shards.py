@@ -224,3 +224,30 @@ def test_a_shard_run_on_its_own_calls_its_own_server(tmp_path: Path) -> None:
     finally:
         for s in servers:
             s.stop()
+
+
+def test_a_shard_finished_while_waiting_for_its_lock_is_not_redone(server: RecordingServer, tmp_path: Path,
+                                                                   capfd: pytest.CaptureFixture[str]) -> None:
+    """Two runs of one shard (a pipeline rerun while the first flow run still works): the
+    second waits for the first and takes its result instead of doing the shard again."""
+    import threading
+
+    from embodied_r.io import stage_lock
+
+    catalog, kf = make_inputs(tmp_path, VIDEOS, QUESTIONS)
+    out = tmp_path / "perception"
+    cfg = perceiver(server, shards=2)
+    first = run_perception(catalog, kf, out, cfg, shard=0)
+    sent = len(server.bodies)
+    folder = shard_folder(out, 0, 2)
+    aside = tmp_path / "aside"
+    folder.rename(aside)  # as if still being worked on
+    got: list[dict[str, Any]] = []
+    with stage_lock(folder):
+        second = threading.Thread(target=lambda: got.append(run_perception(catalog, kf, out, cfg, shard=0)))
+        second.start()
+        while "waiting for it to finish" not in capfd.readouterr().err:
+            assert second.is_alive()
+        aside.rename(folder)  # the first run ends
+    second.join()
+    assert got == [first] and len(server.bodies) == sent
