@@ -248,6 +248,7 @@ def test_a_shard_finished_while_waiting_for_its_lock_is_not_redone(server: Recor
         second.start()
         while "waiting for it to finish" not in capfd.readouterr().err:
             assert second.is_alive()
+            second.join(0.01)
         aside.rename(folder)  # the first run ends
     second.join()
     assert got == [first] and len(server.bodies) == sent
