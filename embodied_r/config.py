@@ -82,14 +82,6 @@ class Recipe(BaseModel):
         return self
 
     @model_validator(mode="after")
-    def _positive_learning_rate(self) -> "Recipe":
-        # A run at rate 0 trains nothing while looking like training. The trainer's own
-        # config allows it, for the control run that checks exactly that.
-        if not self.training.learning_rate > 0:
-            raise ValueError(f"training.learning_rate must be positive, not {self.training.learning_rate}")
-        return self
-
-    @model_validator(mode="after")
     def _finite_numbers(self) -> "Recipe":
         # NaN passes every "> 0" check as False only by luck and inf passes them all: no
         # recipe number may be either, whichever package's model holds it.

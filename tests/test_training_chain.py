@@ -1,0 +1,123 @@
+"""On the CPU with the tiny LM: the rollout-only prompt cut, stages chained by resuming the
+previous one's optimizer and schedule, and validation with the best checkpoint kept."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from embodied_r.backends.base import BackendConfig
+from embodied_r.training.config import GRPOStageConfig, TrainingConfig
+from embodied_r.training.records import RecordsConfig, run_records
+from embodied_r.training.stage import run_training_stage
+from test_records import VIDEO, catalog_row, write_inputs
+
+STAGES = [GRPOStageConfig(name="s1", format_weight=0.7, accuracy_weight=0.3),
+          GRPOStageConfig(name="s2", format_weight=0.3, accuracy_weight=0.7)]
+
+
+@pytest.fixture(scope="module")
+def records(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tmp = tmp_path_factory.mktemp("chain_records")
+    rows = [catalog_row(f"urbanvideo:{i}", "train", answer="ABCD"[i % 4]) for i in range(8)]
+    rows += [catalog_row(f"urbanvideo:{i}", "val", answer="ABCD"[i % 4]) for i in range(20, 22)]
+    catalog, perception = write_inputs(tmp, rows, {r["uid"]: VIDEO for r in rows})
+    run_records(catalog, perception, tmp / "records", RecordsConfig())
+    return tmp / "records"
+
+
+def cfg(**kw: Any) -> TrainingConfig:
+    base: dict[str, Any] = dict(
+        policy="tiny:lm", reference=BackendConfig(model="tiny:lm", device="cpu", max_new_tokens=4),
+        num_generations=2, per_device_train_batch_size=2, gradient_accumulation_steps=1,
+        max_completion_length=8, max_steps_per_stage=1, use_cpu=True, gradient_checkpointing=False,
+        learning_rate=1e-3, warmup_ratio=0.0, save_steps=50, stages=STAGES, completion_table_rows=0,
+    )
+    base.update(kw)
+    return TrainingConfig(**base)
+
+
+@pytest.fixture
+def in_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The trainer runs in this process: the child's start-up (imports) would cost most of
+    the test's time. Everything else is the stage's own path."""
+    from embodied_r.io import read_json, write_json_atomic
+    from embodied_r.training import grpo, stage
+    from embodied_r.training.environment import RESULT_NAME, SPEC_NAME
+
+    def run_here(module: str, spec: dict[str, Any], work: Path, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        write_json_atomic(work / SPEC_NAME, spec)
+        assert grpo.main(str(work / SPEC_NAME)) == 0
+        return read_json(work / RESULT_NAME)
+
+    monkeypatch.setattr(stage, "run_child", run_here)
+
+
+def test_rollout_only_cuts_the_generation_prompt_and_not_the_loss(tiny_lm_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """ms-swift 3.3's rule: generation sees the last max_prompt_length tokens, the loss and
+    KL pass the whole prompt."""
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    from embodied_r.training.chain import trainer_class
+
+    seen: list[int] = []
+    original = GRPOTrainer._generate_single_turn
+
+    def recording(self: Any, prompt_ids: Any, *args: Any, **kwargs: Any) -> Any:
+        seen.extend(len(ids) for ids in prompt_ids)
+        return original(self, prompt_ids, *args, **kwargs)
+
+    monkeypatch.setattr(GRPOTrainer, "_generate_single_turn", recording)
+    long = [{"role": "user", "content": "x " * 300 + "QUESTION?"}]
+    data = Dataset.from_list([{"prompt": long}, {"prompt": long}])
+    args = GRPOConfig(output_dir="/tmp/unused", use_cpu=True, per_device_train_batch_size=2, num_generations=2,
+                      max_completion_length=4, report_to=[], bf16=False)
+    trainer = trainer_class(64, None)(model=str(tiny_lm_path), reward_funcs=[lambda completions, **kw: [0.0] * len(completions)],
+                                      args=args, train_dataset=data)
+    batch = trainer._generate_and_score_completions([{"prompt": long}, {"prompt": long}])
+    whole = int(batch["prompt_mask"].sum(dim=1).max())
+    assert whole > 300  # the loss sees the whole prompt ...
+    assert seen and max(seen) == 64  # ... generation its last 64 tokens
+
+
+@pytest.mark.slow  # two stages of the tiny trainer: 27 s on two busy cores
+def test_resume_chain_carries_optimizer_and_schedule(records: Path, tmp_path: Path, in_process: None) -> None:
+    chain = cfg(stage_chain="resume")
+    first = run_training_stage(records, "tiny:lm", tmp_path / "s1", STAGES[0], chain, chain=STAGES)
+    second = run_training_stage(records, str(tmp_path / "s1" / "model"), tmp_path / "s2", STAGES[1], chain,
+                                chain=STAGES)
+    # One cosine over both stages' 2 steps, no warm-up: 1e-3, then half of it after a step.
+    assert first["schedule_steps"] == second["schedule_steps"] == 2
+    assert first["first_learning_rate"] == pytest.approx(1e-3)
+    assert first["last_learning_rate"] == pytest.approx(1e-3 * 0.5 * (1 + math.cos(math.pi / 2)))
+    assert second["first_learning_rate"] == pytest.approx(first["last_learning_rate"])
+    # Adam's state came along: its step count goes on from the first stage's step.
+    assert (first["first_adam_step"], second["first_adam_step"]) == (0, 1) and second["chain_loaded"]
+    # The KL reference and the policy's architecture come from the chain's first weights.
+    assert second["chain_initial_model"] == first["chain_initial_model"] == first["init_model"]
+    assert Path(first["chain_state"]).name == "chain_state" and (tmp_path / "s1" / "chain_state").is_dir()
+
+    fresh = cfg(stage_chain="fresh")
+    again = run_training_stage(records, str(tmp_path / "s1" / "model"), tmp_path / "f2", STAGES[1], fresh)
+    assert again["first_learning_rate"] == pytest.approx(1e-3) and again["first_adam_step"] == 0
+    assert again["chain_state"] is None and not again["chain_loaded"]
+
+
+@pytest.mark.slow  # 23 s on two busy cores
+def test_validation_every_n_steps_keeps_the_best_checkpoint(records: Path, tmp_path: Path, in_process: None) -> None:
+    training = cfg(eval_steps=1, keep_best=True, save_steps=1, save_total_limit=1, max_steps_per_stage=2)
+    summary = run_training_stage(records, "tiny:lm", tmp_path / "s1", STAGES[0], training)
+    history = json.loads((tmp_path / "s1" / "history.json").read_text())["history"]
+    evals = [e for e in history if "eval_rewards/accuracy_reward/mean" in e]
+    assert [e["step"] for e in evals] == [1, 2]
+    best = max(evals, key=lambda e: e["eval_rewards/accuracy_reward/mean"])
+    assert summary["best_metric"] == pytest.approx(best["eval_rewards/accuracy_reward/mean"])
+    assert summary["best_checkpoint"] == f"checkpoint-{best['step']}"
+    assert (tmp_path / "s1" / "best_model" / "config.json").is_file()
+    assert not (tmp_path / "s1" / "best_model" / "optimizer.pt").exists()
