@@ -23,6 +23,7 @@ from embodied_r.prompts.locate import PromptsError
 from embodied_r.training.records import RecordsConfig, for_policy
 from embodied_r.training.config import SFTConfig
 from embodied_r.training.config import TrainingConfig
+from embodied_r.training.chain import BEST_MODEL
 from embodied_r.training.warmstart import WarmstartConfig
 
 RECIPES_DIR = Path(__file__).parent / "recipes"
@@ -80,6 +81,19 @@ class Recipe(BaseModel):
                              f"is 0: give it a share, set tracking.promote_split to another split, or "
                              "tracking.promote: false")
         return self
+
+    @model_validator(mode="after")
+    def _best_checkpoint_is_kept(self) -> "Recipe":
+        if self.evaluation.checkpoint == "best_val" and not self.training.keep_best:
+            raise ValueError("evaluation.checkpoint: best_val evaluates the checkpoint kept by validation: "
+                             "set training.keep_best: true (with training.eval_steps), or checkpoint: last")
+        return self
+
+    def evaluated_model(self, last_stage_model: str) -> str:
+        """The folder the evaluation answers with, given the last training stage's ``model/``."""
+        if self.evaluation.checkpoint == "best_val":
+            return str(Path(last_stage_model).parent / BEST_MODEL)
+        return last_stage_model
 
     @model_validator(mode="after")
     def _finite_numbers(self) -> "Recipe":

@@ -129,6 +129,7 @@ def plan(recipe: Recipe, root: Path | None = None) -> dict[str, StagePlan]:
                  keyed={"stage": result_settings(stage), "training": training_keyed, **chain})
         model = str(Path(sp.out) / "model")
         prev = [sp.name]
+    model = recipe.evaluated_model(model)
     evaluation = recipe.evaluation.model_dump(mode="json")
     evaluation_keyed = result_settings(recipe.evaluation)
     if evaluation["max_prompt_length"] is None:

@@ -124,3 +124,19 @@ def test_chain_and_prompt_rule_per_recipe() -> None:
         "official-script-5gpu": ("resume", "rollout_only"), "improved": ("fresh", "both")}
     with pytest.raises(ValidationError, match="save_only_model: false"):
         TrainingConfig(stage_chain="resume", save_only_model=True)
+
+
+def test_the_plan_keys_the_chain_and_hands_evaluation_the_chosen_checkpoint(tmp_path: Path) -> None:
+    from embodied_r.pipeline import plan
+
+    paper = plan(load_recipe("paper"), tmp_path)
+    fresh = plan(load_recipe("paper", {"training": {"stage_chain": "fresh"}}), tmp_path)
+    assert paper["train_stage1"].key != fresh["train_stage1"].key
+    # Under resume each stage's schedule spans every stage: the stage is handed them all.
+    assert [s["name"] for s in paper["train_stage1"].config["chain"]] == ["stage1", "stage2", "stage3"]
+    assert "chain" not in fresh["train_stage1"].config
+    assert paper["evaluate"].inputs["model"] == str(Path(paper["train_stage3"].out) / "model")
+    best = plan(load_recipe("improved", {"evaluation": {"checkpoint": "best_val"}}), tmp_path)
+    assert best["evaluate"].inputs["model"] == str(Path(best["train_stage3"].out) / "best_model")
+    with pytest.raises(RecipeError, match="set training.keep_best: true"):
+        load_recipe("paper", {"evaluation": {"checkpoint": "best_val"}})
