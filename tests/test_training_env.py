@@ -92,7 +92,10 @@ PARAMS = 500_000 + 250_000 + 500_000 + 500
 
 
 def test_checkpoint_estimate_per_setup() -> None:
-    deepspeed = load_recipe("paper-8gpu").training
+    paper = load_recipe("paper-8gpu").training
+    # The official 200 checkpoints kept: every one of 1000 steps / 100 (and the last).
+    assert disk.estimate(paper, SHAPES, steps=1000).kept == 11
+    deepspeed = paper.model_copy(update={"save_total_limit": 2})
     est = disk.estimate(deepspeed, SHAPES, steps=1000)
     assert est.parameters == PARAMS
     assert est.per_checkpoint == PARAMS * 14  # 16-bit weights + fp32 master + two Adam moments
@@ -317,6 +320,8 @@ def _case(name: str, **overrides: Any) -> dict[str, Any]:
         sys.path.pop(0)
     recipe = load_recipe(name, overrides or None)
     world, gpus = check_env.world_of(recipe.training)
+    if gpus:  # accelerate picks the count: 4 processes, where 32 completions divide
+        world = gpus = 4
     from embodied_r.lifecycle.sft_baseline import sft_config_for
 
     return {"recipe": name, "world": world, "gpus": gpus, "training": recipe.training.model_dump(mode="json"),
