@@ -129,6 +129,11 @@ def test_a_stage_without_room_for_its_checkpoints_fails_before_training(
     # A tiny model's need in a unit that shows it, not "0.0 GB".
     assert "needs about 2.0 MB" in message and "0.0 GB" not in message
     assert not (tmp_path / "out.partial" / "train.log").exists()  # no trainer was started
+    # A resume chain also keeps the stage's last checkpoint for the next stage: one more.
+    with pytest.raises(disk.DiskSpaceError) as chained:
+        run_training_stage(records, "tiny:lm", tmp_path / "out", stage, tiny_cfg([stage], stage_chain="resume"))
+    fresh_kept, chain_kept = (int(str(e.value).split(" checkpoint(s)")[0].rsplit(" ", 1)[1]) for e in (err, chained))
+    assert chain_kept == fresh_kept + 1
 
 
 def test_weight_shapes_are_read_from_the_safetensors_headers(tiny_lm_path: Path) -> None:

@@ -92,7 +92,9 @@ def check_stage_disk(records: Path, init_model: str, out: Path, stage: GRPOStage
     rows = pq.read_metadata(Path(records) / "train.parquet").num_rows
     steps = planned_steps(rows, stage.epochs, max(completions_per_step(cfg) // cfg.num_generations, 1),
                           cfg.max_steps_per_stage)
-    check_disk(out, init_model, cfg, steps, f"training stage {stage.name!r}", existing_checkpoints(out))
+    # A resume chain keeps each stage's last checkpoint (chain_state/) for the next one.
+    check_disk(out, init_model, cfg, steps, f"training stage {stage.name!r}", existing_checkpoints(out),
+               kept_after=1 if cfg.stage_chain == "resume" else 0)
 
 
 def local_model(init_model: str) -> str:
