@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
+from safetensors.torch import load_file
 
 from embodied_r.backends.base import BackendConfig
 from embodied_r.training.config import GRPOStageConfig, TrainingConfig
@@ -86,6 +88,21 @@ def test_rollout_only_cuts_the_generation_prompt_and_not_the_loss(tiny_lm_path: 
     assert seen and max(seen) == 64  # ... generation its last 64 tokens
 
 
+def chained_policy(initial: str, state: str, tmp_path: Path) -> dict[str, Any]:
+    """The policy's weights of a trainer built from ``initial`` once the chain state is loaded."""
+    from datasets import Dataset
+    from trl import GRPOConfig
+
+    from embodied_r.training.chain import load_chain_weights, trainer_class
+
+    args = GRPOConfig(output_dir=str(tmp_path / "unused"), use_cpu=True, per_device_train_batch_size=2,
+                      num_generations=2, max_completion_length=4, report_to=[], bf16=False)
+    trainer = trainer_class(None, None)(model=initial, args=args, train_dataset=Dataset.from_list([{"prompt": "x"}] * 2),
+                                        reward_funcs=[lambda completions, **kw: [0.0] * len(completions)])
+    load_chain_weights(trainer, state)
+    return {k: v.detach() for k, v in trainer.model.state_dict().items()}
+
+
 @pytest.mark.slow  # two stages of the tiny trainer: 27 s on two busy cores
 def test_resume_chain_carries_optimizer_and_schedule(records: Path, tmp_path: Path, in_process: None) -> None:
     chain = cfg(stage_chain="resume")
@@ -101,7 +118,13 @@ def test_resume_chain_carries_optimizer_and_schedule(records: Path, tmp_path: Pa
     assert (first["first_adam_step"], second["first_adam_step"]) == (0, 1) and second["chain_loaded"]
     # The KL reference and the policy's architecture come from the chain's first weights.
     assert second["chain_initial_model"] == first["chain_initial_model"] == first["init_model"]
-    assert Path(first["chain_state"]).name == "chain_state" and (tmp_path / "s1" / "chain_state").is_dir()
+    assert first["chain_state"] == str(tmp_path / "s1" / "chain_state") and Path(first["chain_state"]).is_dir()
+    # The second stage's policy starts from the first stage's weights, not the initial ones.
+    started = chained_policy(first["init_model"], first["chain_state"], tmp_path)
+    trained = load_file(tmp_path / "s1" / "model" / "model.safetensors")
+    initial = load_file(Path(first["init_model"]) / "model.safetensors")
+    assert any(not torch.equal(initial[k], v) for k, v in trained.items())
+    assert all(torch.equal(started[k], v) for k, v in trained.items() if k in started)
 
     fresh = cfg(stage_chain="fresh")
     again = run_training_stage(records, str(tmp_path / "s1" / "model"), tmp_path / "f2", STAGES[1], fresh)
@@ -119,5 +142,6 @@ def test_validation_every_n_steps_keeps_the_best_checkpoint(records: Path, tmp_p
     best = max(evals, key=lambda e: e["eval_rewards/accuracy_reward/mean"])
     assert summary["best_metric"] == pytest.approx(best["eval_rewards/accuracy_reward/mean"])
     assert summary["best_checkpoint"] == f"checkpoint-{best['step']}"
+    assert summary["best_model"] == str(tmp_path / "s1" / "best_model")
     assert (tmp_path / "s1" / "best_model" / "config.json").is_file()
     assert not (tmp_path / "s1" / "best_model" / "optimizer.pt").exists()

@@ -143,6 +143,9 @@ def run_training_stage(records: Path, init_model: str, out: Path, stage: GRPOSta
             "stage_index": spec["stage_index"],
             **result,
         }
+        for kept in ("chain_state", "best_model"):  # the child saw the work folder; the stage ends in out
+            if result.get(kept):
+                summary[kept] = str(out / Path(result[kept]).name)
         write_summary(work, summary)
     return summary
 
