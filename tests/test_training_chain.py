@@ -103,7 +103,6 @@ def chained_policy(initial: str, state: str, tmp_path: Path) -> dict[str, Any]:
     return {k: v.detach() for k, v in trainer.model.state_dict().items()}
 
 
-@pytest.mark.slow  # two stages of the tiny trainer: 27 s on two busy cores
 def test_resume_chain_carries_optimizer_and_schedule(records: Path, tmp_path: Path, in_process: None) -> None:
     chain = cfg(stage_chain="resume")
     first = run_training_stage(records, "tiny:lm", tmp_path / "s1", STAGES[0], chain, chain=STAGES)
@@ -132,7 +131,6 @@ def test_resume_chain_carries_optimizer_and_schedule(records: Path, tmp_path: Pa
     assert again["chain_state"] is None and not again["chain_loaded"]
 
 
-@pytest.mark.slow  # 23 s on two busy cores
 def test_validation_every_n_steps_keeps_the_best_checkpoint(records: Path, tmp_path: Path, in_process: None) -> None:
     training = cfg(eval_steps=1, keep_best=True, save_steps=1, save_total_limit=1, max_steps_per_stage=2)
     summary = run_training_stage(records, "tiny:lm", tmp_path / "s1", STAGES[0], training)
