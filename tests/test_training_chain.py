@@ -143,3 +143,21 @@ def test_validation_every_n_steps_keeps_the_best_checkpoint(records: Path, tmp_p
     assert summary["best_model"] == str(tmp_path / "s1" / "best_model")
     assert (tmp_path / "s1" / "best_model" / "config.json").is_file()
     assert not (tmp_path / "s1" / "best_model" / "optimizer.pt").exists()
+
+
+def test_the_chain_schedule_never_ends_before_the_trainer_does(tiny_lm_path: Path) -> None:
+    """Planned from record counts, the chain's length can fall short of the steps the trainer
+    counts: the cosine then still ends at the last step instead of rising again."""
+    from datasets import Dataset
+    from trl import GRPOConfig
+
+    from embodied_r.training.chain import trainer_class
+
+    args = GRPOConfig(output_dir="/tmp/unused", use_cpu=True, per_device_train_batch_size=2, num_generations=2,
+                      max_completion_length=4, report_to=[], bf16=False, lr_scheduler_type="cosine", warmup_steps=0)
+    trainer = trainer_class(None, 4, 3)(model=str(tiny_lm_path), args=args,
+                                        train_dataset=Dataset.from_list([{"prompt": "x"}] * 2),
+                                        reward_funcs=[lambda completions, **kw: [0.0] * len(completions)])
+    trainer.create_optimizer()
+    scheduler = trainer.create_scheduler(5)  # 3 steps before + 5 here: 8, not the planned 4
+    assert scheduler.lr_lambdas[0](4) == pytest.approx(0.5)

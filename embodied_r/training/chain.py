@@ -46,9 +46,10 @@ def chain_schedule_steps(steps: list[int]) -> int:
     return max(sum(steps), 1)
 
 
-def trainer_class(limit: int | None, schedule_steps: int | None) -> type:
+def trainer_class(limit: int | None, schedule_steps: int | None, steps_before: int = 0) -> type:
     """TRL's GRPOTrainer with generation prompts cut at ``limit`` tokens (None: as given) and
-    the schedule built over ``schedule_steps`` (None: this stage's steps)."""
+    the schedule built over ``schedule_steps`` (None: this stage's steps), of which
+    ``steps_before`` were taken by earlier stages."""
     from trl import GRPOTrainer
 
     class StageTrainer(GRPOTrainer):  # type: ignore[misc]
@@ -59,7 +60,10 @@ def trainer_class(limit: int | None, schedule_steps: int | None) -> type:
             return super()._generate_single_turn(prompt_ids, *args, **kwargs)
 
         def create_scheduler(self, num_training_steps: int, optimizer: Any = None) -> Any:
-            return super().create_scheduler(schedule_steps or num_training_steps, optimizer)
+            # The chain's length is planned from record counts; should the trainer count more
+            # steps, the schedule still ends at the last one (a cosine past its end rises again).
+            total = max(schedule_steps, steps_before + num_training_steps) if schedule_steps else num_training_steps
+            return super().create_scheduler(total, optimizer)
 
     return StageTrainer
 

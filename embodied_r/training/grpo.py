@@ -260,7 +260,7 @@ def main(spec_path: str) -> int:
     holder: dict[str, Any] = {}
     chained = chain_callback(holder, chain.get("state"))
     cls = trainer_class(cfg.max_prompt_length if cfg.prompt_cut == "rollout_only" else None,
-                        chain.get("schedule_steps"))
+                        chain.get("schedule_steps"), offset if chain.get("state") else 0)
     # A resumed chain builds the policy (and TRL's KL reference with it) from the chain's
     # initial weights, then loads the previous stage's.
     model = chain.get("initial_model") or spec["init_model"]
