@@ -141,7 +141,8 @@ def test_validation_every_n_steps_keeps_the_best_checkpoint(records: Path, tmp_p
     assert summary["best_metric"] == pytest.approx(best["eval_rewards/accuracy_reward/mean"])
     assert summary["best_checkpoint"] == f"checkpoint-{best['step']}"
     assert summary["best_model"] == str(tmp_path / "s1" / "best_model")
-    assert (tmp_path / "s1" / "best_model" / "config.json").is_file()
+    # A model folder evaluation loads as it is: weights, config and tokenizer.
+    assert all((tmp_path / "s1" / "best_model" / f).is_file() for f in ("config.json", "model.safetensors", "tokenizer.json"))
     assert not (tmp_path / "s1" / "best_model" / "optimizer.pt").exists()
 
 
