@@ -115,10 +115,13 @@ def test_resume_chain_carries_optimizer_and_schedule(records: Path, tmp_path: Pa
     assert second["first_learning_rate"] == pytest.approx(first["last_learning_rate"])
     # Adam's state came along: its step count goes on from the first stage's step.
     assert (first["first_adam_step"], second["first_adam_step"]) == (0, 1) and second["chain_loaded"]
-    # The KL reference and the policy's architecture come from the chain's first weights.
+    # As ms-swift 3.3's resume of a full-parameter run: the policy and the KL reference (TRL
+    # builds it from the policy's model id) are the previous stage's weights.
+    assert second["reference_model"] == str(tmp_path / "s1" / "model")
     assert second["chain_initial_model"] == first["chain_initial_model"] == first["init_model"]
     assert first["chain_state"] == str(tmp_path / "s1" / "chain_state") and Path(first["chain_state"]).is_dir()
-    # The second stage's policy starts from the first stage's weights, not the initial ones.
+    # Built on the initial weights (a LoRA chain's base), the policy takes the kept state's
+    # trained weights, not the initial ones.
     started = chained_policy(first["init_model"], first["chain_state"], tmp_path)
     trained = load_file(tmp_path / "s1" / "model" / "model.safetensors")
     initial = load_file(Path(first["init_model"]) / "model.safetensors")

@@ -4,11 +4,13 @@ the best checkpoint by validation.
 - ``prompt_cut: rollout_only`` (ms-swift 3.3's GRPO): only the prompt handed to generation
   loses its beginning past ``max_prompt_length``; the loss and the KL pass see it whole.
 - ``stage_chain: resume`` (the official maintainer's three runs without
-  ``--save_only_model``): a stage starts from the previous stage's last checkpoint, with its
-  weights, Adam state and learning-rate schedule, and one schedule spans the chain. The
-  policy is built from the chain's initial weights first, so TRL's KL reference (a copy made
-  from the same model id) stays those weights, as ms-swift's reference did on a resume,
-  where ``--model`` still named the initial weights.
+  ``--save_only_model``, each resuming the previous run's checkpoint): a stage carries on the
+  previous stage's Adam state and learning-rate schedule, and one schedule spans the chain.
+  ms-swift 3.3, resuming a full-parameter run, loads the policy from the checkpoint and, since
+  its reference defaults to ``--model``, the KL reference too: here the policy and TRL's
+  reference (built from the same model id) are the previous stage's model. With LoRA,
+  ms-swift loads the checkpoint's adapter onto the base and its reference is the base with
+  the adapter off: here too.
 - ``keep_best``: the checkpoint with the best validation accuracy is copied to
   ``best_model/`` beside ``model/``.
 """
@@ -69,8 +71,8 @@ def trainer_class(limit: int | None, schedule_steps: int | None, steps_before: i
 
 
 def load_chain_weights(trainer: Any, state: str) -> None:
-    """The previous stage's weights into the policy, before training starts (DeepSpeed
-    loads them with the optimizer, in ``chain_callback``)."""
+    """The previous stage's trained weights (with LoRA: its adapter) into the policy, before
+    training starts (DeepSpeed loads them with the optimizer, in ``chain_callback``)."""
     if not trainer.is_deepspeed_enabled:
         trainer._load_from_checkpoint(state)
 

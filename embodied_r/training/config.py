@@ -101,10 +101,9 @@ class TrainingConfig(GRPOSettings, TrainerEnvironment):
     # completions_per_step / (per_device_train_batch_size x processes), and
     # gradient_accumulation_steps must then be null. None: the accumulation as given.
     completions_per_step: int | None = Field(None, ge=1)
-    # How stage i+1 starts from stage i. resume: the previous stage's optimizer state and
-    # learning-rate schedule carry on (one schedule over all stages), the KL reference stays
-    # the chain's initial weights; fresh: a new optimizer and schedule per stage, and the KL
-    # reference is the previous stage's output.
+    # How stage i+1 starts from stage i's model (also its KL reference). resume: the previous
+    # stage's optimizer state and learning-rate schedule carry on (one schedule over all
+    # stages); fresh: a new optimizer and schedule per stage.
     stage_chain: Literal["resume", "fresh"] = "fresh"
     # Validation on the val split every this many steps (rewards and accuracy, logged as
     # eval_*); None: none during training.

@@ -261,9 +261,12 @@ def main(spec_path: str) -> int:
     chained = chain_callback(holder, chain.get("state"))
     cls = trainer_class(cfg.max_prompt_length if cfg.prompt_cut == "rollout_only" else None,
                         chain.get("schedule_steps"), offset if chain.get("state") else 0)
-    # A resumed chain builds the policy (and TRL's KL reference with it) from the chain's
-    # initial weights, then loads the previous stage's.
-    model = chain.get("initial_model") or spec["init_model"]
+    # TRL builds the KL reference from the same model id as the policy. Full training starts
+    # from the previous stage's model, as ms-swift 3.3's resume loads both from the checkpoint;
+    # LoRA builds on the chain's initial weights and loads the previous adapter, so the
+    # reference (adapters off) is the base, as ms-swift's LoRA resume has it.
+    adapter_chain = bool(chain.get("state")) and cfg.lora is not None
+    model = chain["initial_model"] if adapter_chain else spec["init_model"]
     trainer = cls(model=model, reward_funcs=funcs, args=args, train_dataset=dataset, eval_dataset=evaluation,
                   peft_config=peft_config(cfg.lora), callbacks=[progress_callback(), reporting, chained])
     holder["trainer"] = trainer
@@ -274,7 +277,7 @@ def main(spec_path: str) -> int:
     resume, start_step = last_checkpoint(work)
     if resume:
         log.info("resuming stage %s from %s", stage.name, resume)
-    elif chain.get("state"):
+    elif adapter_chain:
         load_chain_weights(trainer, chain["state"])
     started = time.monotonic()
     trainer.train(resume_from_checkpoint=resume)
@@ -307,7 +310,8 @@ def main(spec_path: str) -> int:
         "completion_tables": reporting.tables,
         # The stage chain: where the schedule started and left off, and what carried over.
         "stage_chain": cfg.stage_chain,
-        "chain_initial_model": model,
+        "chain_initial_model": chain.get("initial_model") or spec["init_model"],
+        "reference_model": model,  # TRL's KL reference is built from the policy's model id
         "chain_state": kept,
         "chain_loaded": chained.loaded,
         "first_learning_rate": chained.first_lr,

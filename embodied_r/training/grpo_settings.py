@@ -26,7 +26,7 @@ class GRPOSettings(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     learning_rate: float = Field(5e-7, ge=0)  # positive unless a control run (TrainingConfig)
-    beta: float = Field(0.001, ge=0)  # KL weight, against the reference (training.stage_chain)
+    beta: float = Field(0.001, ge=0)  # KL weight, against a frozen reference (training.stage_chain)
     num_generations: int = Field(8, ge=2)
     max_completion_length: int = Field(2048, ge=1)
     # Completions per device per micro-step. 8 x 4 accumulation = 32 completions (4 prompts
