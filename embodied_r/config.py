@@ -23,6 +23,7 @@ from embodied_r.prompts.locate import PromptsError
 from embodied_r.training.records import RecordsConfig, for_policy
 from embodied_r.training.config import SFTConfig
 from embodied_r.training.config import TrainingConfig
+from embodied_r.training.chain import BEST_MODEL
 from embodied_r.training.warmstart import WarmstartConfig
 
 RECIPES_DIR = Path(__file__).parent / "recipes"
@@ -82,12 +83,17 @@ class Recipe(BaseModel):
         return self
 
     @model_validator(mode="after")
-    def _positive_learning_rate(self) -> "Recipe":
-        # A run at rate 0 trains nothing while looking like training. The trainer's own
-        # config allows it, for the control run that checks exactly that.
-        if not self.training.learning_rate > 0:
-            raise ValueError(f"training.learning_rate must be positive, not {self.training.learning_rate}")
+    def _best_checkpoint_is_kept(self) -> "Recipe":
+        if self.evaluation.checkpoint == "best_val" and not self.training.keep_best:
+            raise ValueError("evaluation.checkpoint: best_val evaluates the checkpoint kept by validation: "
+                             "set training.keep_best: true (with training.eval_steps), or checkpoint: last")
         return self
+
+    def evaluated_model(self, last_stage_model: str) -> str:
+        """The folder the evaluation answers with, given the last training stage's ``model/``."""
+        if self.evaluation.checkpoint == "best_val":
+            return str(Path(last_stage_model).parent / BEST_MODEL)
+        return last_stage_model
 
     @model_validator(mode="after")
     def _finite_numbers(self) -> "Recipe":

@@ -118,13 +118,18 @@ def plan(recipe: Recipe, root: Path | None = None) -> dict[str, StagePlan]:
             raise StageError(f"training.reference.model is {WARMSTART_REF!r} but the recipe has no warmstart section")
         # The warm-started model, frozen: it was taught the reference's task beside the policy's.
         training["reference"]["model"] = training_keyed["reference"]["model"] = model
+    # Under stage_chain: resume one learning-rate schedule spans every stage: each needs them all.
+    chain = ({"chain": [s.model_dump(mode="json") for s in recipe.training.stages]}
+             if recipe.training.stage_chain == "resume" else {})
     for stage in recipe.training.stages:
         stage_cfg = stage.model_dump(mode="json")
-        sp = add(f"train_{stage.name}", "train", ["convert", *prev], {"stage": stage_cfg, "training": training},
+        sp = add(f"train_{stage.name}", "train", ["convert", *prev],
+                 {"stage": stage_cfg, "training": training, **chain},
                  {"records": conv.out, "init_model": model, "python": recipe.training.python or ""},
-                 keyed={"stage": result_settings(stage), "training": training_keyed})
+                 keyed={"stage": result_settings(stage), "training": training_keyed, **chain})
         model = str(Path(sp.out) / "model")
         prev = [sp.name]
+    model = recipe.evaluated_model(model)
     evaluation = recipe.evaluation.model_dump(mode="json")
     evaluation_keyed = result_settings(recipe.evaluation)
     if evaluation["max_prompt_length"] is None:
