@@ -14,10 +14,13 @@ import json
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel
+
 from embodied_r.config import Recipe
 from embodied_r.paths import home as default_home
 from embodied_r.runners import extra_key, runner
 from embodied_r.settings import result_settings
+from embodied_r.stage_kinds import kinds
 from embodied_r.stage_plan import PlanBuilder, StagePlan, downstream as _downstream
 
 __all__ = ["StageError", "StagePlan", "WARMSTART_REF", "downstream", "execute", "plan", "resolve_stage_name",
@@ -93,7 +96,27 @@ def plan(recipe: Recipe, root: Path | None = None) -> dict[str, StagePlan]:
         {"records": conv.out, "model": model,
          **({"baselines": json.dumps(baselines), "training": json.dumps(train_outs)} if baselines else {})},
         keyed=evaluation_keyed)
+    _add_unplaced(recipe, builder)
     return stages
+
+
+def _add_unplaced(recipe: Recipe, builder: PlanBuilder) -> None:
+    """A kind of the table that the graph above does not place runs after the stages of the
+    kinds it reads, given their folders by stage name and its recipe section when the recipe
+    has one; a section set to None is an optional stage the recipe leaves out (warmstart)."""
+    placed = {sp.kind for sp in builder.stages.values()}
+    for kind in kinds("embodied-r"):
+        section = getattr(recipe, kind.name, _NO_SECTION)
+        if kind.name in placed or section is None:
+            continue
+        deps = [name for name, sp in builder.stages.items() if sp.kind in kind.reads]
+        has_config = isinstance(section, BaseModel)
+        builder.add(kind.name, kind.name, deps, section.model_dump(mode="json") if has_config else {},
+                    {d: builder.stages[d].out for d in deps}, keyed=result_settings(section) if has_config else {},
+                    extra=extra_key(kind.name, section.model_dump(mode="json") if has_config else {}))
+
+
+_NO_SECTION = object()
 
 
 def downstream(stages: dict[str, StagePlan], name: str) -> list[str]:

@@ -256,3 +256,35 @@ def test_every_stage_kind_is_a_flow_a_task_and_a_command():
         if kind.pipeline == "embodied-r":
             assert STAGE_COMMANDS[kind.name] == kind.help
             assert getattr(stage_flows, f"{kind.name}_flow").name == kind.flow_name
+
+
+def test_the_plan_reads_only_what_each_kind_declares(tmp_path: Path):
+    from embodied_r.config import load_recipe
+    from embodied_r.pipeline import plan
+    from embodied_r.stage_kinds import STAGE_KINDS
+
+    for recipe in ("demo", "paper"):
+        stages = plan(load_recipe(recipe), tmp_path)
+        for sp in stages.values():
+            read = {stages[d].kind for d in sp.deps}
+            assert read <= set(STAGE_KINDS[sp.kind].reads), (recipe, sp.name, read)
+
+
+def test_a_kind_the_plan_does_not_place_runs_after_what_it_reads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Adding a stage is one entry of the table and its module: the plan places it."""
+    from embodied_r import pipeline
+    from embodied_r.config import load_recipe
+    from embodied_r.stage_kinds import STAGE_KINDS, StageKind
+
+    extra = StageKind("audit", "embodied_r.data.catalog:run_stage", "cpu", "audit the records",
+                      reads=("convert", "preprocess"))
+    monkeypatch.setitem(STAGE_KINDS, "audit", extra)
+    monkeypatch.setattr(pipeline, "kinds", lambda name: (*KINDS, extra))
+    stages = pipeline.plan(load_recipe("demo"), tmp_path)
+    assert list(stages)[-1] == "audit"
+    audit = stages["audit"]
+    assert audit.deps == ("preprocess", "convert") and audit.config == {}
+    assert audit.inputs == {"preprocess": stages["preprocess"].out, "convert": stages["convert"].out}
+    # Its key follows what it reads.
+    changed = pipeline.plan(load_recipe("demo", {"records": {"system_prompt": "Another prompt."}}), tmp_path)
+    assert changed["audit"].key != audit.key
