@@ -274,17 +274,17 @@ def test_a_kind_the_plan_does_not_place_runs_after_what_it_reads(tmp_path: Path,
     """Adding a stage is one entry of the table and its module: the plan places it."""
     from embodied_r import pipeline
     from embodied_r.config import load_recipe
-    from embodied_r.stage_kinds import STAGE_KINDS, StageKind
+    from embodied_r.stage_kinds import STAGE_KINDS, StageKind, kinds
 
-    extra = StageKind("audit", "embodied_r.data.catalog:run_stage", "cpu", "audit the records",
+    extra = StageKind("planted", "embodied_r.data.catalog:run_stage", "cpu", "a planted stage",
                       reads=("convert", "preprocess"))
-    monkeypatch.setitem(STAGE_KINDS, "audit", extra)
-    monkeypatch.setattr(pipeline, "kinds", lambda name: (*KINDS, extra))
+    monkeypatch.setitem(STAGE_KINDS, "planted", extra)
+    monkeypatch.setattr(pipeline, "kinds", lambda name: (*kinds(name), extra))
     stages = pipeline.plan(load_recipe("demo"), tmp_path)
-    assert list(stages)[-1] == "audit"
-    audit = stages["audit"]
-    assert audit.deps == ("preprocess", "convert") and audit.config == {}
-    assert audit.inputs == {"preprocess": stages["preprocess"].out, "convert": stages["convert"].out}
+    assert list(stages)[-1] == "planted"
+    planted = stages["planted"]
+    assert planted.deps == ("preprocess", "convert") and planted.config == {}
+    assert planted.inputs == {"preprocess": stages["preprocess"].out, "convert": stages["convert"].out}
     # Its key follows what it reads.
     changed = pipeline.plan(load_recipe("demo", {"records": {"system_prompt": "Another prompt."}}), tmp_path)
-    assert changed["audit"].key != audit.key
+    assert changed["planted"].key != planted.key

@@ -41,3 +41,16 @@ def test_a_lost_prefect_results_folder_still_reads_cached(tmp_path: Path, monkey
     # Each cached child points at the run that computed the folder.
     assert {r.data.tags["source_run_id"] for r in runs[1:]} == {runs[0].info.run_id}
     assert not prefect_results(home).exists()
+
+
+def test_a_stage_headline_follows_its_kind_not_its_summary_keys() -> None:
+    from tasks.stages import _headline, short_summary
+
+    summary = {"done": 9, "failed": 1, "steps": 4, "stopped_by": "epochs", "epochs_reached": 1.0,
+               "accuracy/overall": 0.5, "count/overall": 10}
+    assert _headline("convert", summary) == "9 done, 1 failed"
+    assert _headline("train", summary) == "4 steps, epoch 1.00, stopped by epochs"
+    assert _headline("evaluate", summary).startswith("accuracy 50.0")
+    # A kind's own figures lead its Prefect summary.
+    assert list(short_summary("train", summary))[:3] == ["steps", "epochs_reached", "stopped_by"]
+    assert list(short_summary("evaluate", summary))[:2] == ["accuracy/overall", "count/overall"]
