@@ -263,8 +263,11 @@ def test_the_plan_reads_only_what_each_kind_declares(tmp_path: Path):
     from embodied_r.pipeline import plan
     from embodied_r.stage_kinds import STAGE_KINDS
 
-    for recipe in ("demo", "paper"):
-        stages = plan(load_recipe(recipe), tmp_path)
+    from embodied_r.interactive import recipe as reasoner
+
+    plans = [plan(load_recipe(name), tmp_path) for name in ("demo", "paper")]
+    plans.append(reasoner.plan(reasoner.load("reasoner-demo"), tmp_path))
+    for recipe, stages in zip(("demo", "paper", "reasoner-demo"), plans):
         for sp in stages.values():
             read = {stages[d].kind for d in sp.deps}
             assert read <= set(STAGE_KINDS[sp.kind].reads), (recipe, sp.name, read)
