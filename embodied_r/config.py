@@ -154,11 +154,11 @@ def available_recipes() -> list[str]:
     return sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
 
 
-def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     out = dict(base)
     for key, value in over.items():
         if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _deep_merge(out[key], value)
+            out[key] = deep_merge(out[key], value)
         else:
             out[key] = value
     return out
@@ -204,7 +204,7 @@ def _raw(name_or_path: str | Path, seen: tuple[str, ...] = ()) -> dict[str, Any]
         raise RecipeError(f"recipe {path} must be a mapping of stage name to settings")
     parent = data.pop("extends", None)
     if parent:
-        data = _deep_merge(_raw(_beside(path, str(parent)), seen + (str(path),)), data)
+        data = deep_merge(_raw(_beside(path, str(parent)), seen + (str(path),)), data)
     data.setdefault("name", path.stem)
     return data
 
@@ -212,9 +212,9 @@ def _raw(name_or_path: str | Path, seen: tuple[str, ...] = ()) -> dict[str, Any]
 def load_recipe(name_or_path: str | Path, overrides: dict[str, Any] | None = None) -> Recipe:
     data = _raw(name_or_path)
     if overrides:
-        data = _deep_merge(data, overrides)
+        data = deep_merge(data, overrides)
     try:
-        data = apply_prompts(data, _deep_merge)
+        data = apply_prompts(data, deep_merge)
     except PromptsError as exc:
         raise RecipeError(f"recipe {name_or_path!r}: {exc}") from None
     try:
