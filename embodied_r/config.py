@@ -23,6 +23,7 @@ from embodied_r.prompts.locate import PromptsError
 from embodied_r.training.records import RecordsConfig, for_policy
 from embodied_r.training.config import SFTConfig
 from embodied_r.training.config import TrainingConfig
+from embodied_r.training.chain import BEST_MODEL
 from embodied_r.training.warmstart import WarmstartConfig
 
 RECIPES_DIR = Path(__file__).parent / "recipes"
@@ -82,12 +83,17 @@ class Recipe(BaseModel):
         return self
 
     @model_validator(mode="after")
-    def _positive_learning_rate(self) -> "Recipe":
-        # A run at rate 0 trains nothing while looking like training. The trainer's own
-        # config allows it, for the control run that checks exactly that.
-        if not self.training.learning_rate > 0:
-            raise ValueError(f"training.learning_rate must be positive, not {self.training.learning_rate}")
+    def _best_checkpoint_is_kept(self) -> "Recipe":
+        if self.evaluation.checkpoint == "best_val" and not self.training.keep_best:
+            raise ValueError("evaluation.checkpoint: best_val evaluates the checkpoint kept by validation: "
+                             "set training.keep_best: true (with training.eval_steps), or checkpoint: last")
         return self
+
+    def evaluated_model(self, last_stage_model: str) -> str:
+        """The folder the evaluation answers with, given the last training stage's ``model/``."""
+        if self.evaluation.checkpoint == "best_val":
+            return str(Path(last_stage_model).parent / BEST_MODEL)
+        return last_stage_model
 
     @model_validator(mode="after")
     def _finite_numbers(self) -> "Recipe":
@@ -148,11 +154,11 @@ def available_recipes() -> list[str]:
     return sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
 
 
-def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     out = dict(base)
     for key, value in over.items():
         if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = _deep_merge(out[key], value)
+            out[key] = deep_merge(out[key], value)
         else:
             out[key] = value
     return out
@@ -198,7 +204,7 @@ def _raw(name_or_path: str | Path, seen: tuple[str, ...] = ()) -> dict[str, Any]
         raise RecipeError(f"recipe {path} must be a mapping of stage name to settings")
     parent = data.pop("extends", None)
     if parent:
-        data = _deep_merge(_raw(_beside(path, str(parent)), seen + (str(path),)), data)
+        data = deep_merge(_raw(_beside(path, str(parent)), seen + (str(path),)), data)
     data.setdefault("name", path.stem)
     return data
 
@@ -206,9 +212,9 @@ def _raw(name_or_path: str | Path, seen: tuple[str, ...] = ()) -> dict[str, Any]
 def load_recipe(name_or_path: str | Path, overrides: dict[str, Any] | None = None) -> Recipe:
     data = _raw(name_or_path)
     if overrides:
-        data = _deep_merge(data, overrides)
+        data = deep_merge(data, overrides)
     try:
-        data = apply_prompts(data, _deep_merge)
+        data = apply_prompts(data, deep_merge)
     except PromptsError as exc:
         raise RecipeError(f"recipe {name_or_path!r}: {exc}") from None
     try:

@@ -1,8 +1,8 @@
-"""The stage graph: what each stage reads, where it writes, and its cache key.
+"""The Embodied-R stage graph: what each stage reads, where it writes, and its cache key.
 
-A stage's key hashes its own config, the keys of the stages it reads and the source of
-the library modules it runs (``runners.code_version``), so editing a stage's config or code
-recomputes that stage and everything after it, and nothing before. The config it hashes
+A stage's key (``stage_plan.stage_key``) hashes its own config, the keys of the stages it
+reads and the source of the library modules it runs (``runners.code_version``), so editing a
+stage's config or code recomputes that stage and everything after it, and nothing before. The config it hashes
 leaves out the operational settings (``embodied_r.settings``: timeouts, retries, servers,
 workers, failure limits), which change how a result is obtained, never the result. ``plan`` is pure;
 ``execute`` runs one stage through its registered runner.
@@ -11,15 +11,20 @@ workers, failure limits), which change how a result is obtained, never the resul
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel
+
 from embodied_r.config import Recipe
-from embodied_r.io import is_complete, payload_key
 from embodied_r.paths import home as default_home
-from embodied_r.runners import code_version, extra_key, runner
+from embodied_r.runners import extra_key, runner
 from embodied_r.settings import result_settings
+from embodied_r.stage_kinds import kinds
+from embodied_r.stage_plan import PlanBuilder, StagePlan, downstream as _downstream
+
+__all__ = ["StageError", "StagePlan", "WARMSTART_REF", "downstream", "execute", "plan", "resolve_stage_name",
+           "select_stages", "training_stage_names"]
 
 # training.reference.model naming the warm start's model (frozen) as the consistency reference.
 WARMSTART_REF = "warmstart"
@@ -29,60 +34,10 @@ class StageError(ValueError):
     """An unknown stage, or a stage asked for before the stages it reads from."""
 
 
-@dataclass(frozen=True)
-class StagePlan:
-    name: str  # "download", ..., "train_stage1", ..., "evaluate"
-    kind: str  # key of runners.STAGE_RUNNERS
-    key: str
-    out: str
-    deps: tuple[str, ...]
-    inputs: dict[str, str] = field(default_factory=dict)  # named input paths or model refs
-    config: dict[str, Any] = field(default_factory=dict)  # this stage's config only
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "StagePlan":
-        return cls(**{**data, "deps": tuple(data["deps"])})
-
-    @property
-    def complete(self) -> bool:
-        return is_complete(Path(self.out))
-
-    @property
-    def params(self) -> dict[str, Any]:
-        """What its MLflow run records as params. A stage whose trainer reports its own
-        arguments into the same run (under ``trainer.``) keeps its recipe settings under the
-        stage's kind (``warmstart.learning_rate`` beside ``trainer.learning_rate``), so the two
-        read apart."""
-        return {self.kind: self.config} if self.kind in _SELF_REPORTING else self.config
-
-
-# Stage kinds whose trainer child logs its own arguments (``training.callbacks.sft_step_callback``).
-_SELF_REPORTING = frozenset({"warmstart"})
-
-
-def _key(kind: str, config: dict[str, Any], upstream: list[str], extra: str = "") -> str:
-    return payload_key({"kind": kind, "config": config, "upstream": upstream, "code": code_version(kind),
-                        "extra": extra})
-
-
 def plan(recipe: Recipe, root: Path | None = None) -> dict[str, StagePlan]:
     """Every stage of the pipeline in run order."""
-    root = Path(root) if root else default_home()
-    stages: dict[str, StagePlan] = {}
-
-    def add(name: str, kind: str, deps: list[str], config: dict[str, Any],
-            inputs: dict[str, str], *, keyed: dict[str, Any], extra: str = "") -> StagePlan:
-        # ``config`` is what the runner gets; ``keyed`` is it less its operational settings
-        # (``settings.result_settings``), so raising a limit or moving a server resumes the
-        # same folder instead of redoing every finished call.
-        key = _key(kind, keyed, [stages[d].key for d in deps], extra)
-        sp = StagePlan(name=name, kind=kind, key=key, out=str(root / "stages" / name / key),
-                       deps=tuple(deps), inputs=inputs, config=config)
-        stages[name] = sp
-        return sp
+    builder = PlanBuilder(Path(root) if root else default_home())
+    stages, add, root = builder.stages, builder.add, builder.root
 
     download = recipe.download.model_dump(mode="json")
     dl = add("download", "download", [], download, {"sources_root": str(root / "sources")},
@@ -118,13 +73,18 @@ def plan(recipe: Recipe, root: Path | None = None) -> dict[str, StagePlan]:
             raise StageError(f"training.reference.model is {WARMSTART_REF!r} but the recipe has no warmstart section")
         # The warm-started model, frozen: it was taught the reference's task beside the policy's.
         training["reference"]["model"] = training_keyed["reference"]["model"] = model
+    # Under stage_chain: resume one learning-rate schedule spans every stage: each needs them all.
+    chain = ({"chain": [s.model_dump(mode="json") for s in recipe.training.stages]}
+             if recipe.training.stage_chain == "resume" else {})
     for stage in recipe.training.stages:
         stage_cfg = stage.model_dump(mode="json")
-        sp = add(f"train_{stage.name}", "train", ["convert", *prev], {"stage": stage_cfg, "training": training},
+        sp = add(f"train_{stage.name}", "train", ["convert", *prev],
+                 {"stage": stage_cfg, "training": training, **chain},
                  {"records": conv.out, "init_model": model, "python": recipe.training.python or ""},
-                 keyed={"stage": result_settings(stage), "training": training_keyed})
+                 keyed={"stage": result_settings(stage), "training": training_keyed, **chain})
         model = str(Path(sp.out) / "model")
         prev = [sp.name]
+    model = recipe.evaluated_model(model)
     evaluation = recipe.evaluation.model_dump(mode="json")
     evaluation_keyed = result_settings(recipe.evaluation)
     if evaluation["max_prompt_length"] is None:
@@ -145,6 +105,7 @@ def plan(recipe: Recipe, root: Path | None = None) -> dict[str, StagePlan]:
         {"records": conv.out, "model": model,
          **({"baselines": json.dumps(baselines), "training": json.dumps(train_outs)} if baselines else {})},
         keyed=evaluation_keyed)
+    _add_unplaced(recipe, builder)
     return stages
 
 
@@ -156,17 +117,30 @@ def _evaluate_given(recipe: Recipe, add: Any, conv: StagePlan) -> None:
         evaluation["max_prompt_length"] = keyed["max_prompt_length"] = recipe.training.max_prompt_length
     add("evaluate", "evaluate", ["convert"], evaluation, {"records": conv.out, "model": str(recipe.evaluation.model)},
         keyed=keyed)
+def _add_unplaced(recipe: Recipe, builder: PlanBuilder) -> None:
+    """A kind of the table that the graph above does not place runs after the stages of the
+    kinds it reads, given their folders by stage name and its recipe section when the recipe
+    has one; a section set to None is an optional stage the recipe leaves out (warmstart)."""
+    placed = {sp.kind for sp in builder.stages.values()}
+    for kind in kinds("embodied-r"):
+        section = getattr(recipe, kind.name, _NO_SECTION)
+        if kind.name in placed or section is None:
+            continue
+        deps = [name for name, sp in builder.stages.items() if sp.kind in kind.reads]
+        has_config = isinstance(section, BaseModel)
+        builder.add(kind.name, kind.name, deps, section.model_dump(mode="json") if has_config else {},
+                    {d: builder.stages[d].out for d in deps}, keyed=result_settings(section) if has_config else {},
+                    extra=extra_key(kind.name, section.model_dump(mode="json") if has_config else {}))
+
+
+_NO_SECTION = object()
 
 
 def downstream(stages: dict[str, StagePlan], name: str) -> list[str]:
     """``name`` and every stage that reads from it, directly or not, in run order."""
     if name not in stages:
         raise StageError(f"unknown stage {name!r}; stages are {', '.join(stages)}")
-    hit = {name}
-    for sp in stages.values():
-        if any(d in hit for d in sp.deps):
-            hit.add(sp.name)
-    return [s for s in stages if s in hit]
+    return _downstream(stages, [name])
 
 
 def resolve_stage_name(stages: dict[str, StagePlan], name: str) -> str:

@@ -1,8 +1,8 @@
 """The registry of stage runners, and each stage's code version.
 
-The pipeline reaches a stage only through this table: a stage kind names the function
-that runs it, as ``module:function``, imported when the stage runs. No stage package is
-imported to plan a run, and adding a stage is one row here plus its package.
+The pipeline reaches a stage only through the table of stage kinds (``stage_kinds``): a kind
+names the function that runs it, as ``module:function``, imported when the stage runs. No
+stage package is imported to plan a run.
 
 A runner takes ``(out, config, inputs, mlflow_run_id)``: the stage folder, the stage's own
 config as a dict, its named inputs (paths or model references) and the MLflow run it may
@@ -26,37 +26,15 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable
 
+from embodied_r.stage_kinds import kind_of
+
 PACKAGE = "embodied_r"
-
-STAGE_RUNNERS: dict[str, str] = {
-    "download": "embodied_r.data.download:run_stage",
-    "preprocess": "embodied_r.data.catalog:run_stage",
-    "keyframes": "embodied_r.keyframes.stage:run_stage",
-    "perception": "embodied_r.perception.stage:run_stage",
-    "convert": "embodied_r.training.records:run_stage",
-    "warmstart": "embodied_r.training.warmstart:run_stage",
-    "train": "embodied_r.training.stage:run_stage",
-    "evaluate": "embodied_r.evaluation.stage:run_stage",
-    # The embodied-reasoner pipeline (embodied_r.interactive.recipe.plan).
-    "reasoner_data": "embodied_r.interactive.download:run_data_stage",
-    "reasoner_sft": "embodied_r.interactive.stages:run_sft_stage",
-    "reasoner_explore": "embodied_r.interactive.stages:run_explore_stage",
-    "reasoner_evaluate": "embodied_r.interactive.stages:run_evaluate_stage",
-}
-
-# Stages whose key also depends on something outside the recipe: the download stage reads
-# a local mirror whose content must key it (``module:function`` of the stage's config dict).
-STAGE_EXTRA_KEYS: dict[str, str] = {
-    "download": "embodied_r.data.download:fingerprint",
-}
 
 Runner = Callable[[Path, dict[str, Any], dict[str, str], "str | None"], dict[str, Any]]
 
 
 def runner(kind: str) -> Runner:
-    if kind not in STAGE_RUNNERS:
-        raise ValueError(f"unknown stage kind {kind!r}; kinds are {', '.join(STAGE_RUNNERS)}")
-    module, function = STAGE_RUNNERS[kind].split(":")
+    module, function = kind_of(kind).runner.split(":")
     return getattr(importlib.import_module(module), function)
 
 
@@ -65,9 +43,10 @@ ROOT = Path(__file__).resolve().parent
 
 def extra_key(kind: str, config: dict[str, Any]) -> str:
     """What keys a stage beyond its config and code ("" for most stages)."""
-    if kind not in STAGE_EXTRA_KEYS:
+    named = kind_of(kind).extra_key
+    if named is None:
         return ""
-    module, function = STAGE_EXTRA_KEYS[kind].split(":")
+    module, function = named.split(":")
     return getattr(importlib.import_module(module), function)(config)
 
 
@@ -186,16 +165,9 @@ def modules_version(modules: tuple[str, ...] | list[str]) -> str:
 
 def stage_modules(kind: str) -> tuple[str, ...]:
     """The library modules a stage kind runs."""
-    if kind not in STAGE_RUNNERS:
-        raise ValueError(f"unknown stage kind {kind!r}; kinds are {', '.join(STAGE_RUNNERS)}")
-    return closure(STAGE_RUNNERS[kind].split(":")[0])
+    return closure(kind_of(kind).runner.split(":")[0])
 
 
 def code_version(kind: str) -> str:
     return modules_version(stage_modules(kind))
 
-
-def clear_caches() -> None:
-    """Forget hashed sources (for a process that edits the library while it runs)."""
-    for cached in (_source, imports_of, launches_of, closure, module_version):
-        cached.cache_clear()

@@ -6,29 +6,27 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from prefect import flow, get_run_logger
+from prefect import flow
 
 from embodied_r import paths
 from embodied_r.config import Recipe, load_recipe
 from embodied_r.pipeline import plan, select_stages
+from embodied_r.stage_kinds import kinds
 from embodied_r.tracking import tracking_uri
-from embodied_r.io import read_summary
 from flows.runner import (
+    StageRunFailed,
     discard_refreshed,
     finish_parent,
-    log_cached_stage,
     open_tracker,
     run_in_process,
+    run_stages,
     scoped_env,
 )
 from flows.mlflow_runs import run_url, runs_url
 from flows.prefect_views import flow_run_name, publish_result, tag_flow_run
-from flows.shards import dispatch_shards
-from flows.stages import STAGE_POOLS, deployment_name
+from flows.shards import dispatch_kind
 
-
-class StageRunFailed(RuntimeError):
-    """A stage's flow run, sent to a work pool, did not complete."""
+__all__ = ["StageRunFailed", "embodied_r", "run_dispatched", "stage_deployments_available"]
 
 
 def stage_deployments_available() -> bool:
@@ -40,8 +38,8 @@ def stage_deployments_available() -> bool:
 
     with get_client(sync_client=True) as client:
         try:
-            for kind in STAGE_POOLS:
-                client.read_deployment_by_name(deployment_name(kind))
+            for kind in kinds("embodied-r"):
+                client.read_deployment_by_name(kind.deployment)
         except ObjectNotFound:
             return False
     return True
@@ -49,46 +47,22 @@ def stage_deployments_available() -> bool:
 
 def run_dispatched(recipe_ref: str, recipe: Recipe, root: Path, refresh: list[str] | None,
                    overrides: dict[str, Any] | None) -> dict[str, Any]:
-    """Send each stage kind to its deployment (and so its pool) in order, and wait for it.
-
-    A child flow run that fails does not raise here by itself: its final state is checked
-    and the pipeline stops with the child's own message.
-    """
-    from prefect.deployments import run_deployment
-
-    logger = get_run_logger()
+    """Send each stage kind to its deployment (and so its pool) in order, and wait for it;
+    a child flow run that fails stops the pipeline with the child's own message."""
     stages = plan(recipe, root)
     selected = select_stages(stages, None, recipe.name)
     refreshed = discard_refreshed(stages, refresh or [])
     uri = tracking_uri(recipe.tracking.tracking_uri, root)
     with scoped_env(EMBODIED_R_HOME=str(root), MLFLOW_TRACKING_URI=uri):
         tracker = open_tracker(recipe, root, "pipeline", selected, refreshed)
-    cached: list[str] = []
+
+    def dispatch(kind: str, names: list[str], parent_run_id: str) -> None:
+        dispatch_kind(kind, stages, names, {"recipe": recipe_ref, "overrides": overrides, "home": str(root),
+                                            "mlflow_parent_run_id": parent_run_id})
+
     try:
-        for kind in STAGE_POOLS:
-            names = [n for n in selected if stages[n].kind == kind]
-            if not names:
-                continue
-            if all(stages[n].complete for n in names):
-                # Finished work needs no worker (and no GPU): record it as served from cache.
-                with scoped_env(MLFLOW_TRACKING_URI=uri):
-                    for name in names:
-                        log_cached_stage(tracker, stages[name], read_summary(Path(stages[name].out)))
-                cached += names
-                logger.info("%s: already done, not dispatched", kind)
-                continue
-            parameters = {"recipe": recipe_ref, "overrides": overrides, "home": str(root),
-                          "mlflow_parent_run_id": tracker.parent_run_id}
-            # A stage split in shards: one flow run per shard first; the stage's run then merges.
-            dispatch_shards(deployment_name(kind), kind, stages, names, parameters)
-            child = run_deployment(deployment_name(kind), parameters=parameters, timeout=None, poll_interval=2)
-            state = child.state
-            if state is None or not state.is_completed():
-                raise StageRunFailed(
-                    f"stage {kind!r} (flow run {child.name}, id {child.id}) ended "
-                    f"{state.type.value if state else 'without a state'}: {state.message if state else ''}"
-                )
-            logger.info("%s: done on pool %s (flow run %s)", kind, STAGE_POOLS[kind], child.name)
+        with scoped_env(MLFLOW_TRACKING_URI=uri):
+            cached = run_stages(stages, selected, tracker, dispatch=dispatch)
     except BaseException:
         tracker.finish(tracker.parent_run_id, "FAILED")
         raise

@@ -1,11 +1,12 @@
 """The ``embodied-reasoner`` flow: data -> SFT imitation -> exploration (rejection sampling)
--> SFT exploration -> SFT correction -> evaluation, each stage a cached Prefect task with
-its own MLflow child run under one parent run. ``only`` reruns chosen stages (their inputs
+-> SFT exploration -> SFT correction -> evaluation, through the same loop as Embodied-R's
+(``flows.runner.run_stages``): each stage a Prefect task with its own MLflow child run under
+one parent run, served from its folder when that is complete. ``only`` reruns chosen stages (their inputs
 must exist); ``refresh`` recomputes stages and everything after them.
 
-On the work pools (``dispatch="pools"``) each group of stages is sent to its deployment of
-``embodied-reasoner-stage``: data on ``cpu``, SFT on ``gpu-train``, rollouts and evaluation
-on ``gpu-infer``.
+On the work pools (``dispatch="pools"``) each group of stages is sent to its kind's deployment
+of ``embodied-reasoner-stage`` (``stage_kinds``): data on ``cpu``, SFT on ``gpu-train``,
+rollouts and evaluation on ``gpu-infer``.
 """
 
 from __future__ import annotations
@@ -13,39 +14,41 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-from prefect import flow, get_run_logger
+from prefect import flow
 
 from embodied_r import paths
-from embodied_r.interactive.recipe import POOLS, ReasonerRecipe, load, plan
+from embodied_r.interactive.recipe import ReasonerRecipe, load, plan
 from embodied_r.io import is_complete, read_summary
 from embodied_r.pipeline import StagePlan
+from embodied_r.stage_plan import downstream
 from embodied_r.tracking import Tracker, numeric_metrics, tracking_uri
-from flows.runner import discard, log_cached_stage, result_storage, scoped_env
-from tasks.stages import _stage_task
-
-STAGE_TASK = _stage_task.with_options(name="reasoner-stage", retries=1, retry_delay_seconds=10)
+from flows.runner import Dispatch, discard, run_deployment_of, run_stages, scoped_env
 
 
-def _selected(stages: dict[str, dict[str, Any]], only: list[str] | None) -> list[str]:
-    names = [n for n in stages if not only or n in only or stages[n]["kind"] in only
-             or n.removeprefix("reasoner_") in only]
+def _named(stages: dict[str, StagePlan], names: list[str] | None) -> list[str]:
+    """Stages by name, kind or name without its ``reasoner_`` prefix (``sft`` is all three)."""
+    return [n for n in stages if names and (n in names or stages[n].kind in names
+                                            or n.removeprefix("reasoner_") in names)]
+
+
+def _selected(stages: dict[str, StagePlan], only: list[str] | None) -> list[str]:
+    names = _named(stages, only) if only else list(stages)
     for name in names:
-        missing = [d for d in stages[name]["deps"] if d not in names and not is_complete(Path(stages[d]["out"]))]
+        missing = [d for d in stages[name].deps if d not in names and not stages[d].complete]
         if missing:
             raise ValueError(f"stage {name} reads {', '.join(missing)}, which has not run with this recipe")
     return names
 
 
 def run_reasoner(recipe: ReasonerRecipe, root: Path, only: list[str] | None = None,
-                 refresh: list[str] | None = None, parent_run_id: str | None = None) -> dict[str, Any]:
+                 refresh: list[str] | None = None, parent_run_id: str | None = None,
+                 dispatch: Dispatch | None = None) -> dict[str, Any]:
+    """The selected stages through the shared loop (``flows.runner.run_stages``), here or, with
+    ``dispatch``, on the pools; a refreshed stage is recomputed with what reads it."""
     stages = plan(recipe, root)
     selected = _selected(stages, only)
-    hit = {n for n in stages if refresh and (n in refresh or n.removeprefix("reasoner_") in refresh)}
-    for sp in stages.values():  # what reads a refreshed stage is refreshed too
-        if hit & set(sp["deps"]):
-            hit.add(sp["name"])
-    for name in hit:
-        discard(Path(stages[name]["out"]))
+    for name in downstream(stages, _named(stages, refresh)):
+        discard(Path(stages[name].out))
     uri = tracking_uri(recipe.tracking_uri, root)
     with scoped_env(EMBODIED_R_HOME=str(root), MLFLOW_TRACKING_URI=uri):
         tracker = Tracker.open(recipe.experiment, uri, root)
@@ -55,30 +58,21 @@ def run_reasoner(recipe: ReasonerRecipe, root: Path, only: list[str] | None = No
             tracker = tracker.start_parent(f"{recipe.name}-{'-'.join(only) if only else 'pipeline'}",
                                            {"recipe": recipe.name, "pipeline": "embodied-reasoner"},
                                            {"recipe": recipe.model_dump(mode="json")})
-        storage = result_storage(root)
         try:
-            for name in selected:
-                sp = StagePlan.from_dict(stages[name])
-                task = STAGE_TASK.with_options(name=name, result_storage=storage,
-                                               refresh_cache=name in hit or not sp.complete)
-                state = task(sp.to_dict(), tracker, return_state=True)
-                result = state.result()
-                if state.name == "Cached":
-                    log_cached_stage(tracker, sp, result["summary"])
-                get_run_logger().info("%s: %s", name, sp.out)
+            cached = run_stages(stages, selected, tracker, dispatch=dispatch)
         except BaseException:
             if not parent_run_id:
                 tracker.finish(tracker.parent_run_id, "FAILED")
             raise
-        final = read_summary(Path(stages["reasoner_evaluate"]["out"])) \
-            if is_complete(Path(stages["reasoner_evaluate"]["out"])) else {}
+        evaluate = Path(stages["reasoner_evaluate"].out)
+        final = read_summary(evaluate) if is_complete(evaluate) else {}
         if not parent_run_id:
             # success/efficiency/completeness overall, per group and per task type.
             tracker.log_metrics(tracker.parent_run_id, {k.removeprefix("metrics/"): v for k, v in
                                                         numeric_metrics(final).items() if k.startswith("metrics/")})
             tracker.finish(tracker.parent_run_id)
-    return {"mlflow_run_id": tracker.parent_run_id, "tracking_uri": uri, "stages": {n: stages[n]["out"] for n in selected},
-            "evaluation": final}
+    return {"mlflow_run_id": tracker.parent_run_id, "tracking_uri": uri, "cached": cached,
+            "stages": {n: stages[n].out for n in selected}, "evaluation": final}
 
 
 @flow(name="embodied-reasoner-stage", log_prints=True)
@@ -101,21 +95,12 @@ def embodied_reasoner(recipe: str = "reasoner-demo", only: list[str] | None = No
     rec = load(recipe, overrides)
     if dispatch == "local":
         return run_reasoner(rec, root, only=only, refresh=refresh)
-    from prefect.deployments import run_deployment
+    order: list[str] = []
 
-    uri = tracking_uri(rec.tracking_uri, root)
-    with scoped_env(MLFLOW_TRACKING_URI=uri):
-        tracker = Tracker.open(rec.experiment, uri, root).start_parent(
-            f"{rec.name}-pipeline", {"recipe": rec.name, "pipeline": "embodied-reasoner"}, {"recipe": rec.model_dump()})
-    order = []
-    for name, sp in plan(rec, root).items():
-        kind = sp["kind"]
-        child = run_deployment(f"embodied-reasoner-stage/{kind.removeprefix('reasoner_')}", timeout=None,
-                               parameters={"stages": [name], "recipe": recipe, "overrides": overrides,
-                                           "home": str(root), "mlflow_parent_run_id": tracker.parent_run_id})
-        if child.state is None or not child.state.is_completed():
-            tracker.finish(tracker.parent_run_id, "FAILED")
-            raise RuntimeError(f"{name} on pool {POOLS[kind]} did not complete")
-        order.append(name)
-    tracker.finish(tracker.parent_run_id)
-    return {"mlflow_run_id": tracker.parent_run_id, "dispatched": order}
+    def send(kind: str, names: list[str], parent_run_id: str) -> None:
+        run_deployment_of(kind, {"stages": names, "recipe": recipe, "overrides": overrides, "home": str(root),
+                                 "mlflow_parent_run_id": parent_run_id})
+        order.extend(names)
+
+    result = run_reasoner(rec, root, only=only, refresh=refresh, dispatch=send)
+    return {**result, "dispatched": order}

@@ -1,24 +1,28 @@
-"""Running stages in this process: each a cached Prefect task with its own MLflow child run."""
+"""The one loop over a plan's stages (``run_stages``), for both pipelines, here or on the pools.
+
+Here, each stage is a Prefect task with its own MLflow child run; dispatched, each group of
+consecutive stages of one kind is sent to that kind's deployment. Either way the stage folder
+is the one record of "done": a complete stage runs nothing and its MLflow child reads cached.
+"""
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from prefect import get_run_logger
 from prefect.context import get_run_context
-from prefect.filesystems import LocalFileSystem
 
-from embodied_r import paths, progress
+from embodied_r import progress
 from embodied_r.config import Recipe
 from embodied_r.io import is_complete, read_summary
 from embodied_r.pipeline import StagePlan, downstream, plan, resolve_stage_name, select_stages
 from embodied_r.shards import shard_paths
+from embodied_r.stage_kinds import kind_of
 from embodied_r.tracking import CACHE_TAG, Tracker, tracking_uri
 from flows import mlflow_runs
 from tasks.stages import STAGE_TASKS
@@ -51,14 +55,6 @@ def discard_refreshed(stages: dict[str, StagePlan], refresh: list[str]) -> list[
     for name in names:
         discard(Path(stages[name].out))
     return names
-
-
-def result_storage(root: Path) -> LocalFileSystem:
-    """Task results live under the project home (Prefect wants the block saved first)."""
-    base = paths.prefect_results(root)
-    storage = LocalFileSystem(basepath=str(base))
-    storage.save("embodied-r-results-" + hashlib.sha256(str(base).encode()).hexdigest()[:10], overwrite=True)
-    return storage
 
 
 def flow_run_id() -> str:
@@ -197,6 +193,77 @@ def _log_parent_report(tracker: Tracker, folder: Path, recipe: str, registered: 
             tracker.client.log_artifact(tracker.parent_run_id, str(folder / "accuracy_by_task.png"))
 
 
+class StageRunFailed(RuntimeError):
+    """A stage's flow run, sent to a work pool, did not complete."""
+
+
+# Sends one kind's stages elsewhere and waits for them: ``(kind, names, parent MLflow run id)``.
+Dispatch = Callable[[str, list[str], str], None]
+
+
+def stage_groups(stages: dict[str, StagePlan], selected: list[str]) -> list[list[str]]:
+    """The selected stages in run order, consecutive stages of one kind together: what one
+    dispatched flow run does (the three GRPO stages, evaluate with its baselines)."""
+    groups: list[list[str]] = []
+    for name in selected:
+        if groups and stages[groups[-1][-1]].kind == stages[name].kind:
+            groups[-1].append(name)
+        else:
+            groups.append([name])
+    return groups
+
+
+def run_stages(stages: dict[str, StagePlan], selected: list[str], tracker: Tracker, *,
+               dispatch: Dispatch | None = None,
+               after: Callable[[StagePlan, dict[str, Any]], None] | None = None) -> list[str]:
+    """Run the selected stages in order and return those served from their folders.
+
+    Without ``dispatch`` each stage is its kind's Prefect task in this process; ``after`` sees
+    each stage's summary as it finishes. With ``dispatch`` each group of ``stage_groups`` is
+    sent away, unless all its folders are complete: finished work needs no worker (and no GPU).
+    """
+    cached: list[str] = []
+    for group in stage_groups(stages, selected):
+        if dispatch is not None:
+            if not all(stages[n].complete for n in group):
+                dispatch(stages[group[0]].kind, group, tracker.parent_run_id or "")
+                continue
+            for name in group:
+                log_cached_stage(tracker, stages[name], read_summary(Path(stages[name].out)))
+            cached += group
+            continue
+        for name in group:
+            sp = stages[name]
+            state = STAGE_TASKS[sp.kind].with_options(name=name)(sp.to_dict(), tracker, return_state=True)
+            result = state.result()  # raises the stage's own error when it failed
+            if state.name == "Cached":
+                cached.append(name)
+                log_cached_stage(tracker, sp, result["summary"])
+            if after is not None:
+                after(sp, result["summary"])
+    return cached
+
+
+def run_deployment_of(kind: str, parameters: dict[str, Any]) -> str:
+    """Run a stage kind's deployment (on its pool) and wait; a child flow run that fails does
+    not raise by itself, so its final state is checked and its own message raised here.
+    Returns the child flow run's name."""
+    from prefect.deployments import run_deployment
+
+    child = run_deployment(kind_of(kind).deployment, parameters=parameters, timeout=None, poll_interval=2)
+    state = child.state
+    if state is None or not state.is_completed():
+        raise StageRunFailed(
+            f"stage {kind!r} (flow run {child.name}, id {child.id}) ended "
+            f"{state.type.value if state else 'without a state'}: {state.message if state else ''}"
+        )
+    try:
+        get_run_logger().info("%s: done on pool %s (flow run %s)", kind, kind_of(kind).pool, child.name)
+    except Exception:  # noqa: BLE001 - outside a flow run
+        pass
+    return str(child.name)
+
+
 def run_in_process(recipe: Recipe, root: Path, refresh: list[str] | None = None,
                    only: list[str] | None = None, parent_run_id: str | None = None) -> dict[str, Any]:
     """Run the selected stages (all by default) here, one Prefect task each."""
@@ -207,23 +274,16 @@ def run_in_process(recipe: Recipe, root: Path, refresh: list[str] | None = None,
         refreshed = discard_refreshed(stages, refresh or [])
         tracker = open_tracker(recipe, root, "+".join(selected) if only else "pipeline",
                                selected, refreshed, parent_run_id)
-        storage = result_storage(root)
-        cached: list[str] = []
         promotion = ""
-        try:
-            for name in selected:
-                sp = stages[name]
-                task = STAGE_TASKS[sp.kind].with_options(
-                    name=name, result_storage=storage, refresh_cache=name in refreshed or not sp.complete)
-                state = task(sp.to_dict(), tracker, return_state=True)
-                result = state.result()  # raises the stage's own error when it failed
-                if state.name == "Cached":
-                    cached.append(name)
-                    log_cached_stage(tracker, sp, result["summary"])
-                if sp.kind == "preprocess" and "evaluate" in selected:
-                    from embodied_r.lifecycle.promote import check_promotion_split
 
-                    check_promotion_split(recipe, result["summary"])  # before hours of work, not after
+        def after(sp: StagePlan, summary: dict[str, Any]) -> None:
+            if sp.kind == "preprocess" and "evaluate" in selected:
+                from embodied_r.lifecycle.promote import check_promotion_split
+
+                check_promotion_split(recipe, summary)  # before hours of work, not after
+
+        try:
+            cached = run_stages(stages, selected, tracker, after=after)
             if "evaluate" in selected:
                 promotion = promote_trained(recipe, root, stages, tracker)
         except BaseException:

@@ -20,10 +20,11 @@ from embodied_r.config import Recipe
 from embodied_r.io import is_complete
 from embodied_r.pipeline import StagePlan, execute, plan
 from embodied_r.shards import SHARD_INPUT, parse_selection, shard_folder
-from flows.runner import scoped_env
+from embodied_r.stage_kinds import kind_of
+from flows.runner import StageRunFailed, run_deployment_of, scoped_env
 
 
-class ShardRunFailed(RuntimeError):
+class ShardRunFailed(StageRunFailed):
     """A shard's flow run, sent to the stage's work pool, did not complete."""
 
 
@@ -87,23 +88,20 @@ def dispatch_shards(deployment: str, kind: str, stages: dict[str, StagePlan], na
     return [r.name for _, r in sorted(ended.items())]
 
 
+def dispatch_kind(kind: str, stages: dict[str, StagePlan], names: list[str], parameters: dict[str, Any]) -> str:
+    """Stages ``names`` of ``kind`` through the kind's deployment: their unfinished shards
+    first, each a flow run of its own, then the run that merges them and records the stages
+    (the only run of a stage not split). Returns that run's name."""
+    dispatch_shards(kind_of(kind).deployment, kind, stages, names, parameters)
+    return run_deployment_of(kind, parameters)
+
+
 def dispatch_stage(recipe_ref: str, kind: str, root: Path, overrides: dict[str, Any] | None = None,
                    parent_run_id: str | None = None) -> str:
-    """One stage kind through its deployment: its unfinished shards first, each a flow run
-    of its own, then the run that merges them (and records the stage). Returns that run's name."""
+    """One stage kind of a recipe through its deployment, as the full pipeline sends it."""
     from embodied_r.config import load_recipe
-    from flows.stages import deployment_name
-    from flows.pipeline import StageRunFailed
 
-    rec = load_recipe(recipe_ref, overrides)
-    stages = plan(rec, root)
+    stages = plan(load_recipe(recipe_ref, overrides), root)
     names = [n for n, sp in stages.items() if sp.kind == kind]
-    parameters = {"recipe": recipe_ref, "overrides": overrides, "home": str(root),
-                  "mlflow_parent_run_id": parent_run_id}
-    dispatch_shards(deployment_name(kind), kind, stages, names, parameters)
-    from prefect.deployments import run_deployment
-
-    child = run_deployment(deployment_name(kind), parameters=parameters, timeout=None, poll_interval=2)
-    if child.state is None or not child.state.is_completed():
-        raise StageRunFailed(f"stage {kind!r} (flow run {child.name}) ended {child.state}")
-    return str(child.name)
+    return dispatch_kind(kind, stages, names, {"recipe": recipe_ref, "overrides": overrides, "home": str(root),
+                                               "mlflow_parent_run_id": parent_run_id})

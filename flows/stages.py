@@ -1,5 +1,6 @@
-"""One flow per stage, for a rerun of one stage by hand, from the UI, or by the full
-pipeline when it sends each stage to its own work pool."""
+"""One flow per Embodied-R stage kind (``stage_kinds``), for a rerun of one stage by hand,
+from the UI, or by the full pipeline when it sends each stage to its own work pool. Each is a
+module attribute ``<kind>_flow``, as ``prefect.yaml``'s entrypoints name it."""
 
 from __future__ import annotations
 
@@ -11,30 +12,10 @@ from prefect import flow
 from embodied_r import paths
 from embodied_r.config import load_recipe
 from embodied_r.pipeline import plan
+from embodied_r.stage_kinds import kind_of, kinds
 from flows.prefect_views import flow_run_name, publish_result, tag_flow_run
 from flows.runner import run_in_process
 from flows.shards import run_shard
-
-# Stage kinds in run order, and the work pool each runs on when pools are used.
-STAGE_POOLS: dict[str, str] = {
-    "download": "cpu",
-    "preprocess": "cpu",
-    "keyframes": "cpu",
-    "perception": "gpu-infer",
-    "convert": "cpu",
-    "warmstart": "gpu-train",
-    "train": "gpu-train",
-    "evaluate": "gpu-infer",
-}
-
-
-def flow_name(kind: str) -> str:
-    return f"embodied-r-{kind}"
-
-
-def deployment_name(kind: str) -> str:
-    """``<flow>/<deployment>`` as ``run_deployment`` and ``prefect deployment run`` take it."""
-    return f"{flow_name(kind)}/{kind}"
 
 
 def run_stage_kind(kind: str, recipe: str, refresh: bool, overrides: dict[str, Any] | None,
@@ -66,25 +47,8 @@ def _make(kind: str) -> Callable[..., dict[str, Any]]:
         "(\"2/4\") does that shard alone of a stage the recipe splits in shards, for the dispatching "
         "flow, which then runs the stage once more to merge them."
     )
-    return flow(name=flow_name(kind), log_prints=True, flow_run_name=flow_run_name)(stage_flow)
+    return flow(name=kind_of(kind).flow_name, log_prints=True, flow_run_name=flow_run_name)(stage_flow)
 
 
-download_flow = _make("download")
-preprocess_flow = _make("preprocess")
-keyframes_flow = _make("keyframes")
-perception_flow = _make("perception")
-convert_flow = _make("convert")
-warmstart_flow = _make("warmstart")
-train_flow = _make("train")
-evaluate_flow = _make("evaluate")
-
-STAGE_FLOWS = {
-    "download": download_flow,
-    "preprocess": preprocess_flow,
-    "keyframes": keyframes_flow,
-    "perception": perception_flow,
-    "convert": convert_flow,
-    "warmstart": warmstart_flow,
-    "train": train_flow,
-    "evaluate": evaluate_flow,
-}
+STAGE_FLOWS: dict[str, Callable[..., dict[str, Any]]] = {k.name: _make(k.name) for k in kinds("embodied-r")}
+globals().update({f"{kind}_flow": stage_flow for kind, stage_flow in STAGE_FLOWS.items()})

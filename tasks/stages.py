@@ -1,9 +1,9 @@
-"""One Prefect task per pipeline stage.
+"""One Prefect task per stage kind, with the retries its ``stage_kinds`` entry declares.
 
-Tasks pass stage plans (paths and small configs), never data. The cache key is the
-task's inputs (the stage plan: config, input folders and an output folder named by the
-stage's own hash) plus the task's source plus the source of the library modules the
-stage runs; the MLflow tracker is left out of the key.
+Tasks pass stage plans (paths and small configs), never data. The stage's folder, named by
+the hash of its inputs, config and code, is the one record of "done": a task whose folder is
+complete ends in a state named ``Cached`` without running anything, and Prefect keeps no
+cache or stored result of its own, so losing Prefect's files changes nothing.
 """
 
 from __future__ import annotations
@@ -14,29 +14,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from prefect import get_run_logger, task
+from prefect import Task, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
-from prefect.cache_policies import INPUTS, TASK_SOURCE, CacheKeyFnPolicy
+from prefect.cache_policies import NO_CACHE
+from prefect.states import Completed, State
 
 from embodied_r import progress
+from embodied_r.io import read_summary
 from embodied_r.pipeline import StagePlan, execute
-from embodied_r.runners import code_version
+from embodied_r.stage_kinds import KINDS, kind_of
 from embodied_r.tracking import Tracker, record_stage
-
-
-def _code_key(context: Any, parameters: dict[str, Any]) -> str:
-    return code_version(parameters["stage"]["kind"])
-
-
-STAGE_CACHE = (INPUTS - "tracker") + TASK_SOURCE + CacheKeyFnPolicy(cache_key_fn=_code_key)
-
-
-# The figures a stage's Prefect summary shows, in this order, when present; the full
-# summary is in summary.json and in MLflow.
-SUMMARY_KEYS = ("items", "videos", "done", "failed", "keyframes_mean", "questions", "records", "steps",
-                "epochs_reached", "stopped_by", "final_reward", "final_rewards_format_reward_mean",
-                "final_rewards_accuracy_reward_mean", "final_kl", "accuracy/overall", "accuracy/macro",
-                "accuracy/paper_tasks", "count/overall", "split", "seconds", "seconds_per_step")
 
 
 def _round(value: Any) -> Any:
@@ -45,9 +32,10 @@ def _round(value: Any) -> Any:
     return value
 
 
-def short_summary(summary: dict[str, Any], limit: int = 12) -> dict[str, Any]:
-    """At most ``limit`` headline figures of a summary, rounded."""
-    picked = {k: _round(summary[k]) for k in SUMMARY_KEYS if k in summary}
+def short_summary(kind: str, summary: dict[str, Any], limit: int = 12) -> dict[str, Any]:
+    """At most ``limit`` headline figures of a stage's summary, rounded: its kind's own
+    figures first (``StageKind.figures``); the full summary is in summary.json and MLflow."""
+    picked = {k: _round(summary[k]) for k in kind_of(kind).figures if k in summary}
     for key, value in summary.items():
         if len(picked) >= limit:
             break
@@ -60,7 +48,7 @@ def short_summary(summary: dict[str, Any], limit: int = 12) -> dict[str, Any]:
 
 
 def _markdown(sp: StagePlan, summary: dict[str, Any]) -> str:
-    rows = "\n".join(f"| {k} | {v} |" for k, v in short_summary(summary).items())
+    rows = "\n".join(f"| {k} | {v} |" for k, v in short_summary(sp.kind, summary).items())
     return (f"### {sp.name}\n\nOutput: `{sp.out}` (full figures in `summary.json` and in MLflow)\n\n"
             f"| figure | value |\n|---|---|\n{rows}\n")
 
@@ -93,9 +81,18 @@ class _ProgressArtifact:
             update_progress_artifact(self.artifact_id, percent)
 
 
-def run_stage(stage: dict[str, Any], tracker: Tracker | None = None) -> dict[str, Any]:
-    """Run one stage under its own MLflow child run; returns where its output is."""
+def _payload(sp: StagePlan, run_id: str | None, summary: dict[str, Any]) -> dict[str, Any]:
+    return {"stage": sp.name, "out": sp.out, "mlflow_run_id": run_id,
+            "summary": json.loads(json.dumps(summary, default=str))}
+
+
+def run_stage(stage: dict[str, Any], tracker: Tracker | None = None) -> dict[str, Any] | State:
+    """Run one stage under its own MLflow child run; returns where its output is. A stage whose
+    folder is complete runs nothing: the task ends ``Cached`` with the stored summary (its
+    MLflow child is the flow's to log, ``flows.runner.log_cached_stage``)."""
     sp = StagePlan.from_dict(stage)
+    if sp.complete:
+        return Completed(name="Cached", data=_payload(sp, None, read_summary(Path(sp.out))))
     run_id = None
     if tracker is not None:
         run_id = tracker.start_stage(sp.name, sp.params, tags={"stage_key": sp.key, "output": sp.out})
@@ -114,7 +111,7 @@ def run_stage(stage: dict[str, Any], tracker: Tracker | None = None) -> dict[str
         record_stage(tracker, run_id, Path(sp.out), summary, sp.kind)
         tracker.finish(run_id)
     _announce(sp, "done", time.monotonic() - started,
-              "; ".join(part for part in (_headline(summary), _left_out(sp, summary)) if part))
+              "; ".join(part for part in (_headline(sp.kind, summary), _left_out(sp, summary)) if part))
     try:
         create_markdown_artifact(_markdown(sp, summary), key=f"{sp.name.replace('_', '-')}-summary",
                                  description=f"{sp.name} summary")
@@ -125,8 +122,7 @@ def run_stage(stage: dict[str, Any], tracker: Tracker | None = None) -> dict[str
                                   description="Accuracy per task beside the paper's Embodied-R (Table 1)")
     except Exception:  # noqa: BLE001 - artifacts are a convenience, not part of the result
         pass
-    return {"stage": sp.name, "out": sp.out, "mlflow_run_id": run_id,
-            "summary": json.loads(json.dumps(summary, default=str))}
+    return _payload(sp, run_id, summary)
 
 
 def _left_out(sp: StagePlan, summary: dict[str, Any]) -> str:
@@ -141,14 +137,16 @@ def _left_out(sp: StagePlan, summary: dict[str, Any]) -> str:
     return f"{failed} left out{why}, listed in {listed}"
 
 
-def _headline(summary: dict[str, Any]) -> str:
-    """The one figure worth a glance on a stage's done line."""
-    if isinstance(summary.get("accuracy/overall"), (int, float)):
+def _headline(kind: str, summary: dict[str, Any]) -> str:
+    """The one figure worth a glance on a stage's done line, as its kind declares
+    (``StageKind.headline``); items done and failed when its summary lacks that figure."""
+    headline = kind_of(kind).headline
+    if headline == "accuracy" and isinstance(summary.get("accuracy/overall"), (int, float)):
         from embodied_r.scoring.metrics import format_accuracy, summary_interval
 
         accuracy = format_accuracy(summary["accuracy/overall"], summary_interval(summary, "accuracy/overall"))
         return f"accuracy {accuracy} on {summary.get('count/overall', 0):.0f} questions"
-    if "steps" in summary and "stopped_by" in summary:
+    if headline == "training" and "steps" in summary and "stopped_by" in summary:
         return f"{summary['steps']} steps, epoch {summary.get('epochs_reached', 0):.2f}, stopped by {summary['stopped_by']}"
     failed = summary.get("failed")
     done = summary.get("done")
@@ -171,17 +169,10 @@ def _worth_retrying(task: Any, task_run: Any, state: Any) -> bool:
     return True
 
 
-_stage_task = task(run_stage, cache_policy=STAGE_CACHE, persist_result=True, retry_condition_fn=_worth_retrying)
+def _task(name: str, retries: int, retry_delay_s: int) -> Task:
+    # No cache policy and no stored result: the stage folder is the one record of done.
+    return task(run_stage, name=name, retries=retries, retry_delay_seconds=retry_delay_s,
+                retry_condition_fn=_worth_retrying, cache_policy=NO_CACHE, persist_result=False)
 
-# Per-stage options: perception and evaluation call remote models, so one retry of
-# the whole stage (which resumes per item) is cheap; training resumes from its checkpoint.
-STAGE_TASKS = {
-    "download": _stage_task.with_options(name="download", retries=2, retry_delay_seconds=10),
-    "preprocess": _stage_task.with_options(name="preprocess"),
-    "keyframes": _stage_task.with_options(name="keyframes", retries=1),
-    "perception": _stage_task.with_options(name="perception", retries=2, retry_delay_seconds=30),
-    "convert": _stage_task.with_options(name="convert"),
-    "warmstart": _stage_task.with_options(name="warmstart", retries=1, retry_delay_seconds=30),
-    "train": _stage_task.with_options(name="train", retries=1, retry_delay_seconds=30),
-    "evaluate": _stage_task.with_options(name="evaluate", retries=1, retry_delay_seconds=30),
-}
+
+STAGE_TASKS: dict[str, Task] = {k.name: _task(k.name, k.retries, k.retry_delay_s) for k in KINDS}

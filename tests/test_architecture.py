@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 
 from embodied_r.runners import ROOT, _is_module, imports_of, launches_of, module_version, named_module
+from embodied_r.stage_kinds import KINDS
 
 # Modules at the top of the package that every stage may use.
 FOUNDATION = {"io", "paths", "progress", "schemas", "benchmark_rules", "tracking", "runners", "faults", "settings",
-              "shards"}
+              "stage_kinds", "stage_plan", "shards"}
 # What each sub-package (or top-level module) may import besides itself and the foundation.
 ALLOWED: dict[str, set[str]] = {
     "backends": set(),
@@ -22,7 +23,9 @@ ALLOWED: dict[str, set[str]] = {
     "scoring": {"backends"},
     "training": {"backends", "scoring"},
     "evaluation": {"backends", "scoring"},
-    "interactive": {"backends", "training", "prompts"},
+    # Embodied-Reasoner: its plan is stage_plan's (foundation), its recipe merge config's, its
+    # trainer child training's (``embodied_r/interactive/__init__.py`` says which parts).
+    "interactive": {"config", "backends", "training", "prompts"},
     "prompts": set(),
     "config": {"data", "synthetic", "keyframes", "perception", "backends", "training", "evaluation", "prompts"},
     "pipeline": {"config"},
@@ -191,3 +194,100 @@ def test_a_module_that_does_not_exist_has_no_version():
 def test_the_checks_see_a_planted_circle(tmp_path: Path):
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def _deployments(text: str) -> dict[tuple[str, str], dict]:
+    import yaml
+
+    found = yaml.safe_load(text)["deployments"]
+    return {(d["entrypoint"], d["name"]): d for d in found}
+
+
+def stage_deployment_problems(text: str) -> list[str]:
+    """How ``prefect.yaml``'s stage deployments differ from the table of stage kinds."""
+    deployments = _deployments(text)
+    problems = []
+    for kind in KINDS:
+        found = deployments.get((kind.entrypoint, kind.deployment_name))
+        if found is None:
+            problems.append(f"{kind.name}: no deployment {kind.deployment_name!r} of {kind.entrypoint}")
+            continue
+        if found["work_pool"]["name"] != kind.pool:
+            problems.append(f"{kind.name}: pool {found['work_pool']['name']!r}, the table says {kind.pool!r}")
+        if found.get("description") != kind.description:
+            problems.append(f"{kind.name}: description {found.get('description')!r}, the table's is "
+                            f"{kind.description!r}")
+        if kind.pipeline == "embodied-reasoner" and not {
+                n.removeprefix("reasoner_").split("_")[0] for n in found["parameters"]["stages"]} == {
+                kind.deployment_name}:
+            problems.append(f"{kind.name}: its deployment runs {found['parameters']['stages']}")
+    stage_entrypoints = {k.entrypoint for k in KINDS}
+    known = {(k.entrypoint, k.deployment_name) for k in KINDS}
+    problems += [f"deployment {name!r} of {entry} is no stage kind" for entry, name in deployments
+                 if entry in stage_entrypoints and (entry, name) not in known]
+    return problems
+
+
+def test_prefect_yaml_deploys_every_stage_kind_on_its_pool():
+    text = (ROOT.parent / "prefect.yaml").read_text()
+    assert not stage_deployment_problems(text), "\n".join(stage_deployment_problems(text))
+    # The same check on a copy that lost a stage, and one with a stage on the wrong pool.
+    lost = text.replace("  - name: keyframes\n", "  - name: key-frames\n")
+    assert "keyframes: no deployment 'keyframes' of flows/stages.py:keyframes_flow" in stage_deployment_problems(lost)
+    moved = text.replace("stages: [reasoner_explore]}\n    work_pool: {name: gpu-infer}",
+                         "stages: [reasoner_explore]}\n    work_pool: {name: cpu}")
+    assert "reasoner_explore: pool 'cpu', the table says 'gpu-infer'" in stage_deployment_problems(moved)
+
+
+def test_every_stage_kind_is_a_flow_a_task_and_a_command():
+    """Derived from the one table: one Prefect task per kind, one stage flow and CLI command per
+    Embodied-R kind, each kind's runner importable."""
+    import importlib
+
+    from embodied_r.apps.cli import STAGE_COMMANDS
+    from flows import stages as stage_flows
+    from tasks.stages import STAGE_TASKS
+
+    assert set(STAGE_TASKS) == {k.name for k in KINDS}
+    for kind in KINDS:
+        module, function = kind.runner.split(":")
+        assert callable(getattr(importlib.import_module(module), function)), kind.runner
+        assert STAGE_TASKS[kind.name].retries == kind.retries, kind.name
+        if kind.pipeline == "embodied-r":
+            assert STAGE_COMMANDS[kind.name] == kind.help
+            assert getattr(stage_flows, f"{kind.name}_flow").name == kind.flow_name
+
+
+def test_the_plan_reads_only_what_each_kind_declares(tmp_path: Path):
+    from embodied_r.config import load_recipe
+    from embodied_r.pipeline import plan
+    from embodied_r.stage_kinds import STAGE_KINDS
+
+    from embodied_r.interactive import recipe as reasoner
+
+    plans = [plan(load_recipe(name), tmp_path) for name in ("demo", "paper")]
+    plans.append(reasoner.plan(reasoner.load("reasoner-demo"), tmp_path))
+    for recipe, stages in zip(("demo", "paper", "reasoner-demo"), plans):
+        for sp in stages.values():
+            read = {stages[d].kind for d in sp.deps}
+            assert read <= set(STAGE_KINDS[sp.kind].reads), (recipe, sp.name, read)
+
+
+def test_a_kind_the_plan_does_not_place_runs_after_what_it_reads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Adding a stage is one entry of the table and its module: the plan places it."""
+    from embodied_r import pipeline
+    from embodied_r.config import load_recipe
+    from embodied_r.stage_kinds import STAGE_KINDS, StageKind, kinds
+
+    extra = StageKind("planted", "embodied_r.data.catalog:run_stage", "cpu", "a planted stage",
+                      reads=("convert", "preprocess"))
+    monkeypatch.setitem(STAGE_KINDS, "planted", extra)
+    monkeypatch.setattr(pipeline, "kinds", lambda name: (*kinds(name), extra))
+    stages = pipeline.plan(load_recipe("demo"), tmp_path)
+    assert list(stages)[-1] == "planted"
+    planted = stages["planted"]
+    assert planted.deps == ("preprocess", "convert") and planted.config == {}
+    assert planted.inputs == {"preprocess": stages["preprocess"].out, "convert": stages["convert"].out}
+    # Its key follows what it reads.
+    changed = pipeline.plan(load_recipe("demo", {"records": {"system_prompt": "Another prompt."}}), tmp_path)
+    assert changed["planted"].key != planted.key

@@ -22,9 +22,9 @@ def test_recipes_load_and_plan_six_stages(tmp_path):
     stages = plan(load("reasoner-demo"), tmp_path)
     assert list(stages) == ["reasoner_data", "reasoner_sft_imitation", "reasoner_explore",
                             "reasoner_sft_exploration", "reasoner_sft_correction", "reasoner_evaluate"]
-    assert stages["reasoner_sft_exploration"]["inputs"]["init_model"].startswith(stages["reasoner_sft_imitation"]["out"])
+    assert stages["reasoner_sft_exploration"].inputs["init_model"].startswith(stages["reasoner_sft_imitation"].out)
     changed = plan(load("reasoner-demo", {"evaluate": {"limit": 3}}), tmp_path)
-    assert [n for n in stages if stages[n]["key"] != changed[n]["key"]] == ["reasoner_evaluate"]
+    assert [n for n in stages if stages[n].key != changed[n].key] == ["reasoner_evaluate"]
     assert len(SFT_STAGES) == 3
 
 

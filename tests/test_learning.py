@@ -58,7 +58,6 @@ def grpo_cfg(**kw: Any) -> TrainingConfig:
         logging_steps=1,
     )
     base.update(kw)
-    # A rate of 0 is refused by recipes, not by the trainer's config: the control run uses it.
     return TrainingConfig(**base)
 
 
@@ -103,7 +102,7 @@ def test_learning_rate_zero_changes_nothing(records: Path, warm_policy: Path, tm
     from embodied_r.training.stage import run_training_stage
 
     summary = run_training_stage(records, str(warm_policy), tmp_path / "grpo", STAGE,
-                                 grpo_cfg(learning_rate=0.0, max_steps_per_stage=2))
+                                 grpo_cfg(learning_rate=0.0, allow_zero_learning_rate=True, max_steps_per_stage=2))
     assert summary["steps"] == 2
     assert changed(weights(warm_policy), weights(tmp_path / "grpo" / "model")) == []
 

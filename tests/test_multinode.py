@@ -37,10 +37,11 @@ def test_paper_16gpu_keeps_32_completions_per_step() -> None:
     data = read_accelerate_config(config)
     assert (data["num_machines"], num_processes(config)) == (2, 16)
     assert data["deepspeed_config"]["deepspeed_multinode_launcher"] == "standard"
-    per_step = num_processes(config) * sixteen.per_device_train_batch_size * sixteen.gradient_accumulation_steps
-    assert per_step == 32 == 8 * eight.per_device_train_batch_size * eight.gradient_accumulation_steps
+    assert (sixteen.accumulation_steps(16), eight.accumulation_steps(8)) == (2, 4)
+    per_step = num_processes(config) * sixteen.per_device_train_batch_size * sixteen.accumulation_steps(16)
+    assert per_step == 32 == 8 * eight.per_device_train_batch_size * eight.accumulation_steps(8)
     # Nothing else differs from the 8-GPU recipe: the same method on twice the GPUs.
-    split = {"accelerate_config", "gradient_accumulation_steps"}
+    split = {"accelerate_config"}
     assert result_settings(sixteen, exclude=split) == result_settings(eight, exclude=split)
 
 

@@ -282,8 +282,8 @@ def test_a_reasoner_recipe_with_the_file_converses_in_the_originals_texts(
     # The texts are part of the evaluation stage's key.
     plain = reasoner_recipe.plan(reasoner_recipe.load("reasoner-paper"), tmp_path / "stages")
     official = reasoner_recipe.plan(rec, tmp_path / "stages")
-    assert plain["reasoner_evaluate"]["key"] != official["reasoner_evaluate"]["key"]
+    assert plain["reasoner_evaluate"].key != official["reasoner_evaluate"].key
     # The rollouts of the exploration stage converse in the same texts.
-    assert official["reasoner_explore"]["config"]["episode"]["texts"]["source"] == "official@0123456789ab"
-    assert plain["reasoner_explore"]["config"]["episode"]["texts"] is None
-    assert plain["reasoner_data"]["key"] == official["reasoner_data"]["key"]
+    assert official["reasoner_explore"].config["episode"]["texts"]["source"] == "official@0123456789ab"
+    assert plain["reasoner_explore"].config["episode"]["texts"] is None
+    assert plain["reasoner_data"].key == official["reasoner_data"].key

@@ -23,7 +23,7 @@ def _schedule(cfg: TrainingConfig) -> list[tuple[float, float, float, float]]:
 
 def _completions_per_step(cfg: TrainingConfig) -> int:
     processes = num_processes(resolve_config_file(cfg.accelerate_config)) if cfg.accelerate_config else 1
-    return processes * cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps
+    return processes * cfg.per_device_train_batch_size * cfg.accumulation_steps(processes)
 
 
 @pytest.mark.parametrize("name", GPU_RECIPES)
@@ -126,7 +126,8 @@ def _trl_args(name: str, stage: int = 2) -> Any:
 
     cfg = load_recipe(name).training
     per_step = _completions_per_step(cfg)
-    local = cfg.model_copy(update={"bf16": False, "per_device_train_batch_size": per_step // cfg.gradient_accumulation_steps})
+    accumulation = cfg.accumulation_steps(cfg.world() or 1)
+    local = cfg.model_copy(update={"bf16": False, "per_device_train_batch_size": per_step // accumulation})
     funcs, weights = reward_setup(local.stages[stage], local)
     return grpo_args(local.stages[stage], local, Path("/tmp/unused"), weights, []), funcs
 
@@ -184,5 +185,8 @@ def test_improved_turns_on_the_named_improvements() -> None:
     assert improved.training.scoring.answer_parser == "strict"
     assert improved.training.scoring.consistency_when_reference_down == "unscored"
     assert improved.evaluation.answer_parser == "strict"
-    # The method itself is the paper's.
-    assert improved.training.model_dump(exclude={"scoring"}) == paper.training.model_dump(exclude={"scoring"})
+    # The method itself is the paper's, but for the named training improvements.
+    named = {"scoring", "prompt_cut", "stage_chain", "keep_best"}
+    assert (improved.training.prompt_cut, improved.training.stage_chain, improved.training.keep_best) == (
+        "both", "fresh", True)
+    assert improved.training.model_dump(exclude=named) == paper.training.model_dump(exclude=named)

@@ -11,20 +11,21 @@ from pathlib import Path
 
 import pytest
 
-from embodied_r import pipeline
+from embodied_r import stage_plan
 from embodied_r.evaluation.stage import question_set
 from embodied_r.interactive.download import fingerprint
 from embodied_r.io import KEY_HEX, keyed_folder, payload_key, text_key
-from embodied_r.runners import PACKAGE, ROOT, STAGE_EXTRA_KEYS, STAGE_RUNNERS
+from embodied_r.runners import PACKAGE, ROOT
+from embodied_r.stage_kinds import KINDS, STAGE_KINDS
 
 # -- the helper keeps the keys the pipeline and the side caches had ------------------------
 
 
 def test_a_stage_key_is_the_value_the_pipeline_computed_before(monkeypatch):
     # Computed by the stage key's own json.dumps + sha256 code before the helper existed.
-    monkeypatch.setattr(pipeline, "code_version", lambda kind: "c" * 64)
+    monkeypatch.setattr(stage_plan, "code_version", lambda kind: "c" * 64)
     config = {"fps": 1.0, "max": 32, "nested": {"b": [1, 2], "a": None}}
-    assert pipeline._key("keyframes", config, ["0123456789abcdef"], "x") == "b1080c2ad3a35d15"
+    assert stage_plan.stage_key("keyframes", config, ["0123456789abcdef"], "x") == "b1080c2ad3a35d15"
 
 
 def test_side_cache_keys_are_the_values_they_were():
@@ -101,11 +102,11 @@ def test_every_module_the_code_hashes_by_name_imports():
             importlib.import_module(module if module.startswith(PACKAGE + ".") else f"{PACKAGE}.{module}")
         except ModuleNotFoundError as exc:
             missing.append(f"{where}: {module!r} ({exc})")
-    missing += [f"{where}: stage kind {kind!r}" for where, kind in kinds if kind not in STAGE_RUNNERS]
+    missing += [f"{where}: stage kind {kind!r}" for where, kind in kinds if kind not in STAGE_KINDS]
     assert not missing, "hashed names that do not exist:\n" + "\n".join(missing)
 
 
-@pytest.mark.parametrize("target", sorted(set(STAGE_RUNNERS.values()) | set(STAGE_EXTRA_KEYS.values())))
+@pytest.mark.parametrize("target", sorted({k.runner for k in KINDS} | {k.extra_key for k in KINDS if k.extra_key}))
 def test_every_stage_runner_named_in_the_table_imports(target):
     module, function = target.split(":")
     assert callable(getattr(importlib.import_module(module), function))

@@ -92,7 +92,10 @@ PARAMS = 500_000 + 250_000 + 500_000 + 500
 
 
 def test_checkpoint_estimate_per_setup() -> None:
-    deepspeed = load_recipe("paper-8gpu").training
+    paper = load_recipe("paper-8gpu").training
+    # The official 200 checkpoints kept: every one of 1000 steps / 100 (and the last).
+    assert disk.estimate(paper, SHAPES, steps=1000).kept == 11
+    deepspeed = paper.model_copy(update={"save_total_limit": 2})
     est = disk.estimate(deepspeed, SHAPES, steps=1000)
     assert est.parameters == PARAMS
     assert est.per_checkpoint == PARAMS * 14  # 16-bit weights + fp32 master + two Adam moments
@@ -126,6 +129,11 @@ def test_a_stage_without_room_for_its_checkpoints_fails_before_training(
     # A tiny model's need in a unit that shows it, not "0.0 GB".
     assert "needs about 2.0 MB" in message and "0.0 GB" not in message
     assert not (tmp_path / "out.partial" / "train.log").exists()  # no trainer was started
+    # A resume chain also keeps the stage's last checkpoint for the next stage: one more.
+    with pytest.raises(disk.DiskSpaceError) as chained:
+        run_training_stage(records, "tiny:lm", tmp_path / "out", stage, tiny_cfg([stage], stage_chain="resume"))
+    fresh_kept, chain_kept = (int(str(e.value).split(" checkpoint(s)")[0].rsplit(" ", 1)[1]) for e in (err, chained))
+    assert chain_kept == fresh_kept + 1
 
 
 def test_weight_shapes_are_read_from_the_safetensors_headers(tiny_lm_path: Path) -> None:
@@ -317,6 +325,8 @@ def _case(name: str, **overrides: Any) -> dict[str, Any]:
         sys.path.pop(0)
     recipe = load_recipe(name, overrides or None)
     world, gpus = check_env.world_of(recipe.training)
+    if gpus:  # accelerate picks the count: 4 processes, where 32 completions divide
+        world = gpus = 4
     from embodied_r.lifecycle.sft_baseline import sft_config_for
 
     return {"recipe": name, "world": world, "gpus": gpus, "training": recipe.training.model_dump(mode="json"),

@@ -10,16 +10,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-STAGE_COMMANDS = {
-    "download": "download the benchmarks (or make the synthetic one)",
-    "preprocess": "build the questions catalog with splits",
-    "keyframes": "extract key frames of every video",
-    "perception": "turn key frames into frame-by-frame text with the VLM",
-    "convert": "write GRPO records",
-    "warmstart": "warm-start the policy on reasoning traces (recipes with a warmstart section)",
-    "train": "run the GRPO training stages",
-    "evaluate": "evaluate the trained reasoner on the test split",
-}
+from embodied_r.stage_kinds import kinds
+
+# One command per Embodied-R stage kind, with its help line.
+STAGE_COMMANDS = {k.name: k.help for k in kinds("embodied-r")}
 
 
 def _setup_env(home: str | None) -> None:
@@ -39,11 +33,11 @@ def _setup_env(home: str | None) -> None:
 
 
 def _overrides(pairs: list[str]) -> dict[str, Any]:
-    from embodied_r.config import _deep_merge, parse_override
+    from embodied_r.config import deep_merge, parse_override
 
     merged: dict[str, Any] = {}
     for pair in pairs:
-        merged = _deep_merge(merged, parse_override(pair))
+        merged = deep_merge(merged, parse_override(pair))
     return merged
 
 
@@ -55,13 +49,13 @@ def seed_overrides(seed: int) -> dict[str, Any]:
 
 def _all_overrides(args: argparse.Namespace) -> dict[str, Any]:
     """``--set`` pairs, plus ``--source DIR`` as a local mirror of the benchmarks."""
-    from embodied_r.config import _deep_merge
+    from embodied_r.config import deep_merge
 
     merged = _overrides(args.set)
     if getattr(args, "seed", None) is not None:
-        merged = _deep_merge(merged, seed_overrides(args.seed))
+        merged = deep_merge(merged, seed_overrides(args.seed))
     if getattr(args, "source", None):
-        merged = _deep_merge(merged, {"download": {
+        merged = deep_merge(merged, {"download": {
             "source": "local", "source_dir": str(Path(args.source).expanduser().resolve())}})
     return merged
 
@@ -164,12 +158,13 @@ def _print_learning(evaluation: dict[str, Any]) -> None:
         print(f"  {stage:8s} mean reward, first -> last quarter: {', '.join(parts)}")
 
 
-def _precheck(args: argparse.Namespace, stage: str | None) -> None:
-    """Catch a bad recipe or a missing input before Prefect starts, with a short message."""
+def _precheck(args: argparse.Namespace, stage: str | None, overrides: dict[str, Any]) -> Any:
+    """Catch a bad recipe or a missing input before Prefect starts, with a short message;
+    returns the recipe."""
     from embodied_r.config import RecipeError, backend_problems, load_recipe
     from embodied_r.pipeline import plan, resolve_stage_name, select_stages, training_stage_names
 
-    recipe = load_recipe(args.recipe, _all_overrides(args) or None)
+    recipe = load_recipe(args.recipe, overrides or None)
     stages = plan(recipe)
     refresh = getattr(args, "refresh", None) or []
     for name in refresh:
@@ -180,9 +175,10 @@ def _precheck(args: argparse.Namespace, stage: str | None) -> None:
         selected = list(stages)
     # A backend that cannot start is named now, not when its stage comes.
     refreshing = bool(refresh) or bool(getattr(args, "refresh_stage", False))
-    kinds = {stages[n].kind for n in selected if refreshing or not stages[n].complete}
-    if problems := backend_problems(recipe, kinds):
+    needed = {stages[n].kind for n in selected if refreshing or not stages[n].complete}
+    if problems := backend_problems(recipe, needed):
         raise RecipeError("; ".join(problems))
+    return recipe
 
 
 def _cmd_run(args: argparse.Namespace, stage: str | None = None) -> int:
@@ -193,19 +189,16 @@ def _cmd_run(args: argparse.Namespace, stage: str | None = None) -> int:
 
     from embodied_r import progress
 
-    _precheck(args, stage)
+    # The recipe is read here once; the flow reads it again by name, as a deployment would.
+    overrides = _all_overrides(args)
+    recipe = _precheck(args, stage, overrides)
     start = time.time()
     bars = progress.listening(progress.TerminalBar()) if sys.stderr.isatty() else nullcontext()
     with bars:
         if stage is None:
-            result = embodied_r(recipe=args.recipe, refresh=args.refresh or None,
-                                overrides=_all_overrides(args) or None)
+            result = embodied_r(recipe=args.recipe, refresh=args.refresh or None, overrides=overrides or None)
         else:
-            result = STAGE_FLOWS[stage](recipe=args.recipe, refresh=args.refresh_stage,
-                                        overrides=_all_overrides(args) or None)
-    from embodied_r.config import load_recipe
-
-    recipe = load_recipe(args.recipe, _all_overrides(args) or None)
+            result = STAGE_FLOWS[stage](recipe=args.recipe, refresh=args.refresh_stage, overrides=overrides or None)
     _print_outcome(result, time.time() - start, recipe.download.source == "synthetic", recipe)
     return 0
 

@@ -64,14 +64,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _recipe(args: argparse.Namespace, download: dict[str, Any], catalog: dict[str, Any] | None = None):
     """The recipe with ``--set`` pairs applied, then this command's own options."""
-    from embodied_r.config import _deep_merge, load_recipe, parse_override
+    from embodied_r.config import deep_merge, load_recipe, parse_override
 
     over: dict[str, Any] = {}
     for pair in args.set:
-        over = _deep_merge(over, parse_override(pair))
+        over = deep_merge(over, parse_override(pair))
     if args.benchmarks:
         download = {**download, "benchmarks": [b.strip() for b in args.benchmarks.split(",") if b.strip()]}
-    return load_recipe(args.recipe, _deep_merge(over, {"download": download, "catalog": catalog or {}}))
+    return load_recipe(args.recipe, deep_merge(over, {"download": download, "catalog": catalog or {}}))
 
 
 def _catalog_overrides(args: argparse.Namespace) -> dict[str, Any]:

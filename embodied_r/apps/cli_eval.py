@@ -22,11 +22,11 @@ from embodied_r.evaluation.registry import CHAMPION, CHAMPION_URI
 
 
 def _recipe(args: argparse.Namespace) -> Any:
-    from embodied_r.config import _deep_merge, load_recipe, parse_override
+    from embodied_r.config import deep_merge, load_recipe, parse_override
 
     merged: dict[str, Any] = {}
     for pair in args.set:
-        merged = _deep_merge(merged, parse_override(pair))
+        merged = deep_merge(merged, parse_override(pair))
     return load_recipe(args.recipe, merged or None)
 
 

@@ -36,12 +36,11 @@ def register(subparsers: Any) -> None:
 
 
 def _overrides(pairs: list[str]) -> dict[str, Any]:
-    from embodied_r.config import parse_override
-    from embodied_r.interactive.recipe import _merge
+    from embodied_r.config import deep_merge, parse_override
 
     out: dict[str, Any] = {}
     for pair in pairs:
-        out = _merge(out, parse_override(pair))
+        out = deep_merge(out, parse_override(pair))
     return out
 
 
@@ -150,11 +149,11 @@ def cmd_reasoner_eval(args: argparse.Namespace) -> int:
         write_parquet_atomic(pa.Table.from_pylist(rows, TEST_CASES), catalog / "test_cases.parquet")
     else:
         from embodied_r.interactive.recipe import plan
-        from embodied_r.pipeline import StagePlan, execute
+        from embodied_r.pipeline import execute
 
         data = plan(recipe)["reasoner_data"]
-        execute(StagePlan.from_dict(data))
-        catalog = Path(data["out"])
+        execute(data)
+        catalog = Path(data.out)
     evaluate = recipe.evaluate.model_copy(update={"environment": args.environment, "limit": args.limit})
     summary = run_evaluate_stage(out / "evaluation", {"evaluate": evaluate.model_dump(mode="json"),
                                                       "backend": recipe.backend.model_dump(mode="json")},

@@ -28,18 +28,18 @@ from types import FrameType
 from typing import Callable
 
 from embodied_r import progress
+from embodied_r.stage_kinds import kind_of_stage
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
-# What each stage kind counts in its progress.
-UNITS = {"download": "files", "keyframes": "videos", "perception": "calls", "evaluate": "questions",
-         "train": "steps", "warmstart": "steps"}
 GRACE_S = 2.0
 
 _stopping = threading.Lock()
 
 
 def _unit(stage: str) -> str:
-    return next((unit for kind, unit in UNITS.items() if stage.startswith(kind)), "items")
+    """What the stage's kind counts in its progress (``StageKind.unit``)."""
+    kind = kind_of_stage(stage)
+    return kind.unit if kind else "items"
 
 
 def message(where: tuple[str, int, int] | None) -> str:

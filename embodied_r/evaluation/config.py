@@ -23,6 +23,9 @@ class EvaluationConfig(BaseModel):
     # Greedy decoding; ``model`` is filled in with the checkpoint folder by the pipeline.
     backend: BackendConfig = Field(default_factory=_greedy_backend)
     split: Literal["train", "val", "test"] = "test"
+    # Which weights of the last training stage: its final ones, or its checkpoint with the
+    # best validation accuracy (needs training.keep_best).
+    checkpoint: Literal["last", "best_val"] = "last"
     # None keeps the backend's own limit.
     max_new_tokens: int | None = Field(None, ge=1)
     # A prompt longer than this many tokens loses its beginning, as in training (an in-process

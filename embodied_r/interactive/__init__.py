@@ -7,7 +7,10 @@ the episode loop, the dataset (download,
 catalog, synthetic sample), the three SFT stages with rejection sampling, and the stage
 runners of the ``embodied-reasoner`` pipeline.
 
-May import: the core (foundation modules) and ``backends``. Never the internals of other
-stage packages (``data``, ``training``, ``evaluation``, ...): where a pattern is shared (the
-trainer child, the hub download) it is followed, or the foundation's piece is reused.
+May import: the core (foundation modules, among them ``stage_plan``, which plans and keys its
+stages as Embodied-R's), ``config`` (the recipe merge), ``backends``, ``prompts`` (the
+original's texts) and the trainer machinery of ``training`` (``environment``: the child
+process and its interpreter; ``callbacks``: step lines; ``grpo.child_main``: the child's
+entry), shared rather than copied. Never ``data``, ``evaluation``, ``perception``,
+``keyframes`` or ``lifecycle``; ``tests/test_architecture.py`` holds it to this list.
 """

@@ -16,18 +16,17 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from embodied_r.backends.base import BackendConfig
-from embodied_r.interactive.download import ReasonerDataConfig, fingerprint
+from embodied_r.config import deep_merge
+from embodied_r.interactive.download import ReasonerDataConfig
 from embodied_r.interactive.episode import EpisodeConfig
 from embodied_r.interactive.sft_config import ReasonerSFTConfig
-from embodied_r.io import payload_key
 from embodied_r.paths import home as default_home
 from embodied_r.prompts.store import PromptsConfig, apply_prompts
-from embodied_r.runners import code_version
+from embodied_r.runners import extra_key
 from embodied_r.settings import operational, result_settings
+from embodied_r.stage_plan import PlanBuilder, StagePlan
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes" / "reasoner"
-POOLS = {"reasoner_data": "cpu", "reasoner_sft": "gpu-train", "reasoner_explore": "gpu-infer",
-         "reasoner_evaluate": "gpu-infer"}
 
 
 class ExploreConfig(BaseModel):
@@ -75,13 +74,6 @@ class ReasonerRecipe(BaseModel):
     prompts: PromptsConfig = Field(default_factory=PromptsConfig)
 
 
-def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    out = dict(base)
-    for k, v in over.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
-
-
 def load(name_or_path: str, overrides: dict[str, Any] | None = None) -> ReasonerRecipe:
     path = Path(name_or_path)
     if not path.is_file():
@@ -92,53 +84,42 @@ def load(name_or_path: str, overrides: dict[str, Any] | None = None) -> Reasoner
     data = yaml.safe_load(path.read_text()) or {}
     data.setdefault("name", path.stem)
     # A PromptsError is a ValueError with one line that names the file and the fix.
-    return ReasonerRecipe.model_validate(apply_prompts(_merge(data, overrides or {}), _merge, reasoner=True))
+    return ReasonerRecipe.model_validate(apply_prompts(deep_merge(data, overrides or {}), deep_merge, reasoner=True))
 
 
 SFT_STAGES = ("imitation", "exploration", "correction")
 
 
-def plan(recipe: ReasonerRecipe, root: Path | None = None) -> dict[str, dict[str, Any]]:
-    """Every stage in run order as a plan dict (``name, kind, key, out, deps, inputs, config``),
-    the same shape as ``embodied_r.pipeline.StagePlan`` so the shared Prefect task runs it."""
-    root = Path(root) if root else default_home()
-    stages: dict[str, dict[str, Any]] = {}
-
-    def add(name: str, kind: str, deps: list[str], config: dict[str, Any], inputs: dict[str, str],
-            extra: str = "", *, keyed: dict[str, Any]) -> dict[str, Any]:
-        # ``keyed`` is ``config`` less its operational settings (``settings.result_settings``).
-        key = payload_key({"kind": kind, "config": keyed, "upstream": [stages[d]["key"] for d in deps],
-                           "code": code_version(kind), "extra": extra})
-        stages[name] = {"name": name, "kind": kind, "key": key, "out": str(root / "stages" / name / key),
-                        "deps": tuple(deps), "inputs": inputs, "config": config}
-        return stages[name]
-
+def plan(recipe: ReasonerRecipe, root: Path | None = None) -> dict[str, StagePlan]:
+    """Every stage in run order, planned and keyed as Embodied-R's are (``stage_plan``)."""
+    builder = PlanBuilder(Path(root) if root else default_home())
+    stages, add = builder.stages, builder.add
     data_cfg = {"data": recipe.data.model_dump(mode="json")}
-    data = add("reasoner_data", "reasoner_data", [], data_cfg, {}, extra=fingerprint(data_cfg),
+    data = add("reasoner_data", "reasoner_data", [], data_cfg, {}, extra=extra_key("reasoner_data", data_cfg),
                keyed={"data": result_settings(recipe.data)})
     backend = recipe.backend.model_dump(mode="json")
     texts = recipe.evaluate.episode.model_dump(mode="json")["texts"]
     backend_keyed = result_settings(recipe.backend)
     model, prev = recipe.base_model, "reasoner_data"
     for i, stage in enumerate(SFT_STAGES, start=1):
-        sft = _merge(recipe.sft.model_dump(mode="json"), recipe.sft_stages.get(stage, {}))
-        inputs = {"catalog": data["out"], "init_model": model, "python": recipe.sft.python or ""}
+        sft = deep_merge(recipe.sft.model_dump(mode="json"), recipe.sft_stages.get(stage, {}))
+        inputs = {"catalog": data.out, "init_model": model, "python": recipe.sft.python or ""}
         deps = [prev] if prev == "reasoner_data" else ["reasoner_data", prev]
         if stage == "exploration":
             explore = add("reasoner_explore", "reasoner_explore", ["reasoner_data", prev],
                           {"explore": recipe.explore.model_dump(mode="json"), "backend": backend,
                            "episode": {"texts": texts}},
-                          {"catalog": data["out"], "model": model},
+                          {"catalog": data.out, "model": model},
                           keyed={"explore": result_settings(recipe.explore), "backend": backend_keyed,
                                  "episode": {"texts": texts}})
-            inputs["trajectories"] = explore["out"]
+            inputs["trajectories"] = explore.out
             deps = ["reasoner_data", "reasoner_explore"]
         sft_keyed = result_settings(ReasonerSFTConfig.model_validate(sft))
         sp = add(f"reasoner_sft_{stage}", "reasoner_sft", deps, {"stage": i, "name": stage, "sft": sft}, inputs,
                  keyed={"stage": i, "name": stage, "sft": sft_keyed})
-        model, prev = str(Path(sp["out"]) / "model"), sp["name"]
+        model, prev = str(Path(sp.out) / "model"), sp.name
     add("reasoner_evaluate", "reasoner_evaluate", ["reasoner_data", prev],
         {"evaluate": recipe.evaluate.model_dump(mode="json"), "backend": backend},
-        {"catalog": data["out"], "model": model},
+        {"catalog": data.out, "model": model},
         keyed={"evaluate": result_settings(recipe.evaluate), "backend": backend_keyed})
     return stages

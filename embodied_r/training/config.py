@@ -11,6 +11,7 @@ from embodied_r.backends.base import BackendConfig
 from embodied_r.scoring.config import ScoringConfig
 from embodied_r.settings import operational
 from embodied_r.training.environment import TrainerEnvironment, num_processes, resolve_config_file
+from embodied_r.training.grpo_settings import GRPOSettings, accumulation_for, launch_world, owned_names
 
 
 class VLLMRollouts(BaseModel):
@@ -28,17 +29,12 @@ class VLLMRollouts(BaseModel):
     server_base_url: str | None = operational(None)
 
     def grpo_kwargs(self) -> dict[str, Any]:
-        kwargs: dict[str, Any] = {
-            "use_vllm": True,
-            "vllm_mode": self.mode,
-            "vllm_gpu_memory_utilization": self.gpu_memory_utilization,
-            "vllm_tensor_parallel_size": self.tensor_parallel_size,
-            "vllm_enable_sleep_mode": self.enable_sleep_mode,
-        }
-        if self.max_model_length is not None:
-            kwargs["vllm_max_model_length"] = self.max_model_length
-        if self.server_base_url is not None:
-            kwargs["vllm_server_base_url"] = self.server_base_url
+        # Each field is GRPOConfig's ``vllm_<field>``; an unset optional one is left to TRL.
+        kwargs: dict[str, Any] = {"use_vllm": True}
+        for name in type(self).model_fields:
+            value = getattr(self, name)
+            if value is not None:
+                kwargs[f"vllm_{name}"] = value
         return kwargs
 
 
@@ -75,24 +71,7 @@ def _paper_reference() -> BackendConfig:
     return BackendConfig(model="Qwen/Qwen2.5-VL-3B-Instruct", max_new_tokens=10, temperature=0.1)
 
 
-# GRPOConfig arguments this config sets itself: grpo_args may not override them.
-OWNED_GRPO_ARGS = frozenset({
-    "output_dir", "run_name", "num_train_epochs", "max_steps", "reward_weights", "report_to",
-    "use_vllm", "vllm_mode", "vllm_gpu_memory_utilization", "vllm_tensor_parallel_size",
-    "vllm_max_model_length", "vllm_enable_sleep_mode", "vllm_server_base_url", "use_cpu",
-    # The settings that change results, typed below.
-    "learning_rate", "beta", "num_generations", "max_completion_length", "temperature", "top_p", "top_k",
-    "repetition_penalty", "loss_type", "scale_rewards", "epsilon", "epsilon_high", "lr_scheduler_type",
-    "weight_decay", "adam_beta1", "adam_beta2", "max_grad_norm", "warmup_steps", "warmup_ratio",
-    "vllm_importance_sampling_correction", "per_device_train_batch_size", "gradient_accumulation_steps",
-})
-
-LossType = Literal["grpo", "bnpo", "dr_grpo", "dapo"]
-SchedulerType = Literal["linear", "cosine", "cosine_with_restarts", "polynomial", "constant",
-                        "constant_with_warmup", "inverse_sqrt", "cosine_with_min_lr"]
-
-
-class TrainingConfig(TrainerEnvironment):
+class TrainingConfig(GRPOSettings, TrainerEnvironment):
     # The official scripts train Qwen/Qwen2.5-VL-3B-Instruct (its first commit used the
     # text-only Qwen2.5-3B-Instruct), as a text-only policy; any causal LM folder or hub
     # id works, and tiny:lm for the CPU demo.
@@ -107,42 +86,31 @@ class TrainingConfig(TrainerEnvironment):
     scoring: ScoringConfig = Field(default_factory=ScoringConfig)
     stages: list[GRPOStageConfig] = Field(default_factory=paper_stages, min_length=1)
 
-    # -- Settings that change results. Each is passed to TRL's GRPOConfig explicitly
-    # (``grpo.grpo_kwargs``); the defaults are what the official script got from its
-    # arguments and from ms-swift 3.3's defaults (docs/fidelity.md), not TRL's.
-    learning_rate: float = Field(5e-7, ge=0)  # recipes want it positive (config.Recipe)
-    beta: float = Field(0.001, ge=0)  # KL weight, against the frozen initial weights
-    num_generations: int = Field(8, ge=2)
-    max_completion_length: int = Field(2048, ge=1)
-    # Prompt tokens (chat template included) the policy sees; longer prompts lose their
-    # beginning, as ms-swift's max_length (6144 in the official script) cut them. None: no limit.
+    # -- Settings that change results: the GRPOConfig arguments are GRPOSettings' fields.
+    # A learning rate of 0 is refused (a run that trains nothing while looking like
+    # training) unless this control run asks for it.
+    allow_zero_learning_rate: bool = False
+    # Prompt tokens (chat template included); longer prompts lose their beginning, as
+    # ms-swift's max_length (6144 in the official script) cut them. None: no limit.
     max_prompt_length: int | None = Field(6144, ge=1)
-    # Completions per device per micro-step. 8 x 4 accumulation = 32 completions (4 prompts
-    # x 8 generations) per optimizer step, the original's 8 GPUs x 1 x 4.
-    per_device_train_batch_size: int = Field(8, ge=1)
-    gradient_accumulation_steps: int = Field(4, ge=1)
-    # Sampling of the rollouts: ms-swift passed top_p 0.9 and top_k 50 to vLLM.
-    temperature: float = Field(1.0, gt=0)
-    top_p: float = Field(0.9, gt=0, le=1)
-    top_k: int = Field(50, ge=0)  # 0: off
-    repetition_penalty: float = Field(1.0, gt=0)
-    # The loss: "grpo" is a token mean per sequence, then a mean over sequences, ms-swift
-    # 3.3's loss with one completion per device micro-batch (TRL's default is "dapo").
-    loss_type: LossType = "grpo"
-    # Advantages: rewards minus the group mean, over the group's standard deviation.
-    scale_rewards: Literal["group", "batch", "none"] = "group"
-    epsilon: float = Field(0.2, gt=0)  # the PPO clip range
-    epsilon_high: float | None = Field(None, gt=0)  # None: symmetric clip
-    # The optimizer (AdamW) and schedule: ms-swift's defaults.
-    lr_scheduler_type: SchedulerType = "cosine"
-    warmup_ratio: float = Field(0.05, ge=0, lt=1)
-    weight_decay: float = Field(0.1, ge=0)
-    adam_beta1: float = Field(0.9, ge=0, lt=1)
-    adam_beta2: float = Field(0.95, ge=0, lt=1)
-    max_grad_norm: float = Field(1.0, gt=0)
-    # TRL reweights vLLM rollouts by the trainer's and vLLM's token probabilities; the
-    # official ms-swift 3.3 run had no such correction.
-    vllm_importance_sampling_correction: bool = False
+    # What the limit cuts. rollout_only: ms-swift 3.3's GRPO, where only the prompt given to
+    # the rollout engine is cut and the loss and KL pass see the whole prompt; both: the
+    # loss sees the same cut prompt as the rollout (fits memory at any prompt length).
+    prompt_cut: Literal["rollout_only", "both"] = "both"
+    # Completions per optimizer step on any process count: the accumulation is derived as
+    # completions_per_step / (per_device_train_batch_size x processes), and
+    # gradient_accumulation_steps must then be null. None: the accumulation as given.
+    completions_per_step: int | None = Field(None, ge=1)
+    # How stage i+1 starts from stage i's model (also its KL reference). resume: the previous
+    # stage's optimizer state and learning-rate schedule carry on (one schedule over all
+    # stages); fresh: a new optimizer and schedule per stage.
+    stage_chain: Literal["resume", "fresh"] = "fresh"
+    # Validation on the val split every this many steps (rewards and accuracy, logged as
+    # eval_*); None: none during training.
+    eval_steps: int | None = Field(None, ge=1)
+    # Keep the best checkpoint by validation accuracy as best_model/ beside model/ (the
+    # evaluation's checkpoint: best_val takes it); needs eval_steps.
+    keep_best: bool = False
     max_steps_per_stage: int | None = Field(None, ge=1)  # a cap for the CPU demo
     vllm: VLLMRollouts | None = None  # None: rollouts with transformers' generate
     log_completions: bool = operational(False)  # TRL's own console print of completions
@@ -153,45 +121,38 @@ class TrainingConfig(TrainerEnvironment):
     # Further GRPOConfig arguments, passed through as they are.
     grpo_args: dict[str, Any] = Field(default_factory=dict)
 
-    def grpo_settings(self) -> dict[str, Any]:
-        """The GRPOConfig arguments that change results, from the typed training fields. Every
-        name exists in GRPOConfig of both TRL 1.16 + transformers 5.17 (the training
-        environment) and 5.23 (the base one); TRL has no warmup_ratio, and a float below 1 in
-        warmup_steps is a share of all steps."""
-        kwargs: dict[str, Any] = {
-            "learning_rate": self.learning_rate,
-            "beta": self.beta,
-            "num_generations": self.num_generations,
-            "max_completion_length": self.max_completion_length,
-            "per_device_train_batch_size": self.per_device_train_batch_size,
-            "gradient_accumulation_steps": self.gradient_accumulation_steps,
-            "temperature": self.temperature,
-            "top_p": self.top_p,
-            "top_k": self.top_k,
-            "repetition_penalty": self.repetition_penalty,
-            "loss_type": self.loss_type,
-            "scale_rewards": self.scale_rewards,
-            "epsilon": self.epsilon,
-            "lr_scheduler_type": self.lr_scheduler_type,
-            "warmup_steps": self.warmup_ratio,
-            "weight_decay": self.weight_decay,
-            "adam_beta1": self.adam_beta1,
-            "adam_beta2": self.adam_beta2,
-            "max_grad_norm": self.max_grad_norm,
-            "vllm_importance_sampling_correction": self.vllm_importance_sampling_correction,
-        }
-        if self.epsilon_high is not None:
-            kwargs["epsilon_high"] = self.epsilon_high
-        return kwargs
+    def world(self) -> int | None:
+        """The launch's process count where known before it starts (``launch_world``)."""
+        processes = (num_processes(resolve_config_file(self.accelerate_config))
+                     if self.launcher == "accelerate" and self.accelerate_config else None)
+        return launch_world(self.launcher, processes)
+
+    def accumulation_steps(self, world: int) -> int:
+        if self.completions_per_step is None:
+            assert self.gradient_accumulation_steps is not None  # _check
+            return self.gradient_accumulation_steps
+        return accumulation_for(self.completions_per_step, self.per_device_train_batch_size, world,
+                                self.num_generations)
+
+    def grpo_settings(self, world: int = 1) -> dict[str, Any]:
+        """The GRPOConfig arguments that change results, for a launch of ``world`` processes.
+        Every name exists in GRPOConfig of both TRL 1.16 + transformers 5.17 (the training
+        environment) and 5.23 (the base one)."""
+        return self.settings_kwargs(self.accumulation_steps(world))
 
     @model_validator(mode="after")
     def _check(self) -> "TrainingConfig":
-        processes: int | None = 1
-        if self.launcher == "accelerate":
-            # Without a config file accelerate picks the process count at launch.
-            processes = num_processes(resolve_config_file(self.accelerate_config)) if self.accelerate_config else None
+        if not (self.learning_rate > 0 or self.allow_zero_learning_rate):
+            raise ValueError(f"training.learning_rate must be positive, not {self.learning_rate} "
+                             "(a control run at 0 sets training.allow_zero_learning_rate)")
+        if (self.completions_per_step is None) == (self.gradient_accumulation_steps is None):
+            raise ValueError("set exactly one of training.completions_per_step and "
+                             "training.gradient_accumulation_steps (the other null)")
+        # Without an accelerate config the process count is known only inside the launch
+        # (WORLD_SIZE): the trainer process checks again there (grpo.grpo_kwargs).
+        processes = self.world()
         if processes is not None:
-            per_step = processes * self.per_device_train_batch_size * self.gradient_accumulation_steps
+            per_step = processes * self.per_device_train_batch_size * self.accumulation_steps(processes)
             if per_step % self.num_generations:
                 raise ValueError(
                     f"processes x per_device_train_batch_size x gradient_accumulation_steps = {per_step} "
@@ -211,6 +172,14 @@ class TrainingConfig(TrainerEnvironment):
                 f"at least max_prompt_length + max_completion_length = "
                 f"{self.max_prompt_length + self.max_completion_length}"
             )
+        if self.stage_chain == "resume" and self.save_only_model:
+            raise ValueError("training.stage_chain: resume carries the optimizer state from stage to stage: "
+                             "set save_only_model: false (or stage_chain: fresh)")
+        if self.keep_best and self.eval_steps is None:
+            raise ValueError("training.keep_best picks a checkpoint by validation: set training.eval_steps")
+        if self.keep_best and self.lora is not None:
+            raise ValueError("training.keep_best is not available with LoRA yet (its checkpoints hold only "
+                             "the adapter): set keep_best: false or train without lora")
         names = [s.name for s in self.stages]
         if len(set(names)) != len(names):
             raise ValueError(f"stage names must be unique, got {names}")
@@ -244,3 +213,12 @@ class SFTConfig(TrainerEnvironment):
         data["max_steps"] = training.max_steps_per_stage
         data.update(updates)
         return cls.model_validate(data)
+
+
+# GRPOConfig arguments this config sets itself: grpo_args may not override them.
+OWNED_GRPO_ARGS = owned_names(
+    {"output_dir", "run_name", "num_train_epochs", "max_steps", "reward_weights", "report_to", "use_cpu",
+     "use_vllm", "eval_strategy", "eval_steps", "per_device_eval_batch_size", "metric_for_best_model",
+     "greater_is_better"},
+    set(VLLMRollouts.model_fields),
+)

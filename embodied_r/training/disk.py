@@ -15,6 +15,7 @@ import math
 import re
 import shutil
 import struct
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -153,16 +154,19 @@ def size_text(n: float) -> str:
 
 
 def check_disk(out: Path, model: str, env: TrainerEnvironment, steps: int, what: str,
-               existing: int = 0) -> CheckpointEstimate | None:
+               existing: int = 0, kept_after: int = 0) -> CheckpointEstimate | None:
     """Fail before ``what`` starts when its checkpoints would not fit beside ``out``.
     ``existing``: bytes of checkpoints already on the disk (a resumed stage), which count
-    as used by the estimate rather than as missing from the free space."""
+    as used by the estimate rather than as missing from the free space. ``kept_after``:
+    checkpoints copied out to stay after the stage (a resume chain's state)."""
     shapes = tensor_shapes(model)
     if shapes is None:
         log.warning("%s: cannot estimate the checkpoints' size (the weights of %s are not readable "
                     "here); the free disk is not checked", what, model)
         return None
     est = estimate(env, shapes, steps)
+    if kept_after:
+        est = dataclasses.replace(est, kept=est.kept + kept_after)
     free = free_bytes(out) + existing
     if est.total > free:
         raise DiskSpaceError(
@@ -172,7 +176,7 @@ def check_disk(out: Path, model: str, env: TrainerEnvironment, steps: int, what:
             f"{size_text(est.final_model)}, over {steps} steps saved every {env.save_steps}. "
             f"Lower training.save_total_limit (now {env.save_total_limit}), raise training.save_steps "
             f"(now {env.save_steps}), set training.save_only_model: true (weights only; a resumed stage "
-            "restarts the optimizer), or free space."
+            "restarts the optimizer; not with stage_chain: resume), or free space."
         )
     log.info("%s: checkpoints need about %s, %s free", what, size_text(est.total), size_text(free))
     return est

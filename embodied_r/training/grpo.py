@@ -10,7 +10,6 @@ the completions table, timing) serve the SFT trainer process too.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import sys
 import time
@@ -24,9 +23,18 @@ import pyarrow.parquet as pq
 from embodied_r.io import read_json, write_json_atomic
 from embodied_r.scoring.rewards import make_accuracy_reward, make_consistency_reward, make_format_reward, reference_for_rank
 from embodied_r.training.callbacks import drop_raw_log_printers, reporting_callback
+from embodied_r.training.chain import (
+    BEST_METRIC,
+    chain_callback,
+    keep_best_model,
+    keep_chain_state,
+    last_lr,
+    load_chain_weights,
+    trainer_class,
+)
 from embodied_r.training.checkpoints import last_checkpoint
 from embodied_r.training.config import GRPOStageConfig, TrainingConfig
-from embodied_r.training.learning import HISTORY_FILE, quarter_stats
+from embodied_r.training.learning import HISTORY_FILE, quarter_stats, result_figures, schedule_figures
 from embodied_r.training.records import conversation  # the prompt the convert stage measured
 from embodied_r.training.trl_args import build_config, field_name
 from embodied_r.training.environment import (
@@ -44,20 +52,25 @@ log = logging.getLogger("embodied_r.training.grpo")
 REWARD_COLUMNS = ("uid", "category", "solution", "answer_type", "question", "options")
 
 
-def read_records(records: Path) -> list[dict[str, Any]]:
-    rows = pq.read_table(Path(records) / "train.parquet").to_pylist()
+def read_records(records: Path, split: str = "train") -> list[dict[str, Any]]:
+    path = Path(records) / f"{split}.parquet"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist (run the convert stage first)")
+    rows = pq.read_table(path).to_pylist()
     if not rows:
-        raise ValueError(f"{records}/train.parquet holds no records; nothing to train on")
+        what = "nothing to train on" if split == "train" else "nothing to validate on: set training.eval_steps: null"
+        raise ValueError(f"{path} holds no records; {what}")
     return rows
 
 
-def load_dataset(records: Path, max_prompt_length: int | None = None, model: str | None = None) -> Any:
-    """``train.parquet`` as a conversational dataset: prompt = system + user turns. With
+def load_dataset(records: Path, max_prompt_length: int | None = None, model: str | None = None,
+                 split: str = "train") -> Any:
+    """``<split>.parquet`` as a conversational dataset: prompt = system + user turns. With
     ``max_prompt_length`` and any prompt longer, every prompt becomes its chat-templated
     text, the long ones cut from the left (``truncation.limit_prompts``)."""
     from datasets import Dataset
 
-    data = [{"prompt": conversation(r), **{c: r[c] for c in REWARD_COLUMNS}} for r in read_records(records)]
+    data = [{"prompt": conversation(r), **{c: r[c] for c in REWARD_COLUMNS}} for r in read_records(records, split)]
     if max_prompt_length is not None and model is not None:
         from embodied_r.backends.truncation import limit_prompts
 
@@ -122,10 +135,25 @@ def common_args(env: TrainerEnvironment, work: Path, run_name: str, report_to: l
 
 
 def grpo_kwargs(stage: GRPOStageConfig, cfg: TrainingConfig, work: Path, weights: list[float],
-                report_to: list[str]) -> dict[str, Any]:
-    """Every keyword argument of a stage's GRPOConfig (a pure function: no trainer, no TRL)."""
+                report_to: list[str], world: int = 1) -> dict[str, Any]:
+    """Every keyword argument of a stage's GRPOConfig for a launch of ``world`` processes (a
+    pure function: no trainer, no TRL). The batch shape is checked here again, where the
+    process count is always known."""
     kwargs = common_args(cfg, work, stage.name, report_to)
-    kwargs.update(cfg.grpo_settings())
+    settings = cfg.grpo_settings(world)
+    per_step = world * cfg.per_device_train_batch_size * settings["gradient_accumulation_steps"]
+    if per_step % cfg.num_generations:
+        raise ValueError(f"{world} processes x per_device_train_batch_size {cfg.per_device_train_batch_size} x "
+                         f"gradient_accumulation_steps {settings['gradient_accumulation_steps']} = {per_step} "
+                         f"completions per step: not whole groups of num_generations = {cfg.num_generations}")
+    kwargs.update(settings)
+    if cfg.eval_steps is not None:
+        # Validation on the val split: TRL generates and scores there as in training.
+        kwargs.update({"eval_strategy": "steps", "eval_steps": cfg.eval_steps,
+                       # One group per device: any process count then holds whole groups.
+                       "per_device_eval_batch_size": cfg.num_generations})
+        if cfg.keep_best:
+            kwargs.update({"metric_for_best_model": BEST_METRIC, "greater_is_better": True})
     kwargs.update({
         "num_train_epochs": stage.epochs,
         "max_steps": cfg.max_steps_per_stage or -1,
@@ -139,10 +167,10 @@ def grpo_kwargs(stage: GRPOStageConfig, cfg: TrainingConfig, work: Path, weights
 
 
 def grpo_args(stage: GRPOStageConfig, cfg: TrainingConfig, work: Path, weights: list[float],
-              report_to: list[str]) -> Any:
+              report_to: list[str], world: int = 1) -> Any:
     from trl import GRPOConfig
 
-    return build_config(GRPOConfig, grpo_kwargs(stage, cfg, work, weights, report_to))
+    return build_config(GRPOConfig, grpo_kwargs(stage, cfg, work, weights, report_to, world))
 
 
 def peft_config(lora: LoraSettings | None) -> Any:
@@ -203,44 +231,6 @@ class PhaseTimer:
         return out
 
 
-def _last(history: list[dict[str, Any]], key: str) -> float | None:
-    for entry in reversed(history):
-        value = entry.get(key)
-        if isinstance(value, (int, float)) and math.isfinite(value):
-            return float(value)
-    return None
-
-
-def _mean(history: list[dict[str, Any]], key: str) -> float | None:
-    values = [float(e[key]) for e in history if isinstance(e.get(key), (int, float)) and math.isfinite(e[key])]
-    return sum(values) / len(values) if values else None
-
-
-def result_figures(history: list[dict[str, Any]], reward_names: list[str]) -> dict[str, Any]:
-    """Final and stage-mean figures from the trainer's log history."""
-    out: dict[str, Any] = {}
-    keys = ["reward", "kl", "loss", "completions/mean_length", "completions/clipped_ratio"]
-    keys += [f"rewards/{name}/mean" for name in reward_names]
-    for key in keys:
-        name = key.replace("/", "_")
-        last, mean = _last(history, key), _mean(history, key)
-        if last is not None:
-            out[f"final_{name}"] = last
-        if mean is not None:
-            out[f"mean_{name}"] = mean
-    return out
-
-
-def schedule_figures(state: Any, epochs: float, step_cap: int | None, offset: int) -> dict[str, Any]:
-    """How far the stage went: epochs asked for and reached, and whether a step cap ended it."""
-    steps = int(state.global_step)
-    reached = float(state.epoch or 0.0)
-    capped = bool(step_cap) and steps >= int(step_cap) and reached + 1e-6 < float(epochs)
-    return {"epochs_requested": float(epochs), "epochs_reached": round(reached, 4),
-            "step_cap": step_cap or 0, "stopped_by": "step cap" if capped else "epochs",
-            "global_step_offset": offset, "global_step_end": offset + steps}
-
-
 def quiet_known_warnings() -> None:
     # TRL reads this deprecated property at every generation: one line per step in train.log.
     warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
@@ -251,20 +241,35 @@ def main(spec_path: str) -> int:
     cfg = TrainingConfig.model_validate(spec["training"])
     stage = GRPOStageConfig.model_validate(spec["stage"])
     work = Path(spec["work"])
+    chain = spec.get("chain") or {}
+    world = int(os.environ.get("WORLD_SIZE", "1"))
 
-    from trl import GRPOTrainer
-
-    dataset = load_dataset(Path(spec["records"]), cfg.max_prompt_length, spec["init_model"])
+    # prompt_cut both: the dataset's prompts are cut; rollout_only: only generation's.
+    cut_here = cfg.max_prompt_length if cfg.prompt_cut == "both" else None
+    dataset = load_dataset(Path(spec["records"]), cut_here, spec["init_model"])
+    evaluation = (load_dataset(Path(spec["records"]), cut_here, spec["init_model"], split="val")
+                  if cfg.eval_steps is not None else None)
     funcs, weights = reward_setup(stage, cfg)
     run_id, uri = os.environ.get("MLFLOW_RUN_ID"), os.environ.get("MLFLOW_TRACKING_URI")
     # Our own reporting callback logs to MLflow (prefixed names, one global step over the
     # stages); TRL's would log flat names from step 1 and rename the run.
-    args = grpo_args(stage, cfg, work, weights, [])
+    args = grpo_args(stage, cfg, work, weights, [], world)
     offset = int(spec.get("global_step_offset", 0))
     reporting = reporting_callback(spec.get("run_name", stage.name), int(spec.get("stage_index", 1)), offset,
                                    run_id, uri, cfg.completion_table_rows, cfg.completion_table_steps, work)
-    trainer = GRPOTrainer(model=spec["init_model"], reward_funcs=funcs, args=args, train_dataset=dataset,
-                          peft_config=peft_config(cfg.lora), callbacks=[progress_callback(), reporting])
+    holder: dict[str, Any] = {}
+    chained = chain_callback(holder, chain.get("state"))
+    cls = trainer_class(cfg.max_prompt_length if cfg.prompt_cut == "rollout_only" else None,
+                        chain.get("schedule_steps"), offset if chain.get("state") else 0)
+    # TRL builds the KL reference from the same model id as the policy. Full training starts
+    # from the previous stage's model, as ms-swift 3.3's resume loads both from the checkpoint;
+    # LoRA builds on the chain's initial weights and loads the previous adapter, so the
+    # reference (adapters off) is the base, as ms-swift's LoRA resume has it.
+    adapter_chain = bool(chain.get("state")) and cfg.lora is not None
+    model = chain["initial_model"] if adapter_chain else spec["init_model"]
+    trainer = cls(model=model, reward_funcs=funcs, args=args, train_dataset=dataset, eval_dataset=evaluation,
+                  peft_config=peft_config(cfg.lora), callbacks=[progress_callback(), reporting, chained])
+    holder["trainer"] = trainer
     drop_raw_log_printers(trainer)
     reporting.trainer = trainer
     timer = PhaseTimer(trainer)
@@ -272,10 +277,14 @@ def main(spec_path: str) -> int:
     resume, start_step = last_checkpoint(work)
     if resume:
         log.info("resuming stage %s from %s", stage.name, resume)
+    elif adapter_chain:
+        load_chain_weights(trainer, chain["state"])
     started = time.monotonic()
     trainer.train(resume_from_checkpoint=resume)
     seconds = time.monotonic() - started
     save_trained_model(trainer, work, lora=cfg.lora is not None)
+    best = keep_best_model(trainer, work) if cfg.keep_best else {}
+    kept = keep_chain_state(work) if cfg.stage_chain == "resume" and trainer.accelerator.is_main_process else None
     for func in funcs:
         close = getattr(func, "close", None)
         if close is not None:
@@ -299,6 +308,17 @@ def main(spec_path: str) -> int:
         "vllm_rollouts": cfg.vllm is not None,
         "processes": int(trainer.accelerator.num_processes),
         "completion_tables": reporting.tables,
+        # The stage chain: where the schedule started and left off, and what carried over.
+        "stage_chain": cfg.stage_chain,
+        "chain_initial_model": chain.get("initial_model") or spec["init_model"],
+        "reference_model": model,  # TRL's KL reference is built from the policy's model id
+        "chain_state": kept,
+        "chain_loaded": chained.loaded,
+        "first_learning_rate": chained.first_lr,
+        "first_adam_step": chained.first_adam_step,
+        "last_learning_rate": last_lr(trainer),
+        "schedule_steps": chain.get("schedule_steps") or int(trainer.state.max_steps),
+        **best,
         **result_figures(trainer.state.log_history, reward_names),
         # First and last quarter of the steps: did the stage raise the rewards it weights?
         "quarters": quarter_stats(trainer.state.log_history, reward_names),

@@ -54,3 +54,41 @@ def quarter_stats(history: Iterable[dict[str, Any]], reward_names: Iterable[str]
         out[name] = {"first": first, "last": last, "steps": float(len(values)),
                      "change": (last - first) if first is not None and last is not None else None}
     return out
+
+
+def _last(history: list[dict[str, Any]], key: str) -> float | None:
+    for entry in reversed(history):
+        value = entry.get(key)
+        if isinstance(value, (int, float)) and math.isfinite(value):
+            return float(value)
+    return None
+
+
+def _history_mean(history: list[dict[str, Any]], key: str) -> float | None:
+    values = [float(e[key]) for e in history if isinstance(e.get(key), (int, float)) and math.isfinite(e[key])]
+    return sum(values) / len(values) if values else None
+
+
+def result_figures(history: list[dict[str, Any]], reward_names: list[str]) -> dict[str, Any]:
+    """Final and stage-mean figures from the trainer's log history."""
+    out: dict[str, Any] = {}
+    keys = ["reward", "kl", "loss", "completions/mean_length", "completions/clipped_ratio"]
+    keys += [f"rewards/{name}/mean" for name in reward_names]
+    for key in keys:
+        name = key.replace("/", "_")
+        last, mean = _last(history, key), _history_mean(history, key)
+        if last is not None:
+            out[f"final_{name}"] = last
+        if mean is not None:
+            out[f"mean_{name}"] = mean
+    return out
+
+
+def schedule_figures(state: Any, epochs: float, step_cap: int | None, offset: int) -> dict[str, Any]:
+    """How far the stage went: epochs asked for and reached, and whether a step cap ended it."""
+    steps = int(state.global_step)
+    reached = float(state.epoch or 0.0)
+    capped = bool(step_cap) and steps >= int(step_cap) and reached + 1e-6 < float(epochs)
+    return {"epochs_requested": float(epochs), "epochs_reached": round(reached, 4),
+            "step_cap": step_cap or 0, "stopped_by": "step cap" if capped else "epochs",
+            "global_step_offset": offset, "global_step_end": offset + steps}

@@ -14,6 +14,7 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from embodied_r.io import is_complete, partial_path, read_summary, stage_folder, write_summary
+from embodied_r.training.chain import chain_schedule_steps, chain_source
 from embodied_r.training.config import GRPOStageConfig, TrainingConfig
 from embodied_r.training.disk import check_disk, planned_steps, world_size
 from embodied_r.training.environment import CHECKPOINTS, run_child
@@ -32,10 +33,29 @@ def schedule_position(init_model: str) -> tuple[int, int]:
         return 0, 1
 
 
+def chain_spec(records: Path, init_model: str, stage: GRPOStageConfig, cfg: TrainingConfig,
+               chain: list[GRPOStageConfig] | None) -> dict[str, Any]:
+    """Under ``stage_chain: resume``: the previous stage's state, the chain's initial model and
+    the steps of the one schedule over every stage of ``chain`` (None: this stage alone)."""
+    if cfg.stage_chain != "resume":
+        return {}
+    state, initial = chain_source(init_model)
+    rows = pq.read_metadata(Path(records) / "train.parquet").num_rows
+    prompts = max(completions_per_step(cfg) // cfg.num_generations, 1)
+    steps = [planned_steps(rows, s.epochs, prompts, cfg.max_steps_per_stage) for s in (chain or [stage])]
+    return {"state": state, "initial_model": initial, "schedule_steps": chain_schedule_steps(steps)}
+
+
+def completions_per_step(cfg: TrainingConfig) -> int:
+    world = world_size(cfg)
+    return world * cfg.per_device_train_batch_size * cfg.accumulation_steps(world)
+
+
 def stage_spec(records: Path, init_model: str, work: Path, stage: GRPOStageConfig,
-               cfg: TrainingConfig) -> dict[str, Any]:
+               cfg: TrainingConfig, chain: list[GRPOStageConfig] | None = None) -> dict[str, Any]:
     offset, index = schedule_position(init_model)
     return {
+        "chain": chain_spec(records, init_model, stage, cfg, chain),
         "records": str(Path(records).resolve()),
         "init_model": init_model,
         "work": str(Path(work).resolve()),
@@ -70,9 +90,11 @@ def check_stage_disk(records: Path, init_model: str, out: Path, stage: GRPOStage
                      cfg: TrainingConfig) -> None:
     """Fail before training when the stage's checkpoints would not fit on the disk."""
     rows = pq.read_metadata(Path(records) / "train.parquet").num_rows
-    completions = world_size(cfg) * cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps
-    steps = planned_steps(rows, stage.epochs, max(completions // cfg.num_generations, 1), cfg.max_steps_per_stage)
-    check_disk(out, init_model, cfg, steps, f"training stage {stage.name!r}", existing_checkpoints(out))
+    steps = planned_steps(rows, stage.epochs, max(completions_per_step(cfg) // cfg.num_generations, 1),
+                          cfg.max_steps_per_stage)
+    # A resume chain keeps each stage's last checkpoint (chain_state/) for the next one.
+    check_disk(out, init_model, cfg, steps, f"training stage {stage.name!r}", existing_checkpoints(out),
+               kept_after=1 if cfg.stage_chain == "resume" else 0)
 
 
 def local_model(init_model: str) -> str:
@@ -86,14 +108,16 @@ def local_model(init_model: str) -> str:
 
 
 def run_training_stage(records: Path, init_model: str, out: Path, stage: GRPOStageConfig,
-                       cfg: TrainingConfig, mlflow_run_id: str | None = None) -> dict[str, Any]:
+                       cfg: TrainingConfig, mlflow_run_id: str | None = None,
+                       chain: list[GRPOStageConfig] | None = None) -> dict[str, Any]:
     """Train one GRPO stage from ``init_model`` on ``records/train.parquet`` into ``out``.
 
     Writes ``out/model/`` (full weights and tokenizer, LoRA merged in; with LoRA the
     adapter alone also goes to ``out/adapter/``), ``train.log`` and ``summary.json``
     (steps, seconds, seconds per step, final reward means, KL). A finished stage is not
     retrained; a crashed one resumes from its last checkpoint. With ``mlflow_run_id`` the
-    trainer logs its per-step metrics and a completions table into that run.
+    trainer logs its per-step metrics and a completions table into that run. ``chain``: every
+    stage of the schedule, which one learning-rate schedule spans under ``stage_chain: resume``.
     """
     out = Path(out)
     if is_complete(out):
@@ -103,7 +127,7 @@ def run_training_stage(records: Path, init_model: str, out: Path, stage: GRPOSta
     check_stage_disk(records, init_model, out, stage, cfg)
     started = time.monotonic()
     with stage_folder(out) as work:
-        spec = stage_spec(records, init_model, work, stage, cfg)
+        spec = stage_spec(records, init_model, work, stage, cfg, chain)
         result = run_child("embodied_r.training.grpo", spec, work, cfg, mlflow_run_id, spec["run_name"])
         if not cfg.keep_checkpoints:
             shutil.rmtree(work / CHECKPOINTS, ignore_errors=True)
@@ -119,6 +143,9 @@ def run_training_stage(records: Path, init_model: str, out: Path, stage: GRPOSta
             "stage_index": spec["stage_index"],
             **result,
         }
+        for kept in ("chain_state", "best_model"):  # the child saw the work folder; the stage ends in out
+            if result.get(kept):
+                summary[kept] = str(out / Path(result[kept]).name)
         write_summary(work, summary)
     return summary
 
@@ -130,6 +157,7 @@ def run_stage(out: Path, config: dict[str, Any], inputs: dict[str, str],
     """The pipeline's entry point: one stage of the schedule, from its plan's config."""
     training = TrainingConfig.model_validate({**config["training"], "stages": [config["stage"]],
                                               "python": inputs.get("python") or None})
+    chain = [GRPOStageConfig.model_validate(s) for s in config["chain"]] if config.get("chain") else None
     return run_training_stage(Path(inputs["records"]), inputs["init_model"], out,
                               GRPOStageConfig.model_validate(config["stage"]), training,
-                              mlflow_run_id=mlflow_run_id)
+                              mlflow_run_id=mlflow_run_id, chain=chain)

@@ -61,14 +61,31 @@ def world_of(training: TrainingConfig) -> tuple[int, int]:
     return AUTO_GPUS, AUTO_GPUS
 
 
+# Where accelerate alone picks the process count, the recipe is built at each of these: a
+# count its completions_per_step cannot be made of must be refused, the others built.
+AUTO_WORLDS = (1, 2, 4, AUTO_GPUS)
+
+
+def refuses(training: TrainingConfig, world: int) -> bool:
+    try:
+        training.accumulation_steps(world)
+    except ValueError:
+        return True
+    return False
+
+
 def config_cases(recipes: list[str]) -> list[dict[str, Any]]:
     cases = []
     for name in recipes:
         recipe = load_recipe(name)
         world, gpus = world_of(recipe.training)
-        cases.append({"recipe": name, "world": world, "gpus": gpus,
-                      "training": recipe.training.model_dump(mode="json"),
-                      "sft": sft_config_for(recipe).model_dump(mode="json")})
+        worlds = AUTO_WORLDS if gpus else (world,)
+        for each in worlds:
+            refused = refuses(recipe.training, each)
+            label = name if len(worlds) == 1 else f"{name} on {each} processes" + (" (must refuse)" if refused else "")
+            cases.append({"recipe": label, "world": each, "gpus": each if gpus else 0, "planted": refused,
+                          "training": recipe.training.model_dump(mode="json"),
+                          "sft": None if refused else sft_config_for(recipe).model_dump(mode="json")})
     # The check must see a wrong keyword: one recipe with a name the pinned versions lack.
     demo = load_recipe("smoke", {"training": {"grpo_args": {PLANTED: True}}, "sft": {"sft_args": {PLANTED: True}}})
     cases.append({"recipe": f"smoke + {PLANTED} (planted)", "world": 1, "gpus": 0, "planted": True,
@@ -127,6 +144,7 @@ def cpu_shape(training: TrainingConfig, train_python: str, policy: str, **update
     data = training.model_dump()
     data.update(policy=policy, python=train_python, use_cpu=True, bf16=False, vllm=None, max_steps_per_stage=1,
                 save_steps=100, num_generations=2, per_device_train_batch_size=2, gradient_accumulation_steps=1,
+                completions_per_step=None, eval_steps=None, keep_best=False,
                 max_completion_length=16, completion_table_rows=0,
                 reference=BackendConfig(model="tiny:lm", device="cpu", max_new_tokens=4).model_dump())
     data.update(updates)

@@ -165,11 +165,18 @@ def _same(built: Any, passed: Any) -> bool:
     return built == passed
 
 
+def accumulation_of(cfg: Any, world: int) -> int:
+    """The accumulation a config trains with on ``world`` processes (GRPO derives it from
+    completions_per_step; SFT gives it)."""
+    derive = getattr(cfg, "accumulation_steps", None)
+    return derive(world) if derive is not None else cfg.gradient_accumulation_steps
+
+
 def check_args(args: Any, kwargs: dict[str, Any], cfg: Any, world: int, deepspeed: bool) -> list[str]:
     """What in built ``args`` differs from what the project meant."""
     problems = [f"{k}: passed {v!r}, reads back {_plain(getattr(args, k, None))!r}"
                 for k, v in kwargs.items() if not _same(getattr(args, k, None), v)]
-    accumulation = cfg.gradient_accumulation_steps
+    accumulation = accumulation_of(cfg, world)
     per_step = world * cfg.per_device_train_batch_size * accumulation
     if hasattr(args, "generation_batch_size") and "generation_batch_size" not in kwargs \
             and "steps_per_generation" not in kwargs:
@@ -215,7 +222,7 @@ def check_deepspeed(args: Any, launch: dict[str, Any], world: int, cfg: Any) -> 
     left = [k for k, v in _flat(conf) if v == "auto"]
     if left:
         problems.append(f"DeepSpeed values left 'auto': {left}")
-    want = world * cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps
+    want = world * cfg.per_device_train_batch_size * accumulation_of(cfg, world)
     if conf.get("train_batch_size") != want:
         problems.append(f"DeepSpeed train_batch_size {conf.get('train_batch_size')}, meant {want}")
     if bool(conf.get("bf16", {}).get("enabled")) != bool(args.bf16):
@@ -251,7 +258,8 @@ def run_case(case: dict[str, Any], work: Path) -> dict[str, Any]:
         return wrapper
 
     cfg = TrainingConfig.model_validate(case["training"])
-    sft = SFTConfig.model_validate(case["sft"])
+    # A case that must refuse its GRPO batch shape carries no SFT config: nothing may build.
+    sft = SFTConfig.model_validate(case["sft"]) if case.get("sft") else None
     launch: dict[str, Any] = {"launcher": "python", "processes": 1, "env": {}}
     if cfg.launcher == "accelerate":
         from embodied_r.training.multinode import MAIN_ADDR_ENV
@@ -278,8 +286,9 @@ def run_case(case: dict[str, Any], work: Path) -> dict[str, Any]:
         builds: list[tuple[str, Any, Any]] = []
         for stage in cfg.stages:
             builds.append((stage.name, cfg, lambda s=stage: grpo.grpo_args(
-                s, cfg, work, grpo.reward_setup(s, cfg)[1], [])))
-        builds.append(("sft", sft, lambda: sft_child.sft_args(sft, work, [])))
+                s, cfg, work, grpo.reward_setup(s, cfg)[1], [], world)))
+        if sft is not None:
+            builds.append(("sft", sft, lambda: sft_child.sft_args(sft, work, [])))
         for name, owner, build in builds:
             try:
                 # A GPU recipe is built as on its GPUs (bf16 left to the default turns on there).
@@ -298,7 +307,7 @@ def run_case(case: dict[str, Any], work: Path) -> dict[str, Any]:
                 result["built"].append(name)
     finally:
         grpo.build_config, sft_child.build_config = originals
-    result["expected"] = [s.name for s in cfg.stages] + ["sft"]
+    result["expected"] = [s.name for s in cfg.stages] + (["sft"] if sft is not None else [])
     result["seconds"] = round(time.monotonic() - started, 2)
     return result
 

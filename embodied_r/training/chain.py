@@ -1,0 +1,143 @@
+"""What a GRPO stage changes in TRL's trainer: the prompt-length rule, the stage chain and
+the best checkpoint by validation.
+
+- ``prompt_cut: rollout_only`` (ms-swift 3.3's GRPO): only the prompt handed to generation
+  loses its beginning past ``max_prompt_length``; the loss and the KL pass see it whole.
+- ``stage_chain: resume`` (the official maintainer's three runs without
+  ``--save_only_model``, each resuming the previous run's checkpoint): a stage carries on the
+  previous stage's Adam state and learning-rate schedule, and one schedule spans the chain.
+  ms-swift 3.3, resuming a full-parameter run, loads the policy from the checkpoint and, since
+  its reference defaults to ``--model``, the KL reference too: here the policy and TRL's
+  reference (built from the same model id) are the previous stage's model. With LoRA,
+  ms-swift loads the checkpoint's adapter onto the base and its reference is the base with
+  the adapter off: here too.
+- ``keep_best``: the checkpoint with the best validation accuracy is copied to
+  ``best_model/`` beside ``model/``.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+from typing import Any
+
+from embodied_r.io import read_summary
+
+log = logging.getLogger(__name__)
+
+CHAIN_STATE = "chain_state"  # a stage's last checkpoint, kept for the next stage of a resume chain
+BEST_MODEL = "best_model"
+# The metric that ranks checkpoints: TRL's validation mean of the accuracy reward.
+BEST_METRIC = "eval_rewards/accuracy_reward/mean"
+
+
+def chain_source(init_model: str) -> tuple[str | None, str]:
+    """(the previous stage's chain state, the chain's initial model) for a stage starting at
+    ``init_model``: a finished stage's ``model/`` with its state kept, else (None, init_model)."""
+    path = Path(init_model).expanduser()
+    state = path.parent / CHAIN_STATE
+    if path.name != "model" or not state.is_dir() or not (path.parent / "summary.json").is_file():
+        return None, init_model
+    summary = read_summary(path.parent)
+    return str(state), str(summary.get("chain_initial_model") or summary.get("init_model") or init_model)
+
+
+def chain_schedule_steps(steps: list[int]) -> int:
+    """The length of the one schedule of a resume chain: every stage's planned steps."""
+    return max(sum(steps), 1)
+
+
+def trainer_class(limit: int | None, schedule_steps: int | None, steps_before: int = 0) -> type:
+    """TRL's GRPOTrainer with generation prompts cut at ``limit`` tokens (None: as given) and
+    the schedule built over ``schedule_steps`` (None: this stage's steps), of which
+    ``steps_before`` were taken by earlier stages."""
+    from trl import GRPOTrainer
+
+    class StageTrainer(GRPOTrainer):  # type: ignore[misc]
+        def _generate_single_turn(self, prompt_ids: Any, *args: Any, **kwargs: Any) -> Any:
+            if limit is not None:
+                # The beginning goes, as ms-swift's left truncation cut it.
+                prompt_ids = [ids[-limit:] if len(ids) > limit else ids for ids in prompt_ids]
+            return super()._generate_single_turn(prompt_ids, *args, **kwargs)
+
+        def create_scheduler(self, num_training_steps: int, optimizer: Any = None) -> Any:
+            # The chain's length is planned from record counts; should the trainer count more
+            # steps, the schedule still ends at the last one (a cosine past its end rises again).
+            total = max(schedule_steps, steps_before + num_training_steps) if schedule_steps else num_training_steps
+            return super().create_scheduler(total, optimizer)
+
+    return StageTrainer
+
+
+def load_chain_weights(trainer: Any, state: str) -> None:
+    """The previous stage's trained weights (with LoRA: its adapter) into the policy, before
+    training starts (DeepSpeed loads them with the optimizer, in ``chain_callback``)."""
+    if not trainer.is_deepspeed_enabled:
+        trainer._load_from_checkpoint(state)
+
+
+def chain_callback(trainer_ref: dict[str, Any], state: str | None) -> Any:
+    """At the start of a fresh stage: the previous stage's optimizer and scheduler state
+    (``state`` None: nothing); records the first step's learning rate and Adam step count."""
+    from transformers import TrainerCallback
+
+    class Chain(TrainerCallback):
+        first_lr: float | None = None
+        first_adam_step: int = 0
+        loaded: bool = False
+
+        def on_train_begin(self, args: Any, st: Any, control: Any, **kwargs: Any) -> None:
+            trainer = trainer_ref["trainer"]
+            if state is None or st.global_step > 0:  # nothing to chain, or resuming its own checkpoint
+                return
+            if trainer.is_deepspeed_enabled:
+                from transformers.integrations.deepspeed import deepspeed_load_checkpoint
+
+                deepspeed_load_checkpoint(trainer.model_wrapped, state, load_module_strict=True)
+            else:
+                trainer._load_optimizer_and_scheduler(state)
+            self.loaded = True
+            log.info("stage chain: optimizer and schedule carried on from %s", state)
+
+        def on_step_begin(self, args: Any, st: Any, control: Any, **kwargs: Any) -> None:
+            if self.first_lr is not None:
+                return
+            optimizer = trainer_ref["trainer"].optimizer
+            self.first_lr = float(optimizer.param_groups[0]["lr"])
+            steps = [s.get("step") for s in optimizer.state.values() if "step" in s]
+            self.first_adam_step = int(float(steps[0])) if steps else 0
+
+    return Chain()
+
+
+def last_lr(trainer: Any) -> float:
+    """The learning rate the next step would take: where the schedule left off."""
+    return float(trainer.optimizer.param_groups[0]["lr"])
+
+
+def keep_chain_state(work: Path) -> str | None:
+    """Move the newest checkpoint to ``work/chain_state`` for the next stage."""
+    from embodied_r.training.checkpoints import last_checkpoint
+
+    newest, _ = last_checkpoint(work)
+    if newest is None:
+        return None
+    target = work / CHAIN_STATE
+    shutil.rmtree(target, ignore_errors=True)
+    shutil.copytree(newest, target)
+    return str(target)
+
+
+def keep_best_model(trainer: Any, work: Path) -> dict[str, Any]:
+    """Copy the best checkpoint by validation accuracy to ``work/best_model``."""
+    best = trainer.state.best_model_checkpoint
+    if not best or not Path(best).is_dir():
+        return {"best_checkpoint": None}
+    target = work / BEST_MODEL
+    if trainer.accelerator.is_main_process:
+        shutil.rmtree(target, ignore_errors=True)
+        shutil.copytree(best, target, ignore=shutil.ignore_patterns("optimizer.pt", "scheduler.pt", "rng_state*",
+                                                                     "global_step*", "*.bin.index.json"))
+    return {"best_checkpoint": Path(best).name, "best_metric": trainer.state.best_metric,
+            "best_model": str(target)}
