@@ -139,6 +139,13 @@ def test_perception_shards_on_two_workers(tmp_path: Path, monkeypatch: pytest.Mo
         assert len({summary["shards"][k]["where"] for k in ("1", "2")}) == 2  # two processes
         if PINNED:  # shard i on server i
             assert [len(s.bodies) for s in servers] == needed
+        # The stage's MLflow run, recorded by the merge, has each shard's counts.
+        from mlflow import MlflowClient
+
+        client = MlflowClient(tracking_uri=env["MLFLOW_TRACKING_URI"])
+        (run,) = client.search_runs([client.get_experiment_by_name("embodied-r").experiment_id],
+                                    filter_string="tags.stage = 'perception'")
+        assert [run.data.metrics[f"summary/shards/{k}/done"] for k in (1, 2)] == needed
 
         # 2. Again from nothing, with workers whose flow runs stop after one call more than the
         # smaller shard has: only the larger shard gets there. Its worker is SIGKILLed once the other shard is done.
