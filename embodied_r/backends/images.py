@@ -15,7 +15,7 @@ from pathlib import Path
 from PIL import Image
 
 
-def load_image(path: str | Path, max_pixels: int) -> Image.Image:
+def load_image(path: str | Path, max_pixels: int, resample: int = Image.BILINEAR) -> Image.Image:
     """An RGB image scaled down (never up) to at most ``max_pixels`` pixels."""
     with Image.open(path) as img:
         img = img.convert("RGB")
@@ -24,7 +24,7 @@ def load_image(path: str | Path, max_pixels: int) -> Image.Image:
         scale = math.sqrt(max_pixels / (w * h))
         # Pillow's bilinear resize is antialiased (its support grows with the scale); bicubic
         # costs about 1.6x the CPU, which is most of what sending a key frame costs.
-        img = img.resize((max(1, int(w * scale)), max(1, int(h * scale))), Image.BILINEAR)
+        img = img.resize((max(1, int(w * scale)), max(1, int(h * scale))), resample)
     return img
 
 
