@@ -61,7 +61,7 @@ def halve_image(path: str, max_pixels: int) -> str:
     budget = max_pixels // 2
     target = Path(path).with_name(f"{Path(path).stem}.half{budget}.png")
     if not target.exists():
-        load_image(path, budget, Image.NEAREST).save(target)
+        load_image(path, budget, "png-nearest").save(target)
     return str(target)
 
 
