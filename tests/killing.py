@@ -80,3 +80,27 @@ def assert_clean_finish(final: Path) -> None:
     leftovers = [p.name for p in final.rglob("*") if p.name.endswith((".tmp", ".partial", ".wal"))]
     assert leftovers == []
     assert lock_is_free(final)
+
+
+
+def write_checkpoints(base: Path, steps: tuple[int, ...] = (2, 4), optimizer: bool = False) -> Path:
+    """Trainer checkpoints at ``steps`` under ``base``; returns the last one's folder."""
+    import json
+
+    import torch
+    from safetensors.torch import save_file
+
+    for step in steps:
+        folder = base / f"checkpoint-{step}"
+        folder.mkdir(parents=True)
+        save_file({"w": torch.zeros(64)}, str(folder / "model.safetensors"))
+        (folder / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+        if optimizer:
+            torch.save({"x": torch.ones(3)}, folder / "optimizer.pt")
+    return base / f"checkpoint-{steps[-1]}"
+
+
+def cut_short(checkpoint: Path) -> None:
+    """The checkpoint's weights as a kill during their save leaves them."""
+    weights = checkpoint / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-40])

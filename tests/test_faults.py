@@ -24,6 +24,7 @@ from embodied_r.backends.openai_compat import OpenAIBackend
 from embodied_r.faults import InfraFailure, TooManyFailures, redact
 from embodied_r.io import ItemLog, StageBusy, stage_folder
 from embodied_r.perception.stage import run_perception
+from tests.killing import cut_short, write_checkpoints
 from tests.servers import ChatStub, StubReply, completion
 from tests.test_perception import make_inputs
 from tests.test_perception_http import RecordingServer, stage_cfg
@@ -149,21 +150,12 @@ def test_item_log_drops_entries_that_fail_their_schema(tmp_path: Path) -> None:
 
 
 def test_checkpoint_cut_short_falls_back_to_the_previous(tmp_path: Path) -> None:
-    import torch
-    from safetensors.torch import save_file
-
     from embodied_r.training.checkpoints import last_checkpoint
 
     base = tmp_path / "checkpoints"
-    for step in (2, 4):
-        folder = base / f"checkpoint-{step}"
-        folder.mkdir(parents=True)
-        save_file({"w": torch.zeros(64)}, str(folder / "model.safetensors"))
-        (folder / "trainer_state.json").write_text(json.dumps({"global_step": step}))
-        torch.save({"x": torch.ones(3)}, folder / "optimizer.pt")
+    last = write_checkpoints(base, optimizer=True)
     assert last_checkpoint(tmp_path) == (str(base / "checkpoint-4"), 4)
-    weights = base / "checkpoint-4" / "model.safetensors"
-    weights.write_bytes(weights.read_bytes()[:-40])  # killed during the save
+    cut_short(last)
     assert last_checkpoint(tmp_path) == (str(base / "checkpoint-2"), 2)
     assert not (base / "checkpoint-4").exists()
 

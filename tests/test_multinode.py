@@ -21,6 +21,7 @@ from embodied_r.settings import result_settings
 from embodied_r.training.environment import LOG_NAME, PROJECT_ROOT, SPEC_NAME, num_processes, \
     read_accelerate_config, resolve_config_file
 from embodied_r.training.multinode import MAIN_ADDR_ENV
+from tests.killing import cut_short, write_checkpoints
 
 
 def _follow() -> Any:
@@ -121,19 +122,10 @@ def test_the_other_node_joins_each_launch_of_the_main_node(tmp_path: Path, monke
 @pytest.mark.parametrize("rank, removed", [("1", False), ("0", True)])
 def test_only_the_global_rank_0_removes_a_cut_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                           rank: str, removed: bool) -> None:
-    import torch
-    from safetensors.torch import save_file
-
     from embodied_r.training.checkpoints import last_checkpoint
 
     base = tmp_path / "checkpoints"
-    for step in (2, 4):
-        folder = base / f"checkpoint-{step}"
-        folder.mkdir(parents=True)
-        save_file({"w": torch.zeros(64)}, str(folder / "model.safetensors"))
-        (folder / "trainer_state.json").write_text(json.dumps({"global_step": step}))
-    weights = base / "checkpoint-4" / "model.safetensors"
-    weights.write_bytes(weights.read_bytes()[:-40])  # killed during the save
+    cut_short(write_checkpoints(base))
     monkeypatch.setenv("RANK", rank)
     # Every process resumes from the same checkpoint; one of them clears the cut one away.
     assert last_checkpoint(tmp_path) == (str(base / "checkpoint-2"), 2)

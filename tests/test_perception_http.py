@@ -152,6 +152,24 @@ def test_image_request_body(server: RecordingServer, tmp_path: Path) -> None:
     }
 
 
+def test_png_nearest_sends_a_lossless_nearest_neighbour_shrink(server: RecordingServer, tmp_path: Path) -> None:
+    # A black-and-white checkerboard of 3-pixel squares: a nearest-neighbour shrink keeps only
+    # black and white, a bilinear (antialiased) one or a JPEG brings greys.
+    board = ((np.indices((300, 300)).sum(axis=0) // 3) % 2 * 255).astype(np.uint8)
+    Image.fromarray(np.stack([board] * 3, axis=-1)).save(tmp_path / "board.png")
+    conv = [{"role": "user", "content": [{"type": "image", "path": str(tmp_path / "board.png")},
+                                         {"type": "text", "text": "what is it?"}]}]
+    for encoding in ("png-nearest", "jpeg-bilinear"):
+        backend = backend_for(server, max_pixels=100 * 100, image_encoding=encoding)
+        assert backend.generate([conv])[0].error is None
+        backend.close()
+    nearest, bilinear = (body["messages"][0]["content"][0]["image_url"]["url"] for body in server.bodies)
+    assert nearest.startswith("data:image/png;base64,") and bilinear.startswith("data:image/jpeg;base64,")
+    pixels = [set(np.asarray(Image.open(io.BytesIO(base64.b64decode(url.split(",", 1)[1])))).ravel().tolist())
+              for url in (nearest, bilinear)]
+    assert pixels[0] == {0, 255} and len(pixels[1]) > 2
+
+
 def test_key_frames_are_encoded_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
@@ -161,7 +179,7 @@ def test_key_frames_are_encoded_once(tmp_path: Path, monkeypatch: pytest.MonkeyP
     Image.fromarray(np.full((90, 160, 3), 40, dtype=np.uint8)).save(path)
     encoded: list[str] = []
     real = backend_images.encode_image
-    monkeypatch.setattr(backend_images, "encode_image", lambda p, m: encoded.append(p) or real(p, m))
+    monkeypatch.setattr(backend_images, "encode_image", lambda p, m, e: encoded.append(p) or real(p, m, e))
     cache = backend_images.ImageCache(size=2)
     with ThreadPoolExecutor(8) as pool:
         urls = set(pool.map(lambda _: cache.get(str(path), 50 * 50), range(32)))

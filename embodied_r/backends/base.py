@@ -63,6 +63,8 @@ class BackendConfig(BaseModel):
     batch_size: int = operational(8, ge=1)  # transformers: prompts per forward pass
     device: str = "auto"  # transformers: "cpu", "cuda", "auto"
     max_pixels: int = Field(448 * 448, ge=1)  # images are resized to this budget before they are sent
+    # How images are shrunk to that budget and sent (``backends.images.ENCODINGS``).
+    image_encoding: Literal["jpeg-bilinear", "png-nearest"] = "jpeg-bilinear"
     seed: int = 0
     # vllm: extra vllm.LLM arguments (tensor_parallel_size, gpu_memory_utilization, max_model_len)
     engine_kwargs: dict[str, Any] = Field(default_factory=dict)

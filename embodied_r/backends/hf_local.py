@@ -24,13 +24,14 @@ log = logging.getLogger(__name__)
 VLM_TYPES = set(VLM_CLASSES)
 
 
-def split_images(conversation: Conversation, max_pixels: int) -> tuple[Conversation, list[Image.Image]]:
+def split_images(conversation: Conversation, max_pixels: int,
+                 encoding: str = "jpeg-bilinear") -> tuple[Conversation, list[Image.Image]]:
     """Replace each ``{"type": "image", "path": ...}`` part by a bare image placeholder
     for the chat template, and return the loaded images in order."""
     images: list[Image.Image] = []
 
     def placeholder(path: str) -> dict[str, Any]:
-        images.append(load_image(path, max_pixels))
+        images.append(load_image(path, max_pixels, encoding))
         return {"type": "image"}
 
     out = map_image_parts(conversation, placeholder)
@@ -104,7 +105,7 @@ class TransformersBackend:
 
     def _prepare(self, conversation: Conversation) -> tuple[str, list[Image.Image], bool]:
         """The templated prompt, its images, and whether the prompt was cut."""
-        messages, images = split_images(conversation, self.cfg.max_pixels)
+        messages, images = split_images(conversation, self.cfg.max_pixels, self.cfg.image_encoding)
         if images and not self.is_vlm:
             raise ValueError(f"{self.path} is a text model; it cannot take images")
         template_owner = self.processor if self.is_vlm else self.tokenizer

@@ -15,7 +15,13 @@ from pathlib import Path
 from PIL import Image
 
 
-def load_image(path: str | Path, max_pixels: int) -> Image.Image:
+# How an image is shrunk to the pixel budget and, for a server, encoded: ``jpeg-bilinear``
+# (antialiased, compact) or ``png-nearest`` (Embodied-Reasoner's inference server: lossless,
+# nearest-neighbour, as its training images were prepared).
+ENCODINGS = {"jpeg-bilinear": ("JPEG", Image.BILINEAR), "png-nearest": ("PNG", Image.NEAREST)}
+
+
+def load_image(path: str | Path, max_pixels: int, encoding: str = "jpeg-bilinear") -> Image.Image:
     """An RGB image scaled down (never up) to at most ``max_pixels`` pixels."""
     with Image.open(path) as img:
         img = img.convert("RGB")
@@ -24,24 +30,25 @@ def load_image(path: str | Path, max_pixels: int) -> Image.Image:
         scale = math.sqrt(max_pixels / (w * h))
         # Pillow's bilinear resize is antialiased (its support grows with the scale); bicubic
         # costs about 1.6x the CPU, which is most of what sending a key frame costs.
-        img = img.resize((max(1, int(w * scale)), max(1, int(h * scale))), Image.BILINEAR)
+        img = img.resize((max(1, int(w * scale)), max(1, int(h * scale))), ENCODINGS[encoding][1])
     return img
 
 
 
-def encode_image(path: str, max_pixels: int) -> str:
-    """The image scaled to the pixel budget, as a JPEG data URL. A JPEG file within the
-    budget is sent as it is, not encoded a second time (a full-resolution key frame keeps
-    the quality it was saved with)."""
+def encode_image(path: str, max_pixels: int, encoding: str = "jpeg-bilinear") -> str:
+    """The image scaled to the pixel budget, as a data URL in the encoding's format. A file
+    already in that format and within the budget is sent as it is, not encoded a second time
+    (a full-resolution key frame keeps the quality it was saved with)."""
+    fmt = ENCODINGS[encoding][0]
     with Image.open(path) as probe:
-        as_is = probe.format == "JPEG" and probe.mode in ("RGB", "L") and probe.width * probe.height <= max_pixels
+        as_is = probe.format == fmt and probe.mode in ("RGB", "L") and probe.width * probe.height <= max_pixels
     if as_is:
         data = Path(path).read_bytes()
     else:
         buf = io.BytesIO()
-        load_image(path, max_pixels).save(buf, format="JPEG", quality=90)
+        load_image(path, max_pixels, encoding).save(buf, format=fmt, **({"quality": 90} if fmt == "JPEG" else {}))
         data = buf.getvalue()
-    return "data:image/jpeg;base64," + base64.b64encode(data).decode("ascii")
+    return f"data:image/{fmt.lower()};base64," + base64.b64encode(data).decode("ascii")
 
 
 class ImageCache:
@@ -57,11 +64,11 @@ class ImageCache:
     def __init__(self, size: int = 256):  # about 256 x 50 kB
         self.size = size
         self._lock = threading.Lock()
-        self._items: OrderedDict[tuple[str, int, int, int], Future[str]] = OrderedDict()
+        self._items: OrderedDict[tuple[str, int, int, int, str], Future[str]] = OrderedDict()
 
-    def get(self, path: str, max_pixels: int) -> str:
+    def get(self, path: str, max_pixels: int, encoding: str = "jpeg-bilinear") -> str:
         stat = os.stat(path)
-        key = (str(path), stat.st_mtime_ns, stat.st_size, max_pixels)
+        key = (str(path), stat.st_mtime_ns, stat.st_size, max_pixels, encoding)
         with self._lock:
             future = self._items.get(key)
             owner = future is None
@@ -73,7 +80,7 @@ class ImageCache:
                 self._items.move_to_end(key)
         if owner:
             try:
-                future.set_result(encode_image(path, max_pixels))
+                future.set_result(encode_image(path, max_pixels, encoding))
             except BaseException as exc:
                 future.set_exception(exc)
                 with self._lock:
@@ -89,6 +96,6 @@ class ImageCache:
 IMAGES = ImageCache()
 
 
-def image_data_url(path: str, max_pixels: int) -> str:
-    """The image scaled to the pixel budget, as a JPEG data URL (cached)."""
-    return IMAGES.get(path, max_pixels)
+def image_data_url(path: str, max_pixels: int, encoding: str = "jpeg-bilinear") -> str:
+    """The image scaled to the pixel budget, as a data URL (cached)."""
+    return IMAGES.get(path, max_pixels, encoding)

@@ -67,10 +67,11 @@ CLOSE_TIMEOUT_S = 5.0
 EMPTY_REPLY = "empty_reply"
 
 
-def to_openai_messages(conversation: Conversation, max_pixels: int) -> list[dict[str, Any]]:
-    """Translate ``{"type": "image", "path": ...}`` parts into JPEG data URLs."""
-    return map_image_parts(
-        conversation, lambda path: {"type": "image_url", "image_url": {"url": image_data_url(path, max_pixels)}})
+def to_openai_messages(conversation: Conversation, max_pixels: int,
+                       encoding: str = "jpeg-bilinear") -> list[dict[str, Any]]:
+    """Translate ``{"type": "image", "path": ...}`` parts into data URLs."""
+    return map_image_parts(conversation, lambda path: {
+        "type": "image_url", "image_url": {"url": image_data_url(path, max_pixels, encoding)}})
 
 
 def has_images(conversation: Conversation) -> bool:
@@ -161,9 +162,10 @@ class OpenAIBackend:
         try:
             if has_images(conversation):
                 # Reading and encoding images is blocking work: off the event loop.
-                messages = await asyncio.to_thread(to_openai_messages, conversation, self.cfg.max_pixels)
+                messages = await asyncio.to_thread(to_openai_messages, conversation, self.cfg.max_pixels,
+                                                    self.cfg.image_encoding)
             else:
-                messages = to_openai_messages(conversation, self.cfg.max_pixels)
+                messages = to_openai_messages(conversation, self.cfg.max_pixels, self.cfg.image_encoding)
         except Exception as exc:
             return Generation(text="", error=redact(f"prepare: {type(exc).__name__}: {exc}"), error_kind="item")
         kwargs: dict[str, Any] = {

@@ -49,11 +49,12 @@ def import_vllm() -> Any:
     return vllm
 
 
-def to_vllm_messages(conversation: Conversation, max_pixels: int) -> list[dict[str, Any]]:
+def to_vllm_messages(conversation: Conversation, max_pixels: int,
+                     encoding: str = "jpeg-bilinear") -> list[dict[str, Any]]:
     """``{"type": "image", "path": ...}`` parts become PIL images within the pixel budget,
     in place, so images keep their position before the text."""
     return map_image_parts(
-        conversation, lambda path: {"type": "image_pil", "image_pil": load_image(path, max_pixels)})
+        conversation, lambda path: {"type": "image_pil", "image_pil": load_image(path, max_pixels, encoding)})
 
 
 def _gpu_count() -> int:
@@ -137,7 +138,7 @@ class VLLMBackend:
         ready: list[tuple[int, list[dict[str, Any]], Any]] = []
         for i, conversation in enumerate(conversations):
             try:
-                messages = to_vllm_messages(conversation, self.cfg.max_pixels)
+                messages = to_vllm_messages(conversation, self.cfg.max_pixels, self.cfg.image_encoding)
                 ready.append((i, messages, self._sampling(i, schemas[i], budget)))
             except Exception as exc:  # one bad item must not sink the batch
                 results[i] = Generation(text="", error=f"prepare: {type(exc).__name__}: {exc}")

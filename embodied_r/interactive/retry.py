@@ -20,11 +20,12 @@ server down, a refused key) is no item's fault: it stops the stage.
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from PIL import Image
+
+from embodied_r.backends.images import load_image
 
 Conversation = list[dict[str, Any]]
 
@@ -60,13 +61,7 @@ def halve_image(path: str, max_pixels: int) -> str:
     budget = max_pixels // 2
     target = Path(path).with_name(f"{Path(path).stem}.half{budget}.png")
     if not target.exists():
-        with Image.open(path) as img:
-            img = img.convert("RGB")
-            w, h = img.size
-            if w * h > budget:
-                scale = math.sqrt(budget / (w * h))
-                img = img.resize((max(1, int(w * scale)), max(1, int(h * scale))), Image.NEAREST)
-            img.save(target)
+        load_image(path, budget, "png-nearest").save(target)
     return str(target)
 
 
