@@ -148,7 +148,8 @@ def test_perception_shards_on_two_workers(tmp_path: Path, monkeypatch: pytest.Mo
         assert [run.data.metrics[f"summary/shards/{k}/done"] for k in (1, 2)] == needed
 
         # 2. Again from nothing, with workers whose flow runs stop after one call more than the
-        # smaller shard has: only the larger shard gets there. Its worker is SIGKILLed once the other shard is done.
+        # smaller shard has: only the larger shard gets there. Its worker is SIGKILLed once the
+        # other shard is done.
         for w in first:
             os.killpg(w.pid, signal.SIGTERM)
         subprocess.run(["rm", "-rf", str(out)], check=True)
@@ -163,7 +164,8 @@ def test_perception_shards_on_two_workers(tmp_path: Path, monkeypatch: pytest.Mo
         stalled = int(marker.read_text().split()[1])
         victim = _worker_of(stalled, workers)
         os.killpg(victim.pid, signal.SIGKILL)
-        os.kill(stalled, signal.SIGKILL) if Path(f"/proc/{stalled}").exists() else None
+        if Path(f"/proc/{stalled}").exists():  # a flow run the worker started in a session of its own
+            os.kill(stalled, signal.SIGKILL)
         os.killpg(parent.pid, signal.SIGKILL)  # the pipeline waiting on it goes down too
         parent.wait()
         killed = shard_folder(out, big, 2)
