@@ -302,7 +302,8 @@ def evaluate_records(
         by_uid = {r["uid"]: r for r in all_records}
 
         def finish(work: Path, shards: list[dict[str, Any]]) -> dict[str, Any]:
-            run = {"failures": [f for s in shards for f in s["failures"]], **summed(shards, ("pending", "seconds"))}
+            run = {"failures": [f for s in shards for f in s["failures"]],
+                   **summed(shards, ("pending", "seconds"))}
             return _finish(work, all_records, cfg, run, **labels)
 
         return run_sharded(out, cfg.shards, Sharding(
