@@ -211,7 +211,8 @@ def _work(work: Path, records: list[dict[str, Any]], backend_cfg: BackendConfig,
         for b in (backend, judge):
             if b is not None:
                 b.close()
-    return {"failures": failures, "pending": len(pending), "done": len(done) + len(pending) - len(failures), "failed": len(failures)}
+    return {"failures": failures, "pending": len(pending), "done": len(done) + len(pending) - len(failures),
+            "failed": len(failures)}
 
 
 def _finish(work: Path, all_records: list[dict[str, Any]], cfg: EvaluationConfig, run: dict[str, Any], *,
