@@ -18,6 +18,7 @@ the stage once more when all have finished: that call only merges.
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import shutil
@@ -104,6 +105,12 @@ class Sharding:
     # Sub-folders of item files each shard writes (key frames' ``frames``), moved into the
     # stage folder by the merge.
     files: tuple[str, ...] = ()
+    # The field naming an entry in the stage's item log, and the entries a shard's members own
+    # (the members themselves by default): a new shard starts from its entries in an unsharded
+    # run's log (the stage's ``.partial``, left by a run stopped before it was given shards)
+    # instead of doing them again. None: not carried over.
+    log_key: str | None = None
+    log_keys: Callable[[list[str]], set[str]] = set
 
 
 def run_sharded(out: Path, count: int, sharding: Sharding, only: int | None = None) -> dict[str, Any]:
@@ -118,11 +125,11 @@ def run_sharded(out: Path, count: int, sharding: Sharding, only: int | None = No
         return read_summary(out)
     folders = [shard_folder(out, i, count) for i in range(count)]
     if only is not None:
-        return _run_shard(folders[only], only, count, sharding)
+        return _run_shard(folders[only], only, count, sharding, partial_path(out))
     failures: list[tuple[int, BaseException]] = []
     for index, folder in enumerate(folders):
         try:
-            _run_shard(folder, index, count, sharding)
+            _run_shard(folder, index, count, sharding, partial_path(out))
         except Exception as exc:  # noqa: BLE001 - the other shards still run; raised below
             log.warning("shard %d of %d of %s failed: %s", index + 1, count, out.name, exc)
             failures.append((index, exc))
@@ -135,7 +142,7 @@ def run_sharded(out: Path, count: int, sharding: Sharding, only: int | None = No
     return merge(out, count, sharding)
 
 
-def _run_shard(folder: Path, index: int, count: int, sharding: Sharding) -> dict[str, Any]:
+def _run_shard(folder: Path, index: int, count: int, sharding: Sharding, unsharded: Path) -> dict[str, Any]:
     if is_complete(folder):
         return read_summary(folder)
     mine = members(sharding.ids, index, count)
@@ -143,6 +150,8 @@ def _run_shard(folder: Path, index: int, count: int, sharding: Sharding) -> dict
     with stage_folder(folder) as work:
         if is_complete(folder):  # another run of this shard finished it while this one waited
             return read_summary(folder)
+        if sharding.log_key is not None and not (work / LOG_NAME).exists():
+            _seed(work / LOG_NAME, unsharded / LOG_NAME, sharding.log_key, sharding.log_keys(mine))
         figures = sharding.work(work, mine)
         summary = {"shard": index + 1, "of": count, "items": len(mine), "where": where(),
                    "seconds": round(time.monotonic() - start, 3), **figures}
@@ -211,6 +220,24 @@ def _gather_logs(work: Path, folders: list[Path]) -> None:
         dst.flush()
         os.fsync(dst.fileno())
     os.replace(tmp, work / LOG_NAME)
+
+
+def _seed(log: Path, source: Path, key: str, own: set[str]) -> None:
+    """A new shard's log started with the entries of ``source`` whose ``key`` it owns."""
+    if not source.is_file():
+        return
+    kept = []
+    for line in source.read_text(encoding="utf-8").splitlines(keepends=True):
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a torn last line: that item is done again
+        if line.endswith("\n") and isinstance(entry, dict) and str(entry.get(key)) in own:
+            kept.append(line)
+    if kept:
+        tmp = log.with_name(f".{log.name}.{uuid.uuid4().hex}.tmp")
+        tmp.write_text("".join(kept), encoding="utf-8")
+        os.replace(tmp, log)
 
 
 def _move_entries(src: Path, dst: Path) -> None:

@@ -252,3 +252,27 @@ def test_a_shard_finished_while_waiting_for_its_lock_is_not_redone(server: Recor
         aside.rename(folder)  # the first run ends
     second.join()
     assert got == [first] and len(server.bodies) == sent
+
+
+def test_shards_given_to_a_stopped_stage_keep_its_finished_calls(tmp_path: Path) -> None:
+    """A stage stopped unsharded (its server down), then run with shards: no finished call is
+    sent again, and the result is the uninterrupted run's."""
+    catalog, kf = make_inputs(tmp_path, VIDEOS, QUESTIONS)
+    down = {"v3"}
+    srv = RecordingServer(fault=lambda body: (503, "unavailable") if _mentions(body, down) else None)
+    ref = RecordingServer()
+    try:
+        out = tmp_path / "perception"
+        with pytest.raises(InfraFailure):
+            run_perception(catalog, kf, out, perceiver(srv))
+        logged = len((partial_path(out) / "items.jsonl").read_text().splitlines())
+        assert logged > 0
+        down.clear()
+        sent = len(srv.bodies)
+        summary = run_perception(catalog, kf, out, perceiver(srv, shards=2))
+        assert len(srv.bodies) - sent == summary["calls"] - logged
+        run_perception(catalog, kf, tmp_path / "one", perceiver(ref))
+        same_folders(tmp_path / "one", out, PERCEPTION_TABLES, frozenset({"calls_made", "calls_failed"}))
+    finally:
+        srv.stop()
+        ref.stop()

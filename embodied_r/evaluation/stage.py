@@ -308,7 +308,7 @@ def evaluate_records(
             return _finish(work, all_records, cfg, run, **labels)
 
         return run_sharded(out, cfg.shards, Sharding(
-            ids=list(by_uid), finish=finish,
+            ids=list(by_uid), finish=finish, log_key="uid",
             work=lambda work, mine: _work(work, [by_uid[u] for u in mine], pinned(backend_cfg, shard), cfg,
                                           conversation, answer_from)), shard)
     started = time.monotonic()

@@ -371,10 +371,9 @@ def run_perception(catalog: Path, keyframes: Path, out: Path, cfg: PerceptionCon
     questions, frames = _read_inputs(catalog, keyframes, cfg.texts)
     ready, failures = _split(questions, frames)
     if cfg.shards > 1:
-        def work_shard(work: Path, videos: list[str]) -> dict[str, Any]:
-            mine = set(videos)
-            own = cfg.model_copy(update={"backend": pinned(cfg.backend, shard)})
-            return _work(work, [q for q in ready if q.video_id in mine], own, catalog)
+        def mine(videos: list[str]) -> list[Question]:
+            chosen = set(videos)
+            return [q for q in ready if q.video_id in chosen]
 
         def finish(work: Path, shards: list[dict[str, Any]]) -> dict[str, Any]:
             run = summed(shards, RUN_COUNTERS)
@@ -382,8 +381,11 @@ def run_perception(catalog: Path, keyframes: Path, out: Path, cfg: PerceptionCon
             run["errors"] = {k: v for s in shards for k, v in s["errors"].items()}
             return _finish(work, questions, ready, failures, cfg, run)
 
-        videos = list(dict.fromkeys(q.video_id for q in ready))
-        return run_sharded(out, cfg.shards, Sharding(ids=videos, work=work_shard, finish=finish), shard)
+        pin = cfg.model_copy(update={"backend": pinned(cfg.backend, shard)})
+        return run_sharded(out, cfg.shards, Sharding(
+            ids=list(dict.fromkeys(q.video_id for q in ready)), finish=finish, log_key="key",
+            work=lambda work, videos: _work(work, mine(videos), pin, catalog),
+            log_keys=lambda videos: {c.key for c in cfg.plan().calls(mine(videos))}), shard)
     with stage_folder(out) as work:
         summary = _finish(work, questions, ready, failures, cfg, _work(work, ready, cfg, catalog))
         write_summary(work, summary)
