@@ -18,13 +18,13 @@ from flows.runner import (
     discard_refreshed,
     finish_parent,
     open_tracker,
-    run_deployment_of,
     run_in_process,
     run_stages,
     scoped_env,
 )
 from flows.mlflow_runs import run_url, runs_url
 from flows.prefect_views import flow_run_name, publish_result, tag_flow_run
+from flows.shards import dispatch_kind
 
 __all__ = ["StageRunFailed", "embodied_r", "run_dispatched", "stage_deployments_available"]
 
@@ -57,8 +57,8 @@ def run_dispatched(recipe_ref: str, recipe: Recipe, root: Path, refresh: list[st
         tracker = open_tracker(recipe, root, "pipeline", selected, refreshed)
 
     def dispatch(kind: str, names: list[str], parent_run_id: str) -> None:
-        run_deployment_of(kind, {"recipe": recipe_ref, "overrides": overrides, "home": str(root),
-                                 "mlflow_parent_run_id": parent_run_id})
+        dispatch_kind(kind, stages, names, {"recipe": recipe_ref, "overrides": overrides, "home": str(root),
+                                            "mlflow_parent_run_id": parent_run_id})
 
     try:
         with scoped_env(MLFLOW_TRACKING_URI=uri):

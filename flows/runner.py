@@ -21,6 +21,7 @@ from embodied_r import progress
 from embodied_r.config import Recipe
 from embodied_r.io import is_complete, read_summary
 from embodied_r.pipeline import StagePlan, downstream, plan, resolve_stage_name, select_stages
+from embodied_r.shards import shard_paths
 from embodied_r.stage_kinds import kind_of
 from embodied_r.tracking import CACHE_TAG, Tracker, tracking_uri
 from flows import mlflow_runs
@@ -30,8 +31,11 @@ from tasks.stages import STAGE_TASKS
 def discard(out: Path) -> None:
     """Remove a stage's output so it is recomputed; move aside first so a crash
     mid-delete never leaves a folder that looks complete."""
-    for path in (out, out.with_name(out.name + ".partial")):
-        if path.exists():
+    # Its shards' folders too, or a refresh would merge their old work again.
+    for path in (out, out.with_name(out.name + ".partial"), *shard_paths(out)):
+        if path.is_file():
+            path.unlink(missing_ok=True)
+        elif path.exists():
             trash = path.with_name(f".trash-{uuid.uuid4().hex[:8]}-{path.name}")
             path.rename(trash)
             shutil.rmtree(trash, ignore_errors=True)

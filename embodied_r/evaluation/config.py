@@ -54,6 +54,9 @@ class EvaluationConfig(BaseModel):
     prompts: str = "paraphrase"
     # Questions per generate call, and so between progress records.
     chunk_size: int = operational(32, ge=1)
+    # Parts the questions are split into, each answered on its own and merged into the same
+    # folder as one run; 1 = not split.
+    shards: int = operational(1, ge=1)
     # A trained model to evaluate instead of training one: a folder, a hub id, or a folder of
     # a hub repository, hf://owner/repo/folder[@revision] (the `released` recipe: the authors'
     # checkpoints). Set, the pipeline plans no warm start and no training stage.

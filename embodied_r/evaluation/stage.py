@@ -52,6 +52,7 @@ from embodied_r.scoring.metrics import (
 from embodied_r.evaluation.config import EvaluationConfig
 from embodied_r.evaluation.learning import write_learning
 from embodied_r.evaluation.report import write_report
+from embodied_r.shards import SHARD_INPUT, Sharding, parse_selection, pinned, run_sharded, summed
 
 def _valid_row(row: dict[str, Any]) -> bool:
     """A logged prediction that can be replayed (see ``io.ItemLog``)."""
@@ -169,6 +170,111 @@ def read_split(records: Path, split: str) -> list[dict[str, Any]]:
     return pq.read_table(split_file).to_pylist()
 
 
+def _work(work: Path, records: list[dict[str, Any]], backend_cfg: BackendConfig, cfg: EvaluationConfig,
+          conversation: Callable[[dict[str, Any]], Conversation], answer_from: Literal["tag", "reply"],
+          ) -> dict[str, Any]:
+    """Answer every record missing from the item log of ``work``, logging each as it is scored.
+    Returns the run's figures and the failures of this run's calls."""
+    log = ItemLog(work / "items.jsonl", key="uid", validate=_valid_row)
+    done = log.done_ids()
+    pending = [r for r in records if r["uid"] not in done]
+    failures: list[dict[str, str]] = []
+    backend = make_backend(backend_cfg) if pending else None
+    judge = make_backend(cfg.consistency_judge) if (pending and cfg.consistency_judge is not None) else None
+    try:
+        for start in range(0, len(pending), cfg.chunk_size):
+            chunk = pending[start : start + cfg.chunk_size]
+            assert backend is not None
+            generations = backend.generate([conversation(r) for r in chunk])
+            ok = [(r, g) for r, g in zip(chunk, generations) if not g.error]
+            cut = {r["uid"]: (g.prompt_truncated, g.truncated) for r, g in zip(chunk, generations)}
+            failures += [
+                {"stage": "evaluate", "item": r["uid"], "reason": f"generation_error: {redact(g.error)}"}
+                for r, g in zip(chunk, generations) if g.error
+            ]
+            outage = next((g.error for g in generations if g.infra_failed), None)
+            verdicts: list[bool | None] = [None] * len(ok)
+            if judge is not None and ok:
+                verdicts = _judge(judge, [r for r, _ in ok], [g.text for _, g in ok])
+            for (record, generation), verdict in zip(ok, verdicts):
+                row = score_row(record, generation.text, generation.completion_tokens,
+                                cfg.number_parsing, answer_from, cfg.choice_parser())
+                row["consistent"] = verdict
+                row["prompt_truncated"], row["reply_truncated"] = cut[record["uid"]]
+                log.append(row)
+            progress.update("evaluate", len(done) + start + len(chunk), len(records))
+            if outage is not None:
+                raise InfraFailure(
+                    f"evaluate stopped: the model's server failed ({redact(outage)[:400]}). Answers so far "
+                    "are kept; run again once it answers, and only the missing questions are asked")
+    finally:
+        for b in (backend, judge):
+            if b is not None:
+                b.close()
+    return {"failures": failures, "pending": len(pending), "done": len(done) + len(pending) - len(failures),
+            "failed": len(failures)}
+
+
+def _finish(work: Path, all_records: list[dict[str, Any]], cfg: EvaluationConfig, run: dict[str, Any], *,
+            model_label: str, title: str, extra_summary: dict[str, Any] | None,
+            extra_files: Callable[[Path, list[dict[str, Any]], dict[str, float]], dict[str, Any]] | None,
+            ) -> dict[str, Any]:
+    """The stage's outputs from the item log of ``work`` and the run's failures and figures."""
+    order = {r["uid"]: i for i, r in enumerate(all_records)}
+    answered = {r["uid"]: r for r in ItemLog(work / "items.jsonl", key="uid", validate=_valid_row).read()
+                if r["uid"] in order}
+    # Unanswered questions are in the table as failures scoring 0, so the accuracy's
+    # denominator is always the whole split.
+    rows = [answered.get(r["uid"]) or failed_row(r) for r in all_records]
+    failures = sorted(run["failures"], key=lambda f: order.get(f["item"], len(order)))
+    listed = {f["item"] for f in failures}
+    failures += [{"stage": "evaluate", "item": r["uid"], "reason": "generation_error: no answer"}
+                 for r in all_records if r["uid"] not in answered and r["uid"] not in listed]
+    check_failed_fraction("evaluation", len(failures), len(all_records), cfg.max_failed_fraction,
+                          "see failures.parquet")
+    write_parquet_atomic(table_from_records(rows, schemas.PREDICTIONS), work / "predictions.parquet")
+    write_parquet_atomic(table_from_records(failures, schemas.FAILURES), work / "failures.parquet")
+
+    metrics = aggregate(rows)
+    judged = [r["consistent"] for r in rows if r.get("consistent") is not None]
+    if judged:
+        metrics["consistency/ratio"] = sum(judged) / len(judged)
+        metrics["consistency/judged"] = float(len(judged))
+    categories = category_table(rows)
+    chance = chance_levels(all_records)
+    write_json_atomic(work / "metrics.json", {"metrics": metrics, "categories": categories, "chance": chance})
+    write_report(work, categories, metrics, model=model_label, split=cfg.split, title=title, chance=chance,
+                 prompts=cfg.prompts)
+    write_predictions_table(work / TABLE_FILE, all_records, rows)
+    if extra_files is not None:
+        extra_summary = {**(extra_summary or {}), **extra_files(work, all_records, metrics)}
+    seconds, pending = run["seconds"], run["pending"]
+    summary: dict[str, Any] = {
+        "model": model_label,
+        "model_label": model_label,
+        "prompts": cfg.prompts,
+        "split": cfg.split,
+        "items": len(all_records),
+        "done": len(answered),
+        "failed": len(failures),
+        "failure_reasons": dict(Counter(f["reason"].split(":", 1)[0] for f in failures)),
+        # Which questions were answered: promotion compares two models only when equal.
+        "question_set": question_set(answered),
+        "prompts_truncated": sum(1 for r in answered.values() if r.get("prompt_truncated")),
+        "replies_truncated": sum(1 for r in answered.values() if r.get("reply_truncated")),
+        "seconds": round(seconds, 3),
+        "seconds_per_item": round(seconds / pending, 4) if pending else None,
+        **(extra_summary or {}),
+        **metrics,
+    }
+    if summary["prompts_truncated"] or summary["replies_truncated"]:
+        logging.getLogger(__name__).warning(
+            "evaluation: %d of %d prompts were longer than max_prompt_length and lost their beginning; "
+            "%d replies were cut to max_new_tokens", summary["prompts_truncated"], len(all_records),
+            summary["replies_truncated"])
+    return summary
+
+
 def evaluate_records(
     all_records: list[dict[str, Any]],
     out: Path,
@@ -181,112 +287,46 @@ def evaluate_records(
     title: str = "Evaluation",
     extra_summary: dict[str, Any] | None = None,
     extra_files: Callable[[Path, list[dict[str, Any]], dict[str, float]], dict[str, Any]] | None = None,
+    shard: int | None = None,
 ) -> dict[str, Any]:
     """Answer ``all_records`` with ``backend_cfg``, score, and write the stage folder ``out``:
     ``predictions.parquet``, ``failures.parquet``, ``metrics.json``, the report files
-    (``report.REPORT_FILES``) and ``summary.json``. Resumes from its per-question log."""
+    (``report.REPORT_FILES``) and ``summary.json``. Resumes from its per-question log. With
+    ``cfg.shards`` above 1 the questions are answered in shards (or only shard ``shard``,
+    0-based) and merged into the same folder."""
     out = Path(out)
     if is_complete(out):
         return read_summary(out)
+    labels = {"model_label": model_label, "title": title, "extra_summary": extra_summary,
+              "extra_files": extra_files}
+    if cfg.shards > 1:
+        by_uid = {r["uid"]: r for r in all_records}
+
+        def finish(work: Path, shards: list[dict[str, Any]]) -> dict[str, Any]:
+            run = {"failures": [f for s in shards for f in s["failures"]],
+                   **summed(shards, ("pending", "seconds"))}
+            return _finish(work, all_records, cfg, run, **labels)
+
+        return run_sharded(out, cfg.shards, Sharding(
+            ids=list(by_uid), finish=finish, log_key="uid",
+            work=lambda work, mine: _work(work, [by_uid[u] for u in mine], pinned(backend_cfg, shard), cfg,
+                                          conversation, answer_from)), shard)
     started = time.monotonic()
     with stage_folder(out) as work:
-        log = ItemLog(work / "items.jsonl", key="uid", validate=_valid_row)
-        done = log.done_ids()
-        pending = [r for r in all_records if r["uid"] not in done]
-        failures: list[dict[str, str]] = []
-        backend = make_backend(backend_cfg) if pending else None
-        judge = make_backend(cfg.consistency_judge) if (pending and cfg.consistency_judge is not None) else None
-        try:
-            for start in range(0, len(pending), cfg.chunk_size):
-                chunk = pending[start : start + cfg.chunk_size]
-                assert backend is not None
-                generations = backend.generate([conversation(r) for r in chunk])
-                ok = [(r, g) for r, g in zip(chunk, generations) if not g.error]
-                cut = {r["uid"]: (g.prompt_truncated, g.truncated) for r, g in zip(chunk, generations)}
-                failures += [
-                    {"stage": "evaluate", "item": r["uid"], "reason": f"generation_error: {redact(g.error)}"}
-                    for r, g in zip(chunk, generations) if g.error
-                ]
-                outage = next((g.error for g in generations if g.infra_failed), None)
-                verdicts: list[bool | None] = [None] * len(ok)
-                if judge is not None and ok:
-                    verdicts = _judge(judge, [r for r, _ in ok], [g.text for _, g in ok])
-                for (record, generation), verdict in zip(ok, verdicts):
-                    row = score_row(record, generation.text, generation.completion_tokens,
-                                    cfg.number_parsing, answer_from, cfg.choice_parser())
-                    row["consistent"] = verdict
-                    row["prompt_truncated"], row["reply_truncated"] = cut[record["uid"]]
-                    log.append(row)
-                progress.update("evaluate", len(done) + start + len(chunk), len(all_records))
-                if outage is not None:
-                    raise InfraFailure(
-                        f"evaluate stopped: the model's server failed ({redact(outage)[:400]}). Answers so far "
-                        "are kept; run again once it answers, and only the missing questions are asked")
-        finally:
-            for b in (backend, judge):
-                if b is not None:
-                    b.close()
-
-        order = {r["uid"]: i for i, r in enumerate(all_records)}
-        answered = {r["uid"]: r for r in log.read() if r["uid"] in order}
-        # Unanswered questions are in the table as failures scoring 0, so the accuracy's
-        # denominator is always the whole split.
-        rows = [answered.get(r["uid"]) or failed_row(r) for r in all_records]
-        listed = {f["item"] for f in failures}
-        failures += [{"stage": "evaluate", "item": r["uid"], "reason": "generation_error: no answer"}
-                     for r in all_records if r["uid"] not in answered and r["uid"] not in listed]
-        check_failed_fraction("evaluation", len(failures), len(all_records), cfg.max_failed_fraction,
-                              "see failures.parquet")
-        write_parquet_atomic(table_from_records(rows, schemas.PREDICTIONS), work / "predictions.parquet")
-        write_parquet_atomic(table_from_records(failures, schemas.FAILURES), work / "failures.parquet")
-
-        metrics = aggregate(rows)
-        judged = [r["consistent"] for r in rows if r.get("consistent") is not None]
-        if judged:
-            metrics["consistency/ratio"] = sum(judged) / len(judged)
-            metrics["consistency/judged"] = float(len(judged))
-        categories = category_table(rows)
-        chance = chance_levels(all_records)
-        write_json_atomic(work / "metrics.json", {"metrics": metrics, "categories": categories, "chance": chance})
-        write_report(work, categories, metrics, model=model_label, split=cfg.split, title=title, chance=chance,
-                     prompts=cfg.prompts)
-        write_predictions_table(work / TABLE_FILE, all_records, rows)
-        if extra_files is not None:
-            extra_summary = {**(extra_summary or {}), **extra_files(work, all_records, metrics)}
-        seconds = time.monotonic() - started
-        summary: dict[str, Any] = {
-            "model": model_label,
-            "model_label": model_label,
-            "prompts": cfg.prompts,
-            "split": cfg.split,
-            "items": len(all_records),
-            "done": len(answered),
-            "failed": len(failures),
-            "failure_reasons": dict(Counter(f["reason"].split(":", 1)[0] for f in failures)),
-            # Which questions were answered: promotion compares two models only when equal.
-            "question_set": question_set(answered),
-            "prompts_truncated": sum(1 for r in answered.values() if r.get("prompt_truncated")),
-            "replies_truncated": sum(1 for r in answered.values() if r.get("reply_truncated")),
-            "seconds": round(seconds, 3),
-            "seconds_per_item": round(seconds / len(pending), 4) if pending else None,
-            **(extra_summary or {}),
-            **metrics,
-        }
-        if summary["prompts_truncated"] or summary["replies_truncated"]:
-            logging.getLogger(__name__).warning(
-                "evaluation: %d of %d prompts were longer than max_prompt_length and lost their beginning; "
-                "%d replies were cut to max_new_tokens", summary["prompts_truncated"], len(all_records),
-                summary["replies_truncated"])
+        run = _work(work, all_records, backend_cfg, cfg, conversation, answer_from)
+        summary = _finish(work, all_records, cfg, {**run, "seconds": time.monotonic() - started}, **labels)
         write_summary(work, summary)
     return summary
 
 
 def run_evaluation(records: Path, model: str, out: Path, cfg: EvaluationConfig,
                    title: str = "Evaluation", model_ref: str | None = None,
-                   extra_files: Callable[..., dict[str, Any]] | None = None) -> dict[str, Any]:
+                   extra_files: Callable[..., dict[str, Any]] | None = None,
+                   shard: int | None = None) -> dict[str, Any]:
     """Answer and score every record of ``cfg.split`` with ``model``; write predictions,
     metrics and the report into ``out``. ``model_ref`` names the model in the report when
-    ``model`` is a folder it was resolved to (e.g. a registry URI)."""
+    ``model`` is a folder it was resolved to (e.g. a registry URI); ``shard`` (0-based) does
+    only that shard of ``cfg.shards``."""
     out = Path(out)
     if is_complete(out):
         return read_summary(out)
@@ -302,7 +342,7 @@ def run_evaluation(records: Path, model: str, out: Path, cfg: EvaluationConfig,
                             model_label=ref or describe_model(resolved), title=title,
                             # The summary keeps the folder evaluated; the label is for people.
                             extra_summary={"model": resolved, **({"model_ref": ref} if ref else {})},
-                            extra_files=extra_files)
+                            extra_files=extra_files, shard=shard)
 
 
 def run_stage(out: Path, config: dict[str, Any], inputs: dict[str, str],
@@ -316,5 +356,6 @@ def run_stage(out: Path, config: dict[str, Any], inputs: dict[str, str],
         def extra(work: Path, records: list[dict[str, Any]], metrics: dict[str, float]) -> dict[str, Any]:
             return write_learning(work, records, metrics, baselines, training)
 
-    return run_evaluation(Path(inputs["records"]), inputs["model"], out, EvaluationConfig.model_validate(config),
-                          extra_files=extra)
+    cfg = EvaluationConfig.model_validate(config)
+    return run_evaluation(Path(inputs["records"]), inputs["model"], out, cfg, extra_files=extra,
+                          shard=parse_selection(inputs.get(SHARD_INPUT), cfg.shards))

@@ -69,6 +69,8 @@ class KeyframeConfig(BaseModel):
     decode_ahead: int = operational(2, ge=0, description="sampled frames decoded ahead in a second thread; 0 = none")
     cache: bool = operational(True, description="reuse key frames of a video with the same content and parameters")
     cache_dir: str | None = operational(None, description="default: $EMBODIED_R_HOME/cache/keyframes")
+    shards: int = operational(1, ge=1, description="parts the videos are split into, each run on its own "
+                              "(a flow run of its own with deployments) and merged; 1 = not split")
 
     @model_validator(mode="after")
     def _bounds(self) -> "KeyframeConfig":

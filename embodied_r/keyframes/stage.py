@@ -35,6 +35,7 @@ from embodied_r.io import (ItemLog, is_complete, read_summary, stage_folder, tab
 from embodied_r.keyframes.extract import KeyframeConfig, extract_keyframes
 from embodied_r.keyframes.cache import cache_root, cached_keyframes, link_files, write_entry
 from embodied_r.keyframes.video import VideoError
+from embodied_r.shards import SHARD_INPUT, Sharding, parse_selection, run_sharded
 
 
 def safe_name(video_id: str) -> str:
@@ -172,55 +173,79 @@ def _process_all(todo: list[tuple[str, str]], work: Path, cfg: KeyframeConfig, c
             yield fut.result()
 
 
-def run_keyframes(catalog: Path, out: Path, cfg: KeyframeConfig | None = None) -> dict:
-    """Key frames for every distinct video of the catalog, resumable per video."""
+def _work(videos: list[tuple[str, str]], work: Path, cfg: KeyframeConfig) -> dict[str, Any]:
+    """Key frames of ``videos`` not yet in the item log of ``work``, each logged as it ends."""
+    log = ItemLog(work / "items.jsonl", key="video_id")
+    done = log.done_ids()
+    todo = [(v, p) for v, p in videos if v not in done]
+    cache = str(cache_root(cfg)) if cfg.cache else None
+    cores = os.cpu_count() or 1
+    workers = max(1, min(cfg.workers or cores, len(todo)))
+    threads = opencv_threads(cfg, workers, cores)
+    for n, record in enumerate(_process_all(todo, work, cfg, cache, workers, threads), start=1):
+        log.append(record)
+        progress.update("keyframes", len(done) + n, len(videos))  # counted once logged
+        item_done("keyframes")
+    ended = [r for r in log.read() if r["video_id"] in dict(videos)]
+    return {"workers": workers, "done": sum(1 for r in ended if r["status"] == "done"),
+            "failed": sum(1 for r in ended if r["status"] != "done")}
+
+
+def _finish(work: Path, videos: list[tuple[str, str]], workers: int, seconds: float) -> dict[str, Any]:
+    """The stage's outputs from the item log of ``work``, in the catalog's order of videos."""
+    records = {r["video_id"]: r for r in ItemLog(work / "items.jsonl", key="video_id").read()}
+    finished = [records[v] for v, _ in videos if v in records]
+    ok = [r for r in finished if r["status"] == "done"]
+    bad = [r for r in finished if r["status"] != "done"]
+    rows = [row for r in ok for row in r["rows"]]
+    write_parquet_atomic(table_from_records(rows, schemas.KEYFRAMES), work / "keyframes.parquet")
+    write_parquet_atomic(table_from_records(
+        [{"stage": "keyframes", "item": r["video_id"], "reason": r["reason"]} for r in bad],
+        schemas.FAILURES), work / "failures.parquet")
+    shown_videos = [r for r in ok if r["rows"]][:MONTAGE_VIDEOS]
+    shown = shown_videos[0] if shown_videos else None
+    if shown_videos:
+        make_video_montage([(r["video_id"], r["rows"]) for r in shown_videos], work, work / "montage.jpg")
+    counts = [len(r["rows"]) for r in ok]
+    return {
+        "videos": len(videos), "done": len(ok), "failed": len(bad),
+        "failure_reasons": dict(Counter(r["code"] for r in bad)),
+        "keyframes_total": sum(counts),
+        "keyframes_mean": round(sum(counts) / len(counts), 3) if counts else 0.0,
+        "keyframes_min": min(counts, default=0), "keyframes_max": max(counts, default=0),
+        "frames_decoded": sum(r["n_frames"] for r in ok if not r.get("cache_hit")),
+        "video_seconds": round(sum(r["n_frames"] / r["fps"] for r in ok), 3),
+        "cache_hits": sum(1 for r in ok if r.get("cache_hit")),
+        "hash_seconds": round(sum(r.get("hash_seconds", 0.0) for r in ok), 3),
+        "processing_seconds": round(sum(r["seconds"] for r in ok), 3),
+        "montage_video": shown["video_id"] if shown else "",
+        "montage_videos": [r["video_id"] for r in shown_videos],
+        "workers": workers, "seconds": round(seconds, 3),
+    }
+
+
+def run_keyframes(catalog: Path, out: Path, cfg: KeyframeConfig | None = None,
+                  shard: int | None = None) -> dict:
+    """Key frames for every distinct video of the catalog, resumable per video; in
+    ``cfg.shards`` shards (or only shard ``shard``, 0-based) when more than one."""
     out = Path(out)
     if is_complete(out):
         return read_summary(out)
     cfg = cfg or KeyframeConfig()
     videos = _catalog_videos(catalog)
-    cache = str(cache_root(cfg)) if cfg.cache else None
+    if cfg.shards > 1:
+        paths = dict(videos)
+
+        def finish(work: Path, shards: list[dict[str, Any]]) -> dict[str, Any]:
+            return _finish(work, videos, max(s["workers"] for s in shards), sum(s["seconds"] for s in shards))
+
+        return run_sharded(out, cfg.shards, Sharding(
+            ids=[v for v, _ in videos], files=("frames",), finish=finish,
+            work=lambda work, mine: _work([(v, paths[v]) for v in mine], work, cfg)), shard)
     start = time.perf_counter()
     with stage_folder(out) as work:
-        log = ItemLog(work / "items.jsonl", key="video_id")
-        done = log.done_ids()
-        todo = [(v, p) for v, p in videos if v not in done]
-        cores = os.cpu_count() or 1
-        workers = max(1, min(cfg.workers or cores, len(todo)))
-        threads = opencv_threads(cfg, workers, cores)
-        for n, record in enumerate(_process_all(todo, work, cfg, cache, workers, threads), start=1):
-            log.append(record)
-            progress.update("keyframes", len(done) + n, len(videos))  # counted once logged
-            item_done("keyframes")
-        records = {r["video_id"]: r for r in log.read()}
-        finished = [records[v] for v, _ in videos if v in records]
-        ok = [r for r in finished if r["status"] == "done"]
-        bad = [r for r in finished if r["status"] != "done"]
-        rows = [row for r in ok for row in r["rows"]]
-        write_parquet_atomic(table_from_records(rows, schemas.KEYFRAMES), work / "keyframes.parquet")
-        write_parquet_atomic(table_from_records(
-            [{"stage": "keyframes", "item": r["video_id"], "reason": r["reason"]} for r in bad],
-            schemas.FAILURES), work / "failures.parquet")
-        shown_videos = [r for r in ok if r["rows"]][:MONTAGE_VIDEOS]
-        shown = shown_videos[0] if shown_videos else None
-        if shown_videos:
-            make_video_montage([(r["video_id"], r["rows"]) for r in shown_videos], work, work / "montage.jpg")
-        counts = [len(r["rows"]) for r in ok]
-        summary = {
-            "videos": len(videos), "done": len(ok), "failed": len(bad),
-            "failure_reasons": dict(Counter(r["code"] for r in bad)),
-            "keyframes_total": sum(counts),
-            "keyframes_mean": round(sum(counts) / len(counts), 3) if counts else 0.0,
-            "keyframes_min": min(counts, default=0), "keyframes_max": max(counts, default=0),
-            "frames_decoded": sum(r["n_frames"] for r in ok if not r.get("cache_hit")),
-            "video_seconds": round(sum(r["n_frames"] / r["fps"] for r in ok), 3),
-            "cache_hits": sum(1 for r in ok if r.get("cache_hit")),
-            "hash_seconds": round(sum(r.get("hash_seconds", 0.0) for r in ok), 3),
-            "processing_seconds": round(sum(r["seconds"] for r in ok), 3),
-            "montage_video": shown["video_id"] if shown else "",
-            "montage_videos": [r["video_id"] for r in shown_videos],
-            "workers": workers, "seconds": round(time.perf_counter() - start, 3),
-        }
+        workers = _work(videos, work, cfg)["workers"]
+        summary = _finish(work, videos, workers, time.perf_counter() - start)
         write_summary(work, summary)
     return summary
 
@@ -228,4 +253,5 @@ def run_keyframes(catalog: Path, out: Path, cfg: KeyframeConfig | None = None) -
 def run_stage(out: Path, config: dict[str, Any], inputs: dict[str, str],
               mlflow_run_id: str | None = None) -> dict[str, Any]:
     """The pipeline's entry point: key frames of every video in the catalog."""
-    return run_keyframes(Path(inputs["catalog"]), out, KeyframeConfig.model_validate(config))
+    cfg = KeyframeConfig.model_validate(config)
+    return run_keyframes(Path(inputs["catalog"]), out, cfg, parse_selection(inputs.get(SHARD_INPUT), cfg.shards))

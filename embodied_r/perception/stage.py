@@ -49,6 +49,7 @@ from embodied_r.perception.outputs import check_actions, server_hint, write_outp
 from embodied_r.perception.parse import FrameInfo, video_text
 from embodied_r.perception.prompts import ImageOrder, PerceiverTexts, PromptStyle, ReplyFormat
 from embodied_r.settings import operational
+from embodied_r.shards import SHARD_INPUT, Sharding, parse_selection, pinned, run_sharded, summed
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +117,9 @@ class PerceptionConfig(BaseModel):
     texts_required: bool = operational(False)
     # More failed questions than this share fails the stage (kept .partial, never cached).
     max_failed_fraction: float = operational(DEFAULT_MAX_FAILED_FRACTION, ge=0, le=1)
+    # Parts the videos (with their questions) are split into, each run on its own and merged
+    # into the same folder as one run; 1 = not split.
+    shards: int = operational(1, ge=1)
 
     @field_validator("prompt_version")
     @classmethod
@@ -283,7 +287,80 @@ class _Runner:
             log.info("perception: %d/%d calls", start + len(chunk), len(calls))
 
 
-def run_perception(catalog: Path, keyframes: Path, out: Path, cfg: PerceptionConfig) -> dict[str, Any]:
+# Per-run counters of the work phase: a merge of shards adds them up.
+RUN_COUNTERS = ("calls_made", "calls_failed", "calls_skipped", "retries", "structured_output_refused")
+
+
+def _split(questions: list[Question], frames: dict[str, list[str]]) -> tuple[list[Question], dict[str, str]]:
+    """The questions with key frames to look at, and the reasons of those without."""
+    failures: dict[str, str] = {}
+    ready: list[Question] = []
+    for q in questions:
+        q.frames = frames.get(q.video_id, [])
+        if not q.frames:
+            failures[q.uid] = f"no key frames for video {q.video_id}"
+        else:
+            ready.append(q)
+    return ready, failures
+
+
+def _work(work: Path, ready: list[Question], cfg: PerceptionConfig, catalog: Path) -> dict[str, Any]:
+    """Every call of ``ready`` missing from the item log of ``work``, each logged as it ends.
+    Returns the run's counters and the reasons of the calls that failed (call key -> error)."""
+    item_log = ItemLog(work / "items.jsonl", key="key", validate=_valid_entry)
+    done = {rec["key"]: rec for rec in item_log.read()}
+    mode = cfg.plan()
+    calls = mode.calls(ready)
+    pending = [c for c in calls if c.key not in done]
+    stats: dict[str, Any] = {k: 0 for k in RUN_COUNTERS}
+    if not pending:
+        return {**stats, "errors": {}, "done": len(done), "failed": 0}
+    backend_cfg = cfg.backend.model_copy(update={"max_new_tokens": cfg.max_new_tokens})
+    backend: Backend = make_backend(backend_cfg, catalog=catalog)
+    try:
+        runner = _Runner(backend, item_log, done, cfg.structured_output,
+                         send_after_failure=cfg.on_failure == "keep_placeholder")
+        runner.total = len(calls)
+        size = _chunk_size(backend_cfg)
+        runner.run([c for c in pending if c.kind != QUESTION_PHASE], size, cfg.max_new_tokens)
+        runner.run([c for c in pending if c.kind == QUESTION_PHASE], size, cfg.question_max_new_tokens)
+    finally:
+        backend.close()
+    stats.update(
+        calls_made=runner.made,
+        calls_failed=runner.failed,
+        calls_skipped=runner.skipped,
+        retries=len(getattr(backend, "retry_log", [])),
+        structured_output_refused=int(bool(getattr(backend, "structured_output_refused", False))),
+    )
+    # A shard's done and failed count its calls (logged, and failed or not sent).
+    return {**stats, "errors": runner.errors, "done": len(done), "failed": len(runner.errors)}
+
+
+def _finish(work: Path, questions: list[Question], ready: list[Question], failures: dict[str, str],
+            cfg: PerceptionConfig, run: dict[str, Any]) -> dict[str, Any]:
+    """The stage's outputs from the item log of ``work`` and the run's counters and errors."""
+    mode = cfg.plan()
+    item_log = ItemLog(work / "items.jsonl", key="key", validate=_valid_entry)
+    done = {rec["key"]: rec for rec in item_log.read()}
+    summary = write_outputs(work, mode, ready, mode.calls(ready), done, dict(run["errors"]), failures,
+                            len(questions), cfg.question_label, cfg.on_failure)
+    summary.update({k: run[k] for k in RUN_COUNTERS})
+    summary["structured_output"] = cfg.structured_output
+    summary["reply_format"] = cfg.reply_format
+    summary["on_failure"] = cfg.on_failure
+    # A question kept on a placeholder counts against the limit as a dropped one does.
+    check_failed_fraction(STAGE, summary["failed"] + summary["questions_with_placeholder"], len(questions),
+                          cfg.max_failed_fraction,
+                          f"reasons {summary['reasons']}; see failures.parquet{server_hint(cfg, summary)}")
+    check_actions(cfg, summary, work)
+    return summary
+
+
+def run_perception(catalog: Path, keyframes: Path, out: Path, cfg: PerceptionConfig,
+                   shard: int | None = None) -> dict[str, Any]:
+    """The perceiver's text for every question; in ``cfg.shards`` shards by video (or only
+    shard ``shard``, 0-based) when more than one, so a video's shared calls stay in one shard."""
     out = Path(out)
     if is_complete(out):
         return read_summary(out)
@@ -292,58 +369,25 @@ def run_perception(catalog: Path, keyframes: Path, out: Path, cfg: PerceptionCon
                          "`embodied-r prompts import-official PATH` (PATH: your clone of EmbodiedCity/Embodied-R.code) "
                          "and run again with --set prompts.file=FILE")
     questions, frames = _read_inputs(catalog, keyframes, cfg.texts)
-    mode = cfg.plan()
+    ready, failures = _split(questions, frames)
+    if cfg.shards > 1:
+        def mine(videos: list[str]) -> list[Question]:
+            chosen = set(videos)
+            return [q for q in ready if q.video_id in chosen]
 
+        def finish(work: Path, shards: list[dict[str, Any]]) -> dict[str, Any]:
+            run = summed(shards, RUN_COUNTERS)
+            run["structured_output_refused"] = max(s["structured_output_refused"] for s in shards)
+            run["errors"] = {k: v for s in shards for k, v in s["errors"].items()}
+            return _finish(work, questions, ready, failures, cfg, run)
+
+        pin = cfg.model_copy(update={"backend": pinned(cfg.backend, shard)})
+        return run_sharded(out, cfg.shards, Sharding(
+            ids=list(dict.fromkeys(q.video_id for q in ready)), finish=finish, log_key="key",
+            work=lambda work, videos: _work(work, mine(videos), pin, catalog),
+            log_keys=lambda videos: {c.key for c in cfg.plan().calls(mine(videos))}), shard)
     with stage_folder(out) as work:
-        item_log = ItemLog(work / "items.jsonl", key="key", validate=_valid_entry)
-        done = {rec["key"]: rec for rec in item_log.read()}
-        failures: dict[str, str] = {}
-        ready: list[Question] = []
-        for q in questions:
-            q.frames = frames.get(q.video_id, [])
-            if not q.frames:
-                failures[q.uid] = f"no key frames for video {q.video_id}"
-            else:
-                ready.append(q)
-
-        calls = mode.calls(ready)
-        pending = [c for c in calls if c.key not in done]
-        stats: dict[str, Any] = {"calls_made": 0, "calls_failed": 0, "calls_skipped": 0, "retries": 0,
-                                 "structured_output_refused": 0}
-        errors: dict[str, str] = {}
-        if pending:
-            backend_cfg = cfg.backend.model_copy(update={"max_new_tokens": cfg.max_new_tokens})
-            backend: Backend = make_backend(backend_cfg, catalog=catalog)
-            try:
-                runner = _Runner(backend, item_log, done, cfg.structured_output,
-                                 send_after_failure=cfg.on_failure == "keep_placeholder")
-                runner.total = len(calls)
-                size = _chunk_size(backend_cfg)
-                runner.run([c for c in pending if c.kind != QUESTION_PHASE], size, cfg.max_new_tokens)
-                runner.run([c for c in pending if c.kind == QUESTION_PHASE], size,
-                           cfg.question_max_new_tokens)
-            finally:
-                backend.close()
-            errors = runner.errors
-            stats.update(
-                calls_made=runner.made,
-                calls_failed=runner.failed,
-                calls_skipped=runner.skipped,
-                retries=len(getattr(backend, "retry_log", [])),
-                structured_output_refused=int(bool(getattr(backend, "structured_output_refused", False))),
-            )
-
-        summary = write_outputs(work, mode, ready, calls, done, errors, failures, len(questions),
-                                 cfg.question_label, cfg.on_failure)
-        summary.update(stats)
-        summary["structured_output"] = cfg.structured_output
-        summary["reply_format"] = cfg.reply_format
-        summary["on_failure"] = cfg.on_failure
-        # A question kept on a placeholder counts against the limit as a dropped one does.
-        check_failed_fraction(STAGE, summary["failed"] + summary["questions_with_placeholder"], len(questions),
-                              cfg.max_failed_fraction,
-                              f"reasons {summary['reasons']}; see failures.parquet{server_hint(cfg, summary)}")
-        check_actions(cfg, summary, work)
+        summary = _finish(work, questions, ready, failures, cfg, _work(work, ready, cfg, catalog))
         write_summary(work, summary)
     return summary
 
@@ -351,5 +395,6 @@ def run_perception(catalog: Path, keyframes: Path, out: Path, cfg: PerceptionCon
 def run_stage(out: Path, config: dict[str, Any], inputs: dict[str, str],
               mlflow_run_id: str | None = None) -> dict[str, Any]:
     """The pipeline's entry point: the perceiver's text for every question."""
-    return run_perception(Path(inputs["catalog"]), Path(inputs["keyframes"]), out,
-                          PerceptionConfig.model_validate(config))
+    cfg = PerceptionConfig.model_validate(config)
+    return run_perception(Path(inputs["catalog"]), Path(inputs["keyframes"]), out, cfg,
+                          parse_selection(inputs.get(SHARD_INPUT), cfg.shards))

@@ -1,0 +1,107 @@
+"""A stage's shards on its work pool: one flow run of the stage's deployment per shard.
+
+A stage whose recipe sets ``shards: N`` (key frames, perception, evaluation) is sent to its
+pool as N flow runs of its own deployment, each told its shard (``shard="2/4"``), so they run
+at once on as many workers as the pool has. The dispatching flow waits for all of them, then
+sends the stage itself, whose run finds every shard finished and only merges them into the
+stage folder (and records the stage's MLflow run with each shard's counts). A finished shard
+is not sent again; one that failed, or whose worker died, is sent again by the next run and
+resumes from its own log.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from embodied_r.config import Recipe
+from embodied_r.io import is_complete
+from embodied_r.pipeline import StagePlan, execute, plan
+from embodied_r.shards import SHARD_INPUT, parse_selection, shard_folder
+from embodied_r.stage_kinds import kind_of
+from flows.runner import StageRunFailed, run_deployment_of, scoped_env
+
+
+class ShardRunFailed(StageRunFailed):
+    """A shard's flow run, sent to the stage's work pool, did not complete."""
+
+
+def shard_count(sp: StagePlan) -> int:
+    """How many shards the recipe asks of a stage (1: not split)."""
+    return int(sp.config.get("shards") or 1)
+
+
+def unfinished(stages: dict[str, StagePlan], names: list[str]) -> tuple[int, list[int]]:
+    """The shard count of stages ``names`` (one kind) and the 0-based shards not yet finished
+    for some unfinished stage among them."""
+    count = max((shard_count(stages[n]) for n in names), default=1)
+    if count <= 1:
+        return count, []
+    open_stages = [Path(stages[n].out) for n in names if shard_count(stages[n]) == count and not stages[n].complete]
+    return count, [i for i in range(count) if any(not is_complete(shard_folder(out, i, count)) for out in open_stages)]
+
+
+def run_shard(recipe: Recipe, root: Path, kind: str, shard: str) -> dict[str, Any]:
+    """What a shard's flow run does: shard ``shard`` ("INDEX/COUNT") of every unfinished stage
+    of ``kind`` that is split in COUNT shards. No MLflow run: the merge records the stage."""
+    stages = plan(recipe, root)
+    done: dict[str, Any] = {}
+    with scoped_env(EMBODIED_R_HOME=str(root)):
+        for name, sp in stages.items():
+            if sp.kind != kind or sp.complete:
+                continue
+            parse_selection(shard, shard_count(sp))  # a shard the recipe does not have: one clear line
+            done[name] = execute(replace(sp, inputs={**sp.inputs, SHARD_INPUT: shard}))
+    return {"shard": shard, "stages": done}
+
+
+def dispatch_shards(deployment: str, kind: str, stages: dict[str, StagePlan], names: list[str],
+                    parameters: dict[str, Any], poll_seconds: float = 2.0) -> list[str]:
+    """A flow run of ``deployment`` for each unfinished shard of stages ``names``; waits for
+    all, then raises naming every shard that did not complete. Returns the shard runs' names."""
+    from prefect.client.orchestration import get_client
+    from prefect.deployments import run_deployment
+
+    count, todo = unfinished(stages, names)
+    if not todo:
+        return []
+    runs = {i: run_deployment(deployment, parameters={**parameters, "shard": f"{i + 1}/{count}"}, timeout=0)
+            for i in todo}
+    ended: dict[int, Any] = {}
+    with get_client(sync_client=True) as client:
+        while len(ended) < len(runs):
+            for i, run in runs.items():
+                if i not in ended:
+                    now = client.read_flow_run(run.id)
+                    if now.state is not None and now.state.is_final():
+                        ended[i] = now
+            if len(ended) < len(runs):
+                time.sleep(poll_seconds)
+    failed = [f"shard {i + 1} (flow run {r.name}: {r.state.type.value} {r.state.message or ''})".strip()
+              for i, r in sorted(ended.items()) if not r.state.is_completed()]
+    if failed:
+        raise ShardRunFailed(f"stage {kind!r}: {len(failed)} of {count} shards did not complete: "
+                             f"{'; '.join(failed)}. The finished shards are kept; run again and only the "
+                             "others are sent")
+    return [r.name for _, r in sorted(ended.items())]
+
+
+def dispatch_kind(kind: str, stages: dict[str, StagePlan], names: list[str], parameters: dict[str, Any]) -> str:
+    """Stages ``names`` of ``kind`` through the kind's deployment: their unfinished shards
+    first, each a flow run of its own, then the run that merges them and records the stages
+    (the only run of a stage not split). Returns that run's name."""
+    dispatch_shards(kind_of(kind).deployment, kind, stages, names, parameters)
+    return run_deployment_of(kind, parameters)
+
+
+def dispatch_stage(recipe_ref: str, kind: str, root: Path, overrides: dict[str, Any] | None = None,
+                   parent_run_id: str | None = None) -> str:
+    """One stage kind of a recipe through its deployment, as the full pipeline sends it."""
+    from embodied_r.config import load_recipe
+
+    stages = plan(load_recipe(recipe_ref, overrides), root)
+    names = [n for n, sp in stages.items() if sp.kind == kind]
+    return dispatch_kind(kind, stages, names, {"recipe": recipe_ref, "overrides": overrides, "home": str(root),
+                                               "mlflow_parent_run_id": parent_run_id})
