@@ -11,21 +11,15 @@ test file's order) are the same whatever N is. A rerun with another N reuses eve
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 from typing import Any, Callable
 
 from embodied_r.interactive.environment import Environment
 from embodied_r.interactive.episode import EpisodeConfig, Generate, run_episodes
 from embodied_r.io import ItemLog
+from embodied_r.shards import shard_of  # the pipeline's rule: a hash of the id
 
 KEY = "identity"
-
-
-def shard_of(identity: Any, shards: int) -> int:
-    """The shard of a task: a hash of its identity, the same in every process and Python."""
-    digest = hashlib.sha256(str(identity).encode()).digest()
-    return int.from_bytes(digest[:8], "big") % shards
 
 
 def shard_log(work: Path, shard: int, shards: int) -> ItemLog:
