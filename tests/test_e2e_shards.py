@@ -150,8 +150,11 @@ def test_perception_shards_on_two_workers(tmp_path: Path, monkeypatch: pytest.Mo
         # 2. Again from nothing, with workers whose flow runs stop after one call more than the
         # smaller shard has: only the larger shard gets there. Its worker is SIGKILLed once the
         # other shard is done.
+        # The first workers must be gone before the stalling ones start: one still shutting
+        # down after a SIGTERM can take a new flow run, which then never stalls.
         for w in first:
-            os.killpg(w.pid, signal.SIGTERM)
+            os.killpg(w.pid, signal.SIGKILL)
+            w.wait()
         subprocess.run(["rm", "-rf", str(out)], check=True)
         marker, stall = tmp_path / "stalled", min(needed) + 1
         workers = start_workers(2, {STALL_ENV: f"perception:{stall}", STALL_MARKER_ENV: str(marker)}, "b")

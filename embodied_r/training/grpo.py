@@ -182,6 +182,15 @@ def peft_config(lora: LoraSettings | None) -> Any:
                       target_modules=lora.target_modules, init_lora_weights=lora.init_lora_weights)
 
 
+def run_counts(trainer: Any, start_step: int, seconds: float) -> dict[str, Any]:
+    """A trainer run's steps and time, counted the same way in every trainer child's result: a
+    resumed run's seconds per step are over the steps it ran itself."""
+    steps = int(trainer.state.global_step)
+    here = max(steps - start_step, 0)
+    return {"steps": steps, "steps_this_run": here, "resumed_from_step": start_step, "seconds": round(seconds, 3),
+            "seconds_per_step": round(seconds / here, 4) if here else None}
+
+
 def save_trained_model(trainer: Any, work: Path, lora: bool) -> None:
     """Full weights and tokenizer in ``work/model``, loadable by the next stage and by
     evaluation as they are. With LoRA the adapter goes to ``work/adapter`` and its
@@ -290,15 +299,9 @@ def main(spec_path: str) -> int:
         if close is not None:
             close()
 
-    steps = int(trainer.state.global_step)
-    steps_here = max(steps - start_step, 0)
     reward_names = [getattr(f, "__name__", type(f).__name__) for f in funcs]
     result = {
-        "steps": steps,
-        "steps_this_run": steps_here,
-        "resumed_from_step": start_step,
-        "seconds": round(seconds, 3),
-        "seconds_per_step": round(seconds / steps_here, 4) if steps_here else None,
+        **run_counts(trainer, start_step, seconds),
         **timer.split(seconds),
         "train_records": len(dataset),
         **schedule_figures(trainer.state, stage.epochs, cfg.max_steps_per_stage, offset),

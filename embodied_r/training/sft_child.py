@@ -25,6 +25,7 @@ from embodied_r.training.grpo import (
     last_checkpoint,
     peft_config,
     read_records,
+    run_counts,
     save_trained_model,
 )
 from embodied_r.training.callbacks import drop_raw_log_printers, sft_step_callback
@@ -115,15 +116,9 @@ def main(spec_path: str) -> int:
     seconds = time.monotonic() - started
     save_trained_model(trainer, work, lora=cfg.lora is not None)
 
-    steps = int(trainer.state.global_step)
-    steps_here = max(steps - start_step, 0)
     losses = [e["loss"] for e in trainer.state.log_history if isinstance(e.get("loss"), (int, float))]
     result = {
-        "steps": steps,
-        "steps_this_run": steps_here,
-        "resumed_from_step": start_step,
-        "seconds": round(seconds, 3),
-        "seconds_per_step": round(seconds / steps_here, 4) if steps_here else None,
+        **run_counts(trainer, start_step, seconds),
         "train_records": len(examples),
         "too_long": too_long,
         "epochs": cfg.epochs,
