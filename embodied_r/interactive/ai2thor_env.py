@@ -271,7 +271,8 @@ class AI2ThorEnvironment:
             return self._done(self._move_forward(), "move_forward", "something blocks the way.")
         if obj is None:
             return self._refuse(f"{action} needs an object.")
-        if self._item(obj) is None:
+        item = self._item(obj)
+        if item is None:
             return self._refuse(f"there is no {obj} in this room.")
         if not self.legality.allows(action, obj):
             why = "not navigable from here" if action == "navigate to" else "not available for interaction here"
@@ -280,7 +281,7 @@ class AI2ThorEnvironment:
             if not self._navigate(obj):
                 return self._refuse(f"{obj} cannot be reached.")
             return self._done(True, f"navigate_{obj}")
-        oid = self._item(obj)["objectId"]
+        oid = item["objectId"]
         if action == "toggle":
             state = bool(self._object(oid).get("isToggled"))
             self.c.step(action="ToggleObjectOff" if state else "ToggleObjectOn", objectId=oid, forceAction=False)

@@ -15,19 +15,6 @@ from typing import Any, Callable
 from embodied_r.interactive.environment import Environment
 
 
-def make_environment(kind: str, **kwargs: Any) -> Environment:
-    """``builtin`` (the CPU household stand-in) or ``ai2thor`` (needs the extra and a GPU)."""
-    if kind == "builtin":
-        from embodied_r.interactive.household import HouseholdEnvironment
-
-        return HouseholdEnvironment(**kwargs)
-    if kind == "ai2thor":
-        from embodied_r.interactive.ai2thor_env import AI2ThorEnvironment
-
-        return AI2ThorEnvironment(**kwargs)
-    raise ValueError(f"unknown environment {kind!r}; choose builtin or ai2thor")
-
-
 class ControllerPool:
     """Controllers lent to one episode at a time; ``stop`` ends them all."""
 
@@ -70,8 +57,12 @@ class EnvironmentMaker:
 
     def __call__(self) -> Environment:
         if self.pool is None:
-            return make_environment("builtin")
-        return make_environment("ai2thor", controller=self.pool.take(), poses=self.poses, release=self.pool.give)
+            from embodied_r.interactive.household import HouseholdEnvironment
+
+            return HouseholdEnvironment()
+        from embodied_r.interactive.ai2thor_env import AI2ThorEnvironment
+
+        return AI2ThorEnvironment(controller=self.pool.take(), poses=self.poses, release=self.pool.give)
 
     def close(self) -> None:
         if self.pool is not None:

@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from embodied_r.interactive import prompts
 from embodied_r.interactive.actions import Decision, Matcher, parse_decision
 from embodied_r.interactive.environment import Environment
-from embodied_r.interactive.metrics import episode_metrics, extra_metrics
+from embodied_r.interactive.metrics import all_metrics
 from embodied_r.interactive.tasks import key_actions, step_limit
 
 
@@ -160,10 +160,10 @@ class Episode:
     def result(self) -> dict[str, Any]:
         keys = key_actions(self.task)
         scored = [{k: v for k, v in s.items() if k != "images"} for s in self.trajectory]
+        main, extra = all_metrics(self.task, scored, keys)
         return {"identity": self.task["identity"], "tasktype": self.task["tasktype"], "scene": self.task["scene"],
                 "stop": self.stop, "steps": self.steps, "key_actions": keys, "trajectory": scored,
-                "dropped": self.dropped, **episode_metrics(self.task, scored, keys),
-                **extra_metrics(self.task, scored, keys)}
+                "dropped": self.dropped, **main, **extra}
 
 
 def conversation(messages: list[dict[str, str]], images: list[str]) -> list[dict[str, Any]]:
@@ -185,16 +185,23 @@ def conversation(messages: list[dict[str, str]], images: list[str]) -> list[dict
 Generate = Callable[[list[list[dict[str, Any]]]], list[str | None]]
 
 
+def embedding_matcher(cfg: EpisodeConfig) -> Any:
+    """The embedding matcher the config names, loaded once for a whole run; None for the string rule."""
+    if cfg.matcher != "embedding":
+        return None
+    from embodied_r.interactive.matching import EmbeddingMatcher
+
+    return EmbeddingMatcher(cfg.embedding_model, cfg.embedding_threshold)
+
+
 def run_episodes(tasks: list[dict[str, Any]], make_env: Callable[[], Environment], generate: Generate,
                  out: Path, cfg: EpisodeConfig, on_done: Callable[[Episode], None] | None = None,
-                 batch: int = 8) -> list[Episode]:
-    """Run every task's episode, ``batch`` at a time in lockstep; ``on_done`` fires per episode."""
+                 batch: int = 8, match: Any = None) -> list[Episode]:
+    """Run every task's episode, ``batch`` at a time in lockstep; ``on_done`` fires per episode.
+    ``match`` is a matcher already loaded (``embedding_matcher``); without one it is loaded here."""
     finished: list[Episode] = []
-    match = None
-    if cfg.matcher == "embedding" and tasks:
-        from embodied_r.interactive.matching import EmbeddingMatcher
-
-        match = EmbeddingMatcher(cfg.embedding_model, cfg.embedding_threshold)  # loaded once per run
+    if match is None and tasks:
+        match = embedding_matcher(cfg)
     for start in range(0, len(tasks), batch):
         running = [Episode(t, make_env(), Path(out) / str(t["identity"]), cfg, match=match)
                    for t in tasks[start:start + batch]]

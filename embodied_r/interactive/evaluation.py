@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from embodied_r.interactive.environment import Environment
-from embodied_r.interactive.episode import EpisodeConfig, Generate, run_episodes
+from embodied_r.interactive.episode import EpisodeConfig, Generate, embedding_matcher, run_episodes
 from embodied_r.io import ItemLog
 from embodied_r.shards import shard_of  # the pipeline's rule: a hash of the id
 
@@ -47,12 +47,14 @@ def evaluate_cases(cases: list[dict[str, Any]], make_env: Callable[[], Environme
     finished: dict[str, dict[str, Any]] = {}
     for path in sorted(work.glob("results.shard-*-of-*.jsonl")):
         finished.update({str(r[KEY]): r for r in ItemLog(path, key=KEY).read() if "success" in r})
-    done: dict[str, dict[str, Any]] = {}
     ran = 0
+    by_shard: dict[int, list[dict[str, Any]]] = {}
+    for c in cases:
+        by_shard.setdefault(shard_of(c[KEY], shards), []).append(c)
+    match = embedding_matcher(cfg) if any(str(c[KEY]) not in finished for c in cases) else None
     for shard in range(shards):
         log = shard_log(work, shard, shards)
-        mine = [c for c in cases if shard_of(c[KEY], shards) == shard]
-        todo = [c for c in mine if str(c[KEY]) not in finished]
+        todo = [c for c in by_shard.get(shard, []) if str(c[KEY]) not in finished]
 
         def record(episode: Any, log: ItemLog = log) -> None:
             row = {**episode.result(), "messages": episode.messages}
@@ -62,10 +64,10 @@ def evaluate_cases(cases: list[dict[str, Any]], make_env: Callable[[], Environme
                 on_done(row)
 
         if todo:
-            run_episodes(todo, make_env, generate, work / "episodes", cfg, on_done=record, batch=batch)
+            run_episodes(todo, make_env, generate, work / "episodes", cfg, on_done=record, batch=batch,
+                         match=match)
             ran += len(todo)
-        done.update({k: finished[k] for k in (str(c[KEY]) for c in mine)})
-    return [done[str(c[KEY])] for c in cases], ran
+    return [finished[str(c[KEY])] for c in cases], ran
 
 
 def _text(message: dict[str, Any]) -> str:

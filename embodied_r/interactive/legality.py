@@ -88,11 +88,13 @@ def navigable_now(seen: Iterable[Seen]) -> list[str]:
     return list(dict.fromkeys(s.type for s in ranked))
 
 
-def interactions_now(seen: Iterable[Seen], container: Iterable[str]) -> list[str]:
-    """Types the agent may act on now: navigable from here, or visible in the container."""
+def interactions_now(seen: Iterable[Seen], container: Iterable[str],
+                     near: Iterable[str] | None = None) -> list[str]:
+    """Types the agent may act on now: navigable from here (``near``, when already worked
+    out by ``navigable_now``), or visible in the container."""
     inside = set(container)
     seen = list(seen)
-    near = set(navigable_now(seen))
+    near = set(navigable_now(seen) if near is None else near)
     return list(dict.fromkeys(s.type for s in seen if s.type in near or (s.visible and s.type in inside)))
 
 
@@ -113,12 +115,13 @@ class Legality:
         ``observe`` grows the navigable list at each of its three views and takes the
         interactions once, at the heading it turns back to."""
         seen = list(seen)
+        near = navigable_now(seen) if navigable or interactions else []
         if navigable:
-            for kind in navigable_now(seen):
+            for kind in near:
                 if kind not in self.navigable:
                     self.navigable.append(kind)
         if interactions:
-            self.interactions = interactions_now(seen, self.container)
+            self.interactions = interactions_now(seen, self.container, near)
 
     def enter(self, contents: Iterable[str]) -> None:
         """The agent navigated to a receptacle holding these types."""

@@ -42,8 +42,13 @@ METRICS = ("success", "efficiency", "completeness", "completeness_ordered", "rep
 _UNSCORED = ("init", "observe", "move forward", "navigate to", "error")
 
 
+def scoring_actions(key_actions: list[str]) -> list[str]:
+    """The key actions that score, in order: all but navigation, observing and moving."""
+    return [k for k in key_actions if not any(v in k for v in NON_INTERACTIVE)]
+
+
 def total_reward(key_actions: list[str]) -> int:
-    return sum(1 for k in key_actions if not any(v in k for v in NON_INTERACTIVE))
+    return len(scoring_actions(key_actions))
 
 
 def _named(action: str, item: str | None) -> str:
@@ -53,16 +58,37 @@ def _named(action: str, item: str | None) -> str:
 def episode_metrics(task: dict[str, Any], trajectory: list[dict[str, Any]],
                     key_actions: list[str]) -> dict[str, float]:
     """``{"success", "efficiency", "completeness"}`` of one episode (see the module doc)."""
-    reward, _ = _score(task, trajectory, key_actions)
-    total = total_reward(key_actions)
+    return all_metrics(task, trajectory, key_actions)[0]
+
+
+def extra_metrics(task: dict[str, Any], trajectory: list[dict[str, Any]],
+                  key_actions: list[str]) -> dict[str, float]:
+    """``{"completeness_ordered", "repeat_rate", "key_action_steps"}`` (see the module doc)."""
+    return all_metrics(task, trajectory, key_actions)[1]
+
+
+def all_metrics(task: dict[str, Any], trajectory: list[dict[str, Any]],
+                key_actions: list[str]) -> tuple[dict[str, float], dict[str, float]]:
+    """``episode_metrics`` and ``extra_metrics`` of one episode, its trajectory scored once."""
+    reward, scored = _score(task, trajectory, key_actions)
+    ordered = scoring_actions(key_actions)
+    total = len(ordered)
     if total == 0:
         raise ValueError(f"task {task.get('identity')} has no scoring key action (not even 'end')")
     success = int(reward / total)
-    return {
+    main = {
         "success": success,
         "efficiency": (len(key_actions) + 1) / len(trajectory) if success else 0.0,
         "completeness": reward / total,
     }
+    if task["tasktype"] == "single_search":
+        completeness_ordered = reward / total
+    else:
+        completeness_ordered = lcs_length(scored, ordered) / total
+    visited = [s.get("object") for s in trajectory if s["action"] == "navigate to"]
+    repeat = (len(visited) - len(set(visited))) / len(visited) if visited else 0.0
+    return main, {"completeness_ordered": completeness_ordered, "repeat_rate": repeat,
+                  "key_action_steps": key_action_steps(task, key_actions)}
 
 
 def lcs_length(a: list[str], b: list[str]) -> int:
@@ -83,23 +109,6 @@ def key_action_steps(task: dict[str, Any], key_actions: list[str]) -> int:
 
 def step_bucket(steps: int) -> str:
     return str(steps) if steps < 9 else "9+"
-
-
-def extra_metrics(task: dict[str, Any], trajectory: list[dict[str, Any]],
-                  key_actions: list[str]) -> dict[str, float]:
-    """``{"completeness_ordered", "repeat_rate", "key_action_steps"}`` (see the module doc)."""
-    reward, scored = _score(task, trajectory, key_actions)
-    ordered = [k for k in key_actions if not any(v in k for v in NON_INTERACTIVE)]
-    if not ordered:
-        raise ValueError(f"task {task.get('identity')} has no scoring key action (not even 'end')")
-    if task["tasktype"] == "single_search":
-        completeness_ordered = reward / len(ordered)
-    else:
-        completeness_ordered = lcs_length(scored, ordered) / len(ordered)
-    visited = [s.get("object") for s in trajectory if s["action"] == "navigate to"]
-    repeat = (len(visited) - len(set(visited))) / len(visited) if visited else 0.0
-    return {"completeness_ordered": completeness_ordered, "repeat_rate": repeat,
-            "key_action_steps": key_action_steps(task, key_actions)}
 
 
 def _score(task: dict[str, Any], trajectory: list[dict[str, Any]],

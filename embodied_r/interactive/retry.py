@@ -23,8 +23,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from PIL import Image
-
 from embodied_r.backends.images import load_image
 
 Conversation = list[dict[str, Any]]

@@ -16,6 +16,7 @@ from typing import Any
 from embodied_r.backends.base import BackendConfig
 from embodied_r.backends.models import resolve_model
 from embodied_r.interactive.catalog import read_test_cases, read_trajectories
+from embodied_r.interactive.env_factory import EnvironmentMaker
 from embodied_r.interactive.episode import EpisodeConfig, run_episodes
 from embodied_r.interactive.evaluation import evaluate_cases
 from embodied_r.interactive.metrics import aggregate, flat_metrics, table2
@@ -38,13 +39,6 @@ def _generator(backend_cfg: dict[str, Any], model: str, retry: bool = False):
         return replies(backend.generate, conversations, cfg.max_pixels, retry)
 
     return backend, generate
-
-
-def _environment(kind: str, original_checkout: str | None = None):
-    from embodied_r.interactive.env_factory import EnvironmentMaker
-
-    # One environment, and for AI2-THOR one controller, per running episode.
-    return EnvironmentMaker(kind, original_checkout)
 
 
 def run_sft_stage(out: Path, config: dict[str, Any], inputs: dict[str, str],
@@ -105,7 +99,7 @@ def run_explore_stage(out: Path, config: dict[str, Any], inputs: dict[str, str],
                 # In the evaluation's texts: with a prompts file, the original's, which the
                 # hub's trajectories (and so the stage-1 model) are written in.
                 texts = (config.get("episode") or {}).get("texts")
-                episodes = run_episodes(tries, _environment("builtin"), generate, work / "rollouts",
+                episodes = run_episodes(tries, EnvironmentMaker("builtin"), generate, work / "rollouts",
                                         EpisodeConfig(texts=texts))
             finally:
                 backend.close()
@@ -132,7 +126,8 @@ def run_evaluate_stage(out: Path, config: dict[str, Any], inputs: dict[str, str]
     cases = read_test_cases(Path(inputs["catalog"]))[: ev.get("limit") or None]
     started = time.monotonic()
     with stage_folder(out) as work:
-        make_env = _environment(ev["environment"], ev.get("original_checkout"))
+        # One environment, and for AI2-THOR one controller, per running episode.
+        make_env = EnvironmentMaker(ev["environment"], ev.get("original_checkout"))
         backend, generate = _generator(config["backend"], inputs["model"], episode.retry_long_context)
         try:
             results, ran = evaluate_cases(cases, make_env, generate, work, episode,
