@@ -244,3 +244,11 @@ def parse_override(text: str) -> dict[str, Any]:
         first = " ".join(str(getattr(exc, "problem", None) or exc).split())
         raise RecipeError(f"override {text!r}: the value is not valid YAML ({first}); quote it or fix it") from None
     return node
+
+
+def parse_overrides(pairs: list[str]) -> dict[str, Any]:
+    """Every ``--set`` pair merged in order into one nested dict (a later pair wins)."""
+    merged: dict[str, Any] = {}
+    for pair in pairs:
+        merged = deep_merge(merged, parse_override(pair))
+    return merged

@@ -32,15 +32,6 @@ def _setup_env(home: str | None) -> None:
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
 
-def _overrides(pairs: list[str]) -> dict[str, Any]:
-    from embodied_r.config import deep_merge, parse_override
-
-    merged: dict[str, Any] = {}
-    for pair in pairs:
-        merged = deep_merge(merged, parse_override(pair))
-    return merged
-
-
 def seed_overrides(seed: int) -> dict[str, Any]:
     """What ``demo --seed`` changes: the trainers' seeds (initial sampling, data order and
     rollouts), not the synthetic benchmark's, so every seed learns from the same questions."""
@@ -49,9 +40,9 @@ def seed_overrides(seed: int) -> dict[str, Any]:
 
 def _all_overrides(args: argparse.Namespace) -> dict[str, Any]:
     """``--set`` pairs, plus ``--source DIR`` as a local mirror of the benchmarks."""
-    from embodied_r.config import deep_merge
+    from embodied_r.config import deep_merge, parse_overrides
 
-    merged = _overrides(args.set)
+    merged = parse_overrides(args.set)
     if getattr(args, "seed", None) is not None:
         merged = deep_merge(merged, seed_overrides(args.seed))
     if getattr(args, "source", None):

@@ -64,11 +64,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _recipe(args: argparse.Namespace, download: dict[str, Any], catalog: dict[str, Any] | None = None):
     """The recipe with ``--set`` pairs applied, then this command's own options."""
-    from embodied_r.config import deep_merge, load_recipe, parse_override
+    from embodied_r.config import deep_merge, load_recipe, parse_overrides
 
-    over: dict[str, Any] = {}
-    for pair in args.set:
-        over = deep_merge(over, parse_override(pair))
+    over = parse_overrides(args.set)
     if args.benchmarks:
         download = {**download, "benchmarks": [b.strip() for b in args.benchmarks.split(",") if b.strip()]}
     return load_recipe(args.recipe, deep_merge(over, {"download": download, "catalog": catalog or {}}))

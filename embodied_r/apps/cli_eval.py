@@ -22,12 +22,9 @@ from embodied_r.evaluation.registry import CHAMPION, CHAMPION_URI
 
 
 def _recipe(args: argparse.Namespace) -> Any:
-    from embodied_r.config import deep_merge, load_recipe, parse_override
+    from embodied_r.config import load_recipe, parse_overrides
 
-    merged: dict[str, Any] = {}
-    for pair in args.set:
-        merged = deep_merge(merged, parse_override(pair))
-    return load_recipe(args.recipe, merged or None)
+    return load_recipe(args.recipe, parse_overrides(args.set) or None)
 
 
 def _root() -> Path:

@@ -35,15 +35,6 @@ def register(subparsers: Any) -> None:
     e.set_defaults(handler=cmd_reasoner_eval)
 
 
-def _overrides(pairs: list[str]) -> dict[str, Any]:
-    from embodied_r.config import deep_merge, parse_override
-
-    out: dict[str, Any] = {}
-    for pair in pairs:
-        out = deep_merge(out, parse_override(pair))
-    return out
-
-
 def is_reasoner_recipe(name_or_path: str) -> bool:
     """A shipped reasoner recipe's name, or a YAML file with the reasoner's sections."""
     import yaml
@@ -62,11 +53,11 @@ def validate_reasoner(args: argparse.Namespace) -> int:
     (``prompts.source``) are in what ``--show`` prints."""
     from pydantic import ValidationError
 
-    from embodied_r.config import RecipeError
+    from embodied_r.config import RecipeError, parse_overrides
     from embodied_r.interactive.recipe import load
 
     try:
-        recipe = load(args.recipe, _overrides(args.set))
+        recipe = load(args.recipe, parse_overrides(args.set))
     except ValidationError as exc:
         wrong = "; ".join(f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors())
         raise RecipeError(f"recipe {args.recipe!r} does not validate: {wrong}") from None
@@ -103,18 +94,19 @@ def _print_metrics(summary: dict[str, Any]) -> None:
 
 def cmd_reasoner(args: argparse.Namespace) -> int:
     from embodied_r import paths
+    from embodied_r.config import parse_overrides
     from embodied_r.interactive.recipe import load, plan
     from flows.reasoner import embodied_reasoner
 
     # A bad recipe fails before Prefect starts; planning here also hashes the code once,
     # before Prefect's threads run (CPython 3.11's ast.parse is not safe beside them).
-    recipe = load(args.recipe, _overrides(args.set))
+    recipe = load(args.recipe, parse_overrides(args.set))
     plan(recipe, paths.home())
     if not args.only or any("evaluate" in stage for stage in args.only):
         _check_matcher(recipe)
     started = time.time()
     result = embodied_reasoner(recipe=args.recipe, only=args.only, refresh=args.refresh,
-                               overrides=_overrides(args.set) or None, home=str(paths.home()))
+                               overrides=parse_overrides(args.set) or None, home=str(paths.home()))
     print(f"\nEmbodied-Reasoner pipeline done in {time.time() - started:.1f} s.")
     for name, out in result["stages"].items():
         print(f"  {name:26s} {out}")
@@ -127,11 +119,12 @@ def cmd_reasoner(args: argparse.Namespace) -> int:
 
 def cmd_reasoner_eval(args: argparse.Namespace) -> int:
     from embodied_r import paths
+    from embodied_r.config import parse_overrides
     from embodied_r.interactive.recipe import load
     from embodied_r.interactive.stages import run_evaluate_stage
     from embodied_r.interactive.tasks import load_test_cases
 
-    recipe = load(args.recipe, _overrides(args.set))
+    recipe = load(args.recipe, parse_overrides(args.set))
     _check_matcher(recipe)
     out = Path(args.out or paths.home() / "reasoner-eval" / time.strftime("%Y%m%d-%H%M%S"))
     catalog = out / "tests"

@@ -36,11 +36,11 @@ def _updates(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_sft(args: argparse.Namespace) -> int:
-    from embodied_r.apps.cli import _overrides
+    from embodied_r.config import parse_overrides
     from embodied_r.config import load_recipe
     from embodied_r.lifecycle.sft_baseline import sft_baseline, sft_config_for
 
-    recipe = load_recipe(args.recipe, _overrides(args.set) or None)
+    recipe = load_recipe(args.recipe, parse_overrides(args.set) or None)
     cfg = sft_config_for(recipe, **_updates(args))
     started = time.time()
     result = sft_baseline(recipe, cfg, init_model=args.model, refresh=args.refresh)
