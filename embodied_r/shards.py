@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from embodied_r.io import is_complete, partial_path, read_summary, stage_folder, write_summary
+from embodied_r.io import is_complete, partial_path, read_summary, stage_folder, write_summary, write_text_atomic
 
 log = logging.getLogger(__name__)
 
@@ -76,10 +76,9 @@ def parse_selection(text: str | None, count: int) -> int | None:
 def pinned(backend: Any, index: int | None) -> Any:
     """The backend config of a shard that runs on its own (a flow run of one shard, beside the
     others): its calls all go to server ``index`` mod the number of servers
-    (``BackendConfig.pin``), so N shards spread over N servers. Shards run one after another
-    (``index`` None) keep every server. A config without servers to choose from is kept as is."""
-    pin = getattr(backend, "pin", None)
-    return backend if index is None or pin is None else pin(index)
+    (``BackendConfig.pin``, which keeps a config without servers as it is), so N shards spread
+    over N servers. Shards run one after another (``index`` None) keep every server."""
+    return backend if index is None else backend.pin(index)
 
 
 def where() -> str:
@@ -235,9 +234,7 @@ def _seed(log: Path, source: Path, key: str, own: set[str]) -> None:
         if line.endswith("\n") and isinstance(entry, dict) and str(entry.get(key)) in own:
             kept.append(line)
     if kept:
-        tmp = log.with_name(f".{log.name}.{uuid.uuid4().hex}.tmp")
-        tmp.write_text("".join(kept), encoding="utf-8")
-        os.replace(tmp, log)
+        write_text_atomic(log, "".join(kept))
 
 
 def _move_entries(src: Path, dst: Path) -> None:

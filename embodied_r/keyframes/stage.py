@@ -186,7 +186,8 @@ def _work(videos: list[tuple[str, str]], work: Path, cfg: KeyframeConfig) -> dic
         log.append(record)
         progress.update("keyframes", len(done) + n, len(videos))  # counted once logged
         item_done("keyframes")
-    ended = [r for r in log.read() if r["video_id"] in dict(videos)]
+    ids = {v for v, _ in videos}
+    ended = [r for r in log.read() if r["video_id"] in ids]
     return {"workers": workers, "done": sum(1 for r in ended if r["status"] == "done"),
             "failed": sum(1 for r in ended if r["status"] != "done")}
 
