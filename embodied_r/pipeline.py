@@ -52,9 +52,11 @@ def plan(recipe: Recipe, root: Path | None = None) -> dict[str, StagePlan]:
               keyed=result_settings(recipe.perception))
     conv = add("convert", "convert", ["preprocess", "perception"], recipe.records.model_dump(mode="json"),
                {"catalog": catalog_file, "perception": per.out}, keyed=result_settings(recipe.records))
+    evaluation, evaluation_keyed = _evaluation_config(recipe)
     if recipe.evaluation.model is not None:
         # A given model (the authors' released weights): no warm start, no training.
-        _evaluate_given(recipe, add, conv)
+        add("evaluate", "evaluate", ["convert"], evaluation,
+            {"records": conv.out, "model": str(recipe.evaluation.model)}, keyed=evaluation_keyed)
         return stages
     # The trainer's interpreter travels as an input, not in the config it validates.
     training = recipe.training.model_dump(mode="json", exclude={"stages", "python"})
@@ -85,11 +87,6 @@ def plan(recipe: Recipe, root: Path | None = None) -> dict[str, StagePlan]:
         model = str(Path(sp.out) / "model")
         prev = [sp.name]
     model = recipe.evaluated_model(model)
-    evaluation = recipe.evaluation.model_dump(mode="json")
-    evaluation_keyed = result_settings(recipe.evaluation)
-    if evaluation["max_prompt_length"] is None:
-        # The model is asked at test time with prompts cut as it was trained on them.
-        evaluation["max_prompt_length"] = evaluation_keyed["max_prompt_length"] = recipe.training.max_prompt_length
     baselines: dict[str, str] = {}
     if recipe.evaluation.compare_baselines:
         # The same test questions answered before any training and after the warm start,
@@ -109,14 +106,16 @@ def plan(recipe: Recipe, root: Path | None = None) -> dict[str, StagePlan]:
     return stages
 
 
-def _evaluate_given(recipe: Recipe, add: Any, conv: StagePlan) -> None:
-    """The evaluate stage of a recipe whose ``evaluation.model`` names the model to evaluate."""
+def _evaluation_config(recipe: Recipe) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The evaluate stages' config, and the part of it that keys them."""
     evaluation = recipe.evaluation.model_dump(mode="json")
     keyed = result_settings(recipe.evaluation)
     if evaluation["max_prompt_length"] is None:
+        # The model is asked at test time with prompts cut as it was trained on them.
         evaluation["max_prompt_length"] = keyed["max_prompt_length"] = recipe.training.max_prompt_length
-    add("evaluate", "evaluate", ["convert"], evaluation, {"records": conv.out, "model": str(recipe.evaluation.model)},
-        keyed=keyed)
+    return evaluation, keyed
+
+
 def _add_unplaced(recipe: Recipe, builder: PlanBuilder) -> None:
     """A kind of the table that the graph above does not place runs after the stages of the
     kinds it reads, given their folders by stage name and its recipe section when the recipe
@@ -128,9 +127,9 @@ def _add_unplaced(recipe: Recipe, builder: PlanBuilder) -> None:
             continue
         deps = [name for name, sp in builder.stages.items() if sp.kind in kind.reads]
         has_config = isinstance(section, BaseModel)
-        builder.add(kind.name, kind.name, deps, section.model_dump(mode="json") if has_config else {},
-                    {d: builder.stages[d].out for d in deps}, keyed=result_settings(section) if has_config else {},
-                    extra=extra_key(kind.name, section.model_dump(mode="json") if has_config else {}))
+        config = section.model_dump(mode="json") if has_config else {}
+        builder.add(kind.name, kind.name, deps, config, {d: builder.stages[d].out for d in deps},
+                    keyed=result_settings(section) if has_config else {}, extra=extra_key(kind.name, config))
 
 
 _NO_SECTION = object()
