@@ -152,11 +152,11 @@ def finish_parent(tracker: Tracker, stages: dict[str, StagePlan], cached: list[s
     evaluate = stages.get("evaluate")
     final = read_summary(Path(evaluate.out)) if evaluate and is_complete(Path(evaluate.out)) else {}
     parent = tracker.parent_run_id
+    selected = selected or list(stages)
     tracker.log_metrics(parent, mlflow_runs.parent_metrics(final))
-    has_curves = mlflow_runs.log_reward_curves(tracker, stages, selected or list(stages))
+    has_curves = mlflow_runs.log_reward_curves(tracker, stages, selected)
     if evaluate is not None:
         tracker.log_artifacts(parent, [Path(evaluate.out) / "reward_curves.png"])
-    selected = selected or list(stages)
     status = mlflow_runs.cache_status(selected, cached)
     run = tracker.client.get_run(parent)
     children = mlflow_runs.stage_run_ids(tracker)
