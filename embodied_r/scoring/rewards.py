@@ -252,7 +252,7 @@ class ConsistencyReward:
         asked: list[int] = []
         conversations: list[list[dict[str, str]]] = []
         policy_answers: dict[int, str | float] = {}
-        self._thinks: dict[int, tuple[str, str]] = {}  # asked completions: (reasoning, answer type)
+        thinks: dict[int, tuple[str, str]] = {}  # asked completions: (reasoning, answer type)
         for i, text in enumerate(texts):
             think = extract_think(text)
             answer = _policy_answer(text, answer_types[i], _n_options(options[i]), self.parser)
@@ -272,7 +272,7 @@ class ConsistencyReward:
             )
             asked.append(i)
             policy_answers[i] = answer
-            self._thinks[i] = (think, answer_types[i])
+            thinks[i] = (think, answer_types[i])
 
         if log_metric is not None:
             log_metric("consistency/asked", float(len(asked)))
@@ -287,16 +287,18 @@ class ConsistencyReward:
             generations = backend.generate(conversations)
         except Exception as exc:  # noqa: BLE001 - any failure of the reference is "unknown"
             log.warning("consistency reward: reference model failed (%s); %s", exc, self._down_words())
-            return self._log_skipped(self._unreachable(rewards, policy_answers, log_metric), log_metric), replies
+            down = self._unreachable(rewards, policy_answers, thinks, log_metric)
+            return self._log_skipped(down, log_metric), replies
         if len(generations) != len(asked) or all(g.error for g in generations):
             first = next((g.error for g in generations if g.error), "wrong number of replies")
             log.warning("consistency reward: reference model unreachable (%s); %s", first, self._down_words())
-            return self._log_skipped(self._unreachable(rewards, policy_answers, log_metric), log_metric), replies
+            down = self._unreachable(rewards, policy_answers, thinks, log_metric)
+            return self._log_skipped(down, log_metric), replies
 
         failed = 0
         for i, generation in zip(asked, generations):
             if generation.error:
-                rewards[i] = self._down_value(i, policy_answers[i])
+                rewards[i] = self._down_value(thinks[i], policy_answers[i])
                 failed += 1
                 continue
             reference = _reference_answer(generation.text, answer_types[i], _n_options(options[i]),
@@ -322,26 +324,28 @@ class ConsistencyReward:
             log_metric("consistency/skipped_ratio", skipped / len(rewards) if rewards else 0.0)
         return rewards
 
-    def _down_value(self, i: int | None = None, answer: str | float | None = None) -> float | None:
+    def _down_value(self, asked: tuple[str, str] | None = None, answer: str | float | None = None) -> float | None:
         # Unknown, not wrong: a made-up 0 would punish the policy for the reference's outage,
         # and falling back to the policy itself would let it grade its own reasoning. The
         # official code did both ("zero", "think_last_letter"); each is reproduced as a named value.
-        if self.when_down == "think_last_letter" and i is not None:
-            think, answer_type = self._thinks[i]
+        # ``asked``: the completion's (reasoning, answer type), for the fallback to read.
+        if self.when_down == "think_last_letter" and asked is not None:
+            think, answer_type = asked
             return think_fallback_reward(think, answer, answer_type)
-        return 0.0 if self.when_down in ("zero", "think_last_letter") else None
+        return 0.0 if self.when_down == "zero" else None
 
     def _down_words(self) -> str:
         return {"unscored": "rewards left unscored", "zero": "rewards scored 0",
                 "think_last_letter": "rewards scored from the reasoning's last letter"}[self.when_down]
 
     def _unreachable(self, rewards: list[float | None], policy_answers: dict[int, str | float],
+                     thinks: dict[int, tuple[str, str]],
                      log_metric: Callable[[str, float], None] | None) -> list[float | None]:
         if log_metric is not None:
             log_metric("consistency/reference_unreachable", 1.0)
         if self.when_down == "think_last_letter":
             # Per asked completion; the others keep their 0 (no reasoning, no answer, wrong).
-            return [self._down_value(i, policy_answers[i]) if i in policy_answers else r
+            return [self._down_value(thinks[i], policy_answers[i]) if i in policy_answers else r
                     for i, r in enumerate(rewards)]
         return [self._down_value()] * len(rewards)
 

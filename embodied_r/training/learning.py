@@ -65,8 +65,7 @@ def _last(history: list[dict[str, Any]], key: str) -> float | None:
 
 
 def _history_mean(history: list[dict[str, Any]], key: str) -> float | None:
-    values = [float(e[key]) for e in history if isinstance(e.get(key), (int, float)) and math.isfinite(e[key])]
-    return sum(values) / len(values) if values else None
+    return _mean([float(e[key]) for e in history if isinstance(e.get(key), (int, float)) and math.isfinite(e[key])])
 
 
 def result_figures(history: list[dict[str, Any]], reward_names: list[str]) -> dict[str, Any]:

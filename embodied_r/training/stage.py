@@ -40,10 +40,15 @@ def chain_spec(records: Path, init_model: str, stage: GRPOStageConfig, cfg: Trai
     if cfg.stage_chain != "resume":
         return {}
     state, initial = chain_source(init_model)
+    steps = stage_steps(records, chain or [stage], cfg)
+    return {"state": state, "initial_model": initial, "schedule_steps": chain_schedule_steps(steps)}
+
+
+def stage_steps(records: Path, stages: list[GRPOStageConfig], cfg: TrainingConfig) -> list[int]:
+    """The optimizer steps each of ``stages`` is planned to take on the records' train split."""
     rows = pq.read_metadata(Path(records) / "train.parquet").num_rows
     prompts = max(completions_per_step(cfg) // cfg.num_generations, 1)
-    steps = [planned_steps(rows, s.epochs, prompts, cfg.max_steps_per_stage) for s in (chain or [stage])]
-    return {"state": state, "initial_model": initial, "schedule_steps": chain_schedule_steps(steps)}
+    return [planned_steps(rows, s.epochs, prompts, cfg.max_steps_per_stage) for s in stages]
 
 
 def completions_per_step(cfg: TrainingConfig) -> int:
@@ -89,9 +94,7 @@ def existing_checkpoints(out: Path) -> int:
 def check_stage_disk(records: Path, init_model: str, out: Path, stage: GRPOStageConfig,
                      cfg: TrainingConfig) -> None:
     """Fail before training when the stage's checkpoints would not fit on the disk."""
-    rows = pq.read_metadata(Path(records) / "train.parquet").num_rows
-    steps = planned_steps(rows, stage.epochs, max(completions_per_step(cfg) // cfg.num_generations, 1),
-                          cfg.max_steps_per_stage)
+    (steps,) = stage_steps(records, [stage], cfg)
     # A resume chain keeps each stage's last checkpoint (chain_state/) for the next one.
     check_disk(out, init_model, cfg, steps, f"training stage {stage.name!r}", existing_checkpoints(out),
                kept_after=1 if cfg.stage_chain == "resume" else 0)

@@ -15,7 +15,6 @@ records results, so this keeps no state of its own.
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
 import time
@@ -25,7 +24,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from embodied_r.paths import home  # noqa: E402
-from embodied_r.training.environment import LOG_NAME, SPEC_NAME, read_accelerate_config  # noqa: E402
+from embodied_r.faults import PARENT_PID_ENV  # noqa: E402
+from embodied_r.training.environment import LOG_NAME, SPEC_NAME, _child_env, read_accelerate_config  # noqa: E402
 
 LAUNCH = "accelerate.commands.launch"
 MARK = "$ "
@@ -87,12 +87,10 @@ class Follower:
 
 
 def child_env() -> dict[str, str]:
-    # As the stage gives its trainer (environment._child_env), without what belongs to the
-    # main node: the parent to watch is this node's launcher, and rank 0 alone logs to MLflow.
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
-    for name in ("EMBODIED_R_PARENT_PID", "MLFLOW_RUN_ID"):
-        env.pop(name, None)
+    # As the stage gives its trainer, without what belongs to the main node: the parent to
+    # watch is this node's launcher, and rank 0 alone logs to MLflow.
+    env = _child_env(None)
+    env.pop(PARENT_PID_ENV, None)
     return env
 
 
