@@ -20,12 +20,12 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from embodied_r.backends.models import build_atomically, resolve_model
+from embodied_r.backends.models import VLM_CLASSES, build_atomically, resolve_model
 from embodied_r.paths import home
 
 log = logging.getLogger(__name__)
 
-VL_MODEL_TYPES = {"qwen2_5_vl", "qwen2_vl"}
+VL_MODEL_TYPES = frozenset(VLM_CLASSES)  # the VL checkpoints whose text model a policy starts from
 # The text model's keys in a Qwen2.5-VL checkpoint, in the hub's layout and in the layout
 # recent transformers keep in memory; the vision tower's keys are dropped.
 _PREFIXES = (("model.language_model.", "model."), ("model.", "model."), ("lm_head.", "lm_head."))
