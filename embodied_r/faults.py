@@ -27,8 +27,10 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import threading
-from typing import Literal
+from contextlib import contextmanager
+from typing import Iterator, Literal
 
 ErrorKind = Literal["infra", "item"]
 
@@ -145,6 +147,23 @@ def check_failed_fraction(stage: str, failed: int, total: int, limit: float, det
 
 
 PARENT_PID_ENV = "EMBODIED_R_PARENT_PID"
+
+
+@contextmanager
+def children_deaf_to_ctrl_c() -> Iterator[None]:
+    """Children started inside this block are born with SIGINT blocked.
+
+    A terminal's Ctrl-C reaches the whole process group, children included, and a child
+    still importing its modules (a spawned key-frame worker, a trainer loading torch) has not
+    yet reached ``die_with_parent``'s ignore: it would die printing a traceback of its own
+    under the run's one line. A blocked signal mask is inherited across fork and exec, so the
+    child never sees the terminal's Ctrl-C; the parent, which does, ends it. Only the calling
+    thread's mask changes, and a Ctrl-C that lands meanwhile waits, it is not lost."""
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 
 def die_with_parent(parent_pid: int | None = None, poll_s: float = 1.0) -> None:

@@ -311,6 +311,33 @@ def test_children_die_with_a_killed_parent(tmp_path: Path) -> None:
     assert not Path(f"/proc/{child}").exists() or "Z" in _state(child)
 
 
+STARTING = ("import sys, time; print('importing', flush=True); time.sleep(3); "
+            "print('imported', flush=True)")
+
+
+@pytest.mark.parametrize("deaf", [True, False])
+def test_a_child_still_importing_survives_the_terminals_ctrl_c(deaf: bool) -> None:
+    """The race a Ctrl-C to the process group used to lose: a child started inside
+    ``children_deaf_to_ctrl_c`` that is still importing (before any handler of its own) is
+    not killed with a traceback; the same child started outside it is."""
+    from contextlib import nullcontext
+
+    from embodied_r.faults import children_deaf_to_ctrl_c
+
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    with children_deaf_to_ctrl_c() if deaf else nullcontext():
+        child = subprocess.Popen([sys.executable, "-c", STARTING], stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, text=True)
+    assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == before  # the parent's own mask is back
+    assert child.stdout.readline().strip() == "importing"
+    child.send_signal(signal.SIGINT)
+    out, err = child.communicate(timeout=30)
+    if deaf:
+        assert (child.returncode, out.strip(), err) == (0, "imported", "")
+    else:
+        assert child.returncode != 0 and "KeyboardInterrupt" in err
+
+
 def _state(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
+import signal
 import struct
 import textwrap
 from pathlib import Path
@@ -198,6 +200,26 @@ def test_stage_records_bad_videos_and_finishes_the_rest(tmp_path, videos):
     assert cv2.imread(str(out / "montage.jpg")) is not None
     assert json.loads((out / "summary.json").read_text())["done"] == 3
     assert run_keyframes(catalog, out, KeyframeConfig(workers=2)) == summary  # complete: not redone
+
+
+def test_pool_workers_are_born_deaf_to_ctrl_c(tmp_path, videos):
+    """Each pool worker has SIGINT blocked from its first instruction (it inherits the mask),
+    so a terminal's Ctrl-C while it still imports cannot print a traceback under the run's
+    one line; the parent ends it."""
+    from embodied_r.apps.reaper import descendants
+    from embodied_r.keyframes.stage import _process_all
+
+    todo = [("static", str(videos["static"])), ("pan", str(videos["pan"]))]
+    records = _process_all(todo, tmp_path, KeyframeConfig(), None, workers=2, threads=1)
+    next(records)
+    workers = [pid for pid in descendants(os.getpid())
+               if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    blocked = {pid: int(re.search(r"^SigBlk:\s*([0-9a-f]+)", Path(f"/proc/{pid}/status").read_text(), re.M)
+                        .group(1), 16) for pid in workers}
+    list(records)
+    assert len(workers) == 2
+    assert all(mask & (1 << (signal.SIGINT - 1)) for mask in blocked.values()), blocked
+    assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, [])
 
 
 def test_missing_catalog_names_the_fix(tmp_path):

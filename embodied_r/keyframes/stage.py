@@ -29,7 +29,7 @@ import pyarrow.parquet as pq
 
 from embodied_r import schemas
 from embodied_r import progress
-from embodied_r.faults import item_done
+from embodied_r.faults import children_deaf_to_ctrl_c, item_done
 from embodied_r.io import (ItemLog, is_complete, read_summary, stage_folder, table_from_records,
                            write_parquet_atomic, write_summary)
 from embodied_r.keyframes.extract import KeyframeConfig, extract_keyframes
@@ -168,7 +168,8 @@ def _process_all(todo: list[tuple[str, str]], work: Path, cfg: KeyframeConfig, c
     ctx = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_init_worker,
                              initargs=(threads, os.getpid())) as pool:
-        futures = [pool.submit(_process_video, vid, path, str(work), cfg, cache) for vid, path in todo]
+        with children_deaf_to_ctrl_c():  # the pool starts its workers as tasks are submitted
+            futures = [pool.submit(_process_video, vid, path, str(work), cfg, cache) for vid, path in todo]
         for fut in as_completed(futures):
             yield fut.result()
 

@@ -22,6 +22,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from embodied_r import progress
+from embodied_r.faults import children_deaf_to_ctrl_c
 from embodied_r.io import read_json, write_json_atomic
 from embodied_r.settings import operational
 from embodied_r.training.multinode import main_node_args
@@ -248,8 +249,9 @@ def _stream(cmd: list[str], env: dict[str, str], log_path: Path, what: str = "tr
     step report becomes one compact line (the full report stays in the log)."""
     with open(log_path, "a", encoding="utf-8") as log_file:
         log_file.write(f"$ {' '.join(cmd)}\n")
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True, errors="replace", bufsize=1)
+        with children_deaf_to_ctrl_c():
+            proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    text=True, errors="replace", bufsize=1)
         try:
             assert proc.stdout is not None
             for line in proc.stdout:
