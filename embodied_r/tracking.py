@@ -52,7 +52,7 @@ def safe_params(config: dict[str, Any]) -> dict[str, str]:
 # The MLflow UI groups charts by the name's first segment, one group per concern, and lists the
 # groups alphabetically: timings go under a name after ``reward`` so a training run opens on its
 # rewards (eval, the one group before it, is never logged by a training run).
-METRIC_GROUPS = ("train", "reward", "eval", "timing", "summary")
+METRIC_GROUPS = ("train", "reward", "val", "eval", "timing", "summary")
 # The experiment kind that makes MLflow 3's UI open an experiment on its run list.
 EXPERIMENT_KIND = {"mlflow.experimentKind": "custom_model_development"}
 EXPERIMENT_NOTE = (
@@ -111,13 +111,21 @@ def headline_metrics(final: dict[str, Any]) -> dict[str, float]:
 
 
 _TIMING_KEYS = {"train_runtime", "train_samples_per_second", "train_steps_per_second", "step_time",
-              "total_flos", "train_loss"}
+              "total_flos", "train_loss", "runtime", "samples_per_second", "steps_per_second"}
 _EVAL_PREFIXES = ("consistency/", "count/", "parsed/", "response_tokens/")
 
 
 def trainer_metric_name(key: str) -> str:
     """Where one of the trainer's per-step log keys goes: ``reward/...``, ``timing/...`` or
-    ``train/...`` (TRL's flat names otherwise land in one catch-all chart group)."""
+    ``train/...`` (TRL's flat names otherwise land in one catch-all chart group). TRL's
+    validation pass logs the same names behind ``eval_``: they go to ``val/`` under the same
+    names (``val/reward/total``, ``val/loss``), its timings to ``timing/eval_...``."""
+    if key.startswith("eval_"):
+        inner = trainer_metric_name(key[len("eval_"):])
+        group, rest = inner.split("/", 1)
+        if group == "timing":
+            return f"timing/eval_{rest}"
+        return f"val/{rest}" if group == "train" else f"val/{inner}"
     if key == "reward":
         return "reward/total"
     if key == "reward_std":

@@ -23,11 +23,19 @@ def test_trainer_metrics_fall_into_named_groups() -> None:
     assert trainer_metric_name("kl") == "train/kl"
     assert trainer_metric_name("completions/mean_length") == "train/completions/mean_length"
     assert trainer_metric_name("profiling/Time taken: GRPOTrainer._calculate_rewards").startswith("timing/")
+    # TRL's validation pass (``eval_steps``): its own group, never mixed into the training charts.
+    assert trainer_metric_name("eval_reward") == "val/reward/total"
+    assert trainer_metric_name("eval_rewards/accuracy_reward/mean") == "val/reward/accuracy"
+    assert trainer_metric_name("eval_loss") == "val/loss"
+    assert trainer_metric_name("eval_completions/mean_length") == "val/completions/mean_length"
+    assert trainer_metric_name("eval_runtime") == "timing/eval_runtime"
+    assert trainer_metric_name("eval_samples_per_second") == "timing/eval_samples_per_second"
     assert stage_metric_name("accuracy/overall") == "accuracy/overall"  # the run list's column
     assert stage_metric_name("count/overall") == "eval/count/overall"
     assert stage_metric_name("final_reward") == "summary/final_reward"
     assert stage_metric_name("seconds_per_step") == "timing/seconds_per_step"
-    for key in ("loss", "grad_norm", "entropy", "step_time", "reward_std", "epoch", "rewards/x/mean"):
+    for key in ("loss", "grad_norm", "entropy", "step_time", "reward_std", "epoch", "rewards/x/mean",
+                "eval_reward", "eval_kl", "eval_runtime"):
         assert trainer_metric_name(key).split("/", 1)[0] in METRIC_GROUPS
 
 
