@@ -18,7 +18,7 @@ import pytest
 from embodied_r.config import load_recipe
 from embodied_r.io import write_json_atomic
 from embodied_r.settings import result_settings
-from embodied_r.training.environment import LOG_NAME, PROJECT_ROOT, SPEC_NAME, num_processes, \
+from embodied_r.training.environment import LOG_NAME, PROJECT_ROOT, SPEC_NAME, launch_line, num_processes, \
     read_accelerate_config, resolve_config_file
 from embodied_r.training.multinode import MAIN_ADDR_ENV
 from tests.killing import cut_short, write_checkpoints
@@ -63,7 +63,7 @@ def _launch(work: Path, cmd: list[str]) -> None:
     work.mkdir(parents=True, exist_ok=True)
     write_json_atomic(work / SPEC_NAME, {"work": str(work)})
     with open(work / LOG_NAME, "a") as log:
-        log.write(f"$ {' '.join(cmd)}\n")
+        log.write(launch_line(cmd))
 
 
 def _touch_later(path: Path) -> None:
@@ -75,7 +75,7 @@ def _touch_later(path: Path) -> None:
 def test_the_other_node_joins_each_launch_of_the_main_node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     follow = _follow()
     monkeypatch.setenv(MAIN_ADDR_ENV, "10.1.2.3")
-    stages = tmp_path / "stages"
+    stages = tmp_path / "a home with spaces" / "stages"  # paths come back whole
     two_nodes = load_recipe("paper-16gpu").training
     one_node = load_recipe("paper-8gpu").training
     old = stages / "train" / "old.partial"
@@ -91,7 +91,7 @@ def test_the_other_node_joins_each_launch_of_the_main_node(tmp_path: Path, monke
     write_json_atomic(stage1 / SPEC_NAME, {})
     assert follower.next_launch() is None  # the spec is written; the launch line not yet
     with open(stage1 / LOG_NAME, "a") as log:
-        log.write("warming up\n" + f"$ {' '.join(cmd)}\n")
+        log.write("warming up\n$ not a launch: 'unbalanced\n" + launch_line(cmd))
     spec, found = follower.next_launch()
     assert spec == stage1 / SPEC_NAME and found == cmd
     assert follower.next_launch() is None  # joined once

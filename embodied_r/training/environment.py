@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -30,11 +31,30 @@ from embodied_r.training.multinode import main_node_args
 SPEC_NAME = "spec.json"
 RESULT_NAME = "train_result.json"
 LOG_NAME = "train.log"
+LAUNCH_MARK = "$ "  # a train.log line recording the command run
+
 CHECKPOINTS = "checkpoints"
 ADAPTER = "adapter"
 # The source checkout: relative config paths (infra/...) are also looked up here.
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 TRAIN_PYTHON_ENV = "EMBODIED_R_TRAIN_PYTHON"
+
+
+def launch_line(cmd: list[str]) -> str:
+    """How a stage's log records the command it runs: quoted as a shell reads it, so that a
+    checkout or home path with spaces comes back whole (``launch_command``); the other node's
+    follower replays it from there."""
+    return f"{LAUNCH_MARK}{shlex.join(cmd)}\n"
+
+
+def launch_command(line: str) -> list[str] | None:
+    """The command a ``launch_line`` records, or None for any other line of the log."""
+    if not line.startswith(LAUNCH_MARK):
+        return None
+    try:
+        return shlex.split(line[len(LAUNCH_MARK):])
+    except ValueError:  # a trainer's own output that happens to start the same way
+        return None
 
 
 def resolve_config_file(path: str | Path) -> Path:
@@ -248,7 +268,7 @@ def _stream(cmd: list[str], env: dict[str, str], log_path: Path, what: str = "tr
     """Run ``cmd``, copying its output line by line to ``log_path`` and to our stdout, where a
     step report becomes one compact line (the full report stays in the log)."""
     with open(log_path, "a", encoding="utf-8") as log_file:
-        log_file.write(f"$ {' '.join(cmd)}\n")
+        log_file.write(launch_line(cmd))
         with children_deaf_to_ctrl_c():
             proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                     text=True, errors="replace", bufsize=1)

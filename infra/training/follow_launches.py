@@ -25,10 +25,10 @@ sys.path.insert(0, str(ROOT))
 
 from embodied_r.paths import home  # noqa: E402
 from embodied_r.faults import PARENT_PID_ENV  # noqa: E402
-from embodied_r.training.environment import LOG_NAME, SPEC_NAME, _child_env, read_accelerate_config  # noqa: E402
+from embodied_r.training.environment import (LOG_NAME, SPEC_NAME, _child_env, launch_command,  # noqa: E402
+                                             read_accelerate_config)
 
 LAUNCH = "accelerate.commands.launch"
-MARK = "$ "
 
 
 def launch_lines(log: Path) -> list[list[str]]:
@@ -37,7 +37,8 @@ def launch_lines(log: Path) -> list[list[str]]:
         text = log.read_text(errors="replace")
     except OSError:
         return []
-    return [line[len(MARK):].split() for line in text.splitlines() if line.startswith(MARK) and LAUNCH in line]
+    commands = (launch_command(line) for line in text.splitlines())
+    return [cmd for cmd in commands if cmd and LAUNCH in cmd]
 
 
 def for_rank(cmd: list[str], rank: int) -> list[str]:
