@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from embodied_r.data.catalog import CatalogConfig
 from embodied_r.data.download import DownloadConfig
 from embodied_r.evaluation.config import EvaluationConfig
+from embodied_r.evaluation.registry import MODEL_NAME
 from embodied_r.keyframes.extract import KeyframeConfig
 from embodied_r.perception.stage import PerceptionConfig
 from embodied_r.prompts.store import PromptsConfig, apply_prompts
@@ -35,7 +36,7 @@ class TrackingConfig(BaseModel):
     experiment: str = "embodied-r"
     # None: $MLFLOW_TRACKING_URI, else a SQLite store under the project home.
     tracking_uri: str | None = None
-    registered_model: str = "embodied-r-reasoner"
+    registered_model: str = MODEL_NAME
     # After evaluation, register the trained reasoner (once per model) and give it the
     # champion alias when it beats chance, the warm-started policy (recipes with a warm
     # start) and the current champion on ``promote_split``.
