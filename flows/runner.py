@@ -25,6 +25,7 @@ from embodied_r.shards import shard_paths
 from embodied_r.stage_kinds import kind_of
 from embodied_r.tracking import CACHE_TAG, Tracker, tracking_uri
 from flows import mlflow_runs
+from flows.waiting import wait_for_runs
 from tasks.stages import STAGE_TASKS
 
 
@@ -250,7 +251,8 @@ def run_deployment_of(kind: str, parameters: dict[str, Any]) -> str:
     Returns the child flow run's name."""
     from prefect.deployments import run_deployment
 
-    child = run_deployment(kind_of(kind).deployment, parameters=parameters, timeout=None, poll_interval=2)
+    sent = run_deployment(kind_of(kind).deployment, parameters=parameters, timeout=0)
+    child = wait_for_runs({kind: sent})[kind]
     state = child.state
     if state is None or not state.is_completed():
         raise StageRunFailed(

@@ -5,13 +5,12 @@ pool as N flow runs of its own deployment, each told its shard (``shard="2/4"``)
 at once on as many workers as the pool has. The dispatching flow waits for all of them, then
 sends the stage itself, whose run finds every shard finished and only merges them into the
 stage folder (and records the stage's MLflow run with each shard's counts). A finished shard
-is not sent again; one that failed, or whose worker died, is sent again by the next run and
-resumes from its own log.
+is not sent again; one that failed, or whose worker died (``flows.waiting``), is sent again by
+the next run and resumes from its own log.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from embodied_r.pipeline import StagePlan, execute, plan
 from embodied_r.shards import SHARD_INPUT, parse_selection, shard_folder
 from embodied_r.stage_kinds import kind_of
 from flows.runner import StageRunFailed, run_deployment_of, scoped_env
+from flows.waiting import wait_for_runs
 
 
 class ShardRunFailed(StageRunFailed):
@@ -61,7 +61,6 @@ def dispatch_shards(deployment: str, kind: str, stages: dict[str, StagePlan], na
                     parameters: dict[str, Any], poll_seconds: float = 2.0) -> list[str]:
     """A flow run of ``deployment`` for each unfinished shard of stages ``names``; waits for
     all, then raises naming every shard that did not complete. Returns the shard runs' names."""
-    from prefect.client.orchestration import get_client
     from prefect.deployments import run_deployment
 
     count, todo = unfinished(stages, names)
@@ -69,16 +68,7 @@ def dispatch_shards(deployment: str, kind: str, stages: dict[str, StagePlan], na
         return []
     runs = {i: run_deployment(deployment, parameters={**parameters, "shard": f"{i + 1}/{count}"}, timeout=0)
             for i in todo}
-    ended: dict[int, Any] = {}
-    with get_client(sync_client=True) as client:
-        while len(ended) < len(runs):
-            for i, run in runs.items():
-                if i not in ended:
-                    now = client.read_flow_run(run.id)
-                    if now.state is not None and now.state.is_final():
-                        ended[i] = now
-            if len(ended) < len(runs):
-                time.sleep(poll_seconds)
+    ended = wait_for_runs(runs, poll_seconds)
     failed = [f"shard {i + 1} (flow run {r.name}: {r.state.type.value} {r.state.message or ''})".strip()
               for i, r in sorted(ended.items()) if not r.state.is_completed()]
     if failed:

@@ -17,5 +17,8 @@ esac
 prefect="$venv/bin/prefect"
 [ -x "$prefect" ] || prefect="$(command -v prefect)"   # an environment already on PATH
 export PREFECT_SERVER_ANALYTICS_ENABLED=false
+# Each flow run sends Prefect's heartbeat event: a pipeline waiting on a run whose worker
+# died sees the beats stop and marks it Crashed (flows/waiting.py) instead of waiting for good.
+export PREFECT_FLOWS_HEARTBEAT_FREQUENCY="${PREFECT_FLOWS_HEARTBEAT_FREQUENCY:-30}"
 export EMBODIED_R_CHECKOUT="$here"
 exec "$prefect" worker start --pool "$pool" --type process "$@"

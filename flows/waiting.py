@@ -1,0 +1,86 @@
+"""Waiting on flow runs sent to a work pool, and telling a dead run from a slow one.
+
+A flow run whose worker (or machine) is killed stays ``Running`` on the Prefect server for
+good: nothing is left to report its end. A pipeline waiting on it would wait with it. Flow
+runs started by ``infra/start-worker.sh`` send Prefect's own heartbeat event
+(``prefect.flow-run.heartbeat``, every ``PREFECT_FLOWS_HEARTBEAT_FREQUENCY`` seconds, 30 by
+that script); a run that has sent one and then none for ``EMBODIED_R_DEAD_RUN_AFTER_S``
+seconds (150 by default: five missed beats) is marked ``Crashed`` here, with a message saying
+why, and counts as failed. The stage's work is on disk: the next run sends only what did not
+finish, and it resumes from its log. A run that sends no heartbeats at all (a worker started
+without the setting) is never judged: it is waited on as before.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from datetime import datetime, timezone
+from typing import Any, Hashable, TypeVar
+
+HEARTBEAT_EVENT = "prefect.flow-run.heartbeat"
+DEAD_AFTER_ENV = "EMBODIED_R_DEAD_RUN_AFTER_S"
+DEAD_AFTER_S = 150.0
+
+K = TypeVar("K", bound=Hashable)
+
+
+def dead_after_s() -> float:
+    """Seconds without a heartbeat after which a running flow run is taken for dead."""
+    raw = os.environ.get(DEAD_AFTER_ENV, "").strip()
+    if not raw:
+        return DEAD_AFTER_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if value <= 0:
+        raise ValueError(f"{DEAD_AFTER_ENV}={raw!r}: give a number of seconds above 0, larger than the "
+                         "workers' PREFECT_FLOWS_HEARTBEAT_FREQUENCY (30 by infra/start-worker.sh)")
+    return value
+
+
+def is_dead(running: bool, last_beat: datetime | None, now: datetime, dead_after: float) -> bool:
+    """Whether a flow run is dead: running, it has sent a heartbeat, and none for ``dead_after`` s."""
+    return running and last_beat is not None and (now - last_beat).total_seconds() > dead_after
+
+
+def last_heartbeat(client: Any, run_id: Any) -> datetime | None:
+    """When the flow run last sent a heartbeat, or None when it never did."""
+    from prefect.events.filters import EventFilter, EventNameFilter, EventOrder, EventResourceFilter
+
+    page = client.read_events(filter=EventFilter(
+        event=EventNameFilter(name=[HEARTBEAT_EVENT]),
+        resource=EventResourceFilter(id=[f"prefect.flow-run.{run_id}"]),
+        order=EventOrder.DESC), limit=1)
+    return page.events[0].occurred if page.events else None
+
+
+def wait_for_runs(runs: dict[K, Any], poll_seconds: float = 2.0, dead_after: float | None = None) -> dict[K, Any]:
+    """Wait until every flow run of ``runs`` is final and return them as they ended; a run
+    whose heartbeats stopped is first marked ``Crashed``."""
+    from prefect.client.orchestration import get_client
+    from prefect.states import Crashed
+
+    limit = dead_after_s() if dead_after is None else dead_after
+    ended: dict[K, Any] = {}
+    with get_client(sync_client=True) as client:
+        while len(ended) < len(runs):
+            for key, run in runs.items():
+                if key in ended:
+                    continue
+                now = client.read_flow_run(run.id)
+                state = now.state
+                if state is not None and state.is_final():
+                    ended[key] = now
+                    continue
+                running = state is not None and state.is_running()
+                beat = last_heartbeat(client, run.id) if running else None
+                if is_dead(running, beat, datetime.now(timezone.utc), limit):
+                    client.set_flow_run_state(run.id, Crashed(message=(
+                        f"no heartbeat for over {limit:g} s (last at {beat:%H:%M:%S} UTC): its worker or "
+                        "machine is gone. The finished work is on disk; run again to send it anew")), force=True)
+                    ended[key] = client.read_flow_run(run.id)
+            if len(ended) < len(runs):
+                time.sleep(poll_seconds)
+    return ended
