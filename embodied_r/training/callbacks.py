@@ -112,6 +112,14 @@ def trainer_params(arguments: dict[str, Any]) -> dict[str, Any]:
     return {f"{TRAINER_PARAMS}.{k}": v for k, v in arguments.items()}
 
 
+def log_step_metrics(tracker: Tracker, run_id: str, metrics: dict[str, float], step: int) -> None:
+    """Log one step's figures; a point lost to the tracking server is a warning, never a stop."""
+    try:
+        tracker.log_metrics(run_id, metrics, step=step)
+    except Exception as exc:  # noqa: BLE001 - a lost point must not stop training
+        log.warning("could not log metrics at step %d: %s", step, exc)
+
+
 def sft_step_callback(stage: str, run_id: str | None = None, uri: str | None = None) -> Any:
     """A TrainerCallback that prints ``STEP_MARK {json}`` for each logged SFT step and, with
     ``run_id``, logs the step's figures into that run under the groups of ``trainer_metric_name``
@@ -135,10 +143,7 @@ def sft_step_callback(stage: str, run_id: str | None = None, uri: str | None = N
             if not state.is_world_process_zero or not logs:
                 return
             if tracker is not None:
-                try:
-                    tracker.log_metrics(run_id, metric_batch(logs), step=int(state.global_step))
-                except Exception as exc:  # noqa: BLE001 - a lost point must not stop training
-                    log.warning("could not log metrics at step %d: %s", state.global_step, exc)
+                log_step_metrics(tracker, run_id, metric_batch(logs), int(state.global_step))
             # The end-of-training entry (train_runtime, train_loss) is no step of its own.
             if "loss" not in logs or "train_runtime" in logs:
                 return
@@ -182,16 +187,10 @@ def reporting_callback(stage: str, stage_index: int, offset: int, run_id: str | 
             if is_step:
                 metrics["train/stage"] = float(stage_index)
             if tracker is not None and metrics:
-                self._log_metrics(metrics, offset + step)
+                log_step_metrics(tracker, run_id, metrics, offset + step)
             if is_step and "train_runtime" not in logs:
                 print(STEP_MARK, json.dumps(step_record(metrics, stage, step, total, offset + step)), flush=True)
                 self._sample(step, total)
-
-        def _log_metrics(self, metrics: dict[str, float], step: int) -> None:
-            try:
-                tracker.log_metrics(run_id, metrics, step=step)
-            except Exception as exc:  # noqa: BLE001 - a lost point must not stop training
-                log.warning("could not log metrics at step %d: %s", step, exc)
 
         def _sample(self, step: int, total: int) -> None:
             if self.trainer is None or not table_rows or step in self.table_steps:
