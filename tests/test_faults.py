@@ -325,9 +325,15 @@ def test_a_child_still_importing_survives_the_terminals_ctrl_c(deaf: bool) -> No
     from embodied_r.faults import children_deaf_to_ctrl_c
 
     before = signal.pthread_sigmask(signal.SIG_BLOCK, [])
-    with children_deaf_to_ctrl_c() if deaf else nullcontext():
-        child = subprocess.Popen([sys.executable, "-c", STARTING], stdout=subprocess.PIPE,
-                                 stderr=subprocess.PIPE, text=True)
+    # As a terminal starts a command: a handler here (exec resets it to the default in the
+    # child), never an ignore inherited from a shell that ran the tests in the background.
+    handler = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with children_deaf_to_ctrl_c() if deaf else nullcontext():
+            child = subprocess.Popen([sys.executable, "-c", STARTING], stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True)
+    finally:
+        signal.signal(signal.SIGINT, handler)
     assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == before  # the parent's own mask is back
     assert child.stdout.readline().strip() == "importing"
     child.send_signal(signal.SIGINT)
