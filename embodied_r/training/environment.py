@@ -32,7 +32,6 @@ SPEC_NAME = "spec.json"
 RESULT_NAME = "train_result.json"
 LOG_NAME = "train.log"
 LAUNCH_MARK = "$ "  # a train.log line recording the command run
-
 CHECKPOINTS = "checkpoints"
 ADAPTER = "adapter"
 # The source checkout: relative config paths (infra/...) are also looked up here.
