@@ -18,6 +18,7 @@ the best checkpoint by validation.
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -116,8 +117,11 @@ def last_lr(trainer: Any) -> float:
     return float(trainer.optimizer.param_groups[0]["lr"])
 
 
-def keep_chain_state(work: Path) -> str | None:
-    """Move the newest checkpoint to ``work/chain_state`` for the next stage."""
+def keep_chain_state(work: Path, move: bool) -> str | None:
+    """Put the newest checkpoint in ``work/chain_state`` for the next stage, once the trainer
+    has ended well (till then it is the crashed trainer's resume point): moved when the
+    checkpoints are discarded next anyway, since weights and Adam state are tens of GB for a
+    3B model; copied when they are kept."""
     from embodied_r.training.checkpoints import last_checkpoint
 
     newest, _ = last_checkpoint(work)
@@ -125,7 +129,10 @@ def keep_chain_state(work: Path) -> str | None:
         return None
     target = work / CHAIN_STATE
     shutil.rmtree(target, ignore_errors=True)
-    shutil.copytree(newest, target)
+    if move:
+        os.replace(newest, target)
+    else:
+        shutil.copytree(newest, target)
     return str(target)
 
 

@@ -27,7 +27,6 @@ from embodied_r.training.chain import (
     BEST_METRIC,
     chain_callback,
     keep_best_model,
-    keep_chain_state,
     last_lr,
     load_chain_weights,
     trainer_class,
@@ -293,7 +292,6 @@ def main(spec_path: str) -> int:
     seconds = time.monotonic() - started
     save_trained_model(trainer, work, lora=cfg.lora is not None)
     best = keep_best_model(trainer, work) if cfg.keep_best else {}
-    kept = keep_chain_state(work) if cfg.stage_chain == "resume" and trainer.accelerator.is_main_process else None
     for func in funcs:
         close = getattr(func, "close", None)
         if close is not None:
@@ -315,7 +313,6 @@ def main(spec_path: str) -> int:
         "stage_chain": cfg.stage_chain,
         "chain_initial_model": chain.get("initial_model") or spec["init_model"],
         "reference_model": model,  # TRL's KL reference is built from the policy's model id
-        "chain_state": kept,
         "chain_loaded": chained.loaded,
         "first_learning_rate": chained.first_lr,
         "first_adam_step": chained.first_adam_step,

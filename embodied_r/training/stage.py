@@ -14,7 +14,7 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from embodied_r.io import is_complete, partial_path, read_summary, stage_folder, write_summary
-from embodied_r.training.chain import chain_schedule_steps, chain_source
+from embodied_r.training.chain import chain_schedule_steps, chain_source, keep_chain_state
 from embodied_r.training.config import GRPOStageConfig, TrainingConfig
 from embodied_r.training.disk import check_disk, planned_steps, world_size
 from embodied_r.training.environment import CHECKPOINTS, run_child
@@ -132,6 +132,8 @@ def run_training_stage(records: Path, init_model: str, out: Path, stage: GRPOSta
     with stage_folder(out) as work:
         spec = stage_spec(records, init_model, work, stage, cfg, chain)
         result = run_child("embodied_r.training.grpo", spec, work, cfg, mlflow_run_id, spec["run_name"])
+        result["chain_state"] = (keep_chain_state(work, move=not cfg.keep_checkpoints)
+                                 if cfg.stage_chain == "resume" else None)
         if not cfg.keep_checkpoints:
             shutil.rmtree(work / CHECKPOINTS, ignore_errors=True)
         summary = {
