@@ -10,7 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from embodied_r.backends.base import BackendConfig
 from embodied_r.scoring.config import ScoringConfig
 from embodied_r.settings import operational
-from embodied_r.training.environment import TrainerEnvironment, num_processes, resolve_config_file
+from embodied_r.training.environment import TrainerEnvironment
 from embodied_r.training.grpo_settings import GRPOSettings, accumulation_for, launch_world, owned_names
 
 
@@ -123,9 +123,7 @@ class TrainingConfig(GRPOSettings, TrainerEnvironment):
 
     def world(self) -> int | None:
         """The launch's process count where known before it starts (``launch_world``)."""
-        processes = (num_processes(resolve_config_file(self.accelerate_config))
-                     if self.launcher == "accelerate" and self.accelerate_config else None)
-        return launch_world(self.launcher, processes)
+        return launch_world(self.launcher, self.accelerate_processes())
 
     def accumulation_steps(self, world: int) -> int:
         if self.completions_per_step is None:

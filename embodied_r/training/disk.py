@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from embodied_r.training.environment import TrainerEnvironment, num_processes, resolve_config_file
+from embodied_r.training.environment import TrainerEnvironment
 
 log = logging.getLogger(__name__)
 
@@ -113,9 +113,7 @@ def planned_steps(records: int, epochs: float, per_step: int, max_steps: int | N
 def world_size(env: TrainerEnvironment) -> int:
     """Processes the stage will train in: the accelerate config's, else 1 (more steps, so
     the estimate errs towards more checkpoints)."""
-    if env.launcher == "accelerate" and env.accelerate_config:
-        return num_processes(resolve_config_file(env.accelerate_config))
-    return 1
+    return env.accelerate_processes() or 1
 
 
 def estimate(env: TrainerEnvironment, shapes: dict[str, list[int]], steps: int) -> CheckpointEstimate:

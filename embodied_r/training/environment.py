@@ -160,6 +160,13 @@ class TrainerEnvironment(BaseModel):
         """Whether the trainer runs under DeepSpeed (its accelerate config says so)."""
         return bool(self.accelerate_config) and zero_stage(resolve_config_file(self.accelerate_config)) is not None
 
+    def accelerate_processes(self) -> int | None:
+        """The process count the accelerate config names, or None without one (a launcher
+        of python, or accelerate's own defaults)."""
+        if self.launcher == "accelerate" and self.accelerate_config:
+            return num_processes(resolve_config_file(self.accelerate_config))
+        return None
+
     def bf16_weights(self, bf16: bool) -> bool:
         """Whether the policy's weights load in bfloat16 when training runs in bf16.
 
