@@ -205,6 +205,22 @@ def test_embedding_matcher_loads_a_local_encoder_and_matches_by_first_token_cosi
         EmbeddingMatcher(str(tmp_path / "absent-model"))
 
 
+@pytest.mark.slow  # importing transformers and torch is most of it
+def test_embedding_matcher_embeds_cached_and_new_texts_once_its_cache_is_over_the_limit(tmp_path, monkeypatch):
+    import torch
+
+    from embodied_r.interactive import matching
+
+    folder = _tiny_encoder(tmp_path / "enc")
+    monkeypatch.setattr(matching, "_CACHE_LIMIT", 3)
+    match = matching.EmbeddingMatcher(str(folder))
+    match.embed(["fridge", "apple", "sink", "counter"])  # four distinct texts: over the limit
+    texts = ["apple", "table", "sink", "dining table"]  # two cached, two new
+    got = match.embed(texts)
+    want = matching.EmbeddingMatcher(str(folder)).embed(texts)
+    assert torch.allclose(got, want, atol=1e-5)
+
+
 def test_validate_shows_the_paper_recipes_sampling_failure_policy_and_texts(capsys):
     from embodied_r.apps.cli import main
 

@@ -60,14 +60,15 @@ class EmbeddingMatcher:
         """L2-normalised first-token embeddings, one row per text."""
         import torch
 
+        # Cleared before ``todo`` is taken: a clear after it would drop texts found cached here.
+        if len(self._cache) > _CACHE_LIMIT:
+            self._cache.clear()
         todo = [t for t in dict.fromkeys(texts) if t not in self._cache]
         if todo:
             batch = self.tokenizer(todo, padding=True, truncation=True, max_length=512, return_tensors="pt")
             with torch.no_grad():
                 hidden = self.model(**{k: v.to(self.device) for k, v in batch.items()}).last_hidden_state
             vectors = torch.nn.functional.normalize(hidden[:, 0].float(), dim=-1)
-            if len(self._cache) > _CACHE_LIMIT:
-                self._cache.clear()
             self._cache.update(zip(todo, vectors))
         return torch.stack([self._cache[t] for t in texts])
 
