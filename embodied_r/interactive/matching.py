@@ -73,13 +73,15 @@ class EmbeddingMatcher:
         return torch.stack([self._cache[t] for t in texts])
 
     def scores(self, text: str, types: list[str]) -> list[float]:
-        unique = list(dict.fromkeys(types))
+        return self._cosines(text, list(dict.fromkeys(types)))
+
+    def _cosines(self, text: str, unique: list[str]) -> list[float]:
         return (self.embed(unique) @ self.embed([text])[0]).tolist()
 
     def __call__(self, text: str, types: list[str]) -> str | None:
         unique = list(dict.fromkeys(types))
         if not unique:
             return None
-        sims = self.scores(text, unique)
+        sims = self._cosines(text, unique)
         best = max(range(len(unique)), key=sims.__getitem__)
         return unique[best] if sims[best] > self.threshold else None
