@@ -134,10 +134,7 @@ class AI2ThorEnvironment:
             tried.append(found[0])
         return False
 
-    def _navigate(self, kind: str) -> bool:
-        item = self._item(kind)
-        if item is None:
-            return False
+    def _navigate(self, item: dict[str, Any]) -> bool:
         if item.get("receptacle") and not item.get("openable"):
             inside = item.get("receptacleObjectIds") or []
             related = next((r for r in self.task.get("related_objects") or [] if r in inside), None)
@@ -278,12 +275,12 @@ class AI2ThorEnvironment:
             why = "not navigable from here" if action == "navigate to" else "not available for interaction here"
             return self._refuse(f"{obj} is {why}.")
         if action == "navigate to":
-            if not self._navigate(obj):
+            if not self._navigate(item):
                 return self._refuse(f"{obj} cannot be reached.")
             return self._done(True, f"navigate_{obj}")
         oid = item["objectId"]
         if action == "toggle":
-            state = bool(self._object(oid).get("isToggled"))
+            state = bool(item.get("isToggled"))
             self.c.step(action="ToggleObjectOff" if state else "ToggleObjectOn", objectId=oid, forceAction=False)
         elif action == "pickup":
             self.c.step(action="PickupObject", objectId=oid, forceAction=False, manualInteract=False)
