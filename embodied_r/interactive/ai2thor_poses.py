@@ -138,15 +138,14 @@ def _in_line(obj: dict[str, Any], cands: list[dict[str, Any]], heading: int) -> 
 def navigation_pose(obj: dict[str, Any], interactable: list[dict[str, Any]],
                     tried: list[dict[str, Any]] = ()) -> tuple[dict[str, Any], int] | None:
     """The eight-position search (module doc): ``(pose, heading)`` or None when none is left."""
-    cands = [p for p in interactable if _flat(p, obj["position"]) <= REACH and p not in tried]
-    if not cands:
+    near = [p for p in interactable if _flat(p, obj["position"]) <= REACH and p not in tried]
+    if not near:
         return None
     volume, face = _size(obj)
     if volume <= 0.1 and face <= 1:
-        return _nearest(obj, cands)
+        return _nearest(obj, near)
     heading = min(range(0, 361, 45), key=lambda a: abs(a - round(obj["rotation"]["y"]))) % 360
-    if heading % 90 == 0:
-        cands = _in_line(obj, cands, heading)
+    cands = _in_line(obj, near, heading) if heading % 90 == 0 else near
     sides = [(heading, (heading + 180) % 360), ((heading + 180) % 360, heading)]
     if heading % 90:
         sides += [((heading + 90) % 360, (heading + 270) % 360), ((heading + 270) % 360, (heading + 90) % 360)]
@@ -154,7 +153,7 @@ def navigation_pose(obj: dict[str, Any], interactable: list[dict[str, Any]],
         chosen = _pick_on_line(obj, heading, [p for p in cands if _side(obj, p, side)])
         if chosen is not None:
             return chosen, facing
-    return _nearest(obj, [p for p in interactable if _flat(p, obj["position"]) <= REACH and p not in tried])
+    return _nearest(obj, near)
 
 
 def look_at(camera: dict[str, float], centre: dict[str, float], horizon: float, yaw: float) -> tuple[float, float]:
