@@ -100,13 +100,14 @@ def cmd_reasoner(args: argparse.Namespace) -> int:
 
     # A bad recipe fails before Prefect starts; planning here also hashes the code once,
     # before Prefect's threads run (CPython 3.11's ast.parse is not safe beside them).
-    recipe = load(args.recipe, parse_overrides(args.set))
+    overrides = parse_overrides(args.set)
+    recipe = load(args.recipe, overrides)
     plan(recipe, paths.home())
     if not args.only or any("evaluate" in stage for stage in args.only):
         _check_matcher(recipe)
     started = time.time()
     result = embodied_reasoner(recipe=args.recipe, only=args.only, refresh=args.refresh,
-                               overrides=parse_overrides(args.set) or None, home=str(paths.home()))
+                               overrides=overrides or None, home=str(paths.home()))
     print(f"\nEmbodied-Reasoner pipeline done in {time.time() - started:.1f} s.")
     for name, out in result["stages"].items():
         print(f"  {name:26s} {out}")
