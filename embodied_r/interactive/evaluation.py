@@ -22,9 +22,13 @@ from embodied_r.shards import shard_of  # the pipeline's rule: a hash of the id
 KEY = "identity"
 
 
+def _complete(row: dict[str, Any]) -> bool:
+    """A finished episode's row (the results are grouped by ``tasktype``)."""
+    return "success" in row and "tasktype" in row
+
+
 def shard_log(work: Path, shard: int, shards: int) -> ItemLog:
-    return ItemLog(Path(work) / f"results.shard-{shard}-of-{shards}.jsonl", key=KEY,
-                   validate=lambda r: "success" in r and "tasktype" in r)
+    return ItemLog(Path(work) / f"results.shard-{shard}-of-{shards}.jsonl", key=KEY, validate=_complete)
 
 
 def check_identities(cases: list[dict[str, Any]]) -> None:
@@ -46,7 +50,7 @@ def evaluate_cases(cases: list[dict[str, Any]], make_env: Callable[[], Environme
     work = Path(work)
     finished: dict[str, dict[str, Any]] = {}
     for path in sorted(work.glob("results.shard-*-of-*.jsonl")):
-        finished.update({str(r[KEY]): r for r in ItemLog(path, key=KEY).read() if "success" in r})
+        finished.update({str(r[KEY]): r for r in ItemLog(path, key=KEY).read() if _complete(r)})
     ran = 0
     by_shard: dict[int, list[dict[str, Any]]] = {}
     for c in cases:
