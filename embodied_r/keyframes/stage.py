@@ -174,8 +174,9 @@ def _process_all(todo: list[tuple[str, str]], work: Path, cfg: KeyframeConfig, c
             yield fut.result()
 
 
-def _work(videos: list[tuple[str, str]], work: Path, cfg: KeyframeConfig) -> dict[str, Any]:
-    """Key frames of ``videos`` not yet in the item log of ``work``, each logged as it ends."""
+def _work(videos: list[tuple[str, str]], work: Path, cfg: KeyframeConfig) -> int:
+    """Key frames of ``videos`` not yet in the item log of ``work``, each logged as it ends;
+    the number of worker processes used."""
     log = ItemLog(work / "items.jsonl", key="video_id")
     done = log.done_ids()
     todo = [(v, p) for v, p in videos if v not in done]
@@ -187,10 +188,7 @@ def _work(videos: list[tuple[str, str]], work: Path, cfg: KeyframeConfig) -> dic
         log.append(record)
         progress.update("keyframes", len(done) + n, len(videos))  # counted once logged
         item_done("keyframes")
-    ids = {v for v, _ in videos}
-    ended = [r for r in log.read() if r["video_id"] in ids]
-    return {"workers": workers, "done": sum(1 for r in ended if r["status"] == "done"),
-            "failed": sum(1 for r in ended if r["status"] != "done")}
+    return workers
 
 
 def _finish(work: Path, videos: list[tuple[str, str]], workers: int, seconds: float) -> dict[str, Any]:
@@ -238,15 +236,21 @@ def run_keyframes(catalog: Path, out: Path, cfg: KeyframeConfig | None = None,
     if cfg.shards > 1:
         paths = dict(videos)
 
+        def work_shard(work: Path, mine: list[str]) -> dict[str, Any]:
+            workers = _work([(v, paths[v]) for v in mine], work, cfg)
+            ids = set(mine)
+            ended = [r for r in ItemLog(work / "items.jsonl", key="video_id").read() if r["video_id"] in ids]
+            return {"workers": workers, "done": sum(1 for r in ended if r["status"] == "done"),
+                    "failed": sum(1 for r in ended if r["status"] != "done")}
+
         def finish(work: Path, shards: list[dict[str, Any]]) -> dict[str, Any]:
             return _finish(work, videos, max(s["workers"] for s in shards), sum(s["seconds"] for s in shards))
 
         return run_sharded(out, cfg.shards, Sharding(
-            ids=[v for v, _ in videos], files=("frames",), finish=finish,
-            work=lambda work, mine: _work([(v, paths[v]) for v in mine], work, cfg)), shard)
+            ids=[v for v, _ in videos], files=("frames",), finish=finish, work=work_shard), shard)
     start = time.perf_counter()
     with stage_folder(out) as work:
-        workers = _work(videos, work, cfg)["workers"]
+        workers = _work(videos, work, cfg)
         summary = _finish(work, videos, workers, time.perf_counter() - start)
         write_summary(work, summary)
     return summary
