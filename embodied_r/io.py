@@ -19,7 +19,7 @@ import zipfile
 import zlib
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -117,13 +117,15 @@ def stage_folder(final: Path) -> Iterator[Path]:
         os.replace(work, final)
 
 
-def write_text_atomic(path: Path, text: str) -> None:
-    """``text`` in ``path``, whole or not at all: written aside, synced, then renamed."""
+def write_text_atomic(path: Path, text: str | Iterable[str]) -> None:
+    """``text`` (or its pieces in turn) in ``path``, whole or not at all: written aside, synced,
+    then renamed."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     with open(tmp, "w", encoding="utf-8") as fh:
-        fh.write(text)
+        for piece in [text] if isinstance(text, str) else text:  # a str is one piece, not its characters
+            fh.write(piece)
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)

@@ -24,11 +24,10 @@ import os
 import shutil
 import socket
 import time
-import uuid
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 from embodied_r.io import is_complete, partial_path, read_summary, stage_folder, write_summary, write_text_atomic
 
@@ -208,17 +207,15 @@ def summed(summaries: list[dict[str, Any]], keys: Sequence[str]) -> dict[str, An
 def _gather_logs(work: Path, folders: list[Path]) -> None:
     """The shards' logs as the stage's one log (written aside, then renamed: a crash here
     leaves the shards' logs untouched and the merge is simply done again)."""
-    tmp = work / f".{LOG_NAME}.{uuid.uuid4().hex}.tmp"
-    with open(tmp, "w", encoding="utf-8") as dst:
+    def lines() -> Iterator[str]:
         for folder in folders:
             path = folder / LOG_NAME
             if path.is_file():
                 for line in path.read_text(encoding="utf-8").splitlines(keepends=True):
                     if line.endswith("\n"):
-                        dst.write(line)
-        dst.flush()
-        os.fsync(dst.fileno())
-    os.replace(tmp, work / LOG_NAME)
+                        yield line
+
+    write_text_atomic(work / LOG_NAME, lines())
 
 
 def _seed(log: Path, source: Path, key: str, own: set[str]) -> None:
