@@ -72,14 +72,6 @@ def parse_selection(text: str | None, count: int) -> int | None:
     return number - 1
 
 
-def pinned(backend: Any, index: int | None) -> Any:
-    """The backend config of a shard that runs on its own (a flow run of one shard, beside the
-    others): its calls all go to server ``index`` mod the number of servers
-    (``BackendConfig.pin``, which keeps a config without servers as it is), so N shards spread
-    over N servers. Shards run one after another (``index`` None) keep every server."""
-    return backend if index is None else backend.pin(index)
-
-
 def where() -> str:
     """The machine and process a shard ran in, for the stage's summary."""
     return f"{socket.gethostname()}:{os.getpid()}"

@@ -95,12 +95,14 @@ class BackendConfig(BaseModel):
             return list(self.base_urls)
         return [self.base_url] if self.base_url else []
 
-    def pin(self, index: int) -> "BackendConfig":
+    def pin(self, index: int | None) -> "BackendConfig":
         """This config with server ``index % len(urls())`` alone, so that shard i of a stage
-        sends every call to server i mod n. Only operational fields change: the pinned
-        config keys the same stage folder as the whole list."""
+        run on its own (a flow run of one shard, beside the others) sends every call to server
+        i mod n and N shards spread over N servers. Only operational fields change: the pinned
+        config keys the same stage folder as the whole list. Shards run one after another
+        (``index`` None) keep every server, as does a config without servers."""
         urls = self.urls()
-        if not urls:
+        if index is None or not urls:
             return self
         return self.model_copy(update={"base_url": urls[index % len(urls)], "base_urls": None})
 

@@ -52,7 +52,7 @@ from embodied_r.scoring.metrics import (
 from embodied_r.evaluation.config import EvaluationConfig
 from embodied_r.evaluation.learning import write_learning
 from embodied_r.evaluation.report import write_report
-from embodied_r.shards import SHARD_INPUT, Sharding, parse_selection, pinned, run_sharded, summed
+from embodied_r.shards import SHARD_INPUT, Sharding, parse_selection, run_sharded, summed
 
 def _valid_row(row: dict[str, Any]) -> bool:
     """A logged prediction that can be replayed (see ``io.ItemLog``)."""
@@ -309,7 +309,7 @@ def evaluate_records(
 
         return run_sharded(out, cfg.shards, Sharding(
             ids=list(by_uid), finish=finish, log_key="uid",
-            work=lambda work, mine: _work(work, [by_uid[u] for u in mine], pinned(backend_cfg, shard), cfg,
+            work=lambda work, mine: _work(work, [by_uid[u] for u in mine], backend_cfg.pin(shard), cfg,
                                           conversation, answer_from)), shard)
     started = time.monotonic()
     with stage_folder(out) as work:

@@ -49,7 +49,7 @@ from embodied_r.perception.outputs import check_actions, server_hint, write_outp
 from embodied_r.perception.parse import FrameInfo, video_text
 from embodied_r.perception.prompts import ImageOrder, PerceiverTexts, PromptStyle, ReplyFormat
 from embodied_r.settings import operational
-from embodied_r.shards import SHARD_INPUT, Sharding, parse_selection, pinned, run_sharded, summed
+from embodied_r.shards import SHARD_INPUT, Sharding, parse_selection, run_sharded, summed
 
 log = logging.getLogger(__name__)
 
@@ -381,7 +381,7 @@ def run_perception(catalog: Path, keyframes: Path, out: Path, cfg: PerceptionCon
             run["errors"] = {k: v for s in shards for k, v in s["errors"].items()}
             return _finish(work, questions, ready, failures, cfg, run)
 
-        pin = cfg.model_copy(update={"backend": pinned(cfg.backend, shard)})
+        pin = cfg.model_copy(update={"backend": cfg.backend.pin(shard)})
         return run_sharded(out, cfg.shards, Sharding(
             ids=list(dict.fromkeys(q.video_id for q in ready)), finish=finish, log_key="key",
             work=lambda work, videos: _work(work, mine(videos), pin, catalog),
