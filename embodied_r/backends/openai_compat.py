@@ -201,11 +201,13 @@ class OpenAIBackend:
                 except Exception as exc:
                     failure = exc
                 else:
-                    self._pool.answered(server)
                     try:
-                        return self._generation(data, max_new_tokens)
+                        generation = self._generation(data, max_new_tokens)
                     except Exception as exc:
-                        failure = exc
+                        failure = exc  # the server did answer: no server fault, so counted as answered below
+                    else:
+                        self._pool.answered(server)
+                        return generation
                 reason, requested = self._retry_reason(failure)
                 detail = str(failure) or (
                     f"no reply within {self.cfg.timeout_s:g} s" if reason == "timeout" else "no detail"
@@ -254,7 +256,8 @@ class OpenAIBackend:
             self.retry_log.append((reason, delay))
             log.info("retrying in %.2fs after %s (attempt %d)", delay, reason, attempt + 1)
             attempt += 1
-            # Sleep outside the semaphore so waiting calls do not block fresh ones.
+            # With the server's slot released (above): a call waiting to retry holds no slot,
+            # so fresh calls go out meanwhile.
             await asyncio.sleep(delay)
 
     @staticmethod
