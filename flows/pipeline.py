@@ -24,7 +24,7 @@ from flows.runner import (
 )
 from flows.mlflow_runs import run_url, runs_url
 from flows.prefect_views import flow_run_name, publish_result, tag_flow_run
-from flows.shards import dispatch_kind
+from flows.shards import dispatch_kind, stage_parameters
 
 __all__ = ["StageRunFailed", "embodied_r", "run_dispatched", "stage_deployments_available"]
 
@@ -57,8 +57,7 @@ def run_dispatched(recipe_ref: str, recipe: Recipe, root: Path, refresh: list[st
         tracker = open_tracker(recipe, root, "pipeline", selected, refreshed)
 
     def dispatch(kind: str, names: list[str], parent_run_id: str) -> None:
-        dispatch_kind(kind, stages, names, {"recipe": recipe_ref, "overrides": overrides, "home": str(root),
-                                            "mlflow_parent_run_id": parent_run_id})
+        dispatch_kind(kind, stages, names, stage_parameters(recipe_ref, overrides, root, parent_run_id))
 
     try:
         with scoped_env(MLFLOW_TRACKING_URI=uri):

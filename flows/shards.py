@@ -78,6 +78,13 @@ def dispatch_shards(deployment: str, kind: str, stages: dict[str, StagePlan], na
     return [r.name for _, r in sorted(ended.items())]
 
 
+def stage_parameters(recipe_ref: str, overrides: dict[str, Any] | None, root: Path,
+                     parent_run_id: str | None) -> dict[str, Any]:
+    """The parameters of a stage kind's flow run (and of its shards' runs), as the full
+    pipeline and ``dispatch_stage`` send them."""
+    return {"recipe": recipe_ref, "overrides": overrides, "home": str(root), "mlflow_parent_run_id": parent_run_id}
+
+
 def dispatch_kind(kind: str, stages: dict[str, StagePlan], names: list[str], parameters: dict[str, Any]) -> str:
     """Stages ``names`` of ``kind`` through the kind's deployment: their unfinished shards
     first, each a flow run of its own, then the run that merges them and records the stages
@@ -93,5 +100,4 @@ def dispatch_stage(recipe_ref: str, kind: str, root: Path, overrides: dict[str, 
 
     stages = plan(load_recipe(recipe_ref, overrides), root)
     names = [n for n, sp in stages.items() if sp.kind == kind]
-    return dispatch_kind(kind, stages, names, {"recipe": recipe_ref, "overrides": overrides, "home": str(root),
-                                               "mlflow_parent_run_id": parent_run_id})
+    return dispatch_kind(kind, stages, names, stage_parameters(recipe_ref, overrides, root, parent_run_id))
