@@ -19,7 +19,7 @@ from prefect.context import get_run_context
 
 from embodied_r import progress
 from embodied_r.config import Recipe
-from embodied_r.io import is_complete, read_summary
+from embodied_r.io import is_complete, partial_path, read_summary
 from embodied_r.pipeline import StagePlan, downstream, plan, resolve_stage_name, select_stages
 from embodied_r.shards import shard_paths
 from embodied_r.stage_kinds import kind_of
@@ -33,7 +33,7 @@ def discard(out: Path) -> None:
     """Remove a stage's output so it is recomputed; move aside first so a crash
     mid-delete never leaves a folder that looks complete."""
     # Its shards' folders too, or a refresh would merge their old work again.
-    for path in (out, out.with_name(out.name + ".partial"), *shard_paths(out)):
+    for path in (out, partial_path(out), *shard_paths(out)):
         if path.is_file():
             path.unlink(missing_ok=True)
         elif path.exists():

@@ -121,8 +121,10 @@ def resolve_model_ref(model: str) -> str:
     """A local folder (or hub id) for ``model``: registry URIs, ``hf://`` hub folders and
     ``tiny:*`` are resolved."""
     if not model:
+        from embodied_r.evaluation.registry import CHAMPION_URI
+
         raise ValueError("evaluation: no model given; pass a checkpoint folder, a hub id, tiny:lm "
-                         "or a registry URI such as models:/embodied-r-reasoner@champion")
+                         f"or a registry URI such as {CHAMPION_URI}")
     if model.startswith("models:/"):
         from embodied_r.evaluation.registry import resolve_model_uri
 
