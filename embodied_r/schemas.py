@@ -43,6 +43,9 @@ CATALOG = pa.schema(
         ("answer_type", pa.string()),  # "choice" | "number"
         ("split", pa.string()),  # "train" | "val" | "test"
         ("fold", pa.int32()),
+        # What in the video decides the answer, where the benchmark says (the synthetic one
+        # does: JSON {"kind", "objects"}, synthetic.truth.FACT_KINDS); "" for the real ones.
+        ("fact", pa.string()),
     ]
 )
 
@@ -108,6 +111,8 @@ RECORDS = pa.schema(
         ("solution", pa.string()),  # option letter or number
         ("answer_type", pa.string()),
         ("options", pa.list_(pa.string())),
+        # The catalog's ``fact``: only the warm start's traces read it, never a prompt.
+        ("fact", pa.string()),
     ]
 )
 

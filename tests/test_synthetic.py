@@ -221,3 +221,79 @@ def test_sorted_options_ask_the_same_questions_with_the_same_answers(tmp_path):
     assert [(q, sorted(o), a) for q, o, a in shuffled] == [(q, o, a) for q, o, a in ordered]
     assert all(o == sorted(o) for _, o, _ in ordered)
     assert any(o != sorted(o) for _, o, _ in shuffled)
+
+
+@pytest.fixture(scope="module")
+def fixed_bench(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("fixed")
+    make_synthetic_benchmark(root, SyntheticConfig(seed=3, urban_videos=24, clips_per_scene=2, vsi_scenes=4,
+                                                   seconds=8.0, width=160, height=90, fps=8.0,
+                                                   questions_per_category=2, option_order="fixed", balanced=True))
+    return root
+
+
+def _answers(root: Path) -> list[tuple[str, str, list[str], str]]:
+    """(task, question stem, option texts, answer letter) of every multiple-choice question."""
+    out = []
+    for r in pq.read_table(root / "UrbanVideo-Bench" / "MCQ.parquet").to_pylist():
+        opts = [o[3:] for o in _options(r["question"])]
+        out.append((r["question_category"], r["question"].split("\n")[0], opts, r["answer"]))
+    for r in pq.read_table(root / "VSI-Bench" / "test-00000-of-00001.parquet").to_pylist():
+        if r["options"] is not None:
+            out.append((r["question_type"], r["question"], [o[3:] for o in r["options"]], r["ground_truth"]))
+    return out
+
+
+def test_fixed_options_list_each_closed_set_in_one_order(fixed_bench):
+    """Under ``option_order: fixed`` a task whose answers are a closed set lists the whole set
+    in one order (the landmark's name aside), so an answer always has the same letter."""
+    lists: dict[str, set[tuple[str, ...]]] = {}
+    for task, _, opts, _ in _answers(fixed_bench):
+        generic = tuple(re.sub(r"^The [a-z]+ [a-z]+ is ", "The X is ", o) for o in opts)
+        if task == "Progress Evaluation":  # one step per movement, in one order of movements
+            generic = tuple(re.match(r"I (rise|descend|fly forward|fly backward|turn left|turn right)", o).group(1)
+                            for o in opts)
+        if task == "Counterfactual":
+            generic = tuple(re.sub(r"the [a-z]+ [a-z]+", "X", re.sub(r"turn (left|right)", "turn", o)) for o in opts)
+        lists.setdefault(task, set()).add(generic)
+    for task in ("Action Generation", "Landmark Position", "Progress Evaluation", "Counterfactual",
+                 "object_rel_direction_easy", "object_rel_direction_medium", "object_rel_direction_hard"):
+        assert task in lists and len(lists[task]) == 1, (task, lists.get(task))
+
+
+def test_balanced_answers_leave_no_letter_a_free_win(fixed_bench):
+    """Balanced, the right answers of the closed-set tasks spread over what each can answer:
+    landmarks stand left, ahead and right, the way back round is shorter as often as longer."""
+    from collections import Counter
+
+    answers = _answers(fixed_bench)
+    for task, possible in (("Landmark Position", 3), ("Action Generation", 3), ("Counterfactual", 2)):
+        letters = Counter(a for t, _, _, a in answers if t == task)
+        assert len(letters) == possible, (task, letters)
+        assert max(letters.values()) <= 0.6 * sum(letters.values()), (task, letters)
+
+
+def test_unbalanced_landmarks_mostly_stand_ahead(bench):
+    """The control for the test above: without balancing, where a landmark is at the end of a
+    clip is mostly "ahead", which a reasoner could answer without reading the video."""
+    rows = pq.read_table(bench[0] / "UrbanVideo-Bench" / "MCQ.parquet").to_pylist()
+    lp = [r for r in rows if r["question_category"] == "Landmark Position"]
+    ahead = [r for r in lp if dict((o[0], o[3:]) for o in _options(r["question"]))[r["answer"]].endswith("ahead of me.")]
+    assert len(ahead) > 0.6 * len(lp)
+
+
+def test_every_question_says_what_decides_it(fixed_bench):
+    """``question_facts.parquet``: one row per question, a known kind, about things the
+    question names (its landmark, the objects whose first sightings or places decide it)."""
+    from embodied_r.synthetic.truth import FACT_KINDS, FACTS_FILE
+
+    for sub, ids, text in (("UrbanVideo-Bench", "Question_id", "question"),
+                           ("VSI-Bench", "id", "question")):
+        name = "MCQ.parquet" if sub.startswith("Urban") else "test-00000-of-00001.parquet"
+        rows = {str(r[ids]): r for r in pq.read_table(fixed_bench / sub / name).to_pylist()}
+        facts = pq.read_table(fixed_bench / sub / FACTS_FILE).to_pylist()
+        assert sorted(f["question_id"] for f in facts) == sorted(rows)
+        for f in facts:
+            assert f["kind"] in FACT_KINDS
+            question = rows[f["question_id"]][text] + " ".join(rows[f["question_id"]].get("options") or [])
+            assert all(o in question for o in f["objects"]), (f, question)

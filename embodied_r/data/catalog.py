@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import time
 from collections import Counter
@@ -17,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from embodied_r import benchmark_rules as bm
 from embodied_r import schemas
 from embodied_r.faults import item_done
+from embodied_r.synthetic.truth import FACTS_FILE
 from embodied_r.io import (
     is_complete,
     read_summary,
@@ -101,9 +103,20 @@ def _missing(r: dict, fields: tuple[str, ...]) -> str | None:
     return f"missing_field: {', '.join(empty)} is empty" if empty else None
 
 
+def _facts(base: Path) -> dict[str, str]:
+    """Question id -> what decides its answer (JSON), from a benchmark folder that says (the
+    synthetic benchmark's ``question_facts.parquet``); empty for the real benchmarks."""
+    path = base / FACTS_FILE
+    if not path.is_file():
+        return {}
+    return {r["question_id"]: json.dumps({"kind": r["kind"], "objects": list(r["objects"] or [])})
+            for r in pq.read_table(path).to_pylist()}
+
+
 def _urbanvideo_rows(root: Path, failures: list[dict]) -> list[dict]:
     base = root / bm.URBANVIDEO_DIR
     rows = []
+    facts = _facts(base)
     for r in _read_checked(base / bm.URBANVIDEO_FILE, schemas.URBANVIDEO_MCQ):
         uid = f"{bm.URBANVIDEO}:{r['Question_id']}"
         if why := _missing(r, ("Question_id", "video_id", "question", "answer")):
@@ -120,6 +133,7 @@ def _urbanvideo_rows(root: Path, failures: list[dict]) -> list[dict]:
             "video_id": r["video_id"], "video_path": str((base / "videos" / r["video_id"]).resolve()),
             "scene": bm.urbanvideo_scene(r["video_id"]), "category": r["question_category"],
             "question": stem, "options": options, "answer": answer, "answer_type": "choice",
+            "fact": facts.get(str(r["Question_id"]), ""),
         })
     _unique_ids(rows, base / bm.URBANVIDEO_FILE)
     return rows
@@ -128,6 +142,7 @@ def _urbanvideo_rows(root: Path, failures: list[dict]) -> list[dict]:
 def _vsibench_rows(root: Path, failures: list[dict]) -> list[dict]:
     base = root / bm.VSIBENCH_DIR
     rows = []
+    facts = _facts(base)
     for r in _read_checked(base / bm.VSIBENCH_FILE, schemas.VSIBENCH):
         uid = f"{bm.VSIBENCH}:{r['id']}"
         if why := _missing(r, ("id", "dataset", "scene_name", "question_type", "question", "ground_truth")):
@@ -149,6 +164,7 @@ def _vsibench_rows(root: Path, failures: list[dict]) -> list[dict]:
             "question": " ".join(str(r["question"]).split()), "options": options,
             "answer": answer if numeric else answer.upper()[:1],
             "answer_type": "number" if numeric else "choice",
+            "fact": facts.get(str(r["id"]), ""),
         })
     _unique_ids(rows, base / bm.VSIBENCH_FILE)
     return rows

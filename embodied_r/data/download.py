@@ -30,7 +30,7 @@ from embodied_r.io import (is_complete, read_summary, safe_extract, sha256_file,
 from embodied_r.settings import operational, result_settings
 from embodied_r.synthetic.config import SyntheticConfig
 from embodied_r.synthetic.generate import make_synthetic_benchmark
-from embodied_r.synthetic.truth import TRUTH_FILE
+from embodied_r.synthetic.truth import FACTS_FILE, TRUTH_FILE
 
 __all__ = ["DataSourceError", "DownloadConfig", "HubConfig", "run_download", "safe_extract", "source_fingerprint"]
 
@@ -123,9 +123,11 @@ def _from_folder(root: Path, cfg: DownloadConfig, work: Path) -> dict[str, dict]
         for name in _needed(root, benchmark):
             _link_or_copy(root / sub / name, work / sub / name)
             item_done("download")
-        # A synthetic benchmark's per-frame truth, which the demo's world perceiver reads.
-        if (root / sub / TRUTH_FILE).is_file():
-            _link_or_copy(root / sub / TRUTH_FILE, work / sub / TRUTH_FILE)
+        # A synthetic benchmark's per-frame truth, which the demo's world perceiver reads, and
+        # what decides each question, which the warm start's traces quote.
+        for extra in (TRUTH_FILE, FACTS_FILE):
+            if (root / sub / extra).is_file():
+                _link_or_copy(root / sub / extra, work / sub / extra)
         repo, _ = cfg.hub.repo(benchmark)
         origin[benchmark] = {"repo": repo, "requested_revision": None, "revision": _mirror_revision(root, benchmark),
                              "allow_patterns": bm.ALLOW_PATTERNS[benchmark], "source_dir": str(root)}

@@ -7,6 +7,12 @@ across the frame, their bearing from the heading and, in rooms, their distance).
 stand-in perceiver (``embodied_r.demo.world_perceiver``) reads it at the key frames the
 key-frame stage chose; the question writers use the same ``side`` rule, so a question about
 where a thing is has the answer a perfect perceiver reports.
+
+Beside it, ``question_facts.parquet`` says for each question what in the video decides its
+answer (``FACT_KINDS``): where a named object is at the end, the last movement, the turn
+that brought a landmark into view, the order in which objects first show, where objects
+stand. The warm start's reasoning traces quote that part of the perception text; no prompt
+ever contains it.
 """
 
 from __future__ import annotations
@@ -35,6 +41,24 @@ WORLD_TRUTH = pa.schema(
         ("x", pa.list_(pa.float64())),  # place across the frame, 0 (left edge) .. 1 (right edge)
         ("bearing", pa.list_(pa.float64())),  # degrees from the heading, right positive
         ("distance", pa.list_(pa.float64())),  # metres from the camera; NaN outdoors
+    ]
+)
+
+# What decides a question's answer, by kind; ``objects`` names the things it is about.
+FACT_KINDS = {
+    "place_now": "where the named object is in the last frame that shows it",
+    "last_action": "the movement between the last two frames",
+    "actions": "the movements the frames report, in order",
+    "turn_to": "the turn that first brought the named object into view",
+    "first_seen": "the frame in which each named object first shows",
+    "positions": "where each named object stands when it first shows (distance and bearing)",
+}
+FACTS_FILE = "question_facts.parquet"
+QUESTION_FACTS = pa.schema(
+    [
+        ("question_id", pa.string()),  # the benchmark's own id (Question_id, id)
+        ("kind", pa.string()),  # FACT_KINDS
+        ("objects", pa.list_(pa.string())),
     ]
 )
 
@@ -75,6 +99,19 @@ def video_truth(video_id: str, things: Sequence[Thing], segments: Sequence[Segme
             "distance": [math.hypot(o.x - camera[0], o.y - camera[1]) if camera else math.nan for _, o in shown],
         })
     return rows
+
+
+def fact(question_id: object, kind: str, objects: Sequence[str] = ()) -> dict:
+    """One row of ``QUESTION_FACTS``."""
+    if kind not in FACT_KINDS:
+        raise ValueError(f"unknown fact kind {kind!r}; kinds are {', '.join(FACT_KINDS)}")
+    return {"question_id": str(question_id), "kind": kind, "objects": list(objects)}
+
+
+def write_facts(rows: list[dict], folder: Path) -> Path:
+    path = Path(folder) / FACTS_FILE
+    write_parquet_atomic(table_from_records(rows, QUESTION_FACTS), path)
+    return path
 
 
 def write_truth(rows: list[dict], folder: Path) -> Path:

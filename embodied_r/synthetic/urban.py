@@ -16,17 +16,18 @@ import numpy as np
 from embodied_r import schemas
 from embodied_r.io import table_from_records, write_parquet_atomic
 from embodied_r.synthetic.config import SyntheticConfig
-from embodied_r.synthetic.truth import side, video_truth, write_truth
+from embodied_r.synthetic.truth import fact, side, video_truth, write_facts, write_truth
 from embodied_r.synthetic.world import (
     HFOV,
     LETTERS,
+    Balancer,
     Segment,
     Thing,
     draw_thing,
+    options,
     panorama,
     pose_at,
     render,
-    shuffled_options,
     wrap180,
 )
 
@@ -38,6 +39,10 @@ URBAN_THINGS = [("red", "cube"), ("blue", "cylinder"), ("green", "sphere"), ("ye
 AG_OPTION = {"rise": "I rise.", "descend": "I descend.", "fly forward": "I fly forward.",
              "fly backward": "I fly backward.", "turn left": "I turn left.", "turn right": "I turn right."}
 AG_DISTRACTORS = ["I rotate the camera upward.", "I rotate the camera downward."]
+# Under option_order "fixed", the closed sets in their one order: seven moves for Action
+# Generation (as many options as the shuffled questions have), the four places of a landmark.
+AG_FIXED = [*AG_OPTION.values(), AG_DISTRACTORS[0]]
+LP_PLACES = ["ahead of me", "on my left", "on my right", "behind me"]
 ACTION_NOUN = {"rise": "ascent", "descend": "descent", "fly forward": "forward flight",
                "fly backward": "backward flight", "turn left": "turn to the left",
                "turn right": "turn to the right"}
@@ -51,7 +56,7 @@ def _mcq(question: str, options: Sequence[str], header: str) -> str:
     return f"Question: {question}\n\nChoices:  \n{body}"
 
 
-def _flight_plan(rng: np.random.Generator, seconds: float, clips: int) -> list[Segment]:
+def _flight_plan(rng: np.random.Generator, seconds: float, clips: int, balanced: bool = False) -> list[Segment]:
     shortest = max(2.0, 0.4 * seconds)
     base = ["fly forward", "turn left", "turn right", "rise", "descend", "fly backward"]
     order: list[str] = []
@@ -69,6 +74,11 @@ def _flight_plan(rng: np.random.Generator, seconds: float, clips: int) -> list[S
         duration = float(rng.choice([1.0, 1.5, 2.0, 2.5]))
         if action.startswith("turn"):
             rate = float(rng.uniform(12, 25) if rng.random() < 0.5 else rng.uniform(60, 100))
+            if balanced and rate > 45:
+                # Fast turns of either less or more than half a circle, well clear of it, so
+                # that the way back round is as often shorter as longer (Counterfactual).
+                angle = float(rng.uniform(40, 135) if rng.random() < 0.5 else rng.uniform(225, 320))
+                rate = angle / duration
         elif action in ("rise", "descend"):
             rate = float(rng.uniform(3, 5))
         else:
@@ -104,9 +114,16 @@ def _step_phrases(segs: list[Segment], landmark: dict[int, Thing]) -> list[str]:
     return out
 
 
-def place_urban_things(rng: np.random.Generator, segs: list[Segment]) -> tuple[list[Thing], dict[int, Thing]]:
+# Balanced flights place a landmark this far to the left or right of where its turn ends (or
+# dead ahead): in the outer third of the frame at any zoom the flights reach.
+LANDMARK_OFFSETS = (-16.0, 0.0, 16.0)
+
+
+def place_urban_things(rng: np.random.Generator, segs: list[Segment],
+                       balanced: bool = False) -> tuple[list[Thing], dict[int, Thing]]:
     """Objects of a flight: one at the end of each turn (a landmark, by segment index) while
-    there is room, then others around the horizon; none closer than 22 degrees in azimuth."""
+    there is room, then others around the horizon; none closer than 22 degrees in azimuth.
+    Balanced, a landmark stands left, ahead or right of the turn's end heading."""
     names = [URBAN_THINGS[i] for i in rng.permutation(len(URBAN_THINGS))]
     things: list[Thing] = []
     landmark: dict[int, Thing] = {}
@@ -116,9 +133,12 @@ def place_urban_things(rng: np.random.Generator, segs: list[Segment]) -> tuple[l
 
     for i, s in enumerate(segs):
         end = pose_at(segs, s.end)
-        if s.action.startswith("turn") and free(end.yaw) and len(things) < 5:
+        az = end.yaw
+        if balanced:
+            az = (az + LANDMARK_OFFSETS[int(rng.integers(3))] + float(rng.uniform(-2, 2))) % 360
+        if s.action.startswith("turn") and free(az) and len(things) < 5:
             colour, shape = names[len(things)]
-            thing = Thing(f"{colour} {shape}", colour, shape, end.yaw,
+            thing = Thing(f"{colour} {shape}", colour, shape, az,
                           end.pitch + float(rng.uniform(-3, 3)), float(rng.uniform(8, 12)))
             things.append(thing)
             landmark[i] = thing
@@ -138,10 +158,11 @@ SIDE_MOVE = {"left": "I turn left.", "ahead": "I fly forward.", "right": "I turn
 
 
 def _urban_scene(rng: np.random.Generator, cfg: "SyntheticConfig", prefix: str, clips: int,
-                 root: Path, qid: int, truth: list[dict]) -> list[dict]:
-    segs = _flight_plan(rng, cfg.seconds, clips)
+                 root: Path, qid: int, truth: list[dict], facts: list[dict], balance: Balancer | None
+                 ) -> list[dict]:
+    segs = _flight_plan(rng, cfg.seconds, clips, cfg.balanced)
     pose = lambda t: pose_at(segs, t)  # noqa: E731
-    things, landmark = place_urban_things(rng, segs)
+    things, landmark = place_urban_things(rng, segs, cfg.balanced)
     target = landmark[max(landmark)] if landmark else things[0]
     ends = _clip_ends(segs, cfg.seconds, clips)
     vids = [f"{prefix}.mp4"] if clips == 1 else [f"{prefix}_{k}.mp4" for k in range(clips)]
@@ -159,52 +180,84 @@ def _urban_scene(rng: np.random.Generator, cfg: "SyntheticConfig", prefix: str, 
         last = {name: side(x) for name, x in zip(frames[-1]["objects"], frames[-1]["x"])}
         seen = [t.name for t, f in zip(things, seen_at) if f is not None and f < n]
         glimpsed_names = {t.name for t, f in zip(things, glimpsed_at) if f is not None and f < n}
-        for cat, question, options, answer, header in _urban_questions(
-                rng, cfg, segs, end, things, seen, glimpsed_names, landmark, target, steps, last):
+        for cat, question, opts, answer, header, (kind, about) in _urban_questions(
+                rng, cfg, segs, end, things, seen, glimpsed_names, landmark, target, steps, last, balance):
+            facts.append(fact(qid + len(rows), kind, about))
             rows.append({"Question_id": qid + len(rows), "video_id": vid, "question_category": cat,
-                         "question": _mcq(question, options, header), "answer": answer})
+                         "question": _mcq(question, opts, header), "answer": answer})
     return rows
 
 
 def _urban_questions(rng: np.random.Generator, cfg: "SyntheticConfig", segs: list[Segment], end: int,
                      things: list[Thing], seen: list[str], glimpsed_names: set[str],
-                     landmark: dict[int, Thing], target: Thing, steps: list[str], last: dict[str, str]
-                     ) -> Iterator[tuple[str, str, list[str], str, str]]:
-    """Yield (category, question, options, answer letter, header) for the clip ending with
-    segment ``end``. ``last``: the objects in view in the clip's last frame, each with its
-    third of the frame (``truth.side``), which is where the agent sees it now."""
+                     landmark: dict[int, Thing], target: Thing, steps: list[str], last: dict[str, str],
+                     balance: Balancer | None = None) -> Iterator[tuple]:
+    """Yield (category, question, options, answer letter, header, (fact kind, objects)) for
+    the clip ending with segment ``end``. ``last``: the objects in view in the clip's last
+    frame, each with its third of the frame (``truth.side``), which is where the agent sees it
+    now. With a ``balance``, each question's subject is the one whose answer has been right
+    least often so far."""
     k = cfg.questions_per_category
+    order = cfg.option_order
     done = segs[: end + 1]
     # The goals of the questions about the end of the clip are things in view there, so what
     # the last frame shows answers them: the target first when it is in view.
     goals = sorted(last, key=lambda n: (n != target.name, n))
     goals = [goals[0]] + [goals[1:][i] for i in rng.permutation(len(goals) - 1)] if goals else []
+
+    def chosen(task: str, n: int) -> list[str]:
+        if balance is None:
+            return goals[:n]
+        left, out = list(goals), []
+        while left and len(out) < n:
+            out.append(balance.pick(task, [(last[g], g) for g in left], rng, ("left", "ahead", "right")))
+            left.remove(out[-1])
+        return out
+
     # Action Generation: the next move heads for the goal: turn toward it, or fly on when ahead.
-    for name in goals[:1]:
+    for name in chosen("Action Generation", 1):
         nxt = SIDE_MOVE[last[name]]
         others = [o for o in AG_OPTION.values() if o != nxt] + AG_DISTRACTORS
-        opts, ans = shuffled_options(rng, nxt, [others[i] for i in rng.permutation(len(others))[:6]], cfg.option_order)
+        opts, ans = options(rng, nxt, [others[i] for i in rng.permutation(len(others))[:6]], order, AG_FIXED)
         yield ("Action Generation", f"At the initial position, you are asked to navigate to the {name}. "
-               "What is your next move, given the target location for your next move?", opts, ans, "choose")
+               "What is your next move, given the target location for your next move?", opts, ans, "choose",
+               ("place_now", [name]))
     # Landmark Position: where a landmark is at the end of the clip.
-    for name in goals[:k]:
+    for name in chosen("Landmark Position", k):
         where = SIDE_PHRASE[last[name]]
-        all_sides = ["ahead of me", "on my left", "on my right", "behind me"]
-        opts, ans = shuffled_options(rng, f"The {name} is {where}.",
-                                     [f"The {name} is {s}." for s in all_sides if s != where], cfg.option_order)
+        opts, ans = options(rng, f"The {name} is {where}.",
+                            [f"The {name} is {s}." for s in LP_PLACES if s != where], order,
+                            [f"The {name} is {s}." for s in LP_PLACES])
         yield ("Landmark Position", f"At the initial position, you are asked to navigate to the "
                f"{name}. When you reach the current location, what is the direction to the "
-               "destination?", opts, ans, "choose")
+               "destination?", opts, ans, "choose", ("place_now", [name]))
     # Progress Evaluation: which instruction step the last frames belong to; the other
     # options are steps of other movements, so the last movement seen tells them apart.
     instruction = " ".join(s[2].lower() + s[3:] for s in steps)
     wrong = [steps[i] for i in rng.permutation(len(steps)) if segs[i].action != segs[end].action][:4]
-    opts, ans = shuffled_options(rng, steps[end], wrong, cfg.option_order)
+    # Fixed: one option per movement, in one order: the step under way for its own movement,
+    # a step of the instruction (or the bare movement) for each other.
+    per_move = None
+    if order == "fixed":
+        per_move = {a: next((steps[i] for i in rng.permutation(len(steps)) if segs[i].action == a), AG_OPTION[a])
+                    for a in AG_OPTION}
+        per_move[segs[end].action] = steps[end]
+    opts, ans = options(rng, steps[end], wrong, order, list(per_move.values()) if per_move else None)
     yield ("Progress Evaluation", f"Navigation Instruction given at initial position: [{instruction}]. "
            "You move according to a series of movement instructions. What are you doing now?",
-           opts, ans, "choose")
+           opts, ans, "choose", ("last_action", []))
     # Counterfactual: turning the other way also reaches the landmark; longer or shorter?
     turns = [i for i in range(end + 1) if i in landmark and abs(segs[i].rate * segs[i].duration - 180) > 15]
+    if balance is not None:
+        ranked: list[int] = []
+        outcome = lambda i: "shorter" if segs[i].rate * segs[i].duration > 180 else "longer"  # noqa: E731
+        while turns and len(ranked) < k:
+            pick = balance.pick("Counterfactual", [(outcome(i), i) for i in turns], rng, ("longer", "shorter"), slack=2)
+            if pick is None:
+                break
+            ranked.append(pick)
+            turns.remove(pick)
+        turns = ranked
     for i in turns[:k]:
         s, lm = segs[i], landmark[i].name
         d, other = s.action.split()[1], "right" if s.action == "turn left" else "left"
@@ -214,19 +267,18 @@ def _urban_questions(rng: np.random.Generator, cfg: "SyntheticConfig", segs: lis
         shorter = f"{pre} can still face the {lm}, and the alternative turn is shorter."
         never = f"{pre} cannot face the {lm}, because it stays out of my view."
         correct = longer if 360 - angle > angle else shorter
-        opts, ans = shuffled_options(rng, correct, [o for o in (longer, shorter, never) if o != correct],
-                                     cfg.option_order)
+        opts, ans = options(rng, correct, [o for o in (longer, shorter, never) if o != correct], order,
+                            [longer, shorter, never])
         yield ("Counterfactual", f"Instead of turning {d} toward the {lm}, if you choose to turn "
                f"{other}, can you still face the {lm}, and how is the alternative route?",
-               opts, ans, "choices")
+               opts, ans, "choices", ("turn_to", [lm]))
     # Object Recall: clearly seen (centre in view) against never glimpsed; half-seen ones are no option.
     unseen = [f"{c} {s}" for c, s in URBAN_THINGS if f"{c} {s}" not in glimpsed_names]
     for name in [seen[i] for i in rng.permutation(len(seen))][:k]:
         art = lambda n: ("An " if n[0] in "aeiou" else "A ") + n + "."  # noqa: E731
-        opts, ans = shuffled_options(rng, art(name), [art(unseen[i]) for i in rng.permutation(len(unseen))[:4]],
-                                     cfg.option_order)
+        opts, ans = options(rng, art(name), [art(unseen[i]) for i in rng.permutation(len(unseen))[:4]], order)
         yield ("Object Recall", "Which of the following objects do you see during the flight?",
-               opts, ans, "choices")
+               opts, ans, "choices", ("first_seen", [name]))
     # Duration: two movements that occur once each in the clip.
     counts: dict[str, int] = {}
     for s in done:
@@ -240,9 +292,9 @@ def _urban_questions(rng: np.random.Generator, cfg: "SyntheticConfig", segs: lis
         second_longer = f"My {nb} takes longer than my {na}."
         same = f"My {na} takes the same time as my {nb}."
         correct = same if a.duration == b.duration else first_longer if a.duration > b.duration else second_longer
-        opts, ans = shuffled_options(rng, correct, [o for o in (first_longer, second_longer, same) if o != correct],
-                                     cfg.option_order)
-        yield ("Duration", f"Which takes longer, your {na} or your {nb}?", opts, ans, "choices")
+        opts, ans = options(rng, correct, [o for o in (first_longer, second_longer, same) if o != correct], order)
+        yield ("Duration", f"Which takes longer, your {na} or your {nb}?", opts, ans, "choices",
+               ("actions", []))
 
 
 def write_urban_bench(root: Path, cfg: "SyntheticConfig") -> dict:
@@ -250,6 +302,8 @@ def write_urban_bench(root: Path, cfg: "SyntheticConfig") -> dict:
     top = np.random.default_rng([cfg.seed, 7])
     rows: list[dict] = []
     truth: list[dict] = []
+    facts: list[dict] = []
+    balance = Balancer() if cfg.balanced else None
     families = ["EmbodiedCity", "AerialVLN", "RealWorld"]
     numbers = (1 + top.permutation(120)).tolist()
     left, scene = cfg.urban_videos, 0
@@ -260,9 +314,10 @@ def write_urban_bench(root: Path, cfg: "SyntheticConfig") -> dict:
         if family == "AerialVLN":
             prefix += "_" + "".join(top.choice(list("ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"), 30))
         rng = np.random.default_rng([cfg.seed, 1, scene])
-        rows += _urban_scene(rng, cfg, prefix, clips, root / URBAN_DIR, len(rows), truth)
+        rows += _urban_scene(rng, cfg, prefix, clips, root / URBAN_DIR, len(rows), truth, facts, balance)
         left -= clips
         scene += 1
     write_truth(truth, root / URBAN_DIR)
+    write_facts(facts, root / URBAN_DIR)
     write_parquet_atomic(table_from_records(rows, schemas.URBANVIDEO_MCQ), root / URBAN_DIR / "MCQ.parquet")
     return {"urban_videos": cfg.urban_videos, "urban_scenes": scene, "urban_questions": len(rows)}

@@ -250,3 +250,37 @@ def shuffled_options(rng: np.random.Generator, correct: str, others: Sequence[st
     listed = sorted(opts) if order == "sorted" else drawn
     return listed, LETTERS[listed.index(correct)]
 
+
+def options(rng: np.random.Generator, correct: str, others: Sequence[str], order: str,
+            closed: Sequence[str] | None = None) -> tuple[list[str], str]:
+    """A question's options and its answer letter. ``closed``: the task's whole closed set
+    of answers in its one order, listed as it is under ``option_order: fixed``; without
+    one (options that name objects, routes, orders) the options are shuffled there."""
+    if order == "fixed" and closed is not None:
+        if correct not in closed:
+            raise ValueError(f"answer {correct!r} is not in its task's closed set {list(closed)}")
+        return list(closed), LETTERS[list(closed).index(correct)]
+    return shuffled_options(rng, correct, others, "sorted" if order == "sorted" else "shuffled")
+
+
+class Balancer:
+    """How often each answer of each task has been right so far, across a whole benchmark:
+    ``pick`` takes, among the questions a scene could ask, one whose answer has been right
+    least often (ties broken by the scene's generator), so the answers even out."""
+
+    def __init__(self) -> None:
+        self.counts: dict[str, dict[str, int]] = {}
+
+    def pick(self, task: str, candidates: Sequence[tuple[str, object]], rng: np.random.Generator,
+             universe: Sequence[str] = (), slack: int | None = None) -> object | None:
+        """One item of ``candidates`` ((answer, item) pairs); ``universe``: every answer the
+        task has, so an answer never yet right counts as least used. With ``slack``, None
+        rather than an answer already right ``slack`` times more than the least used one
+        (a task whose scenes seldom offer some answer asks fewer questions, evenly)."""
+        counts = self.counts.setdefault(task, dict.fromkeys(universe, 0))
+        order = rng.permutation(len(candidates)).tolist()
+        answer, item = min((candidates[i] for i in order), key=lambda c: counts.get(c[0], 0))
+        if slack is not None and counts.get(answer, 0) >= min(counts.values(), default=0) + slack:
+            return None
+        counts[answer] = counts.get(answer, 0) + 1
+        return item

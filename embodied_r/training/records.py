@@ -112,6 +112,7 @@ def build_record(row: dict[str, Any], video_text: str, cfg: RecordsConfig) -> di
         "solution": str(row["answer"]).strip().upper() if row["answer_type"] == "choice" else str(row["answer"]).strip(),
         "answer_type": row["answer_type"],
         "options": options,
+        "fact": row.get("fact") or "",
     }
 
 
