@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pyarrow.parquet as pq
 from pydantic import Field
@@ -24,8 +24,8 @@ from pydantic import Field
 from embodied_r.scoring.rewards import REFERENCE_SYSTEM, REFERENCE_TEMPLATE_CHOICE, REFERENCE_TEMPLATE_NUMBER
 from embodied_r.training.config import SFTConfig
 from embodied_r.training.sft import run_sft
+from embodied_r.training.traces import fact_think, frames
 
-_FRAME_RE = re.compile(r"^Frame (\d+):\s*(?:After (.+?),\s*)?Observe:\s*(.*)$")
 _WORD_RE = re.compile(r"[a-z]+")
 # Words too common to tie a frame to a question.
 _STOP = frozenset("""a an the of to in on at by for with from into is are was be i you my your me it
@@ -38,19 +38,16 @@ class WarmstartConfig(SFTConfig):
 
     epochs: float = Field(2.0, gt=0)
     learning_rate: float = Field(3e-3, gt=0)
-    max_actions: int = Field(4, ge=0)  # frames whose action the trace names
-    max_objects: int = Field(2, ge=0)  # question words the trace says the frames showed
+    # What the reasoning says. "answer": the frames' actions and the question's words they
+    # show, then the answer and the start of its option; "fact": the perception words that
+    # decide the question (the record's ``fact``), then the option they point to
+    # (``training.traces``).
+    trace: Literal["answer", "fact"] = "answer"
+    max_actions: int = Field(4, ge=0)  # "answer": frames whose action the trace names
+    # "answer": question words the trace says the frames showed; "fact": objects whose
+    # place a fact about several quotes.
+    max_objects: int = Field(2, ge=0)
     reference_examples: bool = True
-
-
-def frames(prompt: str) -> list[tuple[int, str | None, str]]:
-    """(index, action or None, observation) of each ``Frame i:`` line of a policy prompt."""
-    found = []
-    for line in prompt.splitlines():
-        match = _FRAME_RE.match(line.strip())
-        if match:
-            found.append((int(match.group(1)), match.group(2), match.group(3).strip()))
-    return found
 
 
 def question_words(question: str) -> list[str]:
@@ -110,7 +107,8 @@ def traces(records: list[dict[str, Any]], cfg: WarmstartConfig) -> list[dict[str
         if record.get("split") != "train":
             raise ValueError(f"warm start: record {record['uid']} is from split {record.get('split')!r}; "
                              "traces are written for the train split only")
-        think = think_text(record, cfg.max_actions, cfg.max_objects)
+        think = (fact_think(record, cfg.max_objects) if cfg.trace == "fact"
+                 else think_text(record, cfg.max_actions, cfg.max_objects))
         rows.append({**record, "target": f"<think>{think}</think><answer>{record['solution']}</answer>"})
         if cfg.reference_examples:
             rows.append(reference_example(record, think))
