@@ -19,12 +19,12 @@ from embodied_r.evaluation.registry import (
     RegistryError,
     alias_version,
     parse_model_uri,
-    promote_if_better,
     register_model_folder,
     resolve_model_uri,
     resolve_version,
     set_alias,
 )
+from embodied_r.evaluation.promotion import promote_if_better
 from test_evaluation import records  # noqa: F401 - fixture
 
 NAME = "embodied-r-reasoner"
@@ -202,6 +202,19 @@ def test_a_model_below_chance_is_not_promoted(promoting: dict, demo_home: Path) 
     assert not promoting["promote"](v1).promoted
 
 
+def test_chance_is_beaten_only_by_the_low_end_of_the_interval(promoting: dict, demo_home: Path) -> None:
+    """Above chance and the warm start, but with an interval that reaches down past chance:
+    too few questions to call it better than a guess, so no promotion, and the console's
+    line says which condition failed."""
+    v1 = promoting["versions"][0]
+    promoting["warm"] = "/warm/model"
+    promoting["scores"].update({f"models:/{NAME}/{v1}": 0.5, "/warm/model": 0.4})
+    result = promoting["promote"](v1)
+    assert not result.promoted and alias_version(NAME, "champion", promote_store(demo_home)) is None
+    assert result.describe().endswith("val accuracy/overall 50.0 % [9.5, 90.5]; the low end of its 95 % "
+                                      "interval (9.5 %) is not above chance 25.0 %")
+
+
 def test_a_model_below_the_warm_start_is_not_promoted(promoting: dict, demo_home: Path) -> None:
     v1 = promoting["versions"][0]
     promoting["warm"] = "/warm/model"
@@ -209,7 +222,8 @@ def test_a_model_below_the_warm_start_is_not_promoted(promoting: dict, demo_home
     result = promoting["promote"](v1)
     assert not result.promoted and alias_version(NAME, "champion", promote_store(demo_home)) is None
     assert result.describe().endswith("val accuracy/overall 50.0 % [9.5, 90.5] is not above "
-                                      "the warm-started policy's 75.0 %")
+                                      "the warm-started policy's 75.0 %; the low end of its 95 % interval "
+                                      "(9.5 %) is not above chance 25.0 %")
     # The warm start is scored as the candidate is: on the validation split.
     assert ("/warm/model", "val") in promoting["asked"]
     assert not any(ref == "/warm/model" and split != "val" for ref, split in promoting["asked"])
@@ -220,7 +234,8 @@ def test_a_model_above_chance_and_the_warm_start_is_promoted(promoting: dict, de
 
     v1, v2, v3 = promoting["versions"]
     promoting["warm"] = "/warm/model"
-    promoting["scores"].update({f"models:/{NAME}/{v1}": 0.5, f"models:/{NAME}/{v2}": 1.0,
+    # Two validation questions: 0.9 puts the low end of the 95 % interval just above chance.
+    promoting["scores"].update({f"models:/{NAME}/{v1}": 0.9, f"models:/{NAME}/{v2}": 1.0,
                                 f"models:/{NAME}/{v3}": 1.0, "/warm/model": 0.4})
     result = promoting["promote"](v1)
     store = promote_store(demo_home)
@@ -228,7 +243,7 @@ def test_a_model_above_chance_and_the_warm_start_is_promoted(promoting: dict, de
     assert "above chance 25.0 % and the warm-started policy's 40.0 % (no current champion): promoted" \
         in result.describe()
     description = MlflowClient(tracking_uri=store, registry_uri=store).get_model_version(NAME, v1).description
-    assert ("accuracy/overall on the val split (2 questions): 50.0 % [9.5, 90.5]; chance 25.0 %, "
+    assert ("accuracy/overall on the val split (2 questions): 90.0 % [27.9, 99.5]; chance 25.0 %, "
             "the warm-started policy's 40.0 %") in description
     assert "accuracy/overall on the test split (2 questions): 50.0 % [9.5, 90.5]; chance 25.0 %" in description
     # Above the bars, a champion must still be beaten; a tie keeps it.

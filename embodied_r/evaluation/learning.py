@@ -205,8 +205,9 @@ def render_learning(figures: Mapping[str, float], stages: Sequence[str], has_cur
     lines = ["", "## Learning", "", "Test accuracy (overall) of the policy at each phase, with its 95 % interval, "
              "beside chance:", ""]
     lines += learning_table(figures)
-    lines += ["", "Mean reward per training stage, first and last quarter of its steps:", "",
-              "| stage | reward | first quarter | last quarter |", "|---|---|---|---|"]
+    lines += ["", "Mean reward per training stage, first and last quarter of its steps (with how much it still "
+              "explores: the share of groups whose completions all scored alike, and the completions' entropy):", "",
+              "| stage | figure | first quarter | last quarter |", "|---|---|---|---|"]
     for stage in stages:
         for key in sorted(k for k in figures if k.startswith(f"{PREFIX}/{stage}/") and k.endswith("/first_quarter")):
             reward = key.split("/")[2]

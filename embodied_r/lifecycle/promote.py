@@ -1,5 +1,5 @@
-"""Register a recipe's trained reasoner and promote it when it beats chance, the warm-started
-policy and the champion, all evaluated by the same code on the same split and questions.
+"""Register a recipe's trained reasoner and promote it when it beats chance (the low end of its
+95 % interval above it), the warm-started policy and the champion, all evaluated by the same code on the same split and questions.
 The registered version's description gives its scores on that split and the test split
 beside chance."""
 
@@ -9,15 +9,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from embodied_r.evaluation.registry import (
-    CHAMPION,
-    Bar,
-    ModelRef,
-    Promotion,
-    promote_if_better,
-    register_model_folder,
-    set_description,
-)
+from embodied_r.evaluation.promotion import Bar, Promotion, promote_if_better, set_description
+from embodied_r.evaluation.registry import CHAMPION, ModelRef, register_model_folder
 from embodied_r.evaluation.stage import read_split
 from embodied_r.lifecycle.models import converted_records, evaluate_model, trained_model
 from embodied_r.pipeline import StageError, plan
@@ -100,13 +93,15 @@ def register_and_promote(recipe: Any, root: Path, folder: Path | None = None, *,
         summaries[uri] = summary
         return float(summary[metric])
 
-    bars = [Bar("chance", chance_metrics(read_split(records, split)).get(metric, 0.0))]
+    # Chance is beaten only by the low end of the candidate's 95 % interval.
+    bars = [Bar("chance", chance_metrics(read_split(records, split)).get(metric, 0.0), by_low_end=True)]
     warm = warm_started_model(recipe, root)
     if warm is not None:
         # Through ``score``: the same split, config and question-set check as the candidate.
         bars.append(Bar(WARM_STARTED, score(warm)))
-    result = promote_if_better(name, version, score, alias=alias, metric=metric, tracking_uri=store, bars=bars)
-    result = replace(result, split=split, interval=summary_interval(summaries[candidate], metric))
+    result = promote_if_better(name, version, score, alias=alias, metric=metric, tracking_uri=store, bars=bars,
+                               interval=lambda uri: summary_interval(summaries[uri], metric))
+    result = replace(result, split=split)
 
     scores = [_split_score(summaries[candidate], split, metric, records, tuple(bars[1:]))]
     for other in [s for s in ("val", "test") if s != split and read_split(records, s)]:
