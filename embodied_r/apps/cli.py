@@ -129,6 +129,7 @@ def _print_learning(evaluation: dict[str, Any]) -> None:
     """The learning block: accuracy per phase beside chance, what they show, rewards per
     stage by quarter."""
     from embodied_r.evaluation.learning import accuracy_lines, verdict_of
+    from embodied_r.training.learning import EXPLORATION
 
     phases = accuracy_lines(evaluation)
     if not phases:
@@ -141,12 +142,18 @@ def _print_learning(evaluation: dict[str, Any]) -> None:
         print(verdict)
     stages = sorted({k.split("/")[1] for k in evaluation if k.startswith("learning/") and k.endswith("_quarter")})
     for stage in stages:
-        parts = []
+        rewards, exploring = [], []
         for key in sorted(k for k in evaluation if k.startswith(f"learning/{stage}/") and k.endswith("first_quarter")):
-            last = evaluation.get(key.replace("first_quarter", "last_quarter"))
+            name, last = key.split("/")[2], evaluation.get(key.replace("first_quarter", "last_quarter"))
+            if name == "entropy":
+                exploring.append(f"entropy {evaluation[key]:.2f} -> {'-' if last is None else f'{last:.2f}'}")
+                continue
             end = "-" if last is None else f"{100 * last:.1f}"
-            parts.append(f"{key.split('/')[2]} {100 * evaluation[key]:.1f} -> {end} %")
-        print(f"  {stage:8s} mean reward, first -> last quarter: {', '.join(parts)}")
+            label = "groups all scored alike" if name == "zero_std_groups" else name
+            (exploring if name in EXPLORATION else rewards).append(f"{label} {100 * evaluation[key]:.1f} -> {end} %")
+        print(f"  {stage:8s} mean reward, first -> last quarter: {', '.join(rewards)}")
+        if exploring:
+            print(f"  {'':8s} exploration, first -> last quarter: {', '.join(exploring)}")
 
 
 def _precheck(args: argparse.Namespace, stage: str | None, overrides: dict[str, Any]) -> Any:

@@ -13,14 +13,19 @@ from typing import Any, Iterable
 
 HISTORY_FILE = "history.json"
 QUARTER = 0.25
+# How much a stage still explores, as TRL logs it per step: the share of groups whose
+# completions all scored alike (their advantages are zero: GRPO learns nothing from them)
+# and the mean token entropy of the completions. Kept beside the rewards, by these names.
+EXPLORATION = {"zero_std_groups": "frac_reward_zero_std", "entropy": "entropy"}
 
 
 def reward_series(history: Iterable[dict[str, Any]], reward_names: Iterable[str]) -> dict[str, list[tuple[int, float]]]:
-    """(step, value) of the total reward and of each named reward, one point per logged step.
+    """(step, value) of the total reward, of each named reward and of the ``EXPLORATION``
+    figures, one point per logged step.
 
     Entries without a finite value for a series (the run's closing summary, a reward left
     unscored) are skipped for that series only."""
-    keys = {"reward": "reward", **{name: f"rewards/{name}/mean" for name in reward_names}}
+    keys = {"reward": "reward", **{name: f"rewards/{name}/mean" for name in reward_names}, **EXPLORATION}
     series: dict[str, list[tuple[int, float]]] = {name: [] for name in keys}
     for entry in history:
         step = entry.get("step")
