@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: env demo demo-reasoner test test-fast lint clean-home mutation
+.PHONY: env demo demo-reasoner test test-fast gpu-check lint clean-home mutation
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -29,6 +29,16 @@ test: env
 # Unit tests only: no flows, no servers.
 test-fast: env
 	$(PY) -m pytest -q -m "not slow"
+
+# What to run first on a GPU machine: the GPU-marked tests, then each GPU check in its own
+# process (backend in bf16, a GRPO step per reward schedule, SFT, accelerate launch, and the
+# recipe's own policy timed and measured), as a table ending `gpu-check: N passed, M failed`.
+# In the training environment (`infra/install-env.sh train`) when it exists. Options:
+#   make gpu-check GPU_CHECK_ARGS='--recipe single-gpu --completion-tokens 512'
+GPU_PY ?= $(firstword $(wildcard .venv-train/bin/python) $(PY))
+GPU_CHECK_ARGS ?=
+gpu-check:
+	$(GPU_PY) -m embodied_r.apps.cli check gpu $(GPU_CHECK_ARGS)
 
 # Mutation testing of the pure modules (pyproject [tool.mutmut]); slow, not part of `make test`.
 # Prints every surviving mutant; `$(VENV)/bin/mutmut show NAME` shows one. A part at a time

@@ -19,7 +19,9 @@ case "$kind" in
   train)
     [ -x .venv-train/bin/python ] || "$PYTHON" -m venv .venv-train
     .venv-train/bin/pip install --upgrade pip
-    .venv-train/bin/pip install -r infra/training/requirements.txt -c infra/training/constraints.txt -e . ;;
+    # pytest: `make gpu-check` runs the GPU-marked tests in this environment.
+    .venv-train/bin/pip install -r infra/training/requirements.txt -c infra/training/constraints.txt -e . \
+        "pytest>=8" "pytest-timeout>=2.3" ;;
   infer)
     # The training environment's resolution holds vLLM with the project; reuse its pins.
     [ -x .venv-infer/bin/python ] || "$PYTHON" -m venv .venv-infer

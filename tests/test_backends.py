@@ -165,9 +165,12 @@ def test_vlm_text_and_images(tiny_vlm_path: Path, image_file: Path, tmp_path: Pa
 def test_transformers_on_gpu(tiny_lm_path: Path, tiny_vlm_path: Path, image_file: Path) -> None:
     import torch
 
+    from embodied_r.backends.devices import inference_dtype
+
     for model, conv in ((tiny_lm_path, text_conv("hello")), (tiny_vlm_path, image_conv(image_file, "hi"))):
         gpu = TransformersBackend(BackendConfig(model=str(model), device="auto", max_new_tokens=6))
-        assert gpu.device == "cuda" and gpu.model.dtype == torch.bfloat16
+        # bf16 where the GPU has it natively, else fp16 (backends.devices).
+        assert gpu.device == "cuda" and gpu.model.dtype == getattr(torch, inference_dtype(True))
         out = gpu.generate([conv, conv])
         assert all(g.error is None and g.completion_tokens >= 1 for g in out)
         gpu.close()

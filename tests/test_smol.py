@@ -13,6 +13,7 @@ import pytest
 
 from embodied_r.backends import smol
 from embodied_r.backends.models import resolve_model
+from embodied_r.backends.tokens import check_folder_pad
 
 
 def test_unfetched_model_names_the_fetch_command(tmp_path, monkeypatch) -> None:
@@ -50,6 +51,13 @@ def test_converts_once_and_answers(wheel, tmp_path, monkeypatch) -> None:
     folder = result["folder"]
     tok = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder)
+    # Set explicitly whatever the transformers version read from the GGUF file (5.17 reads
+    # eos <|im_start|>, 5.24 pads with <|im_end|>): both are tokens the chat template writes.
+    assert (tok.eos_token, tok.pad_token) == (smol.EOS_TOKEN, smol.PAD_TOKEN) == ("<|im_end|>", "<|endoftext|>")
+    ids = tok.convert_tokens_to_ids([smol.EOS_TOKEN, smol.PAD_TOKEN])
+    assert (model.config.eos_token_id, model.config.pad_token_id) == tuple(ids)
+    assert model.generation_config.eos_token_id == ids[0]
+    check_folder_pad(folder)
     assert 130e6 < sum(p.numel() for p in model.parameters()) < 140e6
     prompt = tok.apply_chat_template(
         [{"role": "user", "content": "What is the capital of France? A. Paris B. Rome. Answer with the letter."}],

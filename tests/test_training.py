@@ -217,11 +217,12 @@ def test_crashed_stage_resumes_from_its_checkpoint(records: Path, tmp_path: Path
 
 
 def test_phase_timer_splits_a_step_into_its_phases(monkeypatch: pytest.MonkeyPatch) -> None:
-    """On a clock that the phases themselves move: generation 2 s, scoring 3 s twice."""
-    from embodied_r.training import grpo
+    """On a clock that the phases themselves move: generation 2 s, scoring 3 s twice; then
+    the first and the last optimizer step's own split."""
+    from embodied_r.training import timing
 
     clock = [100.0]
-    monkeypatch.setattr(grpo.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: clock[0])
 
     class Trainer:
         def _generate(self, n: int) -> int:
@@ -232,12 +233,24 @@ def test_phase_timer_splits_a_step_into_its_phases(monkeypatch: pytest.MonkeyPat
             clock[0] += 3.0
 
     trainer = Trainer()
-    timer = grpo.PhaseTimer(trainer)
+    timer = timing.PhaseTimer(trainer)
     assert trainer._generate(7) == 7
     trainer._calculate_rewards()
     trainer._calculate_rewards()
     assert timer.split(20.0) == {"seconds_generation": 2.0, "seconds_reward": 6.0, "seconds_update": 12.0}
     assert timer.split(5.0)["seconds_update"] == 0.0  # never negative
+    for generation, update in ((10.0, 4.0), (3.0, 1.0), (2.0, 0.5)):
+        timer.step_began()
+        clock[0] += generation
+        trainer._generate(1)  # moves the clock by 2 s more
+        trainer._calculate_rewards()  # and 3 s
+        clock[0] += update
+        timer.step_ended()
+    split = timer.split(100.0)
+    assert split["first_step"] == {"seconds": 19.0, "seconds_generation": 2.0, "seconds_reward": 3.0,
+                                   "seconds_update": 14.0}
+    assert split["last_step"] == {"seconds": 7.5, "seconds_generation": 2.0, "seconds_reward": 3.0,
+                                  "seconds_update": 2.5}
 
 
 def test_grpo_settings_are_typed_and_owned() -> None:

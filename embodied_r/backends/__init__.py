@@ -6,7 +6,8 @@ is all a concrete backend imports; ``factory.make_backend`` picks one: ``hf_loca
 ``vllm_engine`` (vLLM in process). ``images`` scales and encodes images for all three;
 ``models`` resolves model references to local folders (the demo's ``tiny:<name>`` by the
 demo's module name, never by importing it) and loads a Qwen2.5-VL processor; ``smol`` fetches
-SmolLM2 (``smol:135m``).
+SmolLM2 (``smol:135m``); ``devices`` decides a model's GPU and precision, ``tokens`` checks a
+pad token against the chat template.
 
 May import: the core (``paths``) only.
 """

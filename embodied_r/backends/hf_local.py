@@ -15,8 +15,10 @@ from typing import Any, Callable
 from PIL import Image
 
 from embodied_r.backends.base import BackendConfig, Conversation, Generation, decoding, map_image_parts
+from embodied_r.backends.devices import cuda_available, inference_dtype, launch_rank, placement
 from embodied_r.backends.images import load_image
 from embodied_r.backends.models import VLM_CLASSES, load_vlm_processor, resolve_model, vlm_class
+from embodied_r.backends.tokens import safe_pad
 from embodied_r.backends.truncation import left_truncate
 
 log = logging.getLogger(__name__)
@@ -63,16 +65,13 @@ class TransformersBackend:
                 "or vllm backend for it"
             )
 
-        if cfg.device == "auto":
-            self.device = "cuda" if torch.cuda.is_available() else "cpu"
-        else:
-            self.device = cfg.device
+        # "auto" on a GPU spreads a model too big for one device over all of them; in one
+        # rank of a multi-process launch it means that rank's own GPU (backends.devices).
+        self.device, device_map = placement(cfg.device, cuda_available(), launch_rank()[0])
         on_gpu = self.device.startswith("cuda")
-        dtype = torch.bfloat16 if on_gpu else torch.float32
-        # "auto" on a GPU spreads a model too big for one device over all of them.
-        load_kwargs: dict[str, Any] = {"dtype": dtype}
-        if cfg.device == "auto" and on_gpu:
-            load_kwargs["device_map"] = "auto"
+        load_kwargs: dict[str, Any] = {"dtype": getattr(torch, inference_dtype(on_gpu))}
+        if device_map is not None:
+            load_kwargs["device_map"] = device_map
 
         if self.is_vlm:
             self.processor = load_vlm_processor(self.path)
@@ -87,8 +86,7 @@ class TransformersBackend:
         self.model.eval()
 
         self.tokenizer.padding_side = "left"
-        if self.tokenizer.pad_token is None:
-            self.tokenizer.pad_token = self.tokenizer.eos_token
+        safe_pad(self.tokenizer, self.path)
         self.stop_ids = self._stop_ids()
         # Resolved once, here where the model's generation_config is known.
         self.decoding = decoding(cfg, self.model.generation_config)

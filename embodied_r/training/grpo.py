@@ -14,12 +14,12 @@ import os
 import sys
 import time
 import warnings
-from collections import defaultdict
 from pathlib import Path
 from typing import Any, Callable
 
 import pyarrow.parquet as pq
 
+from embodied_r.backends.devices import Precision, training_precision
 from embodied_r.io import read_json, write_json_atomic
 from embodied_r.scoring.rewards import make_accuracy_reward, make_consistency_reward, make_format_reward, reference_for_rank
 from embodied_r.training.callbacks import drop_raw_log_printers, reporting_callback
@@ -35,6 +35,7 @@ from embodied_r.training.checkpoints import last_checkpoint
 from embodied_r.training.config import GRPOStageConfig, TrainingConfig
 from embodied_r.training.learning import HISTORY_FILE, quarter_stats, result_figures, schedule_figures
 from embodied_r.training.records import conversation  # the prompt the convert stage measured
+from embodied_r.training.timing import PhaseTimer, peak_gpu_memory
 from embodied_r.training.trl_args import build_config, field_name
 from embodied_r.training.environment import (
     progress_callback,
@@ -98,24 +99,26 @@ def reward_setup(stage: GRPOStageConfig, cfg: TrainingConfig) -> tuple[list[Any]
     return funcs, weights
 
 
-def use_bf16(env: TrainerEnvironment) -> bool:
-    if env.bf16 is not None:
-        return env.bf16
-    import torch
-
-    return not env.use_cpu and torch.cuda.is_available()
+def precision(env: TrainerEnvironment) -> Precision:
+    """The trainer's precision on this machine, its fallback said once in the log."""
+    chosen = training_precision(env.bf16, env.use_cpu)
+    if chosen.note:
+        log.warning(chosen.note)
+    return chosen
 
 
 def common_args(env: TrainerEnvironment, work: Path, run_name: str, report_to: list[str]) -> dict[str, Any]:
     """Trainer arguments shared by GRPO and SFT."""
     from transformers import TrainingArguments
 
-    bf16 = use_bf16(env)
+    chosen = precision(env)
+    bf16 = chosen.bf16
     kwargs: dict[str, Any] = {
         "output_dir": str(work / CHECKPOINTS),
         "run_name": run_name,
         "use_cpu": env.use_cpu,
         "bf16": bf16,
+        "fp16": chosen.fp16,
         # Named as the installed transformers names it (5.23 renamed it; 5.17 has the old name).
         field_name(TrainingArguments, "gradient_checkpointing"): env.gradient_checkpointing,
         "seed": env.seed,
@@ -210,35 +213,6 @@ def save_trained_model(trainer: Any, work: Path, lora: bool) -> None:
     trainer.accelerator.wait_for_everyone()
 
 
-class PhaseTimer:
-    """Seconds spent generating and scoring, from TRL's ``_generate`` and
-    ``_calculate_rewards``; the rest of a step is the update (forward, backward, step)."""
-
-    PHASES = {"_generate": "generation", "_calculate_rewards": "reward"}
-
-    def __init__(self, trainer: Any):
-        self.seconds: dict[str, float] = defaultdict(float)
-        for method, phase in self.PHASES.items():
-            original = getattr(trainer, method, None)
-            if original is not None:
-                setattr(trainer, method, self._timed(original, phase))
-
-    def _timed(self, func: Callable[..., Any], phase: str) -> Callable[..., Any]:
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            started = time.perf_counter()
-            try:
-                return func(*args, **kwargs)
-            finally:
-                self.seconds[phase] += time.perf_counter() - started
-
-        return wrapper
-
-    def split(self, total: float) -> dict[str, float]:
-        out = {f"seconds_{phase}": round(self.seconds.get(phase, 0.0), 3) for phase in self.PHASES.values()}
-        out["seconds_update"] = round(max(total - sum(self.seconds.values()), 0.0), 3)
-        return out
-
-
 def quiet_known_warnings() -> None:
     # TRL reads this deprecated property at every generation: one line per step in train.log.
     warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
@@ -281,6 +255,7 @@ def main(spec_path: str) -> int:
     drop_raw_log_printers(trainer)
     reporting.trainer = trainer
     timer = PhaseTimer(trainer)
+    trainer.add_callback(timer.callback())
 
     resume, start_step = last_checkpoint(work)
     if resume:
@@ -301,6 +276,7 @@ def main(spec_path: str) -> int:
     result = {
         **run_counts(trainer, start_step, seconds),
         **timer.split(seconds),
+        **peak_gpu_memory(),
         "train_records": len(dataset),
         **schedule_figures(trainer.state, stage.epochs, cfg.max_steps_per_stage, offset),
         "reward_funcs": reward_names,

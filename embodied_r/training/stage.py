@@ -13,6 +13,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
+from embodied_r.backends.tokens import check_folder_pad
 from embodied_r.io import is_complete, partial_path, read_summary, stage_folder, write_summary
 from embodied_r.training.chain import chain_schedule_steps, chain_source, keep_chain_state
 from embodied_r.training.config import GRPOStageConfig, TrainingConfig
@@ -83,6 +84,9 @@ def check_inputs(records: Path, init_model: str, stage: str = "training") -> Non
                 f"{stage}: initial model {init_model} is not a model folder (no config.json); "
                 "give a finished earlier stage's model/ folder, a hub id, or tiny:lm"
             )
+        # A pad token the chat template writes would be masked in every prompt (NaN at the
+        # first step on a GPU): refused here, in one line, before the trainer starts.
+        check_folder_pad(str(path))
 
 
 def existing_checkpoints(out: Path) -> int:

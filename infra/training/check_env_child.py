@@ -51,9 +51,11 @@ def faked(world: int, env: dict[str, str], gpus: int = 0) -> Iterator[None]:
     REAL_CUDA.setdefault("device_count", torch.cuda.device_count)
     saved_env = dict(os.environ)
     saved = (TrainingArguments.world_size, ta.is_torch_bf16_gpu_available, torch.cuda.is_available,
-             torch.cuda.device_count)
+             torch.cuda.device_count, torch.cuda.is_bf16_supported)
     TrainingArguments.world_size = property(lambda self: world)
     ta.is_torch_bf16_gpu_available = lambda: True
+    # The project asks for native bf16 (embodied_r.backends.devices): the faked GPU has it.
+    torch.cuda.is_bf16_supported = lambda including_emulation=True: True
     if gpus:
         torch.cuda.is_available = lambda: True
         torch.cuda.device_count = lambda: gpus
@@ -62,7 +64,7 @@ def faked(world: int, env: dict[str, str], gpus: int = 0) -> Iterator[None]:
         yield
     finally:
         (TrainingArguments.world_size, ta.is_torch_bf16_gpu_available, torch.cuda.is_available,
-         torch.cuda.device_count) = saved
+         torch.cuda.device_count, torch.cuda.is_bf16_supported) = saved
         os.environ.clear()
         os.environ.update(saved_env)
 
@@ -346,6 +348,43 @@ def check_reference(reference: dict[str, Any]) -> dict[str, Any]:
     return row
 
 
+def check_pad_guard(work: Path) -> dict[str, Any]:
+    """The pad-token guard under the pinned transformers: the tiny LM passes; the same model
+    saved as SmolLM2's GGUF conversion left it under transformers 5.17 (end of sequence
+    ``<|im_start|>``, no pad token, so trainers pad with the token that begins every chat
+    turn) must be refused before a trainer starts, naming the folder and the fix."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    from embodied_r.backends.models import resolve_model
+    from embodied_r.backends.tokens import PadTokenError, check_folder_pad
+
+    started = time.monotonic()
+    row: dict[str, Any] = {"recipe": "smoke", "what": "pad token: a chat-template token refused", "world": 1}
+    problems = []
+    try:
+        tiny = Path(resolve_model("tiny:lm"))
+        check_folder_pad(str(tiny))
+        planted = work / "im-start-eos"
+        shutil.rmtree(planted, ignore_errors=True)
+        shutil.copytree(tiny, planted)
+        tokenizer = AutoTokenizer.from_pretrained(planted)
+        tokenizer.eos_token, tokenizer.pad_token = "<|im_start|>", None
+        tokenizer.save_pretrained(planted)
+        try:
+            check_folder_pad(str(planted))
+            problems.append("a folder whose eos (and so its padding) is <|im_start|> was not refused")
+        except PadTokenError as exc:
+            if str(planted) not in str(exc) or "<|endoftext|>" not in str(exc):
+                problems.append(f"the refusal names neither the folder nor the fix: {exc}")
+        row.update(ok=not problems, problems=problems)
+    except Exception as exc:  # noqa: BLE001 - every failure is a finding
+        row.update(ok=False, problems=[f"{type(exc).__name__}: {exc}", traceback.format_exc(limit=4)])
+    row["seconds"] = round(time.monotonic() - started, 1)
+    return row
+
+
 def main(cases_path: str, out_path: str) -> int:
     import logging
 
@@ -356,6 +395,7 @@ def main(cases_path: str, out_path: str) -> int:
     out = {"configs": [run_case(case, work) for case in spec["cases"]]}
     if spec.get("reference"):
         out["reference"] = check_reference(spec["reference"])
+    out["pad"] = check_pad_guard(work)
     Path(out_path).write_text(json.dumps(out, indent=2))
     return 0
 

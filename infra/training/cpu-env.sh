@@ -20,7 +20,7 @@ HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 CONS="$HERE/constraints.txt"
 REQS="$HERE/requirements.txt"
 # Bump when the steps below change what gets installed.
-BUILD=1
+BUILD=2
 KEY=$( (cat "$CONS" "$REQS"; echo "build $BUILD") | sha256sum | cut -c1-16)
 ROOT="${EMBODIED_R_TRAIN_ENV_ROOT:-$HOME/.cache/embodied-r}"
 VENV="$ROOT/train-env-$KEY"
@@ -67,6 +67,11 @@ sed -e 's/#.*//' -e 's/[[:space:]]*$//' "$REQS" | grep -v -E '^$|^vllm([<>=!~ ]|
     | sed -E 's/^trl\[[^]]*\]/trl/' > "$REQ_CPU"
 say "training requirements at their pins: $(tr '\n' ' ' < "$REQ_CPU")"
 pipq install -c "$PINS" -r "$REQ_CPU"
+
+# gguf: `embodied-r models fetch smollm2` reads SmolLM2's GGUF file with it (a project
+# dependency, so in the GPU environment through `-e .`); the check converts it here.
+say "gguf"
+pipq install -c "$PINS" "gguf>=0.10"
 
 say "import check"
 "$PY" -W ignore - "$CONS" <<'PY' >&2

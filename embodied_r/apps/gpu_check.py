@@ -1,0 +1,298 @@
+"""``embodied-r check gpu`` (``make gpu-check``): what a user runs first on a GPU machine, in
+the training environment, in a few minutes; and ``embodied-r check memory``, each recipe's
+estimated GPU memory.
+
+The GPU check runs the test suite's GPU-marked tests that can run here (those that need
+vLLM or DeepSpeed skip with the reason when they are absent), then each check in a process
+of its own (``gpu_checks``, ``gpu_policy``), so that a CUDA error in one fails its own row
+and no other. It prints one table row per test and per check, and closes with
+``gpu-check: N passed, M failed``; the exit code is 1 when anything failed. With
+``--device cpu`` the checks run on the CPU, which checks the checks themselves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ElementTree
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+# Set for the GPU-marked tests run from here: the test that runs this whole check skips.
+INSIDE = "EMBODIED_R_IN_GPU_CHECK"
+CHECKS: dict[str, str] = {
+    "backend": "transformers backend, device auto: tiny LM, tiny VLM with an image",
+    "grpo-stage1": "GRPO stage 1 (format 0.7, accuracy 0.3), tiny LM, 1 step",
+    "grpo-stage2": "GRPO stage 2 (format 0.3, accuracy 0.7), tiny LM, 1 step",
+    "grpo-stage3": "GRPO stage 3 (+ consistency 0.2), tiny reference asked",
+    "sft": "SFT, tiny LM, 1 step",
+    "accelerate": "GRPO stage 1 under accelerate launch, 1 process",
+    "policy": "GRPO steps of the recipe's policy at its settings",
+}
+TIMEOUTS = {"policy": 1800}
+DEFAULT_TIMEOUT = 900
+TESTS_TIMEOUT = 1800
+
+
+@dataclass
+class Row:
+    name: str
+    what: str
+    status: str  # passed, failed or skipped
+    detail: str = ""
+    seconds: float | None = None
+
+
+def rows_from_junit(path: Path) -> list[Row]:
+    """One row per test case of a pytest JUnit XML report."""
+    rows = []
+    for case in ElementTree.parse(path).getroot().iter("testcase"):
+        module = case.get("classname", "").replace(".", "/")
+        name = f"{module}.py::{case.get('name')}" if module else str(case.get("name"))
+        seconds = float(case.get("time") or 0)
+        failed = case.find("failure") if case.find("failure") is not None else case.find("error")
+        skipped = case.find("skipped")
+        if failed is not None:
+            rows.append(Row(name, "test", "failed", " ".join((failed.get("message") or "").split())[:300], seconds))
+        elif skipped is not None:
+            rows.append(Row(name, "test", "skipped", (skipped.get("message") or "").strip(), seconds))
+        else:
+            rows.append(Row(name, "test", "passed", "", seconds))
+    return rows
+
+
+def project_root() -> Path:
+    return Path(__file__).resolve().parents[2]
+
+
+def run_gpu_tests(work: Path) -> list[Row]:
+    """The GPU-marked tests of the source checkout, run with this interpreter."""
+    tests = project_root() / "tests"
+    if not tests.is_dir():
+        return [Row("gpu-tests", "tests", "skipped", "no tests/ folder here: run from a source checkout")]
+    if importlib.util.find_spec("pytest") is None:
+        return [Row("gpu-tests", "tests", "skipped", f"pytest is not installed in {sys.executable} "
+                    "(pip install pytest pytest-timeout; infra/install-env.sh train installs them)")]
+    report = work / "gpu-tests.xml"
+    started = time.monotonic()
+    cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", f"--junitxml={report}",
+           str(tests)]
+    try:
+        done = subprocess.run(cmd, cwd=project_root(), env={**os.environ, INSIDE: "1"}, capture_output=True,
+                              text=True, timeout=TESTS_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        return [Row("gpu-tests", "tests", "failed", f"still running after {TESTS_TIMEOUT} s",
+                    round(time.monotonic() - started, 1))]
+    if not report.is_file():
+        tail = " ".join((done.stdout + done.stderr).split())[-300:]
+        return [Row("gpu-tests", "tests", "failed", f"pytest exited {done.returncode}: {tail}",
+                    round(time.monotonic() - started, 1))]
+    return rows_from_junit(report) or [Row("gpu-tests", "tests", "skipped", "none collected")]
+
+
+def check_env() -> dict[str, str]:
+    """A check process's environment: this checkout first on the path, the hub offline (a
+    policy's weights are used where they are, never downloaded)."""
+    path = os.pathsep.join(p for p in (str(project_root()), os.environ.get("PYTHONPATH")) if p)
+    return {**os.environ, "PYTHONPATH": path, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+
+
+def run_check(name: str, spec: dict[str, Any], work: Path) -> Row:
+    """One check in a process of its own; its result file, or its failure, makes the row."""
+    folder = work / name
+    folder.mkdir(parents=True, exist_ok=True)
+    spec_file, out_file = folder / "spec.json", folder / "result.json"
+    spec_file.write_text(json.dumps({**spec, "work": str(folder)}))
+    timeout = TIMEOUTS.get(name, DEFAULT_TIMEOUT)
+    started = time.monotonic()
+    cmd = [sys.executable, "-m", "embodied_r.apps.gpu_check", "--one", name, str(spec_file), str(out_file)]
+    with open(folder / "check.log", "w") as log:
+        try:
+            code = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=timeout,
+                                  env=check_env()).returncode
+        except subprocess.TimeoutExpired:
+            code = None
+    seconds = round(time.monotonic() - started, 1)
+    if not out_file.is_file():
+        why = f"still running after {timeout} s" if code is None else f"exited {code} without a result"
+        tail = " ".join((folder / "check.log").read_text(errors="replace").split())[-300:]
+        return Row(name, CHECKS[name], "failed", f"{why}; {tail} (log: {folder / 'check.log'})", seconds)
+    result = json.loads(out_file.read_text())
+    if result.get("skipped"):
+        return Row(name, CHECKS[name], "skipped", result["skipped"], seconds)
+    detail = result.get("detail", "")
+    if not result.get("ok"):
+        detail += f" (log: {folder / 'check.log'})"
+    return Row(name, CHECKS[name], "passed" if result.get("ok") else "failed", detail, seconds)
+
+
+def table(rows: list[Row]) -> str:
+    """The rows as a text table: check, result, seconds, detail."""
+    cells = [("check", "result", "seconds", "detail")]
+    for row in rows:
+        result = {"passed": "ok", "failed": "FAILED", "skipped": "skipped"}[row.status]
+        seconds = "" if row.seconds is None else f"{row.seconds:.1f}"
+        cells.append((row.name, result, seconds, row.detail or (row.what if row.what != "test" else "")))
+    widths = [max(len(c[i]) for c in cells) for i in range(3)]
+    return "\n".join(f"{c[0]:<{widths[0]}}  {c[1]:<{widths[1]}}  {c[2]:>{widths[2]}}  {c[3]}".rstrip() for c in cells)
+
+
+def closing(rows: list[Row]) -> str:
+    passed = sum(r.status == "passed" for r in rows)
+    failed = sum(r.status == "failed" for r in rows)
+    return f"gpu-check: {passed} passed, {failed} failed"
+
+
+def resolve_device(device: str) -> str | None:
+    """``cuda`` or ``cpu`` for the checks, or None: no GPU here, so nothing runs."""
+    if device == "cpu":
+        return "cpu"
+    from embodied_r.backends.devices import cuda_available
+
+    return "cuda" if cuda_available() else None
+
+
+def run(device: str = "auto", recipe: str = "paper", only: list[str] | None = None, tests: bool = True,
+        work: Path | None = None, say: Callable[[str], None] = print, **policy: Any) -> list[Row]:
+    """Every row of the check, printed as each finishes; ``policy``: the policy step's
+    ``steps``, ``prompt_tokens``, ``completion_tokens`` and ``policy_shape``."""
+    names = only or list(CHECKS)
+    unknown = sorted(set(names) - set(CHECKS))
+    if unknown:
+        raise ValueError(f"unknown check(s) {', '.join(unknown)}; the checks are {', '.join(CHECKS)}")
+    chosen = resolve_device(device)
+    if chosen is None:
+        why = "no GPU (torch sees no CUDA device)"
+        rows = ([Row("gpu-tests", "tests", "skipped", why)] if tests else []) + [
+            Row(n, CHECKS[n], "skipped", why) for n in names]
+        for row in rows:
+            say(f"  skipped  {row.name}: {why}")
+        return rows
+    keep = work is not None
+    work = Path(work) if work else Path(tempfile.mkdtemp(prefix="gpu-check-"))
+    work.mkdir(parents=True, exist_ok=True)
+    rows: list[Row] = []
+    if tests and chosen == "cuda":
+        say("  GPU-marked tests ...")
+        for row in run_gpu_tests(work):
+            rows.append(row)
+            say(f"  {row.status:<8} {row.name} {row.detail}".rstrip())
+    elif tests:
+        rows.append(Row("gpu-tests", "tests", "skipped", "no GPU: --device cpu"))
+    spec = {"device": chosen, "recipe": recipe, **{k: v for k, v in policy.items() if v is not None}}
+    for name in names:
+        say(f"  {name}: {CHECKS[name]} ...")
+        row = run_check(name, spec, work)
+        rows.append(row)
+        say(f"  {row.status:<8} {name} ({row.seconds} s) {row.detail}".rstrip())
+    if not keep and not any(r.status == "failed" for r in rows):
+        shutil.rmtree(work, ignore_errors=True)
+    elif not keep:
+        say(f"  the failed checks' folders and logs stay in {work}")
+    return rows
+
+
+def one(name: str, spec_path: str, out_path: str) -> int:
+    """Run one check (in its own process) and write its result."""
+    import logging
+    import traceback
+
+    from embodied_r.apps.gpu_checks import CHECKS as TINY, Skip
+    from embodied_r.apps.gpu_policy import check_policy
+    from embodied_r.io import write_json_atomic
+
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    spec = json.loads(Path(spec_path).read_text())
+    started = time.monotonic()
+    try:
+        result = {**TINY, "policy": check_policy}[name](spec)
+    except Skip as why:
+        result = {"ok": True, "skipped": str(why)}
+    except Exception as exc:  # noqa: BLE001 - every failure is the row's finding
+        traceback.print_exc()
+        result = {"ok": False, "detail": f"{type(exc).__name__}: {' '.join(str(exc).split())[:600]}"}
+    result["seconds"] = round(time.monotonic() - started, 1)
+    write_json_atomic(Path(out_path), result)
+    return 0
+
+
+def memory_table(recipes: list[str], prompt_tokens: int | None = None, gpus: int | None = None) -> str:
+    """Each recipe's estimated memory per GPU, where its policy's shape is known here."""
+    from embodied_r.config import load_recipe
+    from embodied_r.training.memory import PARTS, estimate, processes, shape_of
+
+    header = ("recipe", "processes", *PARTS, "peak (GiB)")
+    cells = [header]
+    for name in recipes:
+        training = load_recipe(name).training
+        shape = shape_of(training.policy)
+        if shape is None:
+            continue
+        est = estimate(training, shape, prompt_tokens, gpus=gpus)
+        g = est.gib()
+        peak = f"{g['peak']:.1f}" + (f" + {est.card_share:.0%} of the card (vLLM)" if est.card_share else "")
+        cells.append((name, str(processes(training, gpus)), *(f"{g.get(p, 0.0):.1f}" for p in PARTS), peak))
+    return "\n".join("| " + " | ".join(row) + " |" + ("\n|" + "---|" * len(header) if i == 0 else "")
+                     for i, row in enumerate(cells))
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("check", help="check this machine: the GPU path (gpu), each recipe's GPU memory (memory)")
+    sub = p.add_subparsers(dest="check_command", required=True)
+    gpu = sub.add_parser("gpu", help="the GPU-marked tests, then each GPU check in its own process, as a table",
+                         description=__doc__.split("\n\n")[0])
+    gpu.add_argument("--device", choices=["auto", "cpu"], default="auto",
+                     help="auto: the GPU, or every row skipped without one; cpu: check the checks on the CPU")
+    gpu.add_argument("--recipe", default="paper", help="whose policy and settings the policy step runs (default paper)")
+    gpu.add_argument("--only", nargs="+", choices=list(CHECKS), help="run only these checks")
+    gpu.add_argument("--no-tests", dest="tests", action="store_false", help="leave out the GPU-marked tests")
+    gpu.add_argument("--work", type=Path, help="keep every check's folder and log here")
+    gpu.add_argument("--steps", type=int, default=2, help="policy step: optimizer steps (the first warms up)")
+    gpu.add_argument("--prompt-tokens", type=int, help="policy step: prompt length (default about 950 tokens)")
+    gpu.add_argument("--completion-tokens", type=int,
+                     help="policy step: cut completions here (default the recipe's max_completion_length)")
+    gpu.add_argument("--policy-shape", choices=["tiny"], help=argparse.SUPPRESS)  # the checks' own test
+    gpu.set_defaults(handler=cmd_gpu)
+    mem = sub.add_parser("memory", help="each recipe's estimated GPU memory per GPU, part by part")
+    mem.add_argument("--recipe", nargs="+", help="recipes (default every shipped one whose policy's shape is known)")
+    mem.add_argument("--prompt-tokens", type=int, help="prompt length (default each recipe's max_prompt_length)")
+    mem.add_argument("--gpus", type=int, help="GPUs of a launch without an accelerate config (DDP; default 1)")
+    mem.set_defaults(handler=cmd_memory)
+
+
+def cmd_gpu(args: argparse.Namespace) -> int:
+    from embodied_r.backends.devices import device_name
+
+    import torch
+
+    print(f"gpu-check: {device_name() if args.device != 'cpu' else 'cpu (forced)'}, torch {torch.__version__}, "
+          f"python {sys.executable}")
+    rows = run(args.device, args.recipe, args.only, args.tests, args.work, steps=args.steps,
+               prompt_tokens=args.prompt_tokens, completion_tokens=args.completion_tokens,
+               policy_shape=args.policy_shape)
+    print("\n" + table(rows) + "\n")
+    print(closing(rows))
+    return 1 if any(r.status == "failed" for r in rows) else 0
+
+
+def cmd_memory(args: argparse.Namespace) -> int:
+    from embodied_r.config import available_recipes
+
+    print(memory_table(args.recipe or available_recipes(), args.prompt_tokens, args.gpus))
+    return 0
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 5 and sys.argv[1] == "--one":
+        sys.exit(one(*sys.argv[2:5]))
+    print("usage: python -m embodied_r.apps.gpu_check --one NAME SPEC.json OUT.json (embodied-r check gpu runs it)",
+          file=sys.stderr)
+    sys.exit(2)
