@@ -149,6 +149,19 @@ def test_synthetic_source_is_left_as_it_was(tmp_path):
                                                                     "nyu-visionx/VSI-Bench"}
 
 
+def test_an_edited_generator_makes_a_new_synthetic_source(tmp_path, monkeypatch):
+    """The synthetic source is keyed by the generator's code as well as its config: a source
+    left by an earlier generator (other questions, other answers) is not linked again."""
+    import embodied_r.data.download as download
+
+    cfg = DownloadConfig(source="synthetic", synthetic=SyntheticConfig(
+        urban_videos=2, clips_per_scene=2, vsi_scenes=0, seconds=3.0, width=160, height=90, fps=10.0))
+    run_download(tmp_path / "raw", cfg, tmp_path / "sources")
+    monkeypatch.setattr(download, "modules_version", lambda modules: "the generator after an edit")
+    run_download(tmp_path / "raw2", cfg, tmp_path / "sources")
+    assert len(list((tmp_path / "sources").iterdir())) == 2
+
+
 def test_splits_are_seeded_and_stable():
     rows = [{"benchmark": "b", "scene": f"s{i}", "uid": str(i)} for i in range(40)]
     a = [dict(r) for r in rows]

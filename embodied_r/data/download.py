@@ -27,6 +27,7 @@ from embodied_r.data.hub import HubConfig
 from embodied_r.faults import item_done
 from embodied_r.io import (is_complete, read_summary, safe_extract, sha256_file, stage_folder,
                           write_json_atomic, write_summary)
+from embodied_r.runners import closure, modules_version
 from embodied_r.settings import operational, result_settings
 from embodied_r.synthetic.config import SyntheticConfig
 from embodied_r.synthetic.generate import make_synthetic_benchmark
@@ -135,7 +136,11 @@ def _from_folder(root: Path, cfg: DownloadConfig, work: Path) -> dict[str, dict]
 
 
 def _synthetic_root(cfg: DownloadConfig, sources_root: Path) -> Path:
-    root = Path(sources_root) / ("synthetic-" + hashlib.sha256(cfg.synthetic.model_dump_json().encode()).hexdigest()[:12])
+    """The synthetic benchmark's folder, made once per config and generator code: a benchmark
+    left by an earlier version of the generator is never taken for this one's."""
+    code = modules_version(closure(make_synthetic_benchmark.__module__))
+    key = hashlib.sha256((cfg.synthetic.model_dump_json() + code).encode()).hexdigest()[:12]
+    root = Path(sources_root) / f"synthetic-{key}"
     if not (root / ".complete").exists():
         make_synthetic_benchmark(root, cfg.synthetic)
         (root / ".complete").touch()
