@@ -206,9 +206,8 @@ def _cmd_run(args: argparse.Namespace, stage: str | None = None) -> int:
 
 def _cmd_plan(args: argparse.Namespace) -> int:
     from embodied_r.config import load_recipe
-    from embodied_r.pipeline import plan
-
     from embodied_r.io import damaged_outputs
+    from embodied_r.pipeline import plan
 
     stages = plan(load_recipe(args.recipe, _all_overrides(args) or None))
     for name, sp in stages.items():
