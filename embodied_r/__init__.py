@@ -2,7 +2,8 @@
 
 The core lives at the top of this package: ``config`` (the recipe), ``pipeline`` (the stage
 graph and its hashes), ``runners`` (the registry of stage runners and their code versions),
-``tracking`` (MLflow), ``io`` (stage folders and Parquet), ``schemas`` (the Parquet
+``tracking`` (MLflow), ``tracking_store`` (whether its server answers), ``io`` (stage folders
+and Parquet), ``schemas`` (the Parquet
 contracts), ``benchmark_rules`` (the two benchmarks' rules), ``paths`` and ``progress``. One
 sub-package per concern sits beside it; ``docs/architecture.md`` draws both graphs.
 """

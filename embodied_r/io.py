@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from embodied_r.benchmark_rules import DataSourceError
-from embodied_r.faults import WriteFailure, item_done
+from embodied_r.faults import StageFault, WriteFailure, item_done
 
 # A folder key: the first 16 hex digits (64 bits) of a sha256, plenty to tell apart the
 # folders of one parent and short enough to read in a path.
@@ -148,13 +148,95 @@ def write_parquet_atomic(table: pa.Table, path: Path) -> None:
     os.replace(tmp, path)
 
 
+SUMMARY_FILE = "summary.json"
+# The summary's record of what the finished folder holds (``output_manifest``).
+OUTPUTS_KEY = "outputs"
+
+
 def write_summary(folder: Path, summary: dict[str, Any]) -> None:
-    """The summary is written last: its presence marks a stage folder complete."""
-    write_json_atomic(Path(folder) / "summary.json", summary)
+    """The summary is written last: its presence marks a stage folder complete. It records
+    what the folder holds then (``OUTPUTS_KEY``, set in ``summary`` too, so the summary a
+    stage returns is the one a rerun reads), so a file lost since is found."""
+    folder = Path(folder)
+    summary[OUTPUTS_KEY] = output_manifest(folder)
+    write_json_atomic(folder / SUMMARY_FILE, summary)
 
 
 def read_summary(folder: Path) -> dict[str, Any]:
-    return read_json(Path(folder) / "summary.json")
+    return read_json(Path(folder) / SUMMARY_FILE)
+
+
+class DamagedOutput(StageFault):
+    """A finished stage folder no longer holds what it held when its stage finished."""
+
+
+def _entry(path: Path) -> dict[str, int]:
+    """One manifest entry: a file's size (a Parquet file's row count too), or a folder's file
+    count and total size (its files are not listed one by one: key frames count thousands)."""
+    if path.is_dir():
+        sizes = [p.stat().st_size for p in path.rglob("*") if p.is_file()]
+        return {"files": len(sizes), "bytes": sum(sizes)}
+    entry = {"bytes": path.stat().st_size}
+    if path.suffix == ".parquet":
+        entry["rows"] = pq.read_metadata(path).num_rows
+    return entry
+
+
+def output_manifest(folder: Path) -> dict[str, dict[str, int]]:
+    """What ``folder`` holds besides its summary: each file by name, each sub-folder as
+    ``name/``."""
+    return {p.name + ("/" if p.is_dir() else ""): _entry(p) for p in sorted(Path(folder).iterdir())
+            if p.name != SUMMARY_FILE and not p.name.startswith(".") and (p.is_dir() or p.is_file())}
+
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}{'' if n == 1 else 's'}"
+
+
+def damaged_outputs(folder: Path) -> list[str]:
+    """What a finished folder lost since its stage finished, one phrase an entry: missing,
+    another size, another row count, a Parquet file that no longer reads. A folder finished
+    before sizes were recorded has nothing to compare: it is taken as it is."""
+    recorded = read_summary(folder).get(OUTPUTS_KEY)
+    if not isinstance(recorded, dict):
+        return []
+    problems = []
+    for name, then in recorded.items():
+        path = Path(folder) / name.rstrip("/")
+        if not (path.is_dir() if name.endswith("/") else path.is_file()):
+            problems.append(f"{name} is missing")
+        elif name.endswith("/"):
+            now = _entry(path)
+            if now != then:
+                problems.append(f"{name} holds {_count(now['files'], 'file')} of {_count(now['bytes'], 'byte')}, "
+                                f"not {then.get('files')} of {then.get('bytes')}")
+        elif (size := path.stat().st_size) != then.get("bytes"):
+            problems.append(f"{name} has {_count(size, 'byte')}, not {then.get('bytes')}")
+        elif "rows" in then:
+            try:
+                rows = pq.read_metadata(path).num_rows
+            except Exception as exc:  # noqa: BLE001 - a footer that no longer reads, whatever pyarrow raises
+                problems.append(f"{name} cannot be read as Parquet ({' '.join(str(exc).split())[:80]})")
+                continue
+            if rows != then["rows"]:
+                problems.append(f"{name} holds {_count(rows, 'row')}, not {then['rows']}")
+    return problems
+
+
+def update_outputs(folder: Path, changed: Iterable[Path]) -> None:
+    """Record again the entries of a finished folder that hold ``changed`` paths (files
+    rewritten on purpose, such as a relocated home's paths), leaving the others as recorded."""
+    folder = Path(folder)
+    summary = read_summary(folder)
+    recorded = summary.get(OUTPUTS_KEY)
+    if not isinstance(recorded, dict):
+        return
+    for path in changed:
+        top = folder / Path(path).relative_to(folder).parts[0]
+        name = top.name + ("/" if top.is_dir() else "")
+        if name in recorded:
+            recorded[name] = _entry(top)
+    write_json_atomic(folder / SUMMARY_FILE, summary)
 
 
 class ItemLog:

@@ -15,7 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
+from embodied_r.io import OUTPUTS_KEY
 from embodied_r.paths import artifacts_root, default_tracking_uri, home_lock
+from embodied_r.tracking_store import check_store, guard, guarded
 
 # Keys that could hold a secret are never logged, whatever section they sit in.
 _SECRET_WORDS = ("api_key", "token", "secret", "password")
@@ -177,9 +179,10 @@ def stage_record(summary: dict[str, Any], kind: str = "") -> tuple[dict[str, flo
 
 
 def numeric_metrics(summary: dict[str, Any]) -> dict[str, float]:
-    """Flat numbers of a stage summary (nested dicts flattened with '/'), finite only."""
+    """Flat numbers of a stage summary (nested dicts flattened with '/'), finite only; the
+    record of its output files (``io.OUTPUTS_KEY``) is no figure."""
     out = {}
-    for key, value in flatten(summary).items():
+    for key, value in flatten({k: v for k, v in summary.items() if k != OUTPUTS_KEY}).items():
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             continue
         if math.isfinite(value):
@@ -209,16 +212,25 @@ class Tracker:
 
     @property
     def client(self):
+        """The store's client; a server's fails at once, as ``TrackingLost``, once it stopped
+        answering (``tracking_store``)."""
         from mlflow import MlflowClient
 
         quiet_store_logs()
-        return MlflowClient(tracking_uri=self.uri)
+        return guarded(MlflowClient(tracking_uri=self.uri), self.uri)
+
+    def guard(self, where: str):
+        """A block of bookkeeping that a lost store skips (``tracking_store.guard``)."""
+        return guard(self.uri, where)
 
     @classmethod
     def open(cls, experiment: str, uri: str, root: Path | None = None) -> "Tracker":
         """The experiment's tracker, the store and the experiment created when missing. A
         SQLite store is first touched under the home's lock: two runs starting together on
-        a fresh home would otherwise both create and migrate it, and one of them fail."""
+        a fresh home would otherwise both create and migrate it, and one of them fail. A
+        server that does not answer is named in one line (``check_store``), not after minutes
+        of the client's retries."""
+        check_store(uri)
         if uri.startswith("sqlite:"):
             with home_lock(root, "create the MLflow store"):
                 return cls._open(experiment, uri, root)

@@ -13,9 +13,12 @@ from embodied_r.config import Recipe, load_recipe
 from embodied_r.pipeline import plan, select_stages
 from embodied_r.stage_kinds import kinds
 from embodied_r.tracking import tracking_uri
+from embodied_r.tracking_store import lost_line
 from flows.runner import (
     StageRunFailed,
+    discard_damaged,
     discard_refreshed,
+    evaluation_summary,
     finish_parent,
     open_tracker,
     run_in_process,
@@ -52,6 +55,7 @@ def run_dispatched(recipe_ref: str, recipe: Recipe, root: Path, refresh: list[st
     stages = plan(recipe, root)
     selected = select_stages(stages, None, recipe.name)
     refreshed = discard_refreshed(stages, refresh or [])
+    discard_damaged(stages, selected)
     uri = tracking_uri(recipe.tracking.tracking_uri, root)
     with scoped_env(EMBODIED_R_HOME=str(root), MLFLOW_TRACKING_URI=uri):
         tracker = open_tracker(recipe, root, "pipeline", selected, refreshed)
@@ -63,15 +67,17 @@ def run_dispatched(recipe_ref: str, recipe: Recipe, root: Path, refresh: list[st
         with scoped_env(MLFLOW_TRACKING_URI=uri):
             cached = run_stages(stages, selected, tracker, dispatch=dispatch)
     except BaseException:
-        tracker.finish(tracker.parent_run_id, "FAILED")
+        with tracker.guard("the end of the run"):
+            tracker.finish(tracker.parent_run_id, "FAILED")
         raise
-    with scoped_env(MLFLOW_TRACKING_URI=uri):
-        final = finish_parent(tracker, stages, cached=cached, selected=selected, recipe=recipe)
+    with scoped_env(MLFLOW_TRACKING_URI=uri), tracker.guard("the end of the run"):
+        finish_parent(tracker, stages, cached=cached, selected=selected, recipe=recipe)
     return {"mlflow_run_id": tracker.parent_run_id, "tracking_uri": uri, "cached": cached,
-            "experiment_id": tracker.experiment_id,
+            "tracking_lost": lost_line(uri), "experiment_id": tracker.experiment_id,
             "mlflow_run_url": run_url(uri, tracker.experiment_id, tracker.parent_run_id or ""),
             "mlflow_runs_url": runs_url(uri, tracker.experiment_id),
-            "stages": {n: stages[n].out for n in selected}, "evaluation": final, "dispatched": True}
+            "stages": {n: stages[n].out for n in selected}, "evaluation": evaluation_summary(stages),
+            "dispatched": True}
 
 
 @flow(name="embodied-r", log_prints=True, flow_run_name=flow_run_name)

@@ -19,11 +19,12 @@ from prefect.context import get_run_context
 
 from embodied_r import progress
 from embodied_r.config import Recipe
-from embodied_r.io import is_complete, partial_path, read_summary
+from embodied_r.io import DamagedOutput, damaged_outputs, is_complete, partial_path, read_summary
 from embodied_r.pipeline import StagePlan, downstream, plan, resolve_stage_name, select_stages
 from embodied_r.shards import shard_paths
 from embodied_r.stage_kinds import kind_of
 from embodied_r.tracking import CACHE_TAG, Tracker, tracking_uri
+from embodied_r.tracking_store import TrackingUnavailable, ensure_answers, lost_line, mark_lost, unanswered
 from flows import mlflow_runs
 from flows.waiting import wait_for_runs
 from tasks.stages import STAGE_TASKS
@@ -58,6 +59,45 @@ def discard_refreshed(stages: dict[str, StagePlan], refresh: list[str]) -> list[
     return names
 
 
+def relied_on(stages: dict[str, StagePlan], selected: list[str]) -> list[str]:
+    """The finished stages a run of ``selected`` takes as done: those it serves from their
+    folders, and those read by the stages it runs."""
+    names = {n for n in selected if stages[n].complete}
+    names.update(d for n in selected if not stages[n].complete for d in stages[n].deps if stages[d].complete)
+    return [n for n in stages if n in names]
+
+
+def discard_damaged(stages: dict[str, StagePlan], selected: list[str]) -> list[str]:
+    """A finished folder the run relies on that lost an output since its stage finished
+    (``io.damaged_outputs``) is not done: it is discarded with its finished dependants (made
+    from what it held) and the run does them again, saying so in one line. Where that would
+    redo work on a GPU pool (training, inference), or a stage the run does not include, it
+    stops instead, in one line naming ``--refresh``. Returns the stages discarded."""
+    discarded: list[str] = []
+    while True:
+        found = next(((n, p) for n in relied_on(stages, selected) if (p := damaged_outputs(Path(stages[n].out)))),
+                     None)
+        if found is None:
+            return discarded
+        name, problems = found
+        redo = [n for n in downstream(stages, name) if stages[n].complete]
+        costly = [n for n in redo if kind_of(stages[n].kind).pool != "cpu"]
+        outside = [n for n in redo if n not in selected]
+        lost = "; ".join(problems)
+        if costly or outside:
+            why = (f"recomputing it redoes {', '.join(costly)}" if costly
+                   else f"this run does not include {', '.join(outside)}")
+            raise DamagedOutput(f"{name}: its finished folder {stages[name].out} lost outputs ({lost}); {why}: run "
+                                f"again with --refresh {name} to recompute it and the stages after it "
+                                f"(`embodied-r {stages[name].kind} --refresh` for that stage alone)")
+        for n in redo:
+            discard(Path(stages[n].out))
+        discarded += redo
+        after = f", with {', '.join(redo[1:])} made from it," if len(redo) > 1 else ""
+        progress.say(progress.stage_line(name, "damaged", note=f"its finished folder lost outputs ({lost}): it{after} "
+                                                                "is discarded and done again"))
+
+
 def flow_run_id() -> str:
     try:
         return str(get_run_context().flow_run.id)
@@ -83,8 +123,16 @@ def scoped_env(**values: str) -> Iterator[None]:
 
 def open_tracker(recipe: Recipe, root: Path, name: str, selected: list[str], refreshed: list[str],
                  parent_run_id: str | None = None) -> Tracker:
-    """The pipeline's MLflow parent run: a new one, or the one a dispatching flow made."""
-    tracker = Tracker.open(recipe.tracking.experiment, tracking_uri(recipe.tracking.tracking_uri, root), root)
+    """The pipeline's MLflow parent run: a new one, or the one a dispatching flow made (whose
+    store, found gone, is lost for this run too: the stages run untracked)."""
+    uri = tracking_uri(recipe.tracking.tracking_uri, root)
+    try:
+        tracker = Tracker.open(recipe.tracking.experiment, uri, root)
+    except TrackingUnavailable:
+        if not parent_run_id:
+            raise
+        mark_lost(uri, unanswered(uri) or "no answer")
+        return Tracker(uri, "", parent_run_id)
     if parent_run_id:
         return Tracker(tracker.uri, tracker.experiment_id, parent_run_id)
     return tracker.start_parent(
@@ -98,7 +146,9 @@ def open_tracker(recipe: Recipe, root: Path, name: str, selected: list[str], ref
 def log_cached_stage(tracker: Tracker, sp: StagePlan, summary: dict[str, Any]) -> None:
     """A stage served from the cache still gets a complete child run (``mlflow_runs``), and a
     line on the terminal and in Prefect's log."""
-    source = mlflow_runs.log_cached_stage(tracker, sp, summary)
+    source = ""
+    with tracker.guard(sp.name):
+        source = mlflow_runs.log_cached_stage(tracker, sp, summary)
     note = f"from run {source[:8]}" if source else "output found on disk"
     progress.say(progress.stage_line(sp.name, "cached", note=note))
     try:
@@ -144,6 +194,12 @@ def registered_label(promotion: str) -> str:
     return found[1] if found else ""
 
 
+def evaluation_summary(stages: dict[str, StagePlan]) -> dict[str, Any]:
+    """The evaluate stage's summary, {} when it is not done."""
+    evaluate = stages.get("evaluate")
+    return read_summary(Path(evaluate.out)) if evaluate is not None and evaluate.complete else {}
+
+
 def finish_parent(tracker: Tracker, stages: dict[str, StagePlan], cached: list[str],
                   selected: list[str] | None = None, recipe: Recipe | None = None,
                   registered: str = "") -> dict[str, Any]:
@@ -151,7 +207,7 @@ def finish_parent(tracker: Tracker, stages: dict[str, StagePlan], cached: list[s
     of all training stages, name it by its cache status, write its description and its report,
     and close it."""
     evaluate = stages.get("evaluate")
-    final = read_summary(Path(evaluate.out)) if evaluate and is_complete(Path(evaluate.out)) else {}
+    final = evaluation_summary(stages)
     parent = tracker.parent_run_id
     selected = selected or list(stages)
     tracker.log_metrics(parent, mlflow_runs.parent_metrics(final))
@@ -274,6 +330,7 @@ def run_in_process(recipe: Recipe, root: Path, refresh: list[str] | None = None,
         stages = plan(recipe, root)
         selected = select_stages(stages, only, recipe.name)
         refreshed = discard_refreshed(stages, refresh or [])
+        discard_damaged(stages, selected)
         tracker = open_tracker(recipe, root, "+".join(selected) if only else "pipeline",
                                selected, refreshed, parent_run_id)
         promotion = ""
@@ -287,14 +344,21 @@ def run_in_process(recipe: Recipe, root: Path, refresh: list[str] | None = None,
         try:
             cached = run_stages(stages, selected, tracker, after=after)
             if "evaluate" in selected:
-                promotion = promote_trained(recipe, root, stages, tracker)
+                with tracker.guard("registration"):
+                    ensure_answers(tracker.uri)  # the registry's own client is not guarded
+                    promotion = promote_trained(recipe, root, stages, tracker)
         except BaseException:
             if not parent_run_id:
-                tracker.finish(tracker.parent_run_id, "FAILED")
+                with tracker.guard("the end of the run"):
+                    tracker.finish(tracker.parent_run_id, "FAILED")
             raise
-        final = (finish_parent(tracker, stages, cached, selected, recipe, registered_label(promotion))
-                 if not parent_run_id else {})
+        final = {}
+        if not parent_run_id:
+            final = evaluation_summary(stages)
+            with tracker.guard("the end of the run"):
+                finish_parent(tracker, stages, cached, selected, recipe, registered_label(promotion))
         return {"mlflow_run_id": tracker.parent_run_id, "tracking_uri": uri, "cached": cached,
+                "tracking_lost": lost_line(uri),
                 "experiment_id": tracker.experiment_id,
                 "mlflow_run_url": mlflow_runs.run_url(uri, tracker.experiment_id, tracker.parent_run_id or ""),
                 "mlflow_runs_url": mlflow_runs.runs_url(uri, tracker.experiment_id),

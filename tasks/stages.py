@@ -95,7 +95,9 @@ def run_stage(stage: dict[str, Any], tracker: Tracker | None = None) -> dict[str
         return Completed(name="Cached", data=_payload(sp, None, read_summary(Path(sp.out))))
     run_id = None
     if tracker is not None:
-        run_id = tracker.start_stage(sp.name, sp.params, tags={"stage_key": sp.key, "output": sp.out})
+        # A tracking store that stopped answering costs no work: the stage runs untracked.
+        with tracker.guard(sp.name):
+            run_id = tracker.start_stage(sp.name, sp.params, tags={"stage_key": sp.key, "output": sp.out})
     _announce(sp, "started")
     progress.begin(sp.name)
     started = time.monotonic()
@@ -105,11 +107,13 @@ def run_stage(stage: dict[str, Any], tracker: Tracker | None = None) -> dict[str
     except BaseException as exc:
         _announce(sp, "failed", time.monotonic() - started, type(exc).__name__)
         if run_id:
-            tracker.finish(run_id, "FAILED")
+            with tracker.guard(sp.name):
+                tracker.finish(run_id, "FAILED")
         raise
     if run_id:
-        record_stage(tracker, run_id, Path(sp.out), summary, sp.kind)
-        tracker.finish(run_id)
+        with tracker.guard(sp.name):
+            record_stage(tracker, run_id, Path(sp.out), summary, sp.kind)
+            tracker.finish(run_id)
     _announce(sp, "done", time.monotonic() - started,
               "; ".join(part for part in (_headline(sp.kind, summary), _left_out(sp, summary)) if part))
     try:
@@ -156,13 +160,16 @@ def _headline(kind: str, summary: dict[str, Any]) -> str:
 
 def _worth_retrying(task: Any, task_run: Any, state: Any) -> bool:
     """A stage that stopped on purpose (an outage after the backend's own retries, too many
-    failed items, a busy lock) fails again at once: retrying only hides it for minutes."""
+    failed items, a busy lock) or on an input that is missing or does not read fails again at
+    once: retrying only hides it for minutes."""
+    from pyarrow import ArrowInvalid
+
     from embodied_r.faults import StageFault
     from embodied_r.io import StageBusy
 
     try:
         state.result()
-    except (StageFault, StageBusy):
+    except (StageFault, StageBusy, FileNotFoundError, ArrowInvalid):
         return False
     except BaseException:  # noqa: BLE001 - any other failure may be passing
         return True

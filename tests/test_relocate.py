@@ -11,6 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from embodied_r.io import OUTPUTS_KEY, damaged_outputs, write_summary
 from embodied_r.lifecycle.relocate import relocate_home
 from embodied_r.paths import HomeMovedError, claim_home
 
@@ -25,8 +26,8 @@ def _used_home(root: Path) -> None:
     video = root / "sources" / "UrbanVideo-Bench" / "videos" / "v_1.mp4"
     pq.write_table(pa.table({"uid": ["u:1"], "video_path": [str(video)], "frames": [[str(video), "x"]]}),
                    stage / "catalog.parquet")
-    (stage / "summary.json").write_text(json.dumps({"model": str(root / "stages" / "m"), "home": str(root),
-                                                    "note": f"{root}x stays"}))
+    # Written as a stage writes it: with the size of each file it holds (``io.OUTPUTS_KEY``).
+    write_summary(stage, {"model": str(root / "stages" / "m"), "home": str(root), "note": f"{root}x stays"})
     Tracker.open("relocate-test", tracking_uri(None, root), root)
 
 
@@ -45,7 +46,10 @@ def test_a_moved_home_is_refused_then_relocated(tmp_path: Path):
     assert row["video_path"] == str(new / "sources" / "UrbanVideo-Bench" / "videos" / "v_1.mp4")
     assert row["frames"] == [row["video_path"], "x"]
     summary = json.loads((new / "stages" / "preprocess" / "abc" / "summary.json").read_text())
-    assert summary == {"model": str(new / "stages" / "m"), "home": str(new), "note": f"{old}x stays"}
+    assert summary.pop(OUTPUTS_KEY) and summary == {"model": str(new / "stages" / "m"), "home": str(new),
+                                                    "note": f"{old}x stays"}
+    # The catalog's rewritten paths changed its size: the stage records it again, and stays done.
+    assert damaged_outputs(new / "stages" / "preprocess" / "abc") == []
 
     from mlflow import MlflowClient
 

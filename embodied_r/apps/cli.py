@@ -105,6 +105,9 @@ def _print_outcome(result: dict[str, Any], seconds: float, synthetic: bool = Fal
     if result.get("promotion"):
         print(f"\nRegistry: {result['promotion']}")
     uri = result.get("tracking_uri", "")
+    if result.get("tracking_lost"):
+        print(f"\nProject home: {home()}")
+        return
     print(f"\nMLflow store: {uri}  (parent run {result.get('mlflow_run_id')})")
     if uri.startswith("sqlite:"):
         print(f"Open its UI:  mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000")
@@ -161,6 +164,8 @@ def _precheck(args: argparse.Namespace, stage: str | None, overrides: dict[str, 
     returns the recipe."""
     from embodied_r.config import RecipeError, backend_problems, load_recipe
     from embodied_r.pipeline import plan, resolve_stage_name, select_stages, training_stage_names
+    from embodied_r.tracking import tracking_uri
+    from embodied_r.tracking_store import check_store
 
     recipe = load_recipe(args.recipe, overrides or None)
     stages = plan(recipe)
@@ -176,6 +181,7 @@ def _precheck(args: argparse.Namespace, stage: str | None, overrides: dict[str, 
     needed = {stages[n].kind for n in selected if refreshing or not stages[n].complete}
     if problems := backend_problems(recipe, needed):
         raise RecipeError("; ".join(problems))
+    check_store(tracking_uri(recipe.tracking.tracking_uri))
     return recipe
 
 
@@ -198,16 +204,23 @@ def _cmd_run(args: argparse.Namespace, stage: str | None = None) -> int:
         else:
             result = STAGE_FLOWS[stage](recipe=args.recipe, refresh=args.refresh_stage, overrides=overrides or None)
     _print_outcome(result, time.time() - start, recipe.download.source == "synthetic", recipe)
+    if result.get("tracking_lost"):
+        # The work is done and on disk; its record in MLflow is not complete.
+        print(f"error: {result['tracking_lost']}", file=sys.stderr)
+        return 1
     return 0
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
     from embodied_r.config import load_recipe
+    from embodied_r.io import damaged_outputs
     from embodied_r.pipeline import plan
 
     stages = plan(load_recipe(args.recipe, _all_overrides(args) or None))
     for name, sp in stages.items():
         state = "done" if sp.complete else ("partial" if Path(sp.out + ".partial").exists() else "to do")
+        if sp.complete and damaged_outputs(Path(sp.out)):
+            state = "damaged"  # lost a file since it finished: the next run does it again or names --refresh
         print(f"{name:14s} {state:8s} {sp.out}")
     return 0
 
@@ -215,12 +228,15 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 def _cmd_validate(args: argparse.Namespace) -> int:
     from embodied_r.apps.cli_reasoner import is_reasoner_recipe, validate_reasoner
     from embodied_r.config import RecipeError, backend_problems, load_recipe
+    from embodied_r.tracking import tracking_uri
+    from embodied_r.tracking_store import check_store
 
     if is_reasoner_recipe(args.recipe):
         return validate_reasoner(args)
     recipe = load_recipe(args.recipe, _all_overrides(args) or None)
     if problems := backend_problems(recipe):
         raise RecipeError("; ".join(problems))
+    check_store(tracking_uri(recipe.tracking.tracking_uri))
     print(json.dumps(recipe.model_dump(mode="json"), indent=2) if args.show else f"{recipe.name}: valid")
     return 0
 
@@ -326,6 +342,7 @@ def main(argv: list[str] | None = None) -> int:
     from embodied_r.pipeline import StageError
     from embodied_r.faults import StageFault, redact
     from embodied_r.io import StageBusy
+    from embodied_r.tracking_store import TrackingUnavailable
 
     try:
         if args.command == "relocate":
@@ -339,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command in STAGE_COMMANDS:
             return _cmd_run(args, stage=args.stage)
         return {"plan": _cmd_plan, "validate": _cmd_validate, "recipes": _cmd_recipes}[args.command](args)
-    except (RecipeError, DataSourceError, CatalogError, StageError, HomeMovedError) as exc:
+    except (RecipeError, DataSourceError, CatalogError, StageError, HomeMovedError, TrackingUnavailable) as exc:
         if args.debug:
             raise
         print(f"error: {redact(str(exc))}", file=sys.stderr)

@@ -20,6 +20,7 @@ from typing import Any, Callable
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from embodied_r.io import SUMMARY_FILE, update_outputs
 from embodied_r.paths import HOME_MARKER
 
 TEXT_SUFFIXES = {".json", ".jsonl"}
@@ -110,6 +111,22 @@ def _rewrite_duckdb(path: Path, replace: Callable[[str], str]) -> int:
     return changed
 
 
+def _record_sizes_again(root: Path, changed: list[Path]) -> None:
+    """A finished stage folder records its files' sizes (``io.output_manifest``) to find one
+    lost later: the files rewritten here are recorded again, so the stage stays done."""
+    folders: dict[Path, list[Path]] = {}
+    for path in changed:
+        for parent in path.parents:
+            if parent == root:
+                break
+            if (parent / SUMMARY_FILE).is_file():
+                if path.name != SUMMARY_FILE or path.parent != parent:
+                    folders.setdefault(parent, []).append(path)
+                break
+    for folder, paths in folders.items():
+        update_outputs(folder, paths)
+
+
 def relocate_home(root: Path) -> dict[str, Any]:
     """Rewrite the paths a copied or moved home records from its old place to ``root``."""
     root = Path(root).resolve()
@@ -121,17 +138,22 @@ def relocate_home(root: Path) -> dict[str, Any]:
     counts = {"from": old, "to": new, "parquet": 0, "text": 0, "duckdb": 0, "sqlite": 0}
     if old != new:
         replace = _replacer(old, new)
+        changed: list[Path] = []
         for path in sorted(root.rglob("*")):
             if not path.is_file() or path.name.startswith("."):
                 continue
+            done = 0
             if path.suffix == ".parquet":
-                counts["parquet"] += _rewrite_parquet(path, replace)
+                counts["parquet"] += (done := _rewrite_parquet(path, replace))
             elif path.suffix in TEXT_SUFFIXES:
-                counts["text"] += _rewrite_text(path, old, new)
+                counts["text"] += (done := _rewrite_text(path, old, new))
             elif path.suffix == ".duckdb":
-                counts["duckdb"] += _rewrite_duckdb(path, replace)
+                counts["duckdb"] += (done := _rewrite_duckdb(path, replace))
             elif path.suffix == ".db":
                 counts["sqlite"] += _rewrite_sqlite(path, old, new)
+            if done:
+                changed.append(path)
+        _record_sizes_again(root, changed)
     tmp = marker.with_name(f".{marker.name}.{uuid.uuid4().hex}.tmp")
     tmp.write_text(json.dumps({"path": new}))
     os.replace(tmp, marker)

@@ -17,6 +17,7 @@ from typing import Any
 
 from embodied_r.scoring.answers import completion_text
 from embodied_r.tracking import Tracker, trainer_metric_name
+from embodied_r.tracking_store import TrackingLost
 
 log = logging.getLogger("embodied_r.training.callbacks")
 
@@ -113,9 +114,12 @@ def trainer_params(arguments: dict[str, Any]) -> dict[str, Any]:
 
 
 def log_step_metrics(tracker: Tracker, run_id: str, metrics: dict[str, float], step: int) -> None:
-    """Log one step's figures; a point lost to the tracking server is a warning, never a stop."""
+    """Log one step's figures; a point lost to the tracking server is a warning, never a stop.
+    A server gone is said by the parent once the stage ends: the steps are in history.json."""
     try:
         tracker.log_metrics(run_id, metrics, step=step)
+    except TrackingLost:
+        pass
     except Exception as exc:  # noqa: BLE001 - a lost point must not stop training
         log.warning("could not log metrics at step %d: %s", step, exc)
 
@@ -135,6 +139,8 @@ def sft_step_callback(stage: str, run_id: str | None = None, uri: str | None = N
                 return
             try:
                 tracker.log_params(run_id, trainer_params(args.to_dict()))
+            except TrackingLost:
+                pass
             except Exception as exc:  # noqa: BLE001 - a resumed run logged them already
                 log.warning("could not log the trainer's arguments: %s", exc)
 
@@ -214,6 +220,8 @@ def reporting_callback(stage: str, stage_index: int, offset: int, run_id: str | 
             try:
                 tracker.log_table(run_id, path)
                 self.tables += 1
+            except TrackingLost:
+                pass
             except Exception as exc:  # noqa: BLE001 - a lost table must not stop training
                 log.warning("could not log the completions table at step %d: %s", step, exc)
 

@@ -1,0 +1,188 @@
+"""Whether the MLflow tracking store answers: checked before a run, watched during it.
+
+An HTTP store that does not answer costs MLflow's client minutes on each call (seven retries
+with a doubling back-off, about 4.5 minutes) before it raises. So ``check_store`` asks the
+server once, with a short timeout, before a run's first stage and at ``validate``, and names
+the fixes in one line. During a run every call through ``Tracker.client`` asks first too (a
+GET of the server's ``/health``, a millisecond on 127.0.0.1): a server that died is found at
+once and marked lost, and every later call fails at once with :class:`TrackingLost`. The
+run's bookkeeping (``guard``) catches it and goes on without tracking: the stages' work is on
+disk, and a rerun with the server back logs what is missing, as it logs any cached stage.
+
+A local store (SQLite, files) has no server and is never checked.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+import urllib.error
+import urllib.request
+from contextlib import contextmanager
+from typing import Any, Iterator
+from urllib.parse import urlsplit
+
+from embodied_r import progress
+
+# Long enough for a busy server to answer its health check, short enough to say at once
+# that nothing does.
+CHECK_TIMEOUT_S = 5.0
+START_SCRIPT = "infra/start-mlflow.sh"
+# A proxy's own answers that say the server behind it is gone.
+_GONE_STATUSES = (502, 503, 504)
+
+
+class TrackingUnavailable(RuntimeError):
+    """The tracking store a run names does not answer."""
+
+
+class TrackingLost(TrackingUnavailable):
+    """The tracking store stopped answering during a run: later calls are skipped."""
+
+
+_lock = threading.Lock()
+_lost: dict[str, dict[str, str]] = {}  # uri -> {"why", "where"}, once found gone
+
+
+def is_remote(uri: str) -> bool:
+    return uri.startswith(("http://", "https://"))
+
+
+def unanswered(uri: str, timeout_s: float = CHECK_TIMEOUT_S) -> str | None:
+    """Why the server of ``uri`` does not answer, or None when it does (any HTTP answer but a
+    proxy's "gone" is the server's own)."""
+    try:
+        with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout_s):
+            return None
+    except urllib.error.HTTPError as exc:
+        return f"HTTP {exc.code} from the proxy before it" if exc.code in _GONE_STATUSES else None
+    except (OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        if isinstance(reason, ConnectionRefusedError):
+            return "connection refused"
+        if isinstance(reason, TimeoutError):
+            return f"no answer within {timeout_s:g} s"
+        return " ".join(str(reason).split()) or type(reason).__name__
+
+
+def _fixes(uri: str) -> str:
+    """How to get a store that answers: start the server, or use the local one."""
+    parts = urlsplit(uri)
+    port = f"MLFLOW_PORT={parts.port} " if parts.hostname in ("127.0.0.1", "localhost") and parts.port not in (
+        None, 5000) else ""
+    setting = ("leave MLFLOW_TRACKING_URI unset" if os.environ.get("MLFLOW_TRACKING_URI") == uri
+               else "remove tracking.tracking_uri from the recipe")
+    return f"start it ({port}{START_SCRIPT}) or {setting} to use the local SQLite store in the project home"
+
+
+def check_store(uri: str, timeout_s: float = CHECK_TIMEOUT_S) -> None:
+    """Raise :class:`TrackingUnavailable`, in one line naming the fixes, when the HTTP store
+    ``uri`` does not answer within ``timeout_s``; a store that answers is no longer lost."""
+    if not is_remote(uri):
+        return
+    why = unanswered(uri, timeout_s)
+    if why is not None:
+        raise TrackingUnavailable(f"the MLflow tracking server at {uri} does not answer ({why}): {_fixes(uri)}")
+    with _lock:
+        _lost.pop(uri, None)
+
+
+def tracking_lost(uri: str) -> bool:
+    with _lock:
+        return uri in _lost
+
+
+def mark_lost(uri: str, why: str, where: str = "") -> None:
+    with _lock:
+        _lost.setdefault(uri, {"why": why, "where": where, "said": ""})
+
+
+def _lost_error(uri: str) -> TrackingLost:
+    with _lock:
+        why = _lost.get(uri, {}).get("why", "")
+    return TrackingLost(f"tracking lost: the MLflow server at {uri} stopped answering ({why})")
+
+
+def ensure_answers(uri: str) -> None:
+    """Raise :class:`TrackingLost` at once when the store of ``uri`` is lost or stops
+    answering now."""
+    if not is_remote(uri):
+        return
+    if not tracking_lost(uri):
+        why = unanswered(uri)
+        if why is None:
+            return
+        mark_lost(uri, why)
+    raise _lost_error(uri)
+
+
+class GuardedClient:
+    """An ``MlflowClient`` whose every call first makes sure its server answers
+    (``ensure_answers``), and whose call that fails on a server gone raises
+    :class:`TrackingLost` rather than MLflow's error."""
+
+    def __init__(self, client: Any, uri: str):
+        self._client = client
+        self._uri = uri
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._client, name)
+        if not callable(attr):
+            return attr
+
+        @functools.wraps(attr)
+        def call(*args: Any, **kwargs: Any) -> Any:
+            ensure_answers(self._uri)
+            try:
+                return attr(*args, **kwargs)
+            except Exception as exc:
+                # Gone in the middle of this call (after MLflow's retries): lost from now on.
+                why = unanswered(self._uri)
+                if why is None:
+                    raise
+                mark_lost(self._uri, why)
+                raise _lost_error(self._uri) from exc
+
+        return call
+
+
+def guarded(client: Any, uri: str) -> Any:
+    """``client`` guarded when its store is a server; as it is otherwise."""
+    return GuardedClient(client, uri) if is_remote(uri) else client
+
+
+@contextmanager
+def guard(uri: str, where: str) -> Iterator[None]:
+    """A block of a run's MLflow bookkeeping, at ``where`` (a stage's name), ended at its first
+    call through a guarded client once the store is lost (a block that calls MLflow otherwise
+    calls ``ensure_answers`` first). The loss is said once, in one line; the run goes on
+    without tracking."""
+    try:
+        yield
+    except TrackingLost:
+        _say_lost(uri, where)
+
+
+def _say_lost(uri: str, where: str) -> None:
+    with _lock:
+        state = _lost.setdefault(uri, {"why": "", "where": where, "said": ""})
+        state["where"] = state["where"] or where
+        if state["said"]:
+            return
+        state["said"] = "yes"
+        why, first = state["why"], state["where"]
+    progress.say(f"tracking lost at {first}: the MLflow server at {uri} stopped answering ({why}); the run goes on "
+                 "without tracking, every stage's work is kept on disk")
+
+
+def lost_line(uri: str) -> str:
+    """The one line a run that lost its store ends with; "" when it did not."""
+    with _lock:
+        state = _lost.get(uri)
+    if state is None:
+        return ""
+    where = f" at {state['where']}" if state["where"] else ""
+    return (f"tracking lost{where}: the MLflow server at {uri} stopped answering ({state['why']}); every stage's "
+            f"work is kept on disk: start the server again ({START_SCRIPT}) and rerun the same command to log "
+            "what is missing (no stage is redone)")
