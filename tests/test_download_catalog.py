@@ -157,7 +157,7 @@ def test_an_edited_generator_makes_a_new_synthetic_source(tmp_path, monkeypatch)
     cfg = DownloadConfig(source="synthetic", synthetic=SyntheticConfig(
         urban_videos=2, clips_per_scene=2, vsi_scenes=0, seconds=3.0, width=160, height=90, fps=10.0))
     run_download(tmp_path / "raw", cfg, tmp_path / "sources")
-    monkeypatch.setattr(download, "modules_version", lambda modules: "the generator after an edit")
+    monkeypatch.setattr(download, "generator_version", lambda: "the generator after an edit")
     run_download(tmp_path / "raw2", cfg, tmp_path / "sources")
     assert len(list((tmp_path / "sources").iterdir())) == 2
 

@@ -11,6 +11,7 @@ video zips are then extracted inside the stage folder, safely.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import os
 import shutil
@@ -27,7 +28,6 @@ from embodied_r.data.hub import HubConfig
 from embodied_r.faults import item_done
 from embodied_r.io import (is_complete, read_summary, safe_extract, sha256_file, stage_folder,
                           write_json_atomic, write_summary)
-from embodied_r.runners import closure, modules_version
 from embodied_r.settings import operational, result_settings
 from embodied_r.synthetic.config import SyntheticConfig
 from embodied_r.synthetic.generate import make_synthetic_benchmark
@@ -135,11 +135,18 @@ def _from_folder(root: Path, cfg: DownloadConfig, work: Path) -> dict[str, dict]
     return origin
 
 
+def generator_version() -> str:
+    """A hash of the synthetic generator's source (its package's modules)."""
+    h = hashlib.sha256()
+    for path in sorted(Path(inspect.getfile(make_synthetic_benchmark)).parent.glob("*.py")):
+        h.update(path.name.encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()
+
+
 def _synthetic_root(cfg: DownloadConfig, sources_root: Path) -> Path:
     """The synthetic benchmark's folder, made once per config and generator code: a benchmark
     left by an earlier version of the generator is never taken for this one's."""
-    code = modules_version(closure(make_synthetic_benchmark.__module__))
-    key = hashlib.sha256((cfg.synthetic.model_dump_json() + code).encode()).hexdigest()[:12]
+    key = hashlib.sha256((cfg.synthetic.model_dump_json() + generator_version()).encode()).hexdigest()[:12]
     root = Path(sources_root) / f"synthetic-{key}"
     if not (root / ".complete").exists():
         make_synthetic_benchmark(root, cfg.synthetic)
