@@ -65,9 +65,14 @@ def plan(recipe: Recipe, root: Path | None = None) -> dict[str, StagePlan]:
     prev: list[str] = []
     warm = None
     if recipe.warmstart is not None:
-        warm = add("warmstart", "warmstart", ["convert"], recipe.warmstart.model_dump(mode="json", exclude={"python"}),
+        warm_cfg = recipe.warmstart.model_dump(mode="json", exclude={"python"})
+        warm_keyed = result_settings(recipe.warmstart)
+        if warm_cfg["max_prompt_length"] is None:
+            # Taught on prompts cut as the GRPO stages and evaluation cut them.
+            warm_cfg["max_prompt_length"] = warm_keyed["max_prompt_length"] = recipe.training.max_prompt_length
+        warm = add("warmstart", "warmstart", ["convert"], warm_cfg,
                    {"records": conv.out, "init_model": model, "python": recipe.warmstart.python or ""},
-                   keyed=result_settings(recipe.warmstart))
+                   keyed=warm_keyed)
         model = str(Path(warm.out) / "model")
         prev = [warm.name]
     if training["reference"]["model"] == WARMSTART_REF:

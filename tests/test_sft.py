@@ -214,3 +214,26 @@ def test_warm_start_stage_run_keeps_its_config_and_the_trainers_own_params(tmp_p
     # Every figure in a chart group: the loss under train/, the stage summary as params.
     assert "train/loss" in run.data.metrics and {m.split("/", 1)[0] for m in run.data.metrics} <= {"train", "timing"}
     assert params["summary.steps"] == "1"
+
+
+def test_prompts_are_cut_from_the_left_as_the_grpo_stages_cut_them(tiny_lm_path: Path) -> None:
+    """With ``max_prompt_length`` the warm start is taught on the prompts' last tokens, as the
+    GRPO stages and evaluation see them: the question and options stay, the first frames go,
+    and the completion follows the templated prompt as text."""
+    from transformers import AutoTokenizer
+
+    from embodied_r.training.sft_child import cut_prompts
+
+    tok = AutoTokenizer.from_pretrained(tiny_lm_path)
+    frames = "\n".join(f"Frame {i}: After move forward, Observe: the red cube is on my left" for i in range(40))
+    long = {"uid": "a", "prompt": [{"role": "system", "content": "S"},
+                                   {"role": "user", "content": frames + "\nQuestion: where? Options: A. left"}],
+            "completion": [{"role": "assistant", "content": "<think>x</think><answer>A</answer>"}]}
+    short = {**long, "uid": "b", "prompt": [{"role": "user", "content": "Question: where?"}]}
+    cut = cut_prompts([long, short], tok, 64)
+    assert all(isinstance(e["prompt"], str) and e["completion"] == "<think>x</think><answer>A</answer>" for e in cut)
+    assert len(tok(cut[0]["prompt"], add_special_tokens=False)["input_ids"]) <= 64
+    assert cut[0]["prompt"].endswith("Options: A. left<|im_end|>\n<|im_start|>assistant\n")
+    assert "Frame 0:" not in cut[0]["prompt"] and "Frame 39:" in cut[0]["prompt"]
+    # Nothing too long: the examples stay conversational, as without a limit.
+    assert cut_prompts([short], tok, 64) == [short]

@@ -109,6 +109,10 @@ class _Spec(BaseModel):
     # which is what makes training it on a CPU affordable.
     phrases: tuple[str, ...] = ()
     corpus: str = ""
+    # Words kept as one token each wherever they stand after a space (" green sphere",
+    # " on my left"): the names of the things a text talks about, so that a small model
+    # copying one from its prompt copies one token.
+    words: tuple[str, ...] = ()
 
     def digest(self) -> str:
         payload = {"build": BUILD_VERSION, "kind": type(self).__name__, **self.model_dump()}
@@ -216,6 +220,7 @@ def ensure_tiny_lm(root: Path, spec: TinyLMSpec = TinyLMSpec()) -> Path:
 
         tok = train_tokenizer(spec.vocab_size, LM_SPECIAL, spec.corpus)
         tok.add_tokens([AddedToken(p, normalized=False, special=False) for p in spec.phrases])
+        tok.add_tokens([AddedToken(" " + w, normalized=False, special=False) for w in spec.words])
         torch.manual_seed(spec.seed)
         config = Qwen2Config(**_text_kwargs(spec, tok), tie_word_embeddings=True)
         model = Qwen2ForCausalLM(config)

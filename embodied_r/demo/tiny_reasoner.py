@@ -34,13 +34,17 @@ from embodied_r.training.prompts import (
 )
 
 TAGS = ("<think>", "</think>", "<answer>", "</answer>")
-# The words of the warm start's reasoning traces (``warmstart.think_text``,
-# ``traces.fact_think``), for the BPE's merges.
+# The words of the warm start's reasoning traces (``warmstart.think_text``), for the BPE's merges.
 CORPUS = "\n".join([
     "I move forward, then rotate left, then move up. I see the red cube and the blue sphere. So A.",
     "I rotate right, then tilt down, then move backward. I see nothing of the question. So B: I turn left.",
     "I move left, then move right, then move down, then tilt up. I see the green cylinder. So C: I rise.",
     "So D: I descend. So E: I fly forward. So F: I fly backward. So G: I rotate the camera upward.",
+])
+
+
+# The words of the reading traces (``traces.fact_think``) and of the perceiver.
+READING_CORPUS = "\n".join([
     "Frame 3: the green sphere is ahead of me. The option that says fly forward is C.",
     "Frame 12: the purple cube is on my left. The option that says on my left is B.",
     "Frame 7: after rotate right. The option that says turn right slowly again is F.",
@@ -49,7 +53,21 @@ CORPUS = "\n".join([
     "Frame 6: the table is on my left (1.6 m away, 9 degrees left); No frame shows the cabinet.",
     "First seen: the sofa in frame 1, the tv in frame 6, the door in frame 7, the bed in no frame.",
     "The option that says Turn Left, Turn Back is D. The option that says front-right is A.",
+    "I turned about 40 degrees. nothing new; nothing I can name. 2.5 m away, 17 degrees left, 9 degrees right.",
+    "At the initial position, you are asked to navigate to the red cube. What is your next move?",
 ])
+
+
+def world_words() -> tuple[str, ...]:
+    """The synthetic world's names as the perception text writes them: its things, where a
+    thing is for the agent, and the movements."""
+    from embodied_r.demo.world_perceiver import PLACE
+    from embodied_r.perception.prompts import ACTIONS
+    from embodied_r.synthetic.urban import URBAN_THINGS
+    from embodied_r.synthetic.vsi import VSI_THINGS
+
+    things = [f"{c} {s}" for c, s in URBAN_THINGS] + [t[0] for t in VSI_THINGS]
+    return tuple(dict.fromkeys([*things, *PLACE.values(), "behind me", *ACTIONS]))
 
 
 def fixed_parts(template: str) -> list[str]:
@@ -57,13 +75,16 @@ def fixed_parts(template: str) -> list[str]:
     return [part for part in re.split(r"\{\w+\}", template) if part.strip()]
 
 
-def reasoner_spec() -> TinyLMSpec:
+def reasoner_spec(reading: bool = False) -> TinyLMSpec:
     phrases = [DEFAULT_SYSTEM, DEFAULT_VIDEO_PREAMBLE, *fixed_parts(DEFAULT_TEMPLATE),
                DEFAULT_CHOICE_INSTRUCTION, DEFAULT_NUMBER_INSTRUCTION, REFERENCE_SYSTEM,
-               *fixed_parts(REFERENCE_TEMPLATE_CHOICE), *fixed_parts(REFERENCE_TEMPLATE_NUMBER), *TAGS,
-               MAP_PHRASE]
+               *fixed_parts(REFERENCE_TEMPLATE_CHOICE), *fixed_parts(REFERENCE_TEMPLATE_NUMBER), *TAGS]
+    extra = dict(phrases=tuple(dict.fromkeys(phrases)), corpus=CORPUS)
+    if reading:
+        extra = dict(phrases=tuple(dict.fromkeys([*phrases, MAP_PHRASE])), corpus=CORPUS + "\n" + READING_CORPUS,
+                     words=world_words())
     return TinyLMSpec(hidden_size=96, intermediate_size=192, num_hidden_layers=3, num_attention_heads=4,
-                      num_key_value_heads=2, phrases=tuple(dict.fromkeys(phrases)), corpus=CORPUS)
+                      num_key_value_heads=2, **extra)
 
 
 def ensure_reasoner(root: Path) -> Path:

@@ -197,6 +197,9 @@ class SFTConfig(TrainerEnvironment):
     # Prompt and target tokens together; longer records are left out (and listed), since
     # truncation would cut the answer away. The original trained with 6144.
     max_length: int = Field(6144, ge=16)
+    # Prompt tokens kept, from the end, as the GRPO stages cut them (training.max_prompt_length):
+    # a model is taught on what it is later trained and asked with. None: whole prompts.
+    max_prompt_length: int | None = Field(None, ge=1)
     max_steps: int | None = Field(None, ge=1)
     think: str = Field(DEFAULT_THINK, min_length=1)
     # Further TRL SFTConfig arguments, passed through as they are.

@@ -48,13 +48,28 @@ def sft_examples(records: list[dict[str, Any]], think: str) -> list[dict[str, An
     ]
 
 
+def cut_prompts(examples: list[dict[str, Any]], tokenizer: Any, max_prompt_length: int) -> list[dict[str, Any]]:
+    """Prompts cut to their last ``max_prompt_length`` tokens, as the GRPO stages and evaluation
+    cut them (``backends.truncation``). A cut prompt is chat-templated text, so every example
+    becomes text: its completion too, closed by the end-of-turn token TRL appends."""
+    from embodied_r.backends.truncation import limit_prompts
+
+    cut = [dict(e) for e in examples]  # limit_prompts rewrites rows in place
+    if not limit_prompts(cut, tokenizer, max_prompt_length):
+        return examples
+    return [{**e, "completion": e["completion"][0]["content"]} for e in cut]
+
+
 def split_by_length(examples: list[dict[str, Any]], tokenizer: Any, max_length: int
                     ) -> tuple[list[dict[str, Any]], list[str]]:
     """Examples whose chat-formatted prompt and completion fit ``max_length`` tokens, and
     the uids of those that do not."""
     kept, too_long = [], []
     for example in examples:
-        ids = tokenizer.apply_chat_template(example["prompt"] + example["completion"], tokenize=True)
+        if isinstance(example["prompt"], str):  # cut prompts: templated text
+            ids = tokenizer(example["prompt"] + example["completion"], add_special_tokens=False)
+        else:
+            ids = tokenizer.apply_chat_template(example["prompt"] + example["completion"], tokenize=True)
         if hasattr(ids, "keys"):  # a BatchEncoding in recent transformers
             ids = ids["input_ids"]
         if len(ids) <= max_length:
@@ -94,8 +109,10 @@ def main(spec_path: str) -> int:
     disable_progress_bars()  # the dataset passes' bars; the parent draws the training's own
 
     tokenizer = AutoTokenizer.from_pretrained(spec["init_model"])
-    examples, too_long = split_by_length(sft_examples(read_records(Path(spec["records"])), cfg.think),
-                                         tokenizer, cfg.max_length)
+    examples = sft_examples(read_records(Path(spec["records"])), cfg.think)
+    if cfg.max_prompt_length is not None:
+        examples = cut_prompts(examples, tokenizer, cfg.max_prompt_length)
+    examples, too_long = split_by_length(examples, tokenizer, cfg.max_length)
     if too_long:
         log.warning("%d records longer than max_length=%d left out", len(too_long), cfg.max_length)
     if not examples:
