@@ -202,28 +202,21 @@ def test_a_model_below_chance_is_not_promoted(promoting: dict, demo_home: Path) 
     assert not promoting["promote"](v1).promoted
 
 
-def test_chance_is_beaten_only_by_the_low_end_of_the_interval(promoting: dict, demo_home: Path) -> None:
-    """Above chance and the warm start, but with an interval that reaches down past chance:
-    too few questions to call it better than a guess, so no promotion, and the console's
-    line says which condition failed."""
+@pytest.mark.parametrize("warm, why", [
+    # Above chance and the warm start, but with an interval that reaches down past chance:
+    # too few questions to call it better than a guess.
+    (0.4, "; the low end of its 95 % interval (9.5 %) is not above chance 25.0 %"),
+    (0.75, " is not above the warm-started policy's 75.0 %; the low end of its 95 % interval (9.5 %) is not "
+           "above chance 25.0 %"),
+])
+def test_a_model_short_of_a_bar_is_not_promoted_and_says_which(promoting: dict, demo_home: Path, warm: float,
+                                                                why: str) -> None:
     v1 = promoting["versions"][0]
     promoting["warm"] = "/warm/model"
-    promoting["scores"].update({f"models:/{NAME}/{v1}": 0.5, "/warm/model": 0.4})
+    promoting["scores"].update({f"models:/{NAME}/{v1}": 0.5, "/warm/model": warm})
     result = promoting["promote"](v1)
     assert not result.promoted and alias_version(NAME, "champion", promote_store(demo_home)) is None
-    assert result.describe().endswith("val accuracy/overall 50.0 % [9.5, 90.5]; the low end of its 95 % "
-                                      "interval (9.5 %) is not above chance 25.0 %")
-
-
-def test_a_model_below_the_warm_start_is_not_promoted(promoting: dict, demo_home: Path) -> None:
-    v1 = promoting["versions"][0]
-    promoting["warm"] = "/warm/model"
-    promoting["scores"].update({f"models:/{NAME}/{v1}": 0.5, "/warm/model": 0.75})
-    result = promoting["promote"](v1)
-    assert not result.promoted and alias_version(NAME, "champion", promote_store(demo_home)) is None
-    assert result.describe().endswith("val accuracy/overall 50.0 % [9.5, 90.5] is not above "
-                                      "the warm-started policy's 75.0 %; the low end of its 95 % interval "
-                                      "(9.5 %) is not above chance 25.0 %")
+    assert result.describe().endswith("val accuracy/overall 50.0 % [9.5, 90.5]" + why)
     # The warm start is scored as the candidate is: on the validation split.
     assert ("/warm/model", "val") in promoting["asked"]
     assert not any(ref == "/warm/model" and split != "val" for ref, split in promoting["asked"])

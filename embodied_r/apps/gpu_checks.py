@@ -54,7 +54,9 @@ def _stage(name: str) -> GRPOStageConfig:
     return next(s for s in paper_stages() if s.name == name)
 
 
-def _one_step(summary: dict[str, Any], processes: int = 1) -> list[str]:
+def one_step_problems(summary: dict[str, Any], processes: int = 1) -> list[str]:
+    """What is wrong with a trainer run that should have made one step in ``processes``
+    processes and saved its model (empty when nothing is)."""
     problems = []
     if summary.get("steps") != 1:
         problems.append(f"{summary.get('steps')} steps, expected 1")
@@ -103,7 +105,7 @@ def check_grpo(spec: dict[str, Any], stage_name: str) -> dict[str, Any]:
     cfg = tiny_training(spec)
     summary = run_training_stage(write_records(work / "records", 8), cfg.policy, work / stage_name,
                                  _stage(stage_name), cfg)
-    problems = _one_step(summary)
+    problems = one_step_problems(summary)
     detail = f"weights {summary.get('reward_weights')}, {summary.get('seconds_per_step')} s/step"
     if stage_name == "stage3":
         if "consistency_reward" not in summary.get("reward_funcs", []):
@@ -148,7 +150,7 @@ def check_sft(spec: dict[str, Any]) -> dict[str, Any]:
     cfg = SFTConfig(use_cpu=spec["device"] == "cpu", max_steps=1, save_steps=100, gradient_checkpointing=False,
                     per_device_train_batch_size=2, gradient_accumulation_steps=1, max_length=512)
     summary = run_sft(write_records(work / "records", 4), "tiny:lm", work / "sft", cfg)
-    problems = _one_step(summary)
+    problems = one_step_problems(summary)
     return {"ok": not problems, "detail": "; ".join(problems) or f"loss {summary.get('final_loss')}",
             "figures": {"seconds_per_step": summary.get("seconds_per_step")}}
 
@@ -169,7 +171,7 @@ def check_accelerate(spec: dict[str, Any]) -> dict[str, Any]:
     cfg = tiny_training(spec, launcher="accelerate", accelerate_config=str(config))
     summary = run_training_stage(write_records(work / "records", 8), cfg.policy, work / "accelerate",
                                  _stage("stage1"), cfg)
-    problems = _one_step(summary)
+    problems = one_step_problems(summary)
     log = (work / "accelerate" / "train.log").read_text() if (work / "accelerate" / "train.log").is_file() else ""
     if "accelerate.commands.launch" not in log:
         problems.append("train.log records no accelerate launch")

@@ -42,6 +42,7 @@ from typing import Any, Callable
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from embodied_r.apps.gpu_checks import one_step_problems  # noqa: E402
 from embodied_r.backends.base import BackendConfig  # noqa: E402
 from embodied_r.config import available_recipes, load_recipe  # noqa: E402
 from embodied_r.lifecycle.sft_baseline import sft_config_for  # noqa: E402
@@ -188,13 +189,7 @@ def step_runs(train_python: str, work: Path) -> list[dict[str, Any]]:
             # The trainer's own output stays in its train.log; here one line per run.
             with open(work / "steps.out", "a") as quiet, contextlib.redirect_stdout(quiet):
                 summary = run()
-            problems = []
-            if summary.get("steps") != 1:
-                problems.append(f"{summary.get('steps')} steps, expected 1")
-            if summary.get("processes") != world:
-                problems.append(f"trained in {summary.get('processes')} processes, expected {world}")
-            if not (Path(summary["model"]) / "config.json").is_file():
-                problems.append(f"no model saved in {summary['model']}")
+            problems = one_step_problems(summary, world)
             if "VL" in what and "lm-of-" not in str(summary.get("init_model")):
                 problems.append(f"the VL policy was not reduced to its language model: {summary.get('init_model')}")
             row.update(ok=not problems, problems=problems, seconds_per_step=summary.get("seconds_per_step"))
