@@ -24,7 +24,6 @@ from embodied_r.scoring.reference_prompts import (
     REFERENCE_TEMPLATE_CHOICE,
     REFERENCE_TEMPLATE_NUMBER,
 )
-from embodied_r.training.traces import MAP_PHRASE
 from embodied_r.training.prompts import (
     DEFAULT_CHOICE_INSTRUCTION,
     DEFAULT_NUMBER_INSTRUCTION,
@@ -40,21 +39,6 @@ CORPUS = "\n".join([
     "I rotate right, then tilt down, then move backward. I see nothing of the question. So B: I turn left.",
     "I move left, then move right, then move down, then tilt up. I see the green cylinder. So C: I rise.",
     "So D: I descend. So E: I fly forward. So F: I fly backward. So G: I rotate the camera upward.",
-])
-
-
-# The words of the reading traces (``traces.fact_think``) and of the perceiver.
-READING_CORPUS = "\n".join([
-    "Frame 3: the green sphere is ahead of me. The option that says fly forward is C.",
-    "Frame 12: the purple cube is on my left. The option that says on my left is B.",
-    "Frame 7: after rotate right. The option that says turn right slowly again is F.",
-    "Frame 4: after move down, the yellow cone is on my right. The option that says but the alternative turn "
-    "takes longer is A. The option that says and the alternative turn is shorter is B.",
-    "Frame 6: the table is on my left (1.6 m away, 9 degrees left); No frame shows the cabinet.",
-    "First seen: the sofa in frame 1, the tv in frame 6, the door in frame 7, the bed in no frame.",
-    "The option that says Turn Left, Turn Back is D. The option that says front-right is A.",
-    "I turned about 40 degrees. nothing new; nothing I can name. 2.5 m away, 17 degrees left, 9 degrees right.",
-    "At the initial position, you are asked to navigate to the red cube. What is your next move?",
 ])
 
 
@@ -79,12 +63,9 @@ def reasoner_spec(reading: bool = False) -> TinyLMSpec:
     phrases = [DEFAULT_SYSTEM, DEFAULT_VIDEO_PREAMBLE, *fixed_parts(DEFAULT_TEMPLATE),
                DEFAULT_CHOICE_INSTRUCTION, DEFAULT_NUMBER_INSTRUCTION, REFERENCE_SYSTEM,
                *fixed_parts(REFERENCE_TEMPLATE_CHOICE), *fixed_parts(REFERENCE_TEMPLATE_NUMBER), *TAGS]
-    extra = dict(phrases=tuple(dict.fromkeys(phrases)), corpus=CORPUS)
-    if reading:
-        extra = dict(phrases=tuple(dict.fromkeys([*phrases, MAP_PHRASE])), corpus=CORPUS + "\n" + READING_CORPUS,
-                     words=world_words())
     return TinyLMSpec(hidden_size=96, intermediate_size=192, num_hidden_layers=3, num_attention_heads=4,
-                      num_key_value_heads=2, **extra)
+                      num_key_value_heads=2, phrases=tuple(dict.fromkeys(phrases)), corpus=CORPUS,
+                      words=world_words() if reading else ())
 
 
 def ensure_reasoner(root: Path) -> Path:
