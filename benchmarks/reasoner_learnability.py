@@ -8,13 +8,14 @@ token accuracy and loss (first -> last quarter of its steps), the highest learni
 reached and its seconds, then success and completeness on the test tasks beside the scripted
 ceiling (the expert's replies replayed) and the free point (a policy that ends at once).
 
-    OMP_NUM_THREADS=1 python benchmarks/reasoner_learnability.py                 # the recipe's settings
-    OMP_NUM_THREADS=1 python benchmarks/reasoner_learnability.py --steps 200 --lr 3e-3 --seed 1
-    ... --set sft.max_pixels=3136 --set data.synthetic_train=120 --set evaluate.episode.step_limit=6
+    python benchmarks/reasoner_learnability.py                       # the recipe's settings, seed 42
+    python benchmarks/reasoner_learnability.py --seed 1 --stages imitation --eval last
+    python benchmarks/reasoner_learnability.py --steps 1500 --lr 1e-3 --set sft.max_pixels=12544
 
 ``--set`` takes the reasoner recipe's keys (as ``embodied-r reasoner --set``); ``--steps``
-and ``--lr`` set every stage's. Thread contention on a shared 2-core machine makes torch with
-2 threads slower than with 1: set OMP_NUM_THREADS=1 when comparing settings.
+and ``--lr`` set every stage's (``sft_stages`` in the recipe still win for their stage), and
+``--seed`` what ``embodied-r reasoner --seed`` does. torch runs on the recipe's ``torch_threads``: the demo's one thread is
+several times faster than two on cores shared with other work.
 """
 
 from __future__ import annotations
@@ -50,9 +51,12 @@ def main() -> int:
     from embodied_r.interactive.sft_child import main as train
     from embodied_r.interactive.stages import run_evaluate_stage
 
+    from embodied_r.apps.cli_reasoner import seed_overrides
+
     overrides = parse_overrides(args.set)
-    sft = {k: v for k, v in (("max_steps", args.steps), ("learning_rate", args.lr), ("seed", args.seed))
-           if v is not None}
+    if args.seed is not None:
+        overrides = deep_merge(overrides, seed_overrides(args.seed))  # as ``embodied-r reasoner --seed``
+    sft = {k: v for k, v in (("max_steps", args.steps), ("learning_rate", args.lr)) if v is not None}
     recipe = load(args.recipe, deep_merge(overrides, {"sft": sft}) if sft else overrides)
     work = Path(args.work or tempfile.mkdtemp(prefix="reasoner-learnability-"))
     started = time.monotonic()
@@ -105,9 +109,12 @@ def main() -> int:
                        eval_seconds=round(time.monotonic() - t0, 1), stops=summary["stops"])
         rows.append(row)
         acc, loss = row["token_accuracy"], row["loss"]
-        line = (f"SFT {stage:11s} {row['steps']:4d} steps {row['seconds']:6.1f} s  token accuracy "
-                f"{acc['first']:.3f} -> {acc['last']:.3f}  loss {loss['first']:.2f} -> {loss['last']:.2f}  "
-                f"peak lr {row['peak_lr']:.2g}")
+        line = f"SFT {stage:11s} {row['steps']:4d} steps {row['seconds']:6.1f} s  "
+        if acc["first"] is None:  # fewer steps than logging_steps
+            line += "no step logged"
+        else:
+            line += (f"token accuracy {acc['first']:.3f} -> {acc['last']:.3f}  loss {loss['first']:.2f} -> "
+                     f"{loss['last']:.2f}  peak lr {row['peak_lr']:.2g}")
         if "success" in row:
             line += (f"  | success {100 * row['success']:5.1f} %  completeness {100 * row['completeness']:5.1f} %"
                      f"  ({row['eval_seconds']} s, stops {row['stops']})")

@@ -126,6 +126,8 @@ def test_the_verdict_claims_learning_only_above_the_free_point_on_both_figures()
     assert "taught it to act" in learned
     assert "no learning shown" in verdict(0.0, 0.268, 33, ceiling, free)
     assert "no learning shown" in verdict(1 / 33, 0.25, 33, ceiling, free)
+    alone = verdict(14 / 33, 0.70, 33, ceiling, free, trained_here=False)  # reasoner-eval of any model
+    assert alone.startswith("The model succeeds") and "SFT" not in alone
 
 
 def test_seed_changes_the_trainers_and_sampling_not_the_data_and_threads_change_no_key(tmp_path):

@@ -100,6 +100,8 @@ def _print_learning(stages: dict[str, str]) -> None:
         s = read_summary(Path(out))
         acc, loss = s.get("token_accuracy") or {}, s.get("loss") or {}
         if acc.get("first") is None:
+            lines.append(f"  {name.removeprefix('reasoner_sft_'):12s} {s.get('steps', 0):5d} steps: none logged "
+                         "(fewer than sft.logging_steps)")
             continue
         rate = (f"; learning rate {s['learning_rate']:.1e} after {s['warmup_steps']} warm-up steps (highest "
                 f"logged {s['peak_learning_rate']:.1e})" if "warmup_steps" in s else "")
@@ -111,9 +113,9 @@ def _print_learning(stages: dict[str, str]) -> None:
         print("\n".join(lines))
 
 
-def _print_references(summary: dict[str, Any]) -> None:
+def _print_references(summary: dict[str, Any], trained_here: bool = True) -> None:
     """The agent's success and completeness beside the scripted ceiling and the free point,
-    and the verdict."""
+    and the verdict (``reference.verdict``)."""
     from embodied_r.interactive.reference import verdict
     from embodied_r.scoring.metrics import accuracy_interval, format_accuracy
 
@@ -127,10 +129,10 @@ def _print_references(summary: dict[str, Any]) -> None:
     print(f"\n{'policy':34s} {'success':>22s} {'completeness':>13s}")
     print(f"{'scripted ceiling (key actions)':34s} {100 * ceiling['success']:20.1f} % "
           f"{100 * ceiling['completeness']:11.1f} %")
-    print(f"{'SFT-trained agent':34s} {format_accuracy(success, accuracy_interval(success * n, n)):>22s} "
+    print(f"{'SFT-trained agent' if trained_here else 'the model':34s} {format_accuracy(success, accuracy_interval(success * n, n)):>22s} "
           f"{100 * completeness:11.1f} %")
     print(f"{'free point (end at once)':34s} {100 * free['success']:20.1f} % {100 * free['completeness']:11.1f} %")
-    print(verdict(success, completeness, n, ceiling, free))
+    print(verdict(success, completeness, n, ceiling, free, trained_here))
 
 
 def _print_metrics(summary: dict[str, Any]) -> None:
@@ -213,4 +215,5 @@ def cmd_reasoner_eval(args: argparse.Namespace) -> int:
                                  {"catalog": str(catalog), "model": args.model})
     print(f"{summary['episodes']} episodes in {summary['seconds']} s; report {out / 'evaluation' / 'report.md'}")
     _print_metrics(summary)
+    _print_references(summary, trained_here=False)
     return 0
