@@ -34,7 +34,7 @@ ALLOWED: dict[str, set[str]] = {
     "apps": {"*"},
     # Demo-only code, which no other package imports: the backends reach the world perceiver
     # and the tiny models by module name.
-    "demo": {"backends", "synthetic", "perception", "scoring", "training"},
+    "demo": {"backends", "synthetic", "perception", "scoring", "training", "interactive"},
 }
 
 

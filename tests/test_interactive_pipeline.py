@@ -1,5 +1,5 @@
 """The embodied-reasoner recipes and stage graph, the SFT labels, and the whole demo
-pipeline end to end (slow: the tiny VLM trains three times and is evaluated)."""
+pipeline end to end (slow: the demo's tiny VLM learns in three SFT stages and is evaluated)."""
 
 from __future__ import annotations
 
@@ -44,21 +44,34 @@ def test_loss_on_assistant_turns_after_the_first_feedback_only():
 
 @pytest.mark.slow
 def test_reasoner_demo_end_to_end(tmp_path, monkeypatch, capsys):
+    """The demo at seed 42, every stage through the CLI: each SFT stage learns its own data
+    (token accuracy rises, first to last quarter of its steps), the stage-1 model's rollouts
+    feed stage 2, and the trained agent succeeds where ending at once never does."""
     from mlflow import MlflowClient
 
     from embodied_r.apps.cli import main
 
     monkeypatch.setenv("EMBODIED_R_HOME", str(tmp_path))
-    assert main(["reasoner", "--recipe", "reasoner-demo"]) == 0
+    assert main(["reasoner", "--recipe", "reasoner-demo", "--seed", "42"]) == 0
     out = capsys.readouterr().out
     # Each SFT stage prints one compact line per logged step, never the trainer's raw dicts.
     for stage in ("reasoner_sft_imitation", "reasoner_sft_exploration", "reasoner_sft_correction"):
         steps = [line.split() for line in out.splitlines() if line.split()[:2] == [stage, "step"]]
         assert steps and all(w[3] == "loss" and float(w[4]) >= 0 for w in steps), out
         assert steps[-1][2].split("/")[0] == steps[-1][2].split("/")[1], steps[-1]
+        sft = json.loads(next((tmp_path / "stages" / stage).glob("*/summary.json")).read_text())
+        acc = sft["token_accuracy"]
+        assert acc["last"] > acc["first"] + 0.05 and acc["last"] > 0.5, (stage, acc)
+        assert f"token accuracy {acc['first']:.3f} -> {acc['last']:.3f}" in out
     assert "{'loss'" not in out and "'train_runtime'" not in out, out
+    explore = json.loads(next((tmp_path / "stages" / "reasoner_explore").glob("*/summary.json")).read_text())
+    assert explore["rollouts_kept"] >= 1  # their views are read by the exploration stage
     evaluation = json.loads(next((tmp_path / "stages" / "reasoner_evaluate").glob("*/summary.json")).read_text())
-    assert evaluation["episodes"] == 11
+    assert evaluation["episodes"] == 33
+    assert evaluation["metrics"]["success/all"] > evaluation["reference"]["free"]["success"] == 0
+    assert evaluation["reference"]["ceiling"]["success"] == 1
+    assert "scripted ceiling" in out and "free point (end at once)" in out
+    assert "the SFT stages taught it to act at this seed." in out
     client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
     exp = client.get_experiment_by_name("embodied-reasoner")
     runs = client.search_runs([exp.experiment_id])

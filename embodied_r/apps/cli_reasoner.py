@@ -21,6 +21,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a recipe value")
     p.add_argument("--only", nargs="+", metavar="STAGE", help="run only these stages (e.g. evaluate, sft_correction)")
     p.add_argument("--refresh", nargs="+", metavar="STAGE", help="recompute these stages and what follows them")
+    p.add_argument("--seed", type=int, default=None,
+                   help="the SFT trainers' and the sampling seed (the data stay the same); default the recipe's")
     p.set_defaults(handler=cmd_reasoner)
 
     e = subparsers.add_parser("reasoner-eval", help="evaluate a checkpoint on interactive tasks")
@@ -79,6 +81,60 @@ def _check_matcher(recipe: Any) -> None:
         raise RecipeError(problem)
 
 
+def seed_overrides(seed: int) -> dict[str, Any]:
+    """What ``reasoner --seed`` changes: the SFT trainers' seeds (the order they read the data
+    in; the initial weights are the built model's) and the sampling seed of rollouts and
+    evaluation, not the synthetic sample's, so every seed learns from and is tested on the
+    same tasks."""
+    return {"sft": {"seed": seed}, "backend": {"seed": seed}}
+
+
+def _print_learning(stages: dict[str, str]) -> None:
+    """Each SFT stage's token accuracy on its own data, first -> last quarter of its steps."""
+    from embodied_r.io import is_complete, read_summary
+
+    lines = []
+    for name, out in stages.items():
+        if not name.startswith("reasoner_sft_") or not is_complete(Path(out)):
+            continue
+        s = read_summary(Path(out))
+        acc, loss = s.get("token_accuracy") or {}, s.get("loss") or {}
+        if acc.get("first") is None:
+            lines.append(f"  {name.removeprefix('reasoner_sft_'):12s} {s.get('steps', 0):5d} steps: none logged "
+                         "(fewer than sft.logging_steps)")
+            continue
+        rate = (f"; learning rate {s['learning_rate']:.1e} after {s['warmup_steps']} warm-up steps (highest "
+                f"logged {s['peak_learning_rate']:.1e})" if "warmup_steps" in s else "")
+        lines.append(f"  {name.removeprefix('reasoner_sft_'):12s} {s['steps']:5d} steps on "
+                     f"{s['train_conversations']:4d} conversations: token accuracy {acc['first']:.3f} -> {acc['last']:.3f}, loss "
+                     f"{loss['first']:.2f} -> {loss['last']:.2f}{rate}")
+    if lines:
+        print("\nSFT stages, on their own data (first -> last quarter of the steps):")
+        print("\n".join(lines))
+
+
+def _print_references(summary: dict[str, Any], trained_here: bool = True) -> None:
+    """The agent's success and completeness beside the scripted ceiling and the free point,
+    and the verdict (``reference.verdict``)."""
+    from embodied_r.interactive.reference import verdict
+    from embodied_r.scoring.metrics import accuracy_interval, format_accuracy
+
+    # The means leave out dropped episodes (a failed generation under ``drop``).
+    found, m = summary.get("reference"), summary.get("metrics", {})
+    n = int(summary.get("episodes", 0)) - int(summary.get("dropped") or 0)
+    if not found or "success/all" not in m or not n:
+        return
+    ceiling, free = found["ceiling"], found["free"]
+    success, completeness = m["success/all"], m["completeness/all"]
+    print(f"\n{'policy':34s} {'success':>22s} {'completeness':>13s}")
+    print(f"{'scripted ceiling (key actions)':34s} {100 * ceiling['success']:20.1f} % "
+          f"{100 * ceiling['completeness']:11.1f} %")
+    print(f"{'SFT-trained agent' if trained_here else 'the model':34s} {format_accuracy(success, accuracy_interval(success * n, n)):>22s} "
+          f"{100 * completeness:11.1f} %")
+    print(f"{'free point (end at once)':34s} {100 * free['success']:20.1f} % {100 * free['completeness']:11.1f} %")
+    print(verdict(success, completeness, n, ceiling, free, trained_here))
+
+
 def _print_metrics(summary: dict[str, Any]) -> None:
     m = summary.get("metrics", {})
     names = {"success": "SR", "efficiency": "SE", "completeness": "TC", "completeness_ordered": "TC-ord",
@@ -94,13 +150,15 @@ def _print_metrics(summary: dict[str, Any]) -> None:
 
 def cmd_reasoner(args: argparse.Namespace) -> int:
     from embodied_r import paths
-    from embodied_r.config import parse_overrides
+    from embodied_r.config import deep_merge, parse_overrides
     from embodied_r.interactive.recipe import load, plan
     from flows.reasoner import embodied_reasoner
 
     # A bad recipe fails before Prefect starts; planning here also hashes the code once,
     # before Prefect's threads run (CPython 3.11's ast.parse is not safe beside them).
     overrides = parse_overrides(args.set)
+    if args.seed is not None:
+        overrides = deep_merge(overrides, seed_overrides(args.seed))
     recipe = load(args.recipe, overrides)
     plan(recipe, paths.home())
     if not args.only or any("evaluate" in stage for stage in args.only):
@@ -111,9 +169,11 @@ def cmd_reasoner(args: argparse.Namespace) -> int:
     print(f"\nEmbodied-Reasoner pipeline done in {time.time() - started:.1f} s.")
     for name, out in result["stages"].items():
         print(f"  {name:26s} {out}")
+    _print_learning(result["stages"])
     if result.get("evaluation"):
         print("\nEvaluation (percent; the paper's Table 2 is in the evaluate stage's report.md):")
         _print_metrics(result["evaluation"])
+        _print_references(result["evaluation"])
     print(f"MLflow store: {result['tracking_uri']}  (parent run {result['mlflow_run_id']})")
     return 0
 
@@ -150,8 +210,10 @@ def cmd_reasoner_eval(args: argparse.Namespace) -> int:
         catalog = Path(data.out)
     evaluate = recipe.evaluate.model_copy(update={"environment": args.environment, "limit": args.limit})
     summary = run_evaluate_stage(out / "evaluation", {"evaluate": evaluate.model_dump(mode="json"),
-                                                      "backend": recipe.backend.model_dump(mode="json")},
+                                                      "backend": recipe.backend.model_dump(mode="json"),
+                                                      "torch_threads": recipe.torch_threads},
                                  {"catalog": str(catalog), "model": args.model})
     print(f"{summary['episodes']} episodes in {summary['seconds']} s; report {out / 'evaluation' / 'report.md'}")
     _print_metrics(summary)
+    _print_references(summary, trained_here=False)
     return 0

@@ -7,7 +7,8 @@
 - the tiny models recipes name as ``tiny:<name>``: their table and resolver (``models``), the
   random-weight Qwen2 and Qwen2.5-VL builders (``tiny_models``: ``tiny:lm``, ``tiny:vlm``) and
   the demo's reasoner, whose tokenizer is built for the policy's prompts (``tiny_reasoner``:
-  ``tiny:lm-reasoner``).
+  ``tiny:lm-reasoner``), and the Embodied-Reasoner demo's agent, a tiny VLM whose tokenizer is
+  built for the agent's turns (``tiny_vlm_reasoner``: ``tiny:vlm-reasoner``).
 
 The method's packages never import this package, neither to use it nor to register anything
 in theirs: the backends' factory reaches the world perceiver, and ``backends.models`` the
@@ -15,5 +16,6 @@ tiny models' table, by module name when a recipe names them (the stage keys stil
 source, ``runners`` reading module names in strings).
 
 May import: the core, ``backends``, ``synthetic``, ``perception``, ``scoring`` and ``training``
-(the prompt texts the tiny reasoner's tokenizer keeps whole).
+(the prompt texts the tiny reasoner's tokenizer keeps whole), and ``interactive`` (the agent's
+texts and object types the tiny VLM reasoner's tokenizer keeps whole).
 """

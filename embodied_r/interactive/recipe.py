@@ -72,6 +72,10 @@ class ReasonerRecipe(BaseModel):
     tracking_uri: str | None = None
     # The original's texts from the user's checkout (``prompts.file``), or this project's own.
     prompts: PromptsConfig = Field(default_factory=PromptsConfig)
+    # CPU threads of torch in the SFT trainers, the rollouts and the evaluation; None: torch's
+    # own (one per core). A tiny model gains nothing from a second thread, and on cores shared
+    # with other work two threads ran a step 7-12x slower than one.
+    torch_threads: int | None = operational(None, ge=1)
 
 
 def load(name_or_path: str, overrides: dict[str, Any] | None = None) -> ReasonerRecipe:
@@ -100,6 +104,7 @@ def plan(recipe: ReasonerRecipe, root: Path | None = None) -> dict[str, StagePla
     backend = recipe.backend.model_dump(mode="json")
     texts = recipe.evaluate.episode.model_dump(mode="json")["texts"]
     backend_keyed = result_settings(recipe.backend)
+    threads = {"torch_threads": recipe.torch_threads}  # how the stages run, never in their keys
     model, prev = recipe.base_model, "reasoner_data"
     for i, stage in enumerate(SFT_STAGES, start=1):
         sft = deep_merge(recipe.sft.model_dump(mode="json"), recipe.sft_stages.get(stage, {}))
@@ -108,18 +113,18 @@ def plan(recipe: ReasonerRecipe, root: Path | None = None) -> dict[str, StagePla
         if stage == "exploration":
             explore = add("reasoner_explore", "reasoner_explore", ["reasoner_data", prev],
                           {"explore": recipe.explore.model_dump(mode="json"), "backend": backend,
-                           "episode": {"texts": texts}},
+                           "episode": {"texts": texts}, **threads},
                           {"catalog": data.out, "model": model},
                           keyed={"explore": result_settings(recipe.explore), "backend": backend_keyed,
                                  "episode": {"texts": texts}})
             inputs["trajectories"] = explore.out
             deps = ["reasoner_data", "reasoner_explore"]
         sft_keyed = result_settings(ReasonerSFTConfig.model_validate(sft))
-        sp = add(f"reasoner_sft_{stage}", "reasoner_sft", deps, {"stage": i, "name": stage, "sft": sft}, inputs,
-                 keyed={"stage": i, "name": stage, "sft": sft_keyed})
+        sp = add(f"reasoner_sft_{stage}", "reasoner_sft", deps, {"stage": i, "name": stage, "sft": sft, **threads},
+                 inputs, keyed={"stage": i, "name": stage, "sft": sft_keyed})
         model, prev = str(Path(sp.out) / "model"), sp.name
     add("reasoner_evaluate", "reasoner_evaluate", ["reasoner_data", prev],
-        {"evaluate": recipe.evaluate.model_dump(mode="json"), "backend": backend},
+        {"evaluate": recipe.evaluate.model_dump(mode="json"), "backend": backend, **threads},
         {"catalog": data.out, "model": model},
         keyed={"evaluate": result_settings(recipe.evaluate), "backend": backend_keyed})
     return stages

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import time
 from pathlib import Path
@@ -28,6 +29,7 @@ from embodied_r.io import read_json, write_json_atomic
 from embodied_r.training.callbacks import drop_raw_log_printers, sft_step_callback
 from embodied_r.training.environment import RESULT_NAME, progress_callback
 from embodied_r.training.grpo import precision
+from embodied_r.training.learning import HISTORY_FILE, QUARTER
 
 log = logging.getLogger("embodied_r.interactive.sft_child")
 IGNORE = -100
@@ -91,6 +93,24 @@ class Collator:
         return dict(self.encode(examples[0]))
 
 
+def quarters(history: list[dict[str, Any]], key: str) -> dict[str, float | None]:
+    """Mean of ``key`` over the first and the last quarter of the logged steps (a quarter
+    holds at least one step): single steps are too noisy to say whether a stage learned."""
+    values = [float(e[key]) for e in history if isinstance(e.get(key), (int, float)) and "train_runtime" not in e]
+    if not values:
+        return {"first": None, "last": None, "steps": 0}
+    k = max(1, math.ceil(len(values) * QUARTER))
+    return {"first": sum(values[:k]) / k, "last": sum(values[-k:]) / k, "steps": len(values)}
+
+
+def learning_figures(history: list[dict[str, Any]]) -> dict[str, Any]:
+    """Token accuracy and loss, first and last quarter, and the highest learning rate logged
+    (about the one set when the stage left its warm-up; far below it when it never did)."""
+    rates = [float(e["learning_rate"]) for e in history if isinstance(e.get("learning_rate"), (int, float))]
+    return {"token_accuracy": quarters(history, "mean_token_accuracy"), "loss": quarters(history, "loss"),
+            "peak_learning_rate": max(rates) if rates else None}
+
+
 def main(spec_path: str) -> int:
     spec = read_json(Path(spec_path))
     cfg = ReasonerSFTConfig.model_validate(spec["sft"])
@@ -98,6 +118,9 @@ def main(spec_path: str) -> int:
     import torch
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
+
+    if spec.get("torch_threads"):
+        torch.set_num_threads(int(spec["torch_threads"]))
 
     processor = load_vlm_processor(spec["init_model"])
     collator = Collator(processor, cfg.max_pixels)
@@ -146,8 +169,11 @@ def main(spec_path: str) -> int:
     losses = [e["loss"] for e in trainer.state.log_history if isinstance(e.get("loss"), (int, float))]
     result = {"steps": int(trainer.state.global_step), "seconds": round(time.monotonic() - started, 3),
               "train_conversations": len(kept), "too_long": too_long, "train_loss": float(output.training_loss),
-              "first_loss": float(losses[0]) if losses else None, "final_loss": float(losses[-1]) if losses else None}
+              "first_loss": float(losses[0]) if losses else None, "final_loss": float(losses[-1]) if losses else None,
+              "learning_rate": cfg.learning_rate, "warmup_steps": args.get_warmup_steps(trainer.state.max_steps),
+              **learning_figures(trainer.state.log_history)}
     if trainer.accelerator.is_main_process:
+        write_json_atomic(work / HISTORY_FILE, trainer.state.log_history)
         write_json_atomic(work / RESULT_NAME, result)
     return 0
 

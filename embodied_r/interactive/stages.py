@@ -10,8 +10,9 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from embodied_r.backends.base import BackendConfig
 from embodied_r.backends.models import resolve_model
@@ -21,10 +22,28 @@ from embodied_r.interactive.env_factory import EnvironmentMaker
 from embodied_r.interactive.episode import EpisodeConfig, run_episodes
 from embodied_r.interactive.evaluation import evaluate_cases
 from embodied_r.interactive.metrics import aggregate, flat_metrics, table2
+from embodied_r.interactive.reference import references
 from embodied_r.interactive.retry import replies
 from embodied_r.interactive.sft_config import ReasonerSFTConfig
 from embodied_r.io import is_complete, read_summary, stage_folder, write_json_atomic, write_summary
 from embodied_r.training.environment import run_child
+
+
+@contextmanager
+def torch_threads(n: int | None) -> Iterator[None]:
+    """torch's CPU threads set to ``n`` for the block (None: left as they are), then put back:
+    the setting is the whole process's."""
+    if not n:
+        yield
+        return
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _generator(backend_cfg: dict[str, Any], model: str, retry: bool = False):
@@ -63,7 +82,7 @@ def run_sft_stage(out: Path, config: dict[str, Any], inputs: dict[str, str],
         write_json_atomic(work / "data.json", data)
         spec = {"init_model": init, "work": str(work.resolve()), "data": str((work / "data.json").resolve()),
                 "sft": cfg.model_dump(mode="json"), "name": f"reasoner-sft-{config['name']}",
-                "stage": f"reasoner_sft_{config['name']}"}
+                "stage": f"reasoner_sft_{config['name']}", "torch_threads": config.get("torch_threads")}
         result = run_child("embodied_r.interactive.sft_child", spec, work, cfg, mlflow_run_id,
                            f"SFT {config['name']}")
         if not cfg.keep_checkpoints:
@@ -101,12 +120,16 @@ def run_explore_stage(out: Path, config: dict[str, Any], inputs: dict[str, str],
                 # In the evaluation's texts: with a prompts file, the original's, which the
                 # hub's trajectories (and so the stage-1 model) are written in.
                 texts = (config.get("episode") or {}).get("texts")
-                episodes = run_episodes(tries, EnvironmentMaker("builtin"), generate, work / "rollouts",
-                                        EpisodeConfig(texts=texts))
+                with torch_threads(config.get("torch_threads")):
+                    episodes = run_episodes(tries, EnvironmentMaker("builtin"), generate, work / "rollouts",
+                                            EpisodeConfig(texts=texts))
             finally:
                 backend.close()
             good = [e for e in episodes if e.result()["success"] == 1]
-            kept += [{"id": f"rollout-{e.task['identity']}", "messages": e.messages, "images": e.images} for e in good]
+            # The views are written in the partial folder, which becomes ``out``: name them there.
+            kept += [{"id": f"rollout-{e.task['identity']}", "messages": e.messages,
+                      "images": [str(out.resolve() / Path(p).relative_to(work.resolve())) for p in e.images]}
+                     for e in good]
             counts.update(rollouts=len(episodes), rollouts_kept=len(good),
                           acceptance=len(good) / len(episodes) if episodes else 0.0,
                           rollout_seconds=round(time.monotonic() - started, 2))
@@ -132,8 +155,9 @@ def run_evaluate_stage(out: Path, config: dict[str, Any], inputs: dict[str, str]
         make_env = EnvironmentMaker(ev["environment"], ev.get("original_checkout"))
         backend, generate = _generator(config["backend"], inputs["model"], episode.retry_long_context)
         try:
-            results, ran = evaluate_cases(cases, make_env, generate, work, episode,
-                                          batch=ev["batch"], shards=ev.get("shards", 1))
+            with torch_threads(config.get("torch_threads")):
+                results, ran = evaluate_cases(cases, make_env, generate, work, episode,
+                                              batch=ev["batch"], shards=ev.get("shards", 1))
         finally:
             backend.close()
             make_env.close()
@@ -153,5 +177,9 @@ def run_evaluate_stage(out: Path, config: dict[str, Any], inputs: dict[str, str]
                    "episodes_run": ran, "episodes_resumed": len(results) - ran, "dropped": agg["dropped"],
                    "failed_generation": episode.failed_generation, "prompts_source": source,
                    "stops": stops, "seconds": round(time.monotonic() - started, 2), "metrics": flat_metrics(agg)}
+        if ev["environment"] == "builtin":
+            # No model: the key actions replayed, and ending at once, under the same rules.
+            summary["reference"] = references(cases, work / "reference", episode)
+            shutil.rmtree(work / "reference", ignore_errors=True)  # their views only
         write_summary(work, summary)
     return summary

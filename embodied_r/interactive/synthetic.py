@@ -7,9 +7,9 @@ agent's turns, images). Trajectories are played by a scripted expert through the
 episode loop that evaluates models, so their turns are exactly what a model sees:
 
 - stage 1 (imitation): the key actions, each with an observation or a plan;
-- stage 2 (self-exploration): a look around and a detour first, then the key actions;
-- stage 3 (self-correction): an illegal action first, its ``<|feedback|>`` turn, a reflection,
-  then the key actions.
+- stage 2 (self-exploration): the key actions with a look around before one of them;
+- stage 3 (self-correction): the key actions with one slip at a random step (an interaction
+  tried before going to its object), its ``<|feedback|>`` turn and a reflection, then the rest.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import random
 from pathlib import Path
 from typing import Any
 
+from embodied_r.interactive import household, prompts
 from embodied_r.interactive.episode import EpisodeConfig, run_episodes
 from embodied_r.interactive.household import HouseholdEnvironment
 from embodied_r.interactive.tasks import TASK_TYPES, key_actions
@@ -26,6 +27,16 @@ SURFACES = ("CounterTop", "DiningTable", "Desk", "Shelf", "SideTable")
 CONTAINERS = ("Fridge", "Cabinet", "Drawer", "Microwave", "Safe")
 SMALL = ("Apple", "Mug", "Book", "KeyChain", "CreditCard", "Tomato", "Pen", "Bowl", "Spoon", "Vase")
 APPLIANCES = ("DeskLamp", "Television", "CoffeeMachine", "Toaster", "Faucet")
+# The scripted expert's fixed words (a tiny model's tokenizer may keep them whole).
+ASK = "Could you help me? "
+EXPERT_TEXTS = {
+    "goal": "I am in a room; the task names what I need.", "plan": "My plan: ", "plan_end": "; then end.",
+    "look": "I do not see everything yet; I will look around.", "looked": "Now I know what is around me.",
+    "rush": "I will act at once.",
+    "reflect": "That failed: I am too far away. I should go to the object first.",
+    "next": "That worked; next: ", "done": "Every step of the task is done.",
+}
+REPLY_TAGS = ("Observation", "Planning", "Thinking", "DecisionMaking", "Reflection", "Verification")
 
 
 def _plan(task_type: str, r: random.Random) -> tuple[str, list[tuple[str, str]], dict[str, Any]]:
@@ -73,7 +84,7 @@ def make_test_case(identity: int, task_type: str, seed: int) -> dict[str, Any]:
     scene = f"House{1 + identity % 5}"
     return {
         "scene": scene, "tasktype": task_type, "instruction_idx": identity, "taskname": name,
-        "taskquery": f"Could you help me? {name}", "identity": identity,
+        "taskquery": f"{ASK}{name}", "identity": identity,
         "task_metadata": {"taskname": name, "tasktype": task_type, "actions": [
             {"action": v, "objectType": t, "objectId": f"{t}|1" if t else "", "baseaction": "", "reward": 1,
              "relatedObject": []} for v, t in actions], "totalreward": len(actions)},
@@ -89,27 +100,42 @@ def make_test_cases(n: int, seed: int = 0, start: int = 1) -> list[dict[str, Any
     return [make_test_case(start + i, TASK_TYPES[i % len(TASK_TYPES)], seed) for i in range(n)]
 
 
+def _slip(task: dict[str, Any], steps: list[str], r: random.Random) -> tuple[int, str]:
+    """Where stage 3's expert slips and how: before a ``navigate to X`` that an interaction
+    with X follows, it tries that interaction at once (too far away: it fails). The place is
+    drawn among all such steps, so a model learns to reflect after the feedback turn, not
+    at a fixed turn. A search with nothing to act on reaches for the object looked for."""
+    spots = [i for i, k in enumerate(steps[:-1]) if k.startswith("navigate to ")
+             and not steps[i + 1].startswith("navigate to ")
+             and steps[i + 1].split(" ", 1)[-1] == k.removeprefix("navigate to ")]
+    if spots:
+        i = r.choice(spots)
+        return i, steps[i + 1]
+    related = [o.split("|")[0] for o in task.get("related_objects") or []]
+    return 0, f"pickup {related[0]}" if related else next((k for k in steps if not k.startswith("navigate")), steps[0])
+
+
 def expert_replies(task: dict[str, Any], stage: int, r: random.Random) -> list[str]:
-    """The scripted expert's replies for one task at one stage."""
-    keys = key_actions(task)
-    steps = [k for k in keys if k != "end"]
-    goal = task["taskname"].rstrip(".").lower()
-    replies = []
-    first = (f"<Observation>I am in a room and must {goal}.</Observation>"
-             f"<Planning>My plan: {'; '.join(steps)}; then end.</Planning>")
-    prefix = [first]
-    if stage == 2:
-        replies.append(first + "<Thinking>I do not see everything yet; I will look around.</Thinking>"
-                               "<DecisionMaking>observe</DecisionMaking>")
-        prefix = ["<Observation>Now I know what is around me.</Observation>"]
-    if stage == 3:
-        wrong = next((k for k in steps if not k.startswith("navigate to")), steps[-1])
-        replies.append(first + f"<Thinking>I will act at once.</Thinking><DecisionMaking>{wrong}</DecisionMaking>")
-        prefix = ["<Reflection>That failed: I am too far away. I should go to the object first.</Reflection>"]
-    for i, k in enumerate(steps):
-        head = prefix[0] if i == 0 else f"<Thinking>That worked; next: {k}.</Thinking>"
-        replies.append(f"{head}<DecisionMaking>{k}</DecisionMaking>")
-    replies.append("<Verification>Every step of the task is done.</Verification><DecisionMaking>end</DecisionMaking>")
+    """The scripted expert's replies for one task at one stage (module doc)."""
+    t = EXPERT_TEXTS
+    steps = [k for k in key_actions(task) if k != "end"]
+    first = (f"<Observation>{t['goal']}</Observation>"
+             f"<Planning>{t['plan']}{'; '.join(steps)}{t['plan_end']}</Planning>")
+    heads = [first] + [f"<Thinking>{t['next']}{k}.</Thinking>" for k in steps[1:]]
+    replies = [f"{h}<DecisionMaking>{k}</DecisionMaking>" for h, k in zip(heads, steps)]
+    if stage in (2, 3):
+        # One turn aside before a step drawn at random (so a model learns to read the turn it
+        # answers, not to count turns), and the step taken up again after it.
+        if stage == 2:
+            at, aside = r.randrange(len(steps)), "observe"
+            thought, resume = t["look"], f"<Observation>{t['looked']}</Observation>"
+        else:
+            at, aside = _slip(task, steps, r)
+            thought, resume = t["rush"], f"<Reflection>{t['reflect']}</Reflection>"
+        replies[at:at + 1] = [f"{first if at == 0 else ''}<Thinking>{thought}</Thinking>"
+                              f"<DecisionMaking>{aside}</DecisionMaking>",
+                              f"{resume}<DecisionMaking>{steps[at]}</DecisionMaking>"]
+    replies.append(f"<Verification>{t['done']}</Verification><DecisionMaking>end</DecisionMaking>")
     return replies
 
 
@@ -154,3 +180,28 @@ def write_dataset(root: Path, n_train: int = 33, n_test: int = 22, seed: int = 0
     (root / "test.json").write_text(json.dumps(tests, indent=1))
     return {"trajectories": len(multiturn), "test_cases": len(tests),
             "images": sum(len(m["images"]) for m in multiturn)}
+
+
+def object_types() -> tuple[str, ...]:
+    """Every object type a synthetic task or the built-in house names."""
+    names = (*SURFACES, *CONTAINERS, *SMALL, *APPLIANCES, "SinkBasin", *household.SURFACES, *household.SMALL,
+             *household.BIG, *sorted(household.OPENABLE), *sorted(household.TOGGLEABLE))
+    return tuple(dict.fromkeys(names))
+
+
+def fixed_texts() -> tuple[str, ...]:
+    """The fixed words of the agent's turns in this project's texts (``prompts``) and of the
+    scripted expert's replies, with the reply tags and the object types: what a tokenizer
+    built for the synthetic sample keeps whole, so that a tiny model reads and writes them
+    as one token each."""
+    hole = "\x00"
+
+    def parts(text: str) -> list[str]:
+        return [p for p in text.replace(prompts.IMAGE, hole).split(hole) if p.strip()]
+
+    texts = [prompts.SYSTEM, *parts(prompts.first_turn(hole, 0)), *parts(prompts.after_action(hole, 0)),
+             *parts(prompts.after_action("move forward", 0)), *parts(prompts.after_failure(hole, hole)),
+             *parts(prompts.after_failure(hole, hole, unmatched=True)), prompts.INVALID, prompts.FEEDBACK,
+             ASK, *EXPERT_TEXTS.values(), *(f"<{t}>" for t in REPLY_TAGS), *(f"</{t}>" for t in REPLY_TAGS),
+             *object_types()]
+    return tuple(dict.fromkeys(texts))
