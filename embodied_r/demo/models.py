@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Callable
 
 from embodied_r.demo.tiny_models import ensure_tiny_lm, ensure_tiny_vlm
-from embodied_r.demo.tiny_reasoner import ensure_reasoner
+from embodied_r.demo.tiny_reasoner import ensure_reader, ensure_reasoner
 from embodied_r.demo.tiny_vlm_reasoner import ensure_vlm_reasoner
 
 # name -> builder of its folder under the root given (``$EMBODIED_R_HOME/models``).
@@ -21,6 +21,8 @@ TINY: dict[str, Callable[[Path], Path]] = {
     "vlm": ensure_tiny_vlm,
     # The demo's reasoner: a tiny Qwen2 whose tokenizer keeps the prompts' fixed texts whole.
     "lm-reasoner": ensure_reasoner,
+    # The same with the synthetic world's names kept whole, for reading traces.
+    "lm-reader": ensure_reader,
     # The Embodied-Reasoner demo's agent: a tiny Qwen2.5-VL whose tokenizer keeps its turns' texts whole.
     "vlm-reasoner": ensure_vlm_reasoner,
 }

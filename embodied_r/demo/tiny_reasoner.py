@@ -70,3 +70,8 @@ def reasoner_spec(reading: bool = False) -> TinyLMSpec:
 
 def ensure_reasoner(root: Path) -> Path:
     return ensure_tiny_lm(root, reasoner_spec())
+
+
+def ensure_reader(root: Path) -> Path:
+    """``tiny:lm-reader``: the reasoner with the reading tokenizer."""
+    return ensure_tiny_lm(root, reasoner_spec(reading=True))
