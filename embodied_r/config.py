@@ -90,6 +90,14 @@ class Recipe(BaseModel):
                              "set training.keep_best: true (with training.eval_steps), or checkpoint: last")
         return self
 
+    def evaluation_settings(self) -> Any:
+        """The evaluation config as every evaluation of the reasoner uses it: prompts cut as
+        training cuts them (``training.max_prompt_length``) unless the evaluation sets its
+        own limit, so a model is asked what it was trained on, in the pipeline and out of it."""
+        if self.evaluation.max_prompt_length is not None:
+            return self.evaluation
+        return self.evaluation.model_copy(update={"max_prompt_length": self.training.max_prompt_length})
+
     def evaluated_model(self, last_stage_model: str) -> str:
         """The folder the evaluation answers with, given the last training stage's ``model/``."""
         if self.evaluation.checkpoint == "best_val":

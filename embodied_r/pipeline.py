@@ -113,12 +113,8 @@ def plan(recipe: Recipe, root: Path | None = None) -> dict[str, StagePlan]:
 
 def _evaluation_config(recipe: Recipe) -> tuple[dict[str, Any], dict[str, Any]]:
     """The evaluate stages' config, and the part of it that keys them."""
-    evaluation = recipe.evaluation.model_dump(mode="json")
-    keyed = result_settings(recipe.evaluation)
-    if evaluation["max_prompt_length"] is None:
-        # The model is asked at test time with prompts cut as it was trained on them.
-        evaluation["max_prompt_length"] = keyed["max_prompt_length"] = recipe.training.max_prompt_length
-    return evaluation, keyed
+    settings = recipe.evaluation_settings()
+    return settings.model_dump(mode="json"), result_settings(settings)
 
 
 def _add_unplaced(recipe: Recipe, builder: PlanBuilder) -> None:

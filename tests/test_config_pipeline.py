@@ -130,3 +130,17 @@ def test_changing_a_module_changes_the_keys_of_the_stages_that_run_it_and_after(
     monkeypatch.setattr(runners, "module_version", edited)
     after = plan(recipe, tmp_path)
     assert [n for n in base if base[n].key != after[n].key] == changed
+
+
+def test_every_evaluation_of_the_reasoner_cuts_prompts_as_training_does(tmp_path):
+    """The pipeline's evaluations and the ones outside it (promotion, eval-model, baselines)
+    take one config, ``Recipe.evaluation_settings``: prompts cut to training's limit, so a
+    model trained on the last 160 tokens is never asked with whole prompts."""
+    recipe = load_recipe("demo")
+    assert recipe.training.max_prompt_length == 160
+    assert recipe.evaluation.max_prompt_length is None
+    assert recipe.evaluation_settings().max_prompt_length == 160
+    stages = plan(recipe, tmp_path)
+    assert {stages[n].config["max_prompt_length"] for n in stages if stages[n].kind == "evaluate"} == {160}
+    own = load_recipe("demo", {"evaluation": {"max_prompt_length": 99}})
+    assert own.evaluation_settings().max_prompt_length == 99

@@ -53,9 +53,11 @@ def resolve_reasoner(ref: str | None, recipe: Any) -> Any:
 
 def _reasoner_backend(recipe: Any, model: str, max_new_tokens: int | None = None,
                       temperature: float | None = None) -> Any:
-    cfg = recipe.evaluation
+    cfg = recipe.evaluation_settings()
     update: dict[str, Any] = {"model": model,
                               "max_new_tokens": max_new_tokens or cfg.max_new_tokens or cfg.backend.max_new_tokens}
+    if cfg.max_prompt_length is not None:
+        update["max_prompt_tokens"] = cfg.max_prompt_length  # asked as it was trained
     if temperature is not None:
         update["temperature"] = temperature
     return cfg.backend.model_copy(update=update)

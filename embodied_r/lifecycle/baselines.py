@@ -100,7 +100,7 @@ def plan_baselines(recipe: Any, root: Path | None = None) -> dict[str, BaselineP
     root = Path(root) if root else home()
     stages = plan(recipe, root)
     records = stages["convert"].out
-    cfg = recipe.evaluation
+    cfg = recipe.evaluation_settings()
     return {
         "policy": BaselinePlan("policy", evaluation_folder(
             root, "baseline_policy", {"policy": recipe.training.policy, "records": stages["convert"].key}, cfg),
@@ -134,7 +134,7 @@ def run_baselines(recipe: Any, root: Path | None = None, only: list[str] | None 
         p = plans[name]
         if name == "policy":
             results[name] = run_policy_baseline(Path(p.inputs["records"]), p.inputs["policy"], p.out,
-                                                recipe.evaluation)
+                                                recipe.evaluation_settings())
         else:
             results[name] = run_vlm_baseline(Path(p.inputs["records"]), Path(p.inputs["catalog"]),
                                              Path(p.inputs["keyframes"]), p.out, recipe.perception.backend,

@@ -78,6 +78,6 @@ def evaluate_model(recipe: Any, ref: str | None, split: str, root: Path,
     if not read_split(records, split):
         raise ValueError(f"the {split} split of recipe {recipe.name!r} has no records ({records}); "
                          "choose another split")
-    cfg = recipe.evaluation.model_copy(update={"split": split})
+    cfg = recipe.evaluation_settings().model_copy(update={"split": split})
     out = out or evaluation_folder(root, "model", {"model": model.identity, "records": records.name}, cfg)
     return out, run_evaluation(records, model.path, out, cfg, model_ref=model.label)

@@ -54,7 +54,7 @@ def sft_baseline(recipe: Any, cfg: SFTConfig | None = None, init_model: str | No
     sft_key = _digest({"sft": cfg.model_dump(mode="json"), "init_model": init_model,
                        "records": convert.key, "code": code})
     sft_out = root / "stages" / "sft" / sft_key
-    eval_cfg = recipe.evaluation
+    eval_cfg = recipe.evaluation_settings()
     eval_key = _digest({"evaluation": eval_cfg.model_dump(mode="json"), "sft": sft_key,
                         "code": code_version("evaluate")})
     eval_out = root / "stages" / "sft_evaluate" / eval_key
