@@ -105,6 +105,10 @@ class TrainingConfig(GRPOSettings, TrainerEnvironment):
     # stage's optimizer state and learning-rate schedule carry on (one schedule over all
     # stages); fresh: a new optimizer and schedule per stage.
     stage_chain: Literal["resume", "fresh"] = "fresh"
+    # Each stage's trainer seed (its data order and sampling). same: every stage the recipe's
+    # seed, so a stage cut short by max_steps_per_stage sees the same first questions as the
+    # stage before; offset: stage i uses seed + i - 1, so each stage draws other questions.
+    stage_seeds: Literal["same", "offset"] = "same"
     # Validation on the val split every this many steps (rewards and accuracy, logged as
     # eval_*); None: none during training.
     eval_steps: int | None = Field(None, ge=1)

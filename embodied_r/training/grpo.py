@@ -99,6 +99,11 @@ def reward_setup(stage: GRPOStageConfig, cfg: TrainingConfig) -> tuple[list[Any]
     return funcs, weights
 
 
+def stage_seed(cfg: TrainingConfig, stage_index: int) -> int:
+    """The trainer seed of the ``stage_index``-th stage (1 for the first): ``training.stage_seeds``."""
+    return cfg.seed + (stage_index - 1 if cfg.stage_seeds == "offset" else 0)
+
+
 def precision(env: TrainerEnvironment) -> Precision:
     """The trainer's precision on this machine, its fallback said once in the log."""
     chosen = training_precision(env.bf16, env.use_cpu)
@@ -222,6 +227,7 @@ def main(spec_path: str) -> int:
     spec = read_json(Path(spec_path))
     cfg = TrainingConfig.model_validate(spec["training"])
     stage = GRPOStageConfig.model_validate(spec["stage"])
+    cfg = cfg.model_copy(update={"seed": stage_seed(cfg, int(spec.get("stage_index", 1)))})
     work = Path(spec["work"])
     chain = spec.get("chain") or {}
     world = int(os.environ.get("WORLD_SIZE", "1"))
