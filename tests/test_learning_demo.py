@@ -1,26 +1,21 @@
-"""The demo's run at its seed (42), checked for what it shows and what the method needs.
+"""The demo's run at its seed (42), checked for what the method shows.
 
 One run of every stage of the ``demo`` recipe in this process (no Prefect, no MLflow): the
 synthetic benchmark, the world perceiver's text, the warm start, the three GRPO stages and
 the three evaluations. What it checks:
 
-- the benchmark is big enough to measure, and the perception text carries the answers (the
-  scripted reader's ceiling);
+- the benchmark is big enough to measure, the perception text carries the answers (the
+  scripted reader's ceiling) and no letter is a free win (the text-unread floor near chance);
 - the warm start teaches the answer format, and the untrained policy never writes it;
-- GRPO moves the policy: its greedy answers differ from the warm start's on a tenth of the
-  test questions at least (36 %, 92 % and 100 % at seeds 42, 1 and 2; with the learning rate
-  at 0 they are the same), and it keeps the answer format.
+- the reasoner reads: the GRPO-trained one scores at least chance + 15 points on the test
+  split, GRPO moves its answers (a tenth of them at least; with the learning rate at 0 none
+  move) without losing what the warm start taught (with the reward's letter comparison
+  inverted it unlearns it), and the answer format is kept.
 
-Not checked, because it does not hold at every seed: that a stage raises the reward it weights
-most (stage 1's format reward stayed at 0.94 at seed 2).
-
-What it does not check, because the tiny reasoner does not do it yet: reading the answer
-out of the text. At this seed the GRPO-trained reasoner scores about chance, below the
-warm-started one (README, "What the demo shows"); the reward's letter comparison is checked
-by the reward's own unit tests (``test_rewards.py``).
-
-Accuracy here is recomputed from each prediction and the gold answer, not taken from the
-scorer the rewards share.
+Not asserted, because it does not hold at every seed or on every machine (README, "What the
+demo shows"): that GRPO adds five points to the warm start, and that stage 2's accuracy
+reward is higher in its last quarter than in its first. Accuracy is recomputed from each
+prediction and the gold answer, not taken from the scorer the rewards share.
 """
 
 from __future__ import annotations
@@ -87,12 +82,22 @@ def test_the_warm_start_teaches_the_answer_format(demo_run):
     assert (Path(stages["evaluate"].out) / "reward_curves.png").is_file()
 
 
-def test_grpo_moves_the_policy_and_keeps_the_format(demo_run):
+def test_the_text_unread_floor_stays_near_chance(demo_run):
     stages = demo_run["stages"]
+    found = ceiling(Path(stages["preprocess"].out) / "catalog.parquet", Path(stages["perception"].out))
+    assert found["prior"] <= found["chance"] + 0.05, found
+
+
+def test_the_reasoner_reads_and_grpo_moves_it_without_unlearning(demo_run):
+    stages = demo_run["stages"]
+    found = ceiling(Path(stages["preprocess"].out) / "catalog.parquet", Path(stages["perception"].out))
+    trained, warm = _accuracy(stages["evaluate"].out), _accuracy(stages["evaluate_warmstart"].out)
+    assert trained >= found["chance"] + 0.15, (trained, found["chance"])
+    assert trained >= warm - 0.03, (trained, warm)
     before = {r["uid"]: r["completion"] for r in pq.read_table(Path(stages["evaluate_warmstart"].out)
                                                                / "predictions.parquet").to_pylist()}
     after = {r["uid"]: r["completion"] for r in pq.read_table(Path(stages["evaluate"].out)
                                                               / "predictions.parquet").to_pylist()}
     moved = sum(after[uid] != text for uid, text in before.items()) / len(before)
     assert moved >= 0.1, moved
-    assert _readable(stages["evaluate"].out) >= 0.7
+    assert _readable(stages["evaluate"].out) >= 0.9

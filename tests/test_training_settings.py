@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from embodied_r.config import RecipeError, load_recipe
 from embodied_r.training.config import OWNED_GRPO_ARGS, TrainingConfig
-from embodied_r.training.grpo import grpo_kwargs
+from embodied_r.training.grpo import grpo_kwargs, stage_seed
 
 PAPER_SETTINGS = {
     "adam_beta1": 0.9, "adam_beta2": 0.95, "beta": 0.001, "epsilon": 0.2, "gradient_accumulation_steps": 4,
@@ -32,13 +32,13 @@ OWNED_BEFORE = {
 }
 
 DEMO_STAGE_KWARGS = {
-    "output_dir": "/w/checkpoints", "use_cpu": True, "bf16": False, "seed": 42, "logging_steps": 1,
-    "save_steps": 20, "save_total_limit": 2, "save_only_model": False, "report_to": [], "disable_tqdm": True,
-    "learning_rate": 0.0003, "beta": 0.001, "num_generations": 4, "max_completion_length": 24,
-    "per_device_train_batch_size": 8, "gradient_accumulation_steps": 1, "temperature": 1.0, "top_p": 0.9,
+    "output_dir": "/w/checkpoints", "use_cpu": True, "bf16": False, "fp16": False, "seed": 42, "logging_steps": 1,
+    "save_steps": 50, "save_total_limit": 2, "save_only_model": False, "report_to": [], "disable_tqdm": True,
+    "learning_rate": 0.0003, "beta": 0.001, "num_generations": 4, "max_completion_length": 64,
+    "per_device_train_batch_size": 16, "gradient_accumulation_steps": 1, "temperature": 1.0, "top_p": 0.9,
     "top_k": 50, "repetition_penalty": 1.0, "loss_type": "grpo", "scale_rewards": "group", "epsilon": 0.2,
     "lr_scheduler_type": "cosine", "warmup_steps": 0.05, "weight_decay": 0.1, "adam_beta1": 0.9,
-    "adam_beta2": 0.95, "max_grad_norm": 1.0, "vllm_importance_sampling_correction": False, "max_steps": 40,
+    "adam_beta2": 0.95, "max_grad_norm": 1.0, "vllm_importance_sampling_correction": False, "max_steps": 150,
     "reward_weights": [1.0], "log_completions": False,
 }
 
@@ -61,10 +61,12 @@ def test_demo_trainer_arguments_are_unchanged() -> None:
     """The demo's figures come from these: any change to them changes the demo."""
     training = load_recipe("demo").training
     assert (training.stage_chain, training.prompt_cut, training.eval_steps) == ("fresh", "both", None)
-    for stage, epochs in zip(training.stages, (2.0, 2.0, 8.0)):
-        kwargs = grpo_kwargs(stage, training, Path("/w"), [1.0], [])
+    assert (training.policy, training.max_prompt_length, training.stage_seeds) == ("tiny:lm-reader", 160, "offset")
+    for index, (stage, epochs) in enumerate(zip(training.stages, (2.0, 2.0, 8.0)), start=1):
+        seeded = training.model_copy(update={"seed": stage_seed(training, index)})
+        kwargs = grpo_kwargs(stage, seeded, Path("/w"), [1.0], [])
         kwargs.pop("activation_checkpointing", kwargs.pop("gradient_checkpointing", None))
-        assert kwargs == {**DEMO_STAGE_KWARGS, "run_name": stage.name, "num_train_epochs": epochs}
+        assert kwargs == {**DEMO_STAGE_KWARGS, "run_name": stage.name, "num_train_epochs": epochs, "seed": 41 + index}
 
 
 def test_one_learning_rate_rule() -> None:
@@ -140,3 +142,15 @@ def test_the_plan_keys_the_chain_and_hands_evaluation_the_chosen_checkpoint(tmp_
     assert best["evaluate"].inputs["model"] == str(Path(best["train_stage3"].out) / "best_model")
     with pytest.raises(RecipeError, match="set training.keep_best: true"):
         load_recipe("paper", {"evaluation": {"checkpoint": "best_val"}})
+
+
+def test_stage_seeds_offset_gives_each_stage_its_own_draw():
+    """``stage_seeds: offset``: stage i trains with seed + i - 1, so a stage cut short by the step
+    cap draws other questions than the one before; ``same`` (the paper recipes) keeps one seed."""
+    from embodied_r.training.config import TrainingConfig
+    from embodied_r.training.grpo import stage_seed
+
+    same = TrainingConfig(seed=42)
+    offset = TrainingConfig(seed=42, stage_seeds="offset")
+    assert [stage_seed(same, i) for i in (1, 2, 3)] == [42, 42, 42]
+    assert [stage_seed(offset, i) for i in (1, 2, 3)] == [42, 43, 44]
