@@ -61,7 +61,7 @@ def plot(rows: list[dict], path: Path) -> None:
     ax.set_xlabel("world perceiver: action error rate")
     ax.set_ylabel("test accuracy (%)")
     ax.set_ylim(0, 100)
-    ax.legend(loc="center right")
+    ax.legend(loc="lower right", ncol=2)  # below the curves, above nothing
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 
