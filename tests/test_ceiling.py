@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from embodied_r.demo.ceiling import answer, floor_plan, frames
 
 FLIGHT = "\n".join([
@@ -80,3 +82,26 @@ def test_the_letter_prior_answers_each_task_its_commonest_train_letter(tmp_path)
     catalog = tmp_path / "catalog.parquet"
     write_parquet_atomic(table_from_records(rows, schemas.CATALOG), catalog)
     assert letter_prior(catalog, "test") == 0.5
+
+
+def test_the_answers_own_chance_counts_only_the_answers_a_task_has(tmp_path):
+    """Seven options of which the train split makes three right: a guess among those three.
+    A task with one answer in train is a sure guess; a question with fewer options than its
+    task's answers is a guess among its own options."""
+    from embodied_r import schemas
+    from embodied_r.demo.ceiling import answer_chance
+    from embodied_r.io import table_from_records, write_parquet_atomic
+
+    seven = [f"{letter}. o" for letter in "ABCDEFG"]
+
+    def row(i, split, category, answer, options=seven):
+        return {"uid": f"u:{i}", "split": split, "category": category, "answer": answer, "answer_type": "choice",
+                "options": options, "question": "q"}
+
+    rows = [row(0, "train", "moves", "C"), row(1, "train", "moves", "E"), row(2, "train", "moves", "F"),
+            row(3, "train", "one", "A"), row(4, "test", "moves", "C"), row(5, "test", "one", "B"),
+            row(6, "train", "pairs", "A"), row(7, "train", "pairs", "B"), row(8, "train", "pairs", "C"),
+            row(9, "test", "pairs", "A", ["A. x", "B. y"])]
+    catalog = tmp_path / "catalog.parquet"
+    write_parquet_atomic(table_from_records(rows, schemas.CATALOG), catalog)
+    assert answer_chance(catalog, "test") == pytest.approx((1 / 3 + 1 + 1 / 2) / 3)

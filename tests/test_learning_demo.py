@@ -5,7 +5,8 @@ synthetic benchmark, the world perceiver's text, the warm start, the three GRPO 
 the three evaluations. What it checks:
 
 - the benchmark is big enough to measure, the perception text carries the answers (the
-  scripted reader's ceiling) and no letter is a free win (the text-unread floor near chance);
+  scripted reader's ceiling) and no letter is a free win (the text-unread floor near a guess
+  among the answers each task has);
 - the warm start teaches the answer format, and the untrained policy never writes it;
 - the reasoner reads: the GRPO-trained one scores at least chance + 15 points on the test
   split, GRPO moves its answers (a tenth of them at least; with the learning rate at 0 none
@@ -85,7 +86,9 @@ def test_the_warm_start_teaches_the_answer_format(demo_run):
 def test_the_text_unread_floor_stays_near_chance(demo_run):
     stages = demo_run["stages"]
     found = ceiling(Path(stages["preprocess"].out) / "catalog.parquet", Path(stages["perception"].out))
-    assert found["prior"] <= found["chance"] + 0.05, found
+    # Against a guess among the answers each task has: the fixed closed sets list options the
+    # world never makes right, so the floor stands above a guess among all options (README).
+    assert found["prior"] <= found["answer_chance"] + 0.05, found
 
 
 def test_the_reasoner_reads_and_grpo_moves_it_without_unlearning(demo_run):

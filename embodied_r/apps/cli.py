@@ -72,7 +72,8 @@ def _print_ceiling(result: dict[str, Any], recipe: Any) -> None:
     print(f"Ceiling: a scripted reader of the perception text alone (no model) answers "
           f"{format_accuracy(found['accuracy'], accuracy_interval(found['accuracy'] * n, n))} of the "
           f"{n} {found['split']} questions with options; chance {100 * found['chance']:.1f} %; each task's "
-          f"commonest train letter, text unread, {100 * found['prior']:.1f} %")
+          f"commonest train letter, text unread, {100 * found['prior']:.1f} % (a guess among the answers "
+          f"each task has: {100 * found['answer_chance']:.1f} %)")
 
 
 def _print_outcome(result: dict[str, Any], seconds: float, synthetic: bool = False,

@@ -172,7 +172,23 @@ def ceiling(catalog: Path, perception: Path, split: str = "test") -> dict[str, A
     return {"split": split, "questions": len(right), "accuracy": sum(right) / len(right) if right else 0.0,
             "by_task": {k: sum(v) / len(v) for k, v in sorted(by_task.items())},
             "chance": chance_accuracy({**r, "answer_type": "choice"} for r in cat),
-            "prior": letter_prior(catalog, split)}
+            "prior": letter_prior(catalog, split), "answer_chance": answer_chance(catalog, split)}
+
+
+def answer_chance(catalog: Path, split: str = "test") -> float:
+    """A uniform guess among the answers each task's train questions have (at most the
+    question's own options). Where a task's options include some the world never makes right
+    (a fixed closed set: seven moves, three of them possible), this, not the uniform guess
+    among all options, is what balanced answers hold the letter floor to."""
+    rows = [r for r in pq.read_table(catalog).to_pylist() if r["answer_type"] == "choice"]
+    answers: dict[str, set[str]] = {}
+    for r in rows:
+        if r["split"] == "train":
+            answers.setdefault(r["category"], set()).add(r["answer"])
+    tested = [r for r in rows if r["split"] == split]
+    guesses = [1 / min(len(answers.get(r["category"], ())) or len(r["options"]), len(r["options"]))
+               for r in tested]
+    return sum(guesses) / len(guesses) if guesses else 0.0
 
 
 def letter_prior(catalog: Path, split: str = "test") -> float:
