@@ -35,19 +35,11 @@ def trajectories(tmp_path_factory) -> dict[int, list]:
 
 @pytest.fixture(scope="module")
 def processor(tmp_path_factory):
-    import os
-
     from embodied_r.backends.models import load_vlm_processor, resolve_model
 
-    old = os.environ.get("EMBODIED_R_HOME")
-    os.environ["EMBODIED_R_HOME"] = str(tmp_path_factory.mktemp("home"))
-    try:
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("EMBODIED_R_HOME", str(tmp_path_factory.mktemp("home")))
         folder = resolve_model("tiny:vlm-reasoner")
-    finally:
-        if old is None:
-            os.environ.pop("EMBODIED_R_HOME")
-        else:
-            os.environ["EMBODIED_R_HOME"] = old
     return load_vlm_processor(folder)
 
 

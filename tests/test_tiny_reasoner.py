@@ -14,19 +14,11 @@ from embodied_r.demo.tiny_reasoner import TAGS, fixed_parts
 
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory: pytest.TempPathFactory):
-    import os
-
     from transformers import AutoTokenizer
 
-    old = os.environ.get("EMBODIED_R_HOME")
-    os.environ["EMBODIED_R_HOME"] = str(tmp_path_factory.mktemp("home"))
-    try:
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("EMBODIED_R_HOME", str(tmp_path_factory.mktemp("home")))
         folder = resolve_model("tiny:lm-reasoner")
-    finally:
-        if old is None:
-            os.environ.pop("EMBODIED_R_HOME")
-        else:
-            os.environ["EMBODIED_R_HOME"] = old
     assert Path(folder, "config.json").is_file()
     return AutoTokenizer.from_pretrained(folder)
 
