@@ -53,14 +53,9 @@ def resolve_reasoner(ref: str | None, recipe: Any) -> Any:
 
 def _reasoner_backend(recipe: Any, model: str, max_new_tokens: int | None = None,
                       temperature: float | None = None) -> Any:
-    cfg = recipe.evaluation_settings()
-    update: dict[str, Any] = {"model": model,
-                              "max_new_tokens": max_new_tokens or cfg.max_new_tokens or cfg.backend.max_new_tokens}
-    if cfg.max_prompt_length is not None:
-        update["max_prompt_tokens"] = cfg.max_prompt_length  # asked as it was trained
-    if temperature is not None:
-        update["temperature"] = temperature
-    return cfg.backend.model_copy(update=update)
+    # Asked as the evaluation asks it: prompts cut as it was trained.
+    return recipe.evaluation_settings().answering_backend(model, max_new_tokens=max_new_tokens,
+                                                          temperature=temperature)
 
 
 def _guard(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -61,6 +61,17 @@ class EvaluationConfig(BaseModel):
     # a hub repository, hf://owner/repo/folder[@revision] (the `released` recipe: the authors'
     # checkpoints). Set, the pipeline plans no warm start and no training stage.
     model: str | None = None
+
+    def answering_backend(self, model: str, **overrides: Any) -> BackendConfig:
+        """``backend`` answering with ``model`` under this evaluation's token limits (new tokens,
+        the prompt cut), then ``overrides`` that are set: how every evaluation asks a model."""
+        update: dict[str, Any] = {"model": model}
+        if self.max_new_tokens is not None:
+            update["max_new_tokens"] = self.max_new_tokens
+        if self.max_prompt_length is not None:
+            update["max_prompt_tokens"] = self.max_prompt_length
+        update.update({k: v for k, v in overrides.items() if v is not None})
+        return self.backend.model_copy(update=update)
 
     def choice_parser(self) -> ChoiceParser:
         return "official_eval" if self.answer_parser == "official" else "strict"

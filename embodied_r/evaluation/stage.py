@@ -334,13 +334,8 @@ def run_evaluation(records: Path, model: str, out: Path, cfg: EvaluationConfig,
         return read_summary(out)
     all_records = read_split(records, cfg.split)
     resolved = resolve_model_ref(model)
-    update: dict[str, Any] = {"model": resolved}
-    if cfg.max_new_tokens is not None:
-        update["max_new_tokens"] = cfg.max_new_tokens
-    if cfg.max_prompt_length is not None:
-        update["max_prompt_tokens"] = cfg.max_prompt_length
     ref = model_ref or (model if model != resolved else None)
-    return evaluate_records(all_records, out, cfg.backend.model_copy(update=update), cfg,
+    return evaluate_records(all_records, out, cfg.answering_backend(resolved), cfg,
                             model_label=ref or describe_model(resolved), title=title,
                             # The summary keeps the folder evaluated; the label is for people.
                             extra_summary={"model": resolved, **({"model_ref": ref} if ref else {})},
