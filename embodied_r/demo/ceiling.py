@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -162,17 +163,32 @@ def answer(category: str, question: str, options: list[str], video_text: str) ->
 def ceiling(catalog: Path, perception: Path, split: str = "test") -> dict[str, Any]:
     """The scripted reader's accuracy on ``split`` (per task too), beside chance. A question
     without perception text, or whose text does not decide, counts as wrong."""
-    cat = [r for r in pq.read_table(catalog).to_pylist() if r["split"] == split and r["answer_type"] == "choice"]
+    rows = _choice_rows(catalog)
+    cat = [r for r in rows if r["split"] == split]
     texts = {r["uid"]: r["video_text"] for r in pq.read_table(Path(perception) / "perception.parquet").to_pylist()}
     by_task: dict[str, list[int]] = {}
     for r in cat:
         got = answer(r["category"], r["question"], list(r["options"]), texts.get(r["uid"], ""))
         by_task.setdefault(r["category"], []).append(int(got == r["answer"]))
     right = [x for xs in by_task.values() for x in xs]
+    answers = _train_answers(rows)
     return {"split": split, "questions": len(right), "accuracy": sum(right) / len(right) if right else 0.0,
             "by_task": {k: sum(v) / len(v) for k, v in sorted(by_task.items())},
             "chance": chance_accuracy({**r, "answer_type": "choice"} for r in cat),
-            "prior": letter_prior(catalog, split), "answer_chance": answer_chance(catalog, split)}
+            "prior": _letter_prior(answers, cat), "answer_chance": _answer_chance(answers, cat)}
+
+
+def _choice_rows(catalog: Path) -> list[dict[str, Any]]:
+    return [r for r in pq.read_table(catalog).to_pylist() if r["answer_type"] == "choice"]
+
+
+def _train_answers(rows: list[dict[str, Any]]) -> dict[str, Counter[str]]:
+    """Per task, how often each answer is right in the train split."""
+    counts: dict[str, Counter[str]] = {}
+    for r in rows:
+        if r["split"] == "train":
+            counts.setdefault(r["category"], Counter())[r["answer"]] += 1
+    return counts
 
 
 def answer_chance(catalog: Path, split: str = "test") -> float:
@@ -180,12 +196,11 @@ def answer_chance(catalog: Path, split: str = "test") -> float:
     question's own options). Where a task's options include some the world never makes right
     (a fixed closed set: seven moves, three of them possible), this, not the uniform guess
     among all options, is what balanced answers hold the letter floor to."""
-    rows = [r for r in pq.read_table(catalog).to_pylist() if r["answer_type"] == "choice"]
-    answers: dict[str, set[str]] = {}
-    for r in rows:
-        if r["split"] == "train":
-            answers.setdefault(r["category"], set()).add(r["answer"])
-    tested = [r for r in rows if r["split"] == split]
+    rows = _choice_rows(catalog)
+    return _answer_chance(_train_answers(rows), [r for r in rows if r["split"] == split])
+
+
+def _answer_chance(answers: dict[str, Counter[str]], tested: list[dict[str, Any]]) -> float:
     guesses = [1 / min(len(answers.get(r["category"], ())) or len(r["options"]), len(r["options"]))
                for r in tested]
     return sum(guesses) / len(guesses) if guesses else 0.0
@@ -194,12 +209,11 @@ def answer_chance(catalog: Path, split: str = "test") -> float:
 def letter_prior(catalog: Path, split: str = "test") -> float:
     """What a reader that ignores the text scores by giving, for each task, the letter most
     often right in the train split: the floor a reasoner must rise above to have read."""
-    rows = [r for r in pq.read_table(catalog).to_pylist() if r["answer_type"] == "choice"]
-    counts: dict[str, dict[str, int]] = {}
-    for r in rows:
-        if r["split"] == "train":
-            counts.setdefault(r["category"], {}).setdefault(r["answer"], 0)
-            counts[r["category"]][r["answer"]] += 1
-    best = {task: max(c, key=c.get) for task, c in counts.items()}
-    scored = [int(best.get(r["category"]) == r["answer"]) for r in rows if r["split"] == split]
+    rows = _choice_rows(catalog)
+    return _letter_prior(_train_answers(rows), [r for r in rows if r["split"] == split])
+
+
+def _letter_prior(answers: dict[str, Counter[str]], tested: list[dict[str, Any]]) -> float:
+    best = {task: max(c, key=c.get) for task, c in answers.items()}
+    scored = [int(best.get(r["category"]) == r["answer"]) for r in tested]
     return sum(scored) / len(scored) if scored else 0.0
