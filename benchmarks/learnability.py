@@ -255,6 +255,7 @@ def grpo(v: Variant, seed: int, paths: dict[str, Path], model: str, work: Path,
     from embodied_r.config import load_recipe
     from embodied_r.training.config import GRPOStageConfig, TrainingConfig
     from embodied_r.training.grpo import grpo_args, load_dataset, reward_setup
+    from embodied_r.training.learning import quarter_stats
 
     per_step = v.generations * v.prompts_per_step
     base = load_recipe("demo").training.model_dump(mode="json")
@@ -274,12 +275,12 @@ def grpo(v: Variant, seed: int, paths: dict[str, Path], model: str, work: Path,
     started = time.monotonic()
     trainer.train()
     seconds = time.monotonic() - started
-    logs = [e for e in trainer.state.log_history if "frac_reward_zero_std" in e]
-    quarter = max(1, len(logs) // 4)
-    for key in ("frac_reward_zero_std", "entropy", "rewards/accuracy_reward/mean"):
-        vals = [e.get(key) for e in logs if e.get(key) is not None]
-        if vals:
-            points[-1][key] = (sum(vals[:quarter]) / len(vals[:quarter]), sum(vals[-quarter:]) / len(vals[-quarter:]))
+    # The pipeline's own first- and last-quarter figures, under the keys TRL logs them by.
+    stats = quarter_stats(trainer.state.log_history, ["accuracy_reward"])
+    for key, name in (("frac_reward_zero_std", "zero_std_groups"), ("entropy", "entropy"),
+                      ("rewards/accuracy_reward/mean", "accuracy_reward")):
+        if stats[name]["first"] is not None:
+            points[-1][key] = (stats[name]["first"], stats[name]["last"])
     return points, seconds
 
 

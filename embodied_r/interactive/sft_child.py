@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
 import time
 from pathlib import Path
@@ -29,7 +28,7 @@ from embodied_r.io import read_json, write_json_atomic
 from embodied_r.training.callbacks import drop_raw_log_printers, sft_step_callback
 from embodied_r.training.environment import RESULT_NAME, progress_callback
 from embodied_r.training.grpo import precision
-from embodied_r.training.learning import HISTORY_FILE, QUARTER
+from embodied_r.training.learning import HISTORY_FILE, first_last
 
 log = logging.getLogger("embodied_r.interactive.sft_child")
 IGNORE = -100
@@ -97,10 +96,8 @@ def quarters(history: list[dict[str, Any]], key: str) -> dict[str, float | None]
     """Mean of ``key`` over the first and the last quarter of the logged steps (a quarter
     holds at least one step): single steps are too noisy to say whether a stage learned."""
     values = [float(e[key]) for e in history if isinstance(e.get(key), (int, float)) and "train_runtime" not in e]
-    if not values:
-        return {"first": None, "last": None, "steps": 0}
-    k = max(1, math.ceil(len(values) * QUARTER))
-    return {"first": sum(values[:k]) / k, "last": sum(values[-k:]) / k, "steps": len(values)}
+    first, last = first_last(values)
+    return {"first": first, "last": last, "steps": len(values)}
 
 
 def learning_figures(history: list[dict[str, Any]]) -> dict[str, Any]:

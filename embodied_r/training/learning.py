@@ -42,6 +42,13 @@ def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
+def first_last(values: list[float], fraction: float = QUARTER) -> tuple[float | None, float | None]:
+    """Means of the first and of the last ``fraction`` of ``values`` (each at least one value;
+    None, None for none): single steps are too noisy to say whether a stage learned."""
+    k = max(1, math.ceil(len(values) * fraction)) if values else 0
+    return _mean(values[:k]), _mean(values[-k:] if k else [])
+
+
 def quarter_stats(history: Iterable[dict[str, Any]], reward_names: Iterable[str],
                   fraction: float = QUARTER) -> dict[str, dict[str, float | None]]:
     """Per reward: mean over the first and over the last ``fraction`` of its logged steps.
@@ -54,8 +61,7 @@ def quarter_stats(history: Iterable[dict[str, Any]], reward_names: Iterable[str]
     out: dict[str, dict[str, float | None]] = {}
     for name, points in reward_series(history, reward_names).items():
         values = [v for _, v in sorted(points)]
-        k = max(1, math.ceil(len(values) * fraction)) if values else 0
-        first, last = _mean(values[:k]), _mean(values[-k:] if k else [])
+        first, last = first_last(values, fraction)
         out[name] = {"first": first, "last": last, "steps": float(len(values)),
                      "change": (last - first) if first is not None and last is not None else None}
     return out
