@@ -7,20 +7,42 @@ from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
+from prefect.states import Completed, State
 
 from embodied_r import paths
 from embodied_r.config import load_recipe
-from embodied_r.evaluation.registry import CHAMPION
+from embodied_r.evaluation.registry import CHAMPION, alias_version, parse_model_uri
 from embodied_r.tracking import Tracker, record_stage, tracking_uri
 from flows.runner import flow_run_id, scoped_env
 
+# A model given as ``@alias`` names that alias of the recipe's own registered model, so a
+# deployment made for one recipe follows that recipe's registry entry.
+DEFAULT_MODEL = f"@{CHAMPION}"
+
+
+def model_uri(model: str, registered_model: str) -> str:
+    """``@alias`` as ``models:/<registered_model>@alias``; any other reference as given."""
+    return f"models:/{registered_model}{model}" if model.startswith("@") else model
+
+
+def no_alias_line(uri: str, store: str, recipe: str) -> str | None:
+    """One line when ``uri`` is a registry alias that points at no version yet, else None."""
+    if not uri.startswith("models:/"):
+        return None
+    ref = parse_model_uri(uri)
+    if ref.alias is None or alias_version(ref.name, ref.alias, store) is not None:
+        return None
+    return (f"nothing to re-evaluate: {ref.name} has no @{ref.alias} yet in {store}; a pipeline run promotes "
+            f"its reasoner when it beats the bars, or promote one with `embodied-r promote --recipe {recipe}`")
+
 
 @flow(name="embodied-r-reevaluate", log_prints=True)
-def reevaluate(model: str = f"models:/embodied-r-reasoner@{CHAMPION}", recipe: str = "demo",
-               split: str = "test", overrides: dict[str, Any] | None = None,
-               home: str | None = None) -> dict[str, Any]:
-    """Evaluate ``model`` (a registry URI such as ``models:/embodied-r-reasoner@champion``,
-    or a folder) on ``split`` of the recipe's converted records; one MLflow run per call."""
+def reevaluate(model: str = DEFAULT_MODEL, recipe: str = "demo", split: str = "test",
+               overrides: dict[str, Any] | None = None, home: str | None = None) -> dict[str, Any] | State:
+    """Evaluate ``model`` on ``split`` of the recipe's converted records; one MLflow run per
+    call. ``model`` is ``@<alias>`` of the recipe's registered model (``@champion``), a
+    registry URI (``models:/embodied-r-reasoner/3``) or a folder. Before the alias exists the
+    run ends ``Skipped`` with one line saying how to promote a model."""
     from prefect.artifacts import create_table_artifact
 
     from embodied_r.lifecycle.models import evaluate_model
@@ -29,16 +51,21 @@ def reevaluate(model: str = f"models:/embodied-r-reasoner@{CHAMPION}", recipe: s
     root = paths.claim_home(Path(home).expanduser().resolve() if home else paths.home())
     rec = load_recipe(recipe, overrides)
     uri = tracking_uri(rec.tracking.tracking_uri, root)
+    ref = model_uri(model, rec.tracking.registered_model)
     with scoped_env(EMBODIED_R_HOME=str(root), MLFLOW_TRACKING_URI=uri):
-        out, summary = evaluate_model(rec, model, split, root)
+        skipped = no_alias_line(ref, uri, rec.name)
+        if skipped:
+            get_run_logger().warning(skipped)
+            return Completed(name="Skipped", message=skipped)
+        out, summary = evaluate_model(rec, ref, split, root)
         tracker = Tracker.open(rec.tracking.experiment, uri, root)
-        run_id = tracker.start_stage("reevaluate", {"model": model, "split": split, "recipe": rec.name},
+        run_id = tracker.start_stage("reevaluate", {"model": ref, "split": split, "recipe": rec.name},
                                      tags={"prefect.flow_run_id": flow_run_id(), "output": str(out),
                                            "model_version": str(summary.get("model_ref") or "")})
         record_stage(tracker, run_id, out, summary)
         tracker.log_artifacts(run_id, [out / f for f in REPORT_FILES])
         tracker.finish(run_id)
     create_table_artifact(table=table_rows_from_folder(out), key="reevaluation-accuracy",
-                          description=f"{model} on the {split} split")
-    get_run_logger().info("%s on %s: overall %.3f", model, split, summary.get("accuracy/overall", 0.0))
+                          description=f"{ref} on the {split} split")
+    get_run_logger().info("%s on %s: overall %.3f", ref, split, summary.get("accuracy/overall", 0.0))
     return {"mlflow_run_id": run_id, "output": str(out), "summary": summary}

@@ -64,11 +64,14 @@ def wait_http(url: str, timeout: float, proc: subprocess.Popen | None = None, lo
 
 @contextmanager
 def background(cmd: list[str], log: Path, env: dict[str, str], cwd: Path | None = None,
-               ready_url: str | None = None, timeout: float = 120) -> Iterator[subprocess.Popen]:
-    """A process in its own group, its output in ``log``; the whole group is stopped after."""
+               ready_url: str | None = None, timeout: float = 120,
+               as_from_a_script: bool = False) -> Iterator[subprocess.Popen]:
+    """A process in its own group, its output in ``log``; the whole group is stopped after.
+    ``as_from_a_script``: started as ``cmd &`` in a shell script starts it, with SIGINT ignored."""
+    ignore_sigint = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if as_from_a_script else None
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=cwd,
-                                start_new_session=True)
+                                start_new_session=True, preexec_fn=ignore_sigint)
     try:
         if ready_url:
             wait_http(ready_url, timeout, proc, log)

@@ -1,16 +1,19 @@
-"""End to end: real Prefect and MLflow servers on 127.0.0.1, work pools, deployments from
-prefect.yaml, workers per pool, the full pipeline run by `prefect deployment run`. (Recomputing
-one stage with `refresh` is tested under Prefect in tests/test_flow_demo.py, in seconds rather
-than the minute a second run through the pools takes.)"""
+"""End to end, as docs/running.md walks through it: real Prefect and MLflow servers on
+127.0.0.1 started by the infra scripts, `infra/deploy.sh --recipe smoke`, a worker per pool
+started as `&` starts it, the full pipeline, one stage refreshed, the nightly's scheduled runs
+made by the server's own scheduler and one of them run by a worker, and the workers stopped
+by SIGTERM."""
 
 from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
 from contextlib import ExitStack
+from datetime import datetime, timezone
 from pathlib import Path
 
 # Prefect reads its settings from the environment once, at import: import it before this test
@@ -20,34 +23,44 @@ import prefect.context  # noqa: F401
 import pytest
 from prefect.settings import PREFECT_API_URL, temporary_settings
 
-from tests.servers import background, serve_on_free_port
-
-pytestmark = pytest.mark.slow
+from tests.servers import background, free_port, serve_on_free_port
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 STAGES = {"download", "preprocess", "keyframes", "perception", "convert",
           "train_stage1", "train_stage2", "train_stage3", "evaluate"}
 KINDS = ["download", "preprocess", "keyframes", "perception", "convert", "train", "evaluate"]
+POOLS = ("cpu", "gpu-infer", "gpu-train")
+DOC = REPO / "docs" / "running.md"
+# What the test runs, as the walk-through writes it (the servers' ports aside).
+DOCUMENTED = [
+    "infra/start-prefect.sh", "infra/start-mlflow.sh", "infra/deploy.sh --recipe smoke",
+    *(f"infra/start-worker.sh {pool}" for pool in POOLS),
+    "prefect deployment run embodied-r/full-pipeline --param recipe=smoke --watch",
+    "prefect deployment run embodied-r-evaluate/evaluate --param recipe=smoke --param refresh=true --watch",
+    "embodied-r register-model --recipe smoke --alias champion",
+]
 
 
-def _run(cmd: list[str], env: dict[str, str]) -> str:
-    done = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
+def _run(cmd: list[str], env: dict[str, str], timeout: float = 300) -> str:
+    done = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, f"{' '.join(cmd)} failed:\n{done.stdout}\n{done.stderr}"
     return done.stdout + done.stderr
 
 
-def _deployment_run(env: dict[str, str], name: str, *params: str) -> str:
+def _watched_run(env: dict[str, str], name: str, *params: str) -> str:
+    """`prefect deployment run NAME --param ... --watch`, which exits 0 only when the run
+    completes; the flow run's id."""
     args = [str(BIN / "prefect"), "deployment", "run", name]
     for p in params:
         args += ["--param", p]
-    out = _run(args, env)
+    out = _run([*args, "--watch"], env, timeout=900)
     found = re.search(r"UUID:\s*([0-9a-f-]{36})", out)
     assert found, out
     return found.group(1)
 
 
-def _wait_flow_run(flow_run_id: str, workers: list, timeout: float = 900):
+def _wait_flow_run(flow_run_id, workers: list, timeout: float = 300):
     from prefect.client.orchestration import get_client
 
     deadline = time.time() + timeout
@@ -60,6 +73,28 @@ def _wait_flow_run(flow_run_id: str, workers: list, timeout: float = 900):
                 return run
             time.sleep(2)
     raise TimeoutError(f"flow run {flow_run_id} did not finish in {timeout} s")
+
+
+def _scheduled_runs(deployment: str) -> list:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import (DeploymentFilter, DeploymentFilterId, FlowRunFilter,
+                                                FlowRunFilterState, FlowRunFilterStateType)
+    from prefect.client.schemas.objects import StateType
+
+    with get_client(sync_client=True) as client:
+        dep = client.read_deployment_by_name(deployment)
+        return client.read_flow_runs(
+            deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[dep.id])),
+            flow_run_filter=FlowRunFilter(state=FlowRunFilterState(
+                type=FlowRunFilterStateType(any_=[StateType.SCHEDULED]))))
+
+
+def _stage_runs(uri: str, stage: str) -> list:
+    from mlflow import MlflowClient
+
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name("embodied-r")
+    return client.search_runs([exp.experiment_id], filter_string=f"tags.stage = '{stage}'")
 
 
 def _children(uri: str, parent_id: str) -> dict:
@@ -81,44 +116,67 @@ def _parents(uri: str) -> list:
     return [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
 
 
-def test_full_pipeline_by_deployment_on_pools(tmp_path, monkeypatch):
+def test_the_walk_through_names_what_the_end_to_end_test_runs():
+    text = DOC.read_text(encoding="utf-8")
+    missing = [cmd for cmd in DOCUMENTED if cmd not in text]
+    assert not missing, f"docs/running.md no longer shows {missing}: the end-to-end test runs them"
+
+
+def test_deploy_waits_for_the_server_then_says_in_one_line_how_to_start_it(tmp_path):
+    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "PREFECT_HOME": str(tmp_path / "prefect"),
+           "PREFECT_API_URL": f"http://127.0.0.1:{free_port()}/api"}
+    started = time.monotonic()
+    done = subprocess.run(["bash", str(REPO / "infra" / "deploy.sh"), "--recipe", "smoke", "--wait", "3"],
+                          env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert time.monotonic() - started >= 3  # it waited before giving up
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    assert env["PREFECT_API_URL"] in lines[0] and "infra/start-prefect.sh" in lines[0]
+
+
+def test_deploy_names_a_misspelt_recipe_before_deploying(tmp_path):
+    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "PREFECT_API_URL": "http://127.0.0.1:9/api"}
+    done = subprocess.run(["bash", str(REPO / "infra" / "deploy.sh"), "--recipe", "smok"],
+                          env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.strip().count("\n") == 0 and "smok" in done.stderr and "smoke" in done.stderr
+
+
+@pytest.mark.slow
+def test_the_walk_through_on_real_servers_and_workers(tmp_path, monkeypatch):
     home = tmp_path / "home"
-    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"),
-           "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PREFECT_WORKER_QUERY_SECONDS": "2",
-           "EMBODIED_R_HOME": str(home),
-           "EMBODIED_R_CHECKOUT": str(REPO), "PATH": f"{BIN}:{os.environ['PATH']}"}
-    for key in ("PREFECT_API_KEY", "PREFECT_API_URL", "MLFLOW_TRACKING_URI"):
-        env.pop(key, None)
+    prefect_port, mlflow_port = free_port(), free_port()
+    api, uri = f"http://127.0.0.1:{prefect_port}/api", f"http://127.0.0.1:{mlflow_port}"
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+           "PREFECT_WORKER_QUERY_SECONDS": "2", "EMBODIED_R_HOME": str(home), "PATH": f"{BIN}:{os.environ['PATH']}",
+           "PREFECT_PORT": str(prefect_port), "MLFLOW_PORT": str(mlflow_port),
+           "PREFECT_API_URL": api, "MLFLOW_TRACKING_URI": uri,
+           # The scheduler's loop every 2 s instead of 60, so its first runs come within the test.
+           "PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "2"}
+    env.pop("PREFECT_API_KEY", None)
+    for key in ("PREFECT_HOME", "PREFECT_API_URL", "MLFLOW_TRACKING_URI", "EMBODIED_R_HOME"):
+        monkeypatch.setenv(key, env[key])
+    server_log = tmp_path / "prefect-server.log"
 
     with ExitStack() as stack:
-        _, prefect_port = stack.enter_context(serve_on_free_port(
-            lambda port: [str(BIN / "prefect"), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-            tmp_path / "prefect-server.log", env, ready_path="/api/health", timeout=180))
-        _, mlflow_port = stack.enter_context(serve_on_free_port(
-            lambda port: [str(BIN / "mlflow"), "server", "--backend-store-uri", f"sqlite:///{tmp_path / 'mlflow.db'}",
-                          "--artifacts-destination", str(tmp_path / "mlartifacts"),
-                          "--host", "127.0.0.1", "--port", str(port)],
-            tmp_path / "mlflow-server.log", env, timeout=180))
-        api = f"http://127.0.0.1:{prefect_port}/api"
-        uri = f"http://127.0.0.1:{mlflow_port}"
-        env.update({"PREFECT_API_URL": api, "MLFLOW_TRACKING_URI": uri})
-        for key in ("PREFECT_HOME", "PREFECT_API_URL", "MLFLOW_TRACKING_URI", "EMBODIED_R_HOME"):
-            monkeypatch.setenv(key, env[key])
+        # Started as the walk-through starts them, deploy.sh at once after: it waits.
+        stack.enter_context(background(["bash", str(REPO / "infra" / "start-prefect.sh")], server_log, env))
+        stack.enter_context(background(["bash", str(REPO / "infra" / "start-mlflow.sh")],
+                                       tmp_path / "mlflow-server.log", env, ready_url=f"{uri}/health", timeout=180))
         stack.enter_context(temporary_settings(updates={PREFECT_API_URL: api}))
-        _run(["bash", str(REPO / "infra" / "create-pools.sh")], env)
-        _run([str(BIN / "prefect"), "--no-prompt", "deploy", "--all"], env)
+        _run(["bash", str(REPO / "infra" / "deploy.sh"), "--recipe", "smoke"], env)
         workers = [stack.enter_context(background(["bash", str(REPO / "infra" / "start-worker.sh"), pool],
-                                                  tmp_path / f"worker-{pool}.log", env))
-                   for pool in ("cpu", "gpu-infer", "gpu-train")]
+                                                  tmp_path / f"worker-{pool}.log", env, as_from_a_script=True))
+                   for pool in POOLS]
 
-        run = _wait_flow_run(_deployment_run(env, "embodied-r/full-pipeline", "recipe=smoke"), workers)
-        logs = "".join(p.read_text()[-2000:] for p in tmp_path.glob("worker-*.log"))
-        assert run.state.is_completed(), f"{run.state}\n{logs}"
+        run_id = _watched_run(env, "embodied-r/full-pipeline", "recipe=smoke")
 
         from prefect.client.orchestration import get_client
         from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
 
         with get_client(sync_client=True) as client:
+            run = client.read_flow_run(run_id)
             subruns = client.read_flow_runs(flow_run_filter=FlowRunFilter(
                 parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[run.id])))
             names = {client.read_flow(r.flow_id).name: r for r in subruns}
@@ -143,3 +201,34 @@ def test_full_pipeline_by_deployment_on_pools(tmp_path, monkeypatch):
         assert [v.run_id for v in versions] == [parents[0].info.run_id]
         assert parents[0].data.tags["promoted"] == "false"
 
+        # One stage refreshed through its own deployment: evaluate computed a second time.
+        _watched_run(env, "embodied-r-evaluate/evaluate", "recipe=smoke", "refresh=true")
+        computed = [r for r in _stage_runs(uri, "evaluate") if r.data.tags.get("cache_hit") != "true"]
+        assert len(computed) == 2
+
+        # The server's scheduler has made the nightly's coming runs, with the recipe deployed.
+        scheduled = _scheduled_runs("embodied-r-reevaluate/nightly")
+        assert scheduled, f"no scheduled nightly run; server log:\n{server_log.read_text()[-3000:]}"
+        assert all(r.parameters["recipe"] == "smoke" for r in scheduled)
+        # Given a champion, one of them brought forward to now is run by the gpu-infer worker.
+        _run([str(BIN / "embodied-r"), "register-model", "--recipe", "smoke", "--alias", "champion"], env)
+        from prefect.states import Scheduled
+
+        nightly = min(scheduled, key=lambda r: r.expected_start_time)
+        with get_client(sync_client=True) as client:
+            client.set_flow_run_state(nightly.id, Scheduled(scheduled_time=datetime.now(timezone.utc)), force=True)
+        done = _wait_flow_run(nightly.id, workers)
+        assert done.state.is_completed() and done.state.name == "Completed", done.state
+        scored = [r for r in _stage_runs(uri, "reevaluate") if r.data.tags["prefect.flow_run_id"] == str(nightly.id)]
+        assert len(scored) == 1 and "accuracy/overall" in scored[0].data.metrics
+
+        # Every service of the server ran without an error.
+        errors = [line for line in server_log.read_text(errors="replace").splitlines()
+                  if "| ERROR" in line or line.startswith("Traceback")]
+        assert not errors, "\n".join(errors[:20])
+
+        # A worker started with `&` stops on SIGTERM, as `kill` or a supervisor sends it.
+        for worker in workers:
+            worker.send_signal(signal.SIGTERM)
+        for worker in workers:
+            worker.wait(timeout=60)

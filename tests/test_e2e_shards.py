@@ -70,6 +70,7 @@ def test_perception_shards_on_two_workers(tmp_path: Path, monkeypatch: pytest.Mo
     home = tmp_path / "home"
     env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
            "PREFECT_WORKER_QUERY_SECONDS": "1", "EMBODIED_R_HOME": str(home), "EMBODIED_R_CHECKOUT": str(REPO),
+           "EMBODIED_R_RECIPE": "smoke",
            "PATH": f"{BIN}:{os.environ['PATH']}", "MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
     for key in ("PREFECT_API_KEY", "PREFECT_API_URL"):
         env.pop(key, None)

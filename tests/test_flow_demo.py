@@ -106,9 +106,15 @@ def test_scheduled_reevaluation_scores_the_champion(harness):
     from embodied_r.evaluation.registry import set_alias
     from flows.reevaluate import reevaluate
 
-    # The smoke run's model is below chance and never promoted: point the alias at it by hand.
+    # The smoke run's model is below chance and never promoted: before a champion exists the
+    # nightly ends Skipped with one line naming the command that promotes one.
+    skipped = reevaluate(recipe="smoke", return_state=True)
+    assert skipped.is_completed() and skipped.name == "Skipped"
+    assert "no @champion yet" in skipped.message and "`embodied-r promote --recipe smoke`" in skipped.message
+    assert "\n" not in skipped.message
+    # Point the alias at it by hand; the default model is the recipe's registered model's champion.
     set_alias("embodied-r-reasoner", "champion", "1", f"sqlite:///{harness / 'mlflow.db'}")
-    result = reevaluate(model="models:/embodied-r-reasoner@champion", recipe="smoke", split="test")
+    result = reevaluate(recipe="smoke", split="test")
     uri = f"sqlite:///{harness / 'mlflow.db'}"
     run = MlflowClient(tracking_uri=uri).get_run(result["mlflow_run_id"])
     assert run.data.tags["stage"] == "reevaluate"

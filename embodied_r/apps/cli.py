@@ -53,7 +53,7 @@ def _all_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 # Whether the figures show learning is the learning block's verdict to say, from the figures.
 DEMO_CAVEAT = ("The demo's models are tiny and its benchmark synthetic: these figures show the method "
-               "in miniature, not the paper's results. See README, 'Running it for real'.")
+               "in miniature, not the paper's results. Running it for real: docs/running.md.")
 HEADLINE = ("overall", "macro", "paper_tasks")
 
 

@@ -28,7 +28,7 @@ def main_node_args(accelerate_config: dict[str, Any], where: str) -> list[str]:
         raise ValueError(
             f"{where} spans {accelerate_config['num_machines']} nodes but names no main node: set "
             f"{MAIN_ADDR_ENV} to this node's address as the other nodes reach it (e.g. 10.0.0.1) "
-            "where this stage runs (README, \"More than one machine\")")
+            "where this stage runs (docs/running.md, \"More than one machine\")")
     return ["--main_process_ip", address]
 
 

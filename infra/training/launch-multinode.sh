@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Training on two nodes of eight GPUs (the paper-16gpu recipe; README, "More than one machine").
+# Training on two nodes of eight GPUs (the paper-16gpu recipe; docs/running.md, "More than one machine").
 # Both nodes mount the checkout and $EMBODIED_R_HOME at the same paths (a shared filesystem)
 # and have the training environment (.venv-train) there.
 #
