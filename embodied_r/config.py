@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Iterator, Literal
+from typing import Any, Iterator, Literal, TypeVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -98,11 +98,9 @@ class Recipe(BaseModel):
             return self.evaluation
         return self.evaluation.model_copy(update={"max_prompt_length": self.training.max_prompt_length})
 
-    def evaluated_model(self, last_stage_model: str) -> str:
-        """The folder the evaluation answers with, given the last training stage's ``model/``."""
-        if self.evaluation.checkpoint == "best_val":
-            return str(Path(last_stage_model).parent / BEST_MODEL)
-        return last_stage_model
+    def evaluated_checkpoint(self) -> str:
+        """Which folder of the last training stage the evaluation answers with."""
+        return BEST_MODEL if self.evaluation.checkpoint == "best_val" else "model"
 
     @model_validator(mode="after")
     def _finite_numbers(self) -> "Recipe":
@@ -159,8 +157,8 @@ class RecipeError(ValueError):
     """A recipe that cannot be found or does not validate; the message names the fix."""
 
 
-def available_recipes() -> list[str]:
-    return sorted(p.stem for p in RECIPES_DIR.glob("*.yaml"))
+def available_recipes(folder: Path = RECIPES_DIR) -> list[str]:
+    return sorted(p.stem for p in folder.glob("*.yaml"))
 
 
 def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
@@ -173,16 +171,16 @@ def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _locate(name_or_path: str | Path) -> Path:
+def _locate(name_or_path: str | Path, folder: Path) -> Path:
     path = Path(name_or_path).expanduser()
     if path.suffix in {".yaml", ".yml"} or path.exists():
         if not path.is_file():
             raise RecipeError(f"recipe file {path} not found")
         return path
-    packaged = RECIPES_DIR / f"{name_or_path}.yaml"
+    packaged = folder / f"{name_or_path}.yaml"
     if not packaged.is_file():
         raise RecipeError(
-            f"no recipe named {name_or_path!r}; choose one of {', '.join(available_recipes())} "
+            f"no recipe named {name_or_path!r}; choose one of {', '.join(available_recipes(folder))} "
             "or give the path of a YAML file"
         )
     return packaged
@@ -197,8 +195,8 @@ def _beside(recipe: Path, parent: str) -> str | Path:
     return parent
 
 
-def _raw(name_or_path: str | Path, seen: tuple[str, ...] = ()) -> dict[str, Any]:
-    path = _locate(name_or_path)
+def _raw(name_or_path: str | Path, folder: Path, seen: tuple[str, ...] = ()) -> dict[str, Any]:
+    path = _locate(name_or_path, folder)
     if str(path) in seen:
         raise RecipeError(f"recipe {path} extends itself through {' -> '.join(seen)}")
     try:
@@ -213,26 +211,37 @@ def _raw(name_or_path: str | Path, seen: tuple[str, ...] = ()) -> dict[str, Any]
         raise RecipeError(f"recipe {path} must be a mapping of stage name to settings")
     parent = data.pop("extends", None)
     if parent:
-        data = deep_merge(_raw(_beside(path, str(parent)), seen + (str(path),)), data)
+        data = deep_merge(_raw(_beside(path, str(parent)), folder, seen + (str(path),)), data)
     data.setdefault("name", path.stem)
     return data
 
 
-def load_recipe(name_or_path: str | Path, overrides: dict[str, Any] | None = None) -> Recipe:
-    data = _raw(name_or_path)
+Schema = TypeVar("Schema", bound=BaseModel)
+
+
+def load_as(schema: type[Schema], name_or_path: str | Path, overrides: dict[str, Any] | None = None, *,
+            folder: Path = RECIPES_DIR, reasoner: bool = False) -> Schema:
+    """The one recipe loader of both pipelines: a packaged name (in ``folder``) or a YAML
+    path, its ``extends`` chain and ``overrides`` merged, the original texts applied
+    (``prompts``), validated as ``schema`` with one line naming every wrong entry."""
+    data = _raw(name_or_path, folder)
     if overrides:
         data = deep_merge(data, overrides)
     try:
-        data = apply_prompts(data, deep_merge)
+        data = apply_prompts(data, deep_merge, reasoner=reasoner)
     except PromptsError as exc:
         raise RecipeError(f"recipe {name_or_path!r}: {exc}") from None
     try:
-        return Recipe.model_validate(data)
+        return schema.model_validate(data)
     except ValidationError as exc:
         # One line per recipe: each wrong entry named by its path, with pydantic's reason.
         wrong = "; ".join(f"{'.'.join(str(p) for p in err['loc']) or 'recipe'}: "
                           f"{err['msg'].removeprefix('Value error, ')}" for err in exc.errors())
         raise RecipeError(f"recipe {name_or_path!r} does not validate: {wrong}") from None
+
+
+def load_recipe(name_or_path: str | Path, overrides: dict[str, Any] | None = None) -> Recipe:
+    return load_as(Recipe, name_or_path, overrides)
 
 
 def parse_override(text: str) -> dict[str, Any]:

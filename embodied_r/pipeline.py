@@ -1,16 +1,13 @@
-"""The Embodied-R stage graph: what each stage reads, where it writes, and its cache key.
+"""The Embodied-R plan: which stages a recipe has, in run order, each with its own config.
 
-A stage's key (``stage_plan.stage_key``) hashes its own config, the keys of the stages it
-reads and the source of the library modules it runs (``runners.code_version``), so editing a
-stage's config or code recomputes that stage and everything after it, and nothing before. The config it hashes
-leaves out the operational settings (``embodied_r.settings``: timeouts, retries, servers,
-workers, failure limits), which change how a result is obtained, never the result. ``plan`` is pure;
-``execute`` runs one stage through its registered runner.
+What each stage reads is its kind's declaration (``stage_kinds``); ``stage_plan.PlanBuilder``
+turns it into input paths, dependencies and the stage's key, which hashes the stage's config
+(less its operational settings, ``embodied_r.settings``), the keys of the stages it reads and
+the code it runs. ``plan`` is pure; ``execute`` runs one stage through its runner.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -18,153 +15,101 @@ from pydantic import BaseModel
 
 from embodied_r.config import Recipe
 from embodied_r.paths import home as default_home
-from embodied_r.runners import extra_key, runner
+from embodied_r.runners import runner
 from embodied_r.settings import result_settings
 from embodied_r.stage_kinds import kinds
-from embodied_r.stage_plan import PlanBuilder, StagePlan, downstream as _downstream
+from embodied_r.tracking import tracking_uri
+from embodied_r.stage_plan import Input, Plan, PlanBuilder, Ref, StageError, StagePlan
 
-__all__ = ["StageError", "StagePlan", "WARMSTART_REF", "downstream", "execute", "plan", "resolve_stage_name",
-           "select_stages", "training_stage_names"]
+__all__ = ["Plan", "StageError", "StagePlan", "WARMSTART_REF", "execute", "plan", "training_stage_names"]
 
 # training.reference.model naming the warm start's model (frozen) as the consistency reference.
 WARMSTART_REF = "warmstart"
 
 
-class StageError(ValueError):
-    """An unknown stage, or a stage asked for before the stages it reads from."""
-
-
-def plan(recipe: Recipe, root: Path | None = None) -> dict[str, StagePlan]:
+def plan(recipe: Recipe, root: Path | None = None) -> Plan:
     """Every stage of the pipeline in run order."""
-    builder = PlanBuilder(Path(root) if root else default_home())
-    stages, add, root = builder.stages, builder.add, builder.root
+    builder = PlanBuilder(Path(root) if root else default_home(), model=recipe.training.policy)
+    add = builder.add
 
-    download = recipe.download.model_dump(mode="json")
-    dl = add("download", "download", [], download, {"sources_root": str(root / "sources")},
-             extra=extra_key("download", download), keyed=result_settings(recipe.download))
-    cat = add("preprocess", "preprocess", ["download"], recipe.catalog.model_dump(mode="json"),
-              {"raw": dl.out}, keyed=result_settings(recipe.catalog))
-    catalog_file = str(Path(cat.out) / "catalog.parquet")
-    kf = add("keyframes", "keyframes", ["preprocess"], recipe.keyframes.model_dump(mode="json"),
-             {"catalog": catalog_file}, keyed=result_settings(recipe.keyframes))
-    per = add("perception", "perception", ["preprocess", "keyframes"],
-              recipe.perception.model_dump(mode="json"), {"catalog": catalog_file, "keyframes": kf.out},
-              keyed=result_settings(recipe.perception))
-    conv = add("convert", "convert", ["preprocess", "perception"], recipe.records.model_dump(mode="json"),
-               {"catalog": catalog_file, "perception": per.out}, keyed=result_settings(recipe.records))
-    evaluation, evaluation_keyed = _evaluation_config(recipe)
+    add("download", "download", recipe.download.model_dump(mode="json"), keyed=result_settings(recipe.download),
+        inputs={"sources_root": str(builder.root / "sources")})
+    for kind, section in (("preprocess", recipe.catalog), ("keyframes", recipe.keyframes),
+                          ("perception", recipe.perception), ("convert", recipe.records)):
+        add(kind, kind, section.model_dump(mode="json"), keyed=result_settings(section))
+    evaluation = recipe.evaluation_settings()
+    evaluation_cfg, evaluation_keyed = evaluation.model_dump(mode="json"), result_settings(evaluation)
     if recipe.evaluation.model is not None:
         # A given model (the authors' released weights): no warm start, no training.
-        add("evaluate", "evaluate", ["convert"], evaluation,
-            {"records": conv.out, "model": str(recipe.evaluation.model)}, keyed=evaluation_keyed)
-        return stages
+        add("evaluate", "evaluate", evaluation_cfg, keyed=evaluation_keyed,
+            inputs={"model": str(recipe.evaluation.model)})
+        return builder.plan("embodied-r", recipe.model_dump(mode="json"))
     # The trainer's interpreter travels as an input, not in the config it validates.
     training = recipe.training.model_dump(mode="json", exclude={"stages", "python"})
     training_keyed = result_settings(recipe.training, exclude={"stages"})
-    model = recipe.training.policy
-    prev: list[str] = []
-    warm = None
     if recipe.warmstart is not None:
         warm_cfg = recipe.warmstart.model_dump(mode="json", exclude={"python"})
         warm_keyed = result_settings(recipe.warmstart)
         if warm_cfg["max_prompt_length"] is None:
             # Taught on prompts cut as the GRPO stages and evaluation cut them.
             warm_cfg["max_prompt_length"] = warm_keyed["max_prompt_length"] = recipe.training.max_prompt_length
-        warm = add("warmstart", "warmstart", ["convert"], warm_cfg,
-                   {"records": conv.out, "init_model": model, "python": recipe.warmstart.python or ""},
-                   keyed=warm_keyed)
-        model = str(Path(warm.out) / "model")
-        prev = [warm.name]
+        add("warmstart", "warmstart", warm_cfg, keyed=warm_keyed, inputs={"python": recipe.warmstart.python or ""})
     if training["reference"]["model"] == WARMSTART_REF:
-        if warm is None:
+        if "warmstart" not in builder.stages:
             raise StageError(f"training.reference.model is {WARMSTART_REF!r} but the recipe has no warmstart section")
         # The warm-started model, frozen: it was taught the reference's task beside the policy's.
-        training["reference"]["model"] = training_keyed["reference"]["model"] = model
+        training["reference"]["model"] = training_keyed["reference"]["model"] = str(
+            Path(builder.stages["warmstart"].out) / "model")
     # Under stage_chain: resume one learning-rate schedule spans every stage: each needs them all.
     chain = ({"chain": [s.model_dump(mode="json") for s in recipe.training.stages]}
              if recipe.training.stage_chain == "resume" else {})
-    for stage in recipe.training.stages:
-        stage_cfg = stage.model_dump(mode="json")
-        sp = add(f"train_{stage.name}", "train", ["convert", *prev],
-                 {"stage": stage_cfg, "training": training, **chain},
-                 {"records": conv.out, "init_model": model, "python": recipe.training.python or ""},
-                 keyed={"stage": result_settings(stage), "training": training_keyed, **chain})
-        model = str(Path(sp.out) / "model")
-        prev = [sp.name]
-    model = recipe.evaluated_model(model)
-    baselines: dict[str, str] = {}
+    baselines: dict[str, str | Ref] = {}
     if recipe.evaluation.compare_baselines:
         # The same test questions answered before any training and after the warm start,
         # so the report shows what each phase added.
-        before = {"untrained": ([], recipe.training.policy)}
-        if warm is not None:
-            before["warmstart"] = ([warm.name], str(Path(warm.out) / "model"))
-        for label, (deps, ref) in before.items():
-            baselines[label] = add(f"evaluate_{label}", "evaluate", ["convert", *deps], evaluation,
-                                   {"records": conv.out, "model": ref}, keyed=evaluation_keyed).out
-    train_outs = {n: stages[n].out for n in stages if stages[n].kind == "train"}
-    add("evaluate", "evaluate", ["convert", *prev, *(f"evaluate_{b}" for b in baselines)], evaluation,
-        {"records": conv.out, "model": model,
-         **({"baselines": json.dumps(baselines), "training": json.dumps(train_outs)} if baselines else {})},
-        keyed=evaluation_keyed)
+        baselines["untrained"] = recipe.training.policy
+        if "warmstart" in builder.stages:
+            baselines["warmstart"] = Ref("warmstart", "model")
+    for stage in recipe.training.stages:
+        add(f"train_{stage.name}", "train", {"stage": stage.model_dump(mode="json"), "training": training, **chain},
+            keyed={"stage": result_settings(stage), "training": training_keyed, **chain},
+            inputs={"python": recipe.training.python or ""})
+    for label, model in baselines.items():
+        add(f"evaluate_{label}", "evaluate", evaluation_cfg, keyed=evaluation_keyed, inputs={"model": model})
+    model = builder.model
+    final: dict[str, Input] = {"model": Ref(model.stage, recipe.evaluated_checkpoint()) if isinstance(model, Ref)
+                               else model}
+    if baselines:
+        # The learning figures: what each phase added, and each training stage's rewards.
+        final["baselines"] = {b: Ref(f"evaluate_{b}") for b in baselines}
+        final["training"] = {n: Ref(n) for n, sp in builder.stages.items() if sp.kind == "train"}
+    add("evaluate", "evaluate", evaluation_cfg, keyed=evaluation_keyed, inputs=final)
+    if recipe.tracking.promote:
+        bars = recipe.tracking.model_dump(mode="json", include={"registered_model", "promote_split", "promote_metric"})
+        # The registry it promotes in: another store is another promotion.
+        store = tracking_uri(recipe.tracking.tracking_uri, builder.root)
+        add("promote", "promote", {**bars, "store": store, "evaluation": evaluation_cfg, "recipe": recipe.name,
+                                   "experiment": recipe.tracking.experiment},
+            keyed={**bars, "store": store, "evaluation": evaluation_keyed}, inputs={"home": str(builder.root)})
     _add_unplaced(recipe, builder)
-    return stages
-
-
-def _evaluation_config(recipe: Recipe) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The evaluate stages' config, and the part of it that keys them."""
-    settings = recipe.evaluation_settings()
-    return settings.model_dump(mode="json"), result_settings(settings)
+    return builder.plan("embodied-r", recipe.model_dump(mode="json"))
 
 
 def _add_unplaced(recipe: Recipe, builder: PlanBuilder) -> None:
-    """A kind of the table that the graph above does not place runs after the stages of the
-    kinds it reads, given their folders by stage name and its recipe section when the recipe
-    has one; a section set to None is an optional stage the recipe leaves out (warmstart)."""
+    """A kind of the table that the plan above does not place runs last, reading what its
+    entry declares, with its recipe section as config when the recipe has one; a section set
+    to None is an optional stage the recipe leaves out."""
     placed = {sp.kind for sp in builder.stages.values()}
     for kind in kinds("embodied-r"):
         section = getattr(recipe, kind.name, _NO_SECTION)
-        if kind.name in placed or section is None:
+        if kind.name in placed or section is None or kind.name == "promote":
             continue
-        deps = [name for name, sp in builder.stages.items() if sp.kind in kind.reads]
         has_config = isinstance(section, BaseModel)
         config = section.model_dump(mode="json") if has_config else {}
-        builder.add(kind.name, kind.name, deps, config, {d: builder.stages[d].out for d in deps},
-                    keyed=result_settings(section) if has_config else {}, extra=extra_key(kind.name, config))
+        builder.add(kind.name, kind.name, config, keyed=result_settings(section) if has_config else {})
 
 
 _NO_SECTION = object()
-
-
-def downstream(stages: dict[str, StagePlan], name: str) -> list[str]:
-    """``name`` and every stage that reads from it, directly or not, in run order."""
-    if name not in stages:
-        raise StageError(f"unknown stage {name!r}; stages are {', '.join(stages)}")
-    return _downstream(stages, [name])
-
-
-def resolve_stage_name(stages: dict[str, StagePlan], name: str) -> str:
-    """Accept a stage's name or its kind ("train" means the first training stage)."""
-    if name in stages:
-        return name
-    for sp in stages.values():
-        if sp.kind == name:
-            return sp.name
-    raise StageError(f"unknown stage {name!r}; stages are {', '.join(stages)}")
-
-
-def select_stages(stages: dict[str, StagePlan], only: list[str] | None, recipe_name: str) -> list[str]:
-    """The stages to run, checking that each one's inputs exist or are run too."""
-    selected = [resolve_stage_name(stages, s) for s in only] if only else list(stages)
-    for name in selected:
-        missing = [d for d in stages[name].deps if d not in selected and not stages[d].complete]
-        if missing:
-            raise StageError(
-                f"stage {name!r} reads the output of {', '.join(missing)}, which has not been run "
-                f"with this recipe: run `embodied-r {stages[missing[0]].kind} --recipe {recipe_name}` "
-                f"first, or the whole pipeline with `embodied-r run --recipe {recipe_name}`"
-            )
-    return selected
 
 
 def training_stage_names(stages: dict[str, StagePlan]) -> list[str]:

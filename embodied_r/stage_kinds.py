@@ -6,17 +6,18 @@ its progress counts and which of its summary's figures make its headline. From t
 come the runners (``runners``), the Prefect tasks (``tasks/stages.py``), the stage flows and
 their deployments (``flows/stages.py``, ``flows/reasoner.py``, checked against
 ``prefect.yaml`` by ``tests/test_architecture.py``), the CLI's stage commands, the pools the
-full pipeline dispatches to and the unit an interrupted run names. Where a stage sits in the
-graph (what it reads, with which config) is ``pipeline.plan``'s, and for Embodied-Reasoner
-``interactive.recipe.plan``'s.
+full pipeline dispatches to, the unit an interrupted run names, and the graph: what each kind
+reads (``inputs``), from which ``stage_plan.PlanBuilder`` derives every stage's input paths and
+dependencies. Which stages a recipe has, with which config, is ``pipeline.plan``'s, and for
+Embodied-Reasoner ``interactive.recipe.plan``'s.
 
 This module imports nothing of the library: everything may read it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, field
+from typing import Literal, Mapping
 
 Pool = Literal["cpu", "gpu-infer", "gpu-train"]
 # Which figure a stage's done line leads with (``tasks/stages.py``): an evaluation's accuracy,
@@ -25,6 +26,9 @@ Headline = Literal["items", "training", "accuracy"]
 Pipeline = Literal["embodied-r", "embodied-reasoner"]
 
 REFRESH_NOTE = "Set refresh=true to recompute it and discard what depends on it."
+# An input that is the model the stages before have reached: the ``model/`` of the last stage
+# of a kind that ``makes_model``, else the model the pipeline starts from.
+MODEL = "model"
 
 
 @dataclass(frozen=True)
@@ -33,7 +37,11 @@ class StageKind:
     runner: str  # "module:function", called as (out, config, inputs, mlflow_run_id) -> summary
     pool: Pool
     help: str  # the CLI's help line; the deployment's description starts with it
-    reads: tuple[str, ...] = ()  # the kinds whose outputs it reads
+    # What it reads, by input name: "<kind>" the folder of that kind's last stage planned before
+    # it, "<kind>/<path>" a path inside that folder, MODEL the model reached so far. An input
+    # whose kind has no stage in a plan (an optional stage) is left out.
+    inputs: Mapping[str, str] = field(default_factory=dict)
+    makes_model: bool = False  # its folder's model/ is what the stages after it start from
     retries: int = 0  # whole-stage retries: each resumes per item, so one is cheap
     retry_delay_s: int = 0
     unit: str = "items"  # what its progress counts, as an interrupted run says it
@@ -47,6 +55,17 @@ class StageKind:
     # Its trainer child logs its own arguments into the stage's MLflow run (under ``trainer.``),
     # so the recipe's settings go under the kind's name to read apart (``StagePlan.params``).
     self_reporting: bool = False
+    # A CLI command of its own (``embodied-r <kind>``); promotion has the lifecycle's
+    # ``embodied-r promote``, and reruns as ``embodied-r run --refresh promote``.
+    command: bool = True
+    # Its result lives in the MLflow store (the registry): with the store lost it cannot be
+    # done, so the run leaves it to the rerun instead of failing on it.
+    needs_tracking: bool = False
+
+    @property
+    def reads(self) -> tuple[str, ...]:
+        """The kinds whose stages it reads."""
+        return tuple(dict.fromkeys(v.partition("/")[0] for v in self.inputs.values() if v != MODEL))
 
     @property
     def flow_name(self) -> str:
@@ -78,30 +97,38 @@ TRAINING = ("steps", "epochs_reached", "stopped_by", "final_reward", "final_rewa
 ACCURACY = ("accuracy/overall", "accuracy/macro", "accuracy/paper_tasks", "count/overall", "done", "failed")
 TIMING = ("split", "seconds", "seconds_per_step")
 
+CATALOG = "preprocess/catalog.parquet"
+
 KINDS: tuple[StageKind, ...] = (
     StageKind("download", "embodied_r.data.download:run_stage", "cpu",
               "download the benchmarks (or make the synthetic one)", retries=2, retry_delay_s=10,
               unit="files", extra_key="embodied_r.data.download:fingerprint", figures=ITEMS + TIMING),
     StageKind("preprocess", "embodied_r.data.catalog:run_stage", "cpu",
-              "build the questions catalog with splits", reads=("download",), figures=ITEMS + TIMING),
+              "build the questions catalog with splits", inputs={"raw": "download"}, figures=ITEMS + TIMING),
     StageKind("keyframes", "embodied_r.keyframes.stage:run_stage", "cpu",
-              "extract key frames of every video", reads=("preprocess",), retries=1, unit="videos",
+              "extract key frames of every video", inputs={"catalog": CATALOG}, retries=1, unit="videos",
               figures=ITEMS + TIMING),
     StageKind("perception", "embodied_r.perception.stage:run_stage", "gpu-infer",
-              "turn key frames into frame-by-frame text with the VLM", reads=("preprocess", "keyframes"),
+              "turn key frames into frame-by-frame text with the VLM",
+              inputs={"catalog": CATALOG, "keyframes": "keyframes"},
               retries=2, retry_delay_s=30, unit="calls", figures=ITEMS + TIMING),
     StageKind("convert", "embodied_r.training.records:run_stage", "cpu", "write GRPO records",
-              reads=("preprocess", "perception"), figures=ITEMS + TIMING),
+              inputs={"catalog": CATALOG, "perception": "perception"}, figures=ITEMS + TIMING),
     StageKind("warmstart", "embodied_r.training.warmstart:run_stage", "gpu-train",
               "warm-start the policy on reasoning traces (recipes with a warmstart section)",
-              reads=("convert",), retries=1, retry_delay_s=30, unit="steps", headline="training",
-              figures=TRAINING + TIMING, self_reporting=True),
+              inputs={"records": "convert", "init_model": MODEL}, makes_model=True, retries=1, retry_delay_s=30,
+              unit="steps", headline="training", figures=TRAINING + TIMING, self_reporting=True),
     StageKind("train", "embodied_r.training.stage:run_stage", "gpu-train", "run the GRPO training stages",
-              reads=("convert", "warmstart", "train"), retries=1, retry_delay_s=30, unit="steps",
-              headline="training", figures=TRAINING + TIMING),
+              inputs={"records": "convert", "init_model": MODEL}, makes_model=True, retries=1, retry_delay_s=30,
+              unit="steps", headline="training", figures=TRAINING + TIMING),
     StageKind("evaluate", "embodied_r.evaluation.stage:run_stage", "gpu-infer",
-              "evaluate the trained reasoner on the test split", reads=("convert", "warmstart", "train", "evaluate"),
+              "evaluate the trained reasoner on the test split", inputs={"records": "convert", "model": MODEL},
               retries=1, retry_delay_s=30, unit="questions", headline="accuracy", figures=ACCURACY + TIMING),
+    StageKind("promote", "embodied_r.evaluation.promotion:run_stage", "gpu-infer",
+              "register the trained reasoner and give it @champion when it beats the bars",
+              inputs={"records": "convert", "evaluation": "evaluate", "model": MODEL, "warm_model": "warmstart/model"},
+              unit="models", figures=("registered_version", "promoted", "score"), command=False,
+              needs_tracking=True),
     # Embodied-Reasoner (``embodied_r.interactive.recipe.plan``); its stages run from
     # ``embodied-r reasoner`` and the ``embodied-reasoner`` flows, not as commands of their own.
     StageKind("reasoner_data", "embodied_r.interactive.download:run_data_stage", "cpu",
@@ -110,16 +137,15 @@ KINDS: tuple[StageKind, ...] = (
               figures=ITEMS + TIMING),
     StageKind("reasoner_sft", "embodied_r.interactive.stages:run_sft_stage", "gpu-train",
               "fine-tune the VLM on one stage's trajectories",
-              reads=("reasoner_data", "reasoner_sft", "reasoner_explore"),
-              retries=1, retry_delay_s=10, headline="training", pipeline="embodied-reasoner",
+              inputs={"catalog": "reasoner_data", "init_model": MODEL}, makes_model=True, retries=1, retry_delay_s=10, headline="training", pipeline="embodied-reasoner",
               figures=TRAINING + TIMING),
     StageKind("reasoner_explore", "embodied_r.interactive.stages:run_explore_stage", "gpu-infer",
               "gather exploration trajectories (the dataset's, or the model's successful rollouts)",
-              reads=("reasoner_data", "reasoner_sft"), retries=1, retry_delay_s=10, pipeline="embodied-reasoner",
-              figures=ITEMS + TIMING),
+              inputs={"catalog": "reasoner_data", "model": MODEL}, retries=1, retry_delay_s=10,
+              pipeline="embodied-reasoner", figures=ITEMS + TIMING),
     StageKind("reasoner_evaluate", "embodied_r.interactive.stages:run_evaluate_stage", "gpu-infer",
               "run the test episodes and score success, efficiency and completeness",
-              reads=("reasoner_data", "reasoner_sft"), retries=1, retry_delay_s=10, pipeline="embodied-reasoner",
+              inputs={"catalog": "reasoner_data", "model": MODEL}, retries=1, retry_delay_s=10, pipeline="embodied-reasoner",
               figures=ITEMS + TIMING),
 )
 

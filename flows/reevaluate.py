@@ -3,17 +3,14 @@ records, so a new checkpoint or a changed scorer shows up in MLflow without a re
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger
 from prefect.states import Completed, State
 
-from embodied_r import paths
-from embodied_r.config import load_recipe
 from embodied_r.evaluation.registry import CHAMPION, alias_version, parse_model_uri
 from embodied_r.tracking import Tracker, record_stage, tracking_uri
-from flows.runner import flow_run_id, scoped_env
+from flows.runner import flow_run_id, plan_of, recipe_of, scoped_env
 
 # A model given as ``@alias`` names that alias of the recipe's own registered model, so a
 # deployment made for one recipe follows that recipe's registry entry.
@@ -48,8 +45,8 @@ def reevaluate(model: str = DEFAULT_MODEL, recipe: str = "demo", split: str = "t
     from embodied_r.lifecycle.models import evaluate_model
     from embodied_r.evaluation.report import REPORT_FILES, table_rows_from_folder
 
-    root = paths.claim_home(Path(home).expanduser().resolve() if home else paths.home())
-    rec = load_recipe(recipe, overrides)
+    stages = plan_of("embodied-r", recipe, overrides, home)
+    root, rec = stages.root, recipe_of(stages)
     uri = tracking_uri(rec.tracking.tracking_uri, root)
     ref = model_uri(model, rec.tracking.registered_model)
     with scoped_env(EMBODIED_R_HOME=str(root), MLFLOW_TRACKING_URI=uri):
@@ -57,7 +54,7 @@ def reevaluate(model: str = DEFAULT_MODEL, recipe: str = "demo", split: str = "t
         if skipped:
             get_run_logger().warning(skipped)
             return Completed(name="Skipped", message=skipped)
-        out, summary = evaluate_model(rec, ref, split, root)
+        out, summary = evaluate_model(rec, ref, split, stages)
         tracker = Tracker.open(rec.tracking.experiment, uri, root)
         run_id = tracker.start_stage("reevaluate", {"model": ref, "split": split, "recipe": rec.name},
                                      tags={"prefect.flow_run_id": flow_run_id(), "output": str(out),

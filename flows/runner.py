@@ -1,8 +1,10 @@
-"""The one loop over a plan's stages (``run_stages``), for both pipelines, here or on the pools.
+"""The one run loop of both pipelines (``run_plan``, over ``run_stages``), here or on the pools.
 
-Here, each stage is a Prefect task with its own MLflow child run; dispatched, each group of
-consecutive stages of one kind is sent to that kind's deployment. Either way the stage folder
-is the one record of "done": a complete stage runs nothing and its MLflow child reads cached.
+A run's plan is built once, where the run starts (``plan_of``), and handed to everything after
+it. Here, each stage is a Prefect task with its own MLflow child run; dispatched, each group of
+consecutive stages of one kind is sent to that kind's deployment with the plan. Either way the
+stage folder is the one record of "done": a complete stage runs nothing, is sent nowhere, and
+its MLflow child reads cached.
 """
 
 from __future__ import annotations
@@ -18,12 +20,11 @@ from prefect import get_run_logger
 from prefect.context import get_run_context
 
 from embodied_r import progress
-from embodied_r.config import Recipe
 from embodied_r.io import DamagedOutput, damaged_outputs, is_complete, partial_path, read_summary
-from embodied_r.pipeline import StagePlan, downstream, plan, resolve_stage_name, select_stages
 from embodied_r.shards import shard_paths
 from embodied_r.stage_kinds import kind_of
-from embodied_r.tracking import CACHE_TAG, Tracker, tracking_uri
+from embodied_r.stage_plan import Plan, StagePlan, downstream
+from embodied_r.tracking import CACHE_TAG, Tracker, numeric_metrics, tracking_uri
 from embodied_r.tracking_store import TrackingUnavailable, ensure_answers, lost_line, mark_lost, unanswered
 from flows import mlflow_runs
 from flows.waiting import wait_for_runs
@@ -43,17 +44,10 @@ def discard(out: Path) -> None:
             shutil.rmtree(trash, ignore_errors=True)
 
 
-def refresh_set(stages: dict[str, StagePlan], refresh: list[str]) -> list[str]:
-    chosen: set[str] = set()
-    for name in refresh:
-        chosen.update(downstream(stages, resolve_stage_name(stages, name)))
-    return [s for s in stages if s in chosen]
-
-
-def discard_refreshed(stages: dict[str, StagePlan], refresh: list[str]) -> list[str]:
+def discard_refreshed(stages: Plan, refresh: list[str]) -> list[str]:
     """Dependants are discarded too, even when not run now: their folders are keyed by
     the same hashes and would otherwise be taken as up to date on the next run."""
-    names = refresh_set(stages, refresh)
+    names = stages.downstream(refresh) if refresh else []
     for name in names:
         discard(Path(stages[name].out))
     return names
@@ -80,7 +74,7 @@ def discard_damaged(stages: dict[str, StagePlan], selected: list[str]) -> list[s
         if found is None:
             return discarded
         name, problems = found
-        redo = [n for n in downstream(stages, name) if stages[n].complete]
+        redo = [n for n in downstream(stages, [name]) if stages[n].complete]
         costly = [n for n in redo if kind_of(stages[n].kind).pool != "cpu"]
         outside = [n for n in redo if n not in selected]
         lost = "; ".join(problems)
@@ -121,10 +115,44 @@ def scoped_env(**values: str) -> Iterator[None]:
                 os.environ[key] = value
 
 
-def open_tracker(recipe: Recipe, root: Path, name: str, selected: list[str], refreshed: list[str],
-                 parent_run_id: str | None = None) -> Tracker:
-    """The pipeline's MLflow parent run: a new one, or the one a dispatching flow made (whose
-    store, found gone, is lost for this run too: the stages run untracked)."""
+def recipe_of(stages: Plan) -> Any:
+    """The validated recipe a plan was made from."""
+    if stages.pipeline == "embodied-reasoner":
+        from embodied_r.interactive.recipe import ReasonerRecipe
+
+        return ReasonerRecipe.model_validate(stages.recipe)
+    from embodied_r.config import Recipe
+
+    return Recipe.model_validate(stages.recipe)
+
+
+def plan_of(pipeline: str, recipe: str, overrides: dict[str, Any] | None, home: str | Path | None) -> Plan:
+    """Where a run starts without a plan (a deployment run, a stage rerun by hand): the
+    recipe read by name and planned, once."""
+    from embodied_r import paths
+
+    root = paths.claim_home(Path(home).expanduser().resolve() if home else paths.home())
+    if pipeline == "embodied-reasoner":
+        from embodied_r.interactive.recipe import load, plan
+
+        return plan(load(recipe, overrides), root)
+    from embodied_r.config import load_recipe
+    from embodied_r.pipeline import plan
+
+    return plan(load_recipe(recipe, overrides), root)
+
+
+def given_plan(plan: dict[str, Any] | None, pipeline: str, recipe: str, overrides: dict[str, Any] | None,
+               home: str | Path | None) -> Plan:
+    """The plan a flow run was handed, or one made where this run starts."""
+    return Plan.from_json(plan) if plan else plan_of(pipeline, recipe, overrides, home)
+
+
+def open_tracker(recipe: Any, root: Path, name: str, selected: list[str], refreshed: list[str],
+                 parent_run_id: str | None = None, stages: Plan | None = None) -> Tracker:
+    """The run's MLflow parent run: a new one, holding the plan as ``plan.json``, or the one a
+    dispatching flow made (whose store, found gone, is lost for this run too: the stages run
+    untracked)."""
     uri = tracking_uri(recipe.tracking.tracking_uri, root)
     try:
         tracker = Tracker.open(recipe.tracking.experiment, uri, root)
@@ -135,21 +163,30 @@ def open_tracker(recipe: Recipe, root: Path, name: str, selected: list[str], ref
         return Tracker(uri, "", parent_run_id)
     if parent_run_id:
         return Tracker(tracker.uri, tracker.experiment_id, parent_run_id)
-    return tracker.start_parent(
+    tracker = tracker.start_parent(
         name=mlflow_runs.parent_name(recipe.name, None if name == "pipeline" else name.split("+")),
         tags={"prefect.flow_run_id": flow_run_id(), "recipe": recipe.name,
-              "stages": ",".join(selected), "refresh": ",".join(refreshed)},
+              "stages": ",".join(selected), "refresh": ",".join(refreshed),
+              **({"pipeline": stages.pipeline} if stages is not None else {})},
         params={"recipe": recipe.model_dump(mode="json")},
     )
+    if stages is not None:
+        import tempfile
+
+        with tracker.guard("the plan"), tempfile.TemporaryDirectory() as tmp:
+            tracker.log_artifacts(tracker.parent_run_id, [stages.save(Path(tmp))])
+    return tracker
 
 
-def log_cached_stage(tracker: Tracker, sp: StagePlan, summary: dict[str, Any]) -> None:
+def log_cached_stage(tracker: Tracker, sp: StagePlan, summary: dict[str, Any], dispatching: bool = False) -> None:
     """A stage served from the cache still gets a complete child run (``mlflow_runs``), and a
-    line on the terminal and in Prefect's log."""
+    line on the terminal and in Prefect's log; a dispatching run says it sent it nowhere."""
     source = ""
     with tracker.guard(sp.name):
         source = mlflow_runs.log_cached_stage(tracker, sp, summary)
     note = f"from run {source[:8]}" if source else "output found on disk"
+    if dispatching:
+        note += f"; not sent to pool {kind_of(sp.kind).pool}"
     progress.say(progress.stage_line(sp.name, "cached", note=note))
     try:
         get_run_logger().info("%s: served from the cache (%s): %s", sp.name, note, sp.out)
@@ -157,59 +194,53 @@ def log_cached_stage(tracker: Tracker, sp: StagePlan, summary: dict[str, Any]) -
         pass
 
 
-def promote_trained(recipe: Recipe, root: Path, stages: dict[str, StagePlan], tracker: Tracker) -> str:
-    """Register the trained reasoner once and let it take the champion alias if it beats
-    chance, the warm-started policy and the current champion on the validation split
-    (``tracking.promote``)."""
-    from embodied_r.pipeline import training_stage_names
-    from embodied_r.lifecycle.promote import register_and_promote
-    from embodied_r.evaluation.registry import version_of_folder
-
-    if not recipe.tracking.promote:
+def registered_label(stages: dict[str, StagePlan]) -> str:
+    """``embodied-r-reasoner v3``: the version the run's promote stage registered, or ""."""
+    promote = stages.get("promote")
+    if promote is None or not promote.complete:
         return ""
-    folder = Path(stages[training_stage_names(stages)[-1]].out) / "model"
-    known = version_of_folder(recipe.tracking.registered_model, folder, tracker.uri)
-    if known is not None:
-        return f"{recipe.tracking.registered_model} v{known.version} is this model (registered before)"
-    # The evaluate stage scored this very folder: its summary is the version's test score.
-    evaluate = Path(stages["evaluate"].out)
-    final = read_summary(evaluate) if is_complete(evaluate) else {}
-    # The model's files are logged under the pipeline run that made it.
-    result = register_and_promote(recipe, root, folder, run_id=tracker.parent_run_id,
-                                  split=recipe.tracking.promote_split,
-                                  metric=recipe.tracking.promote_metric,
-                                  tags={"pipeline_run": tracker.parent_run_id or ""},
-                                  known={str(final["split"]): final} if final.get("split") else None)
-    get_run_logger().info(result.describe())
-    tracker.set_tags(tracker.parent_run_id, {
-        "registered_version": result.candidate_version, "promoted": str(result.promoted).lower()})
-    return result.describe()
+    return f"{promote.config['registered_model']} v{read_summary(Path(promote.out))['registered_version']}"
 
 
-def registered_label(promotion: str) -> str:
-    """``embodied-r-reasoner v3`` out of a promotion's description, or ""."""
-    import re
+def promotion_line(stages: dict[str, StagePlan], cached: list[str]) -> str:
+    """What the run's promote stage did, for the console; a promotion served from the cache
+    registered its model before."""
+    promote = stages.get("promote")
+    if promote is None or not promote.complete:
+        return ""
+    if "promote" in cached:
+        return f"{registered_label(stages)} is this model (registered before)"
+    return str(read_summary(Path(promote.out)).get("description", ""))
 
-    found = re.match(r"(\S+ v\d+)", promotion or "")
-    return found[1] if found else ""
+
+def final_stage(stages: dict[str, StagePlan]) -> StagePlan | None:
+    """The stage whose summary is the run's result: the last evaluation."""
+    return next((stages[n] for n in reversed(list(stages)) if stages[n].kind in ("evaluate", "reasoner_evaluate")),
+                None)
 
 
 def evaluation_summary(stages: dict[str, StagePlan]) -> dict[str, Any]:
-    """The evaluate stage's summary, {} when it is not done."""
-    evaluate = stages.get("evaluate")
-    return read_summary(Path(evaluate.out)) if evaluate is not None and evaluate.complete else {}
+    """The final evaluation's summary, {} when it is not done."""
+    final = final_stage(stages)
+    return read_summary(Path(final.out)) if final is not None and final.complete else {}
 
 
 def finish_parent(tracker: Tracker, stages: dict[str, StagePlan], cached: list[str],
-                  selected: list[str] | None = None, recipe: Recipe | None = None,
+                  selected: list[str] | None = None, recipe: Any = None,
                   registered: str = "") -> dict[str, Any]:
     """Copy the evaluation's headline and learning figures onto the parent run, with the rewards
     of all training stages, name it by its cache status, write its description and its report,
     and close it."""
-    evaluate = stages.get("evaluate")
+    evaluate = final_stage(stages)
     final = evaluation_summary(stages)
     parent = tracker.parent_run_id
     selected = selected or list(stages)
+    if evaluate is not None and evaluate.kind == "reasoner_evaluate":
+        # Success, efficiency and completeness overall, per group and per task type.
+        tracker.log_metrics(parent, {k.removeprefix("metrics/"): v for k, v in numeric_metrics(final).items()
+                                     if k.startswith("metrics/")})
+        tracker.finish(parent)
+        return final
     tracker.log_metrics(parent, mlflow_runs.parent_metrics(final))
     has_curves = mlflow_runs.log_reward_curves(tracker, stages, selected)
     if evaluate is not None:
@@ -286,11 +317,14 @@ def run_stages(stages: dict[str, StagePlan], selected: list[str], tracker: Track
                 dispatch(stages[group[0]].kind, group, tracker.parent_run_id or "")
                 continue
             for name in group:
-                log_cached_stage(tracker, stages[name], read_summary(Path(stages[name].out)))
+                log_cached_stage(tracker, stages[name], read_summary(Path(stages[name].out)), dispatching=True)
             cached += group
             continue
         for name in group:
             sp = stages[name]
+            if kind_of(sp.kind).needs_tracking and not _store_answers(tracker):
+                progress.say(progress.stage_line(name, "skipped", note="the MLflow store is lost; the rerun does it"))
+                continue
             state = STAGE_TASKS[sp.kind].with_options(name=name)(sp.to_dict(), tracker, return_state=True)
             result = state.result()  # raises the stage's own error when it failed
             if state.name == "Cached":
@@ -299,6 +333,15 @@ def run_stages(stages: dict[str, StagePlan], selected: list[str], tracker: Track
             if after is not None:
                 after(sp, result["summary"])
     return cached
+
+
+def _store_answers(tracker: Tracker) -> bool:
+    """Whether the run's MLflow store answers now (a lost one is said once, at the run's end)."""
+    try:
+        ensure_answers(tracker.uri)
+    except TrackingUnavailable:
+        return False
+    return not lost_line(tracker.uri)
 
 
 def run_deployment_of(kind: str, parameters: dict[str, Any]) -> str:
@@ -322,31 +365,28 @@ def run_deployment_of(kind: str, parameters: dict[str, Any]) -> str:
     return str(child.name)
 
 
-def run_in_process(recipe: Recipe, root: Path, refresh: list[str] | None = None,
-                   only: list[str] | None = None, parent_run_id: str | None = None) -> dict[str, Any]:
-    """Run the selected stages (all by default) here, one Prefect task each."""
+def run_plan(stages: Plan, *, only: list[str] | None = None, refresh: list[str] | None = None,
+             parent_run_id: str | None = None, dispatch: Dispatch | None = None) -> dict[str, Any]:
+    """Run a plan's selected stages (all by default): here, one Prefect task each, or with
+    ``dispatch`` on the pools; ``refresh`` recomputes stages and what reads them. With
+    ``parent_run_id`` the stages are children of a run another flow opened (and finishes)."""
+    recipe, root = recipe_of(stages), stages.root
     uri = tracking_uri(recipe.tracking.tracking_uri, root)
     with scoped_env(EMBODIED_R_HOME=str(root), MLFLOW_TRACKING_URI=uri):
-        stages = plan(recipe, root)
-        selected = select_stages(stages, only, recipe.name)
+        selected = stages.select(only)
         refreshed = discard_refreshed(stages, refresh or [])
         discard_damaged(stages, selected)
         tracker = open_tracker(recipe, root, "+".join(selected) if only else "pipeline",
-                               selected, refreshed, parent_run_id)
-        promotion = ""
+                               selected, refreshed, parent_run_id, stages)
 
         def after(sp: StagePlan, summary: dict[str, Any]) -> None:
-            if sp.kind == "preprocess" and "evaluate" in selected:
+            if sp.kind == "preprocess" and "promote" in selected:
                 from embodied_r.lifecycle.promote import check_promotion_split
 
                 check_promotion_split(recipe, summary)  # before hours of work, not after
 
         try:
-            cached = run_stages(stages, selected, tracker, after=after)
-            if "evaluate" in selected:
-                with tracker.guard("registration"):
-                    ensure_answers(tracker.uri)  # the registry's own client is not guarded
-                    promotion = promote_trained(recipe, root, stages, tracker)
+            cached = run_stages(stages, selected, tracker, dispatch=dispatch, after=after)
         except BaseException:
             if not parent_run_id:
                 with tracker.guard("the end of the run"):
@@ -356,11 +396,11 @@ def run_in_process(recipe: Recipe, root: Path, refresh: list[str] | None = None,
         if not parent_run_id:
             final = evaluation_summary(stages)
             with tracker.guard("the end of the run"):
-                finish_parent(tracker, stages, cached, selected, recipe, registered_label(promotion))
+                finish_parent(tracker, stages, cached, selected, recipe, registered_label(stages))
         return {"mlflow_run_id": tracker.parent_run_id, "tracking_uri": uri, "cached": cached,
                 "tracking_lost": lost_line(uri),
                 "experiment_id": tracker.experiment_id,
                 "mlflow_run_url": mlflow_runs.run_url(uri, tracker.experiment_id, tracker.parent_run_id or ""),
                 "mlflow_runs_url": mlflow_runs.runs_url(uri, tracker.experiment_id),
                 "stages": {n: stages[n].out for n in selected}, "evaluation": final,
-                "promotion": promotion}
+                "promotion": promotion_line(stages, cached), "dispatched": dispatch is not None}

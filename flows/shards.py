@@ -15,12 +15,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from embodied_r.config import Recipe
 from embodied_r.io import is_complete
-from embodied_r.pipeline import StagePlan, execute, plan
+from embodied_r.pipeline import execute
 from embodied_r.shards import SHARD_INPUT, parse_selection, shard_folder
 from embodied_r.stage_kinds import kind_of
-from flows.runner import StageRunFailed, run_deployment_of, scoped_env
+from embodied_r.stage_plan import Plan, StagePlan
+from flows.runner import StageRunFailed, plan_of, run_deployment_of, scoped_env
 from flows.waiting import wait_for_runs
 
 
@@ -43,12 +43,11 @@ def unfinished(stages: dict[str, StagePlan], names: list[str]) -> tuple[int, lis
     return count, [i for i in range(count) if any(not is_complete(shard_folder(out, i, count)) for out in open_stages)]
 
 
-def run_shard(recipe: Recipe, root: Path, kind: str, shard: str) -> dict[str, Any]:
+def run_shard(stages: Plan, kind: str, shard: str) -> dict[str, Any]:
     """What a shard's flow run does: shard ``shard`` ("INDEX/COUNT") of every unfinished stage
     of ``kind`` that is split in COUNT shards. No MLflow run: the merge records the stage."""
-    stages = plan(recipe, root)
     done: dict[str, Any] = {}
-    with scoped_env(EMBODIED_R_HOME=str(root)):
+    with scoped_env(EMBODIED_R_HOME=str(stages.root)):
         for name, sp in stages.items():
             if sp.kind != kind or sp.complete:
                 continue
@@ -78,14 +77,14 @@ def dispatch_shards(deployment: str, kind: str, stages: dict[str, StagePlan], na
     return [r.name for _, r in sorted(ended.items())]
 
 
-def stage_parameters(recipe_ref: str, overrides: dict[str, Any] | None, root: Path,
-                     parent_run_id: str | None) -> dict[str, Any]:
-    """The parameters of a stage kind's flow run (and of its shards' runs), as the full
-    pipeline and ``dispatch_stage`` send them."""
-    return {"recipe": recipe_ref, "overrides": overrides, "home": str(root), "mlflow_parent_run_id": parent_run_id}
+def stage_parameters(stages: Plan, parent_run_id: str | None) -> dict[str, Any]:
+    """The parameters of a stage kind's flow run (and of its shards' runs) as a dispatching
+    run sends them: the plan itself, so nothing on the pools plans again."""
+    return {"recipe": stages.recipe_name, "plan": stages.to_json(), "home": str(stages.root),
+            "mlflow_parent_run_id": parent_run_id}
 
 
-def dispatch_kind(kind: str, stages: dict[str, StagePlan], names: list[str], parameters: dict[str, Any]) -> str:
+def dispatch_kind(kind: str, stages: Plan, names: list[str], parameters: dict[str, Any]) -> str:
     """Stages ``names`` of ``kind`` through the kind's deployment: their unfinished shards
     first, each a flow run of its own, then the run that merges them and records the stages
     (the only run of a stage not split). Returns that run's name."""
@@ -96,8 +95,5 @@ def dispatch_kind(kind: str, stages: dict[str, StagePlan], names: list[str], par
 def dispatch_stage(recipe_ref: str, kind: str, root: Path, overrides: dict[str, Any] | None = None,
                    parent_run_id: str | None = None) -> str:
     """One stage kind of a recipe through its deployment, as the full pipeline sends it."""
-    from embodied_r.config import load_recipe
-
-    stages = plan(load_recipe(recipe_ref, overrides), root)
-    names = [n for n, sp in stages.items() if sp.kind == kind]
-    return dispatch_kind(kind, stages, names, stage_parameters(recipe_ref, overrides, root, parent_run_id))
+    stages = plan_of("embodied-r", recipe_ref, overrides, root)
+    return dispatch_kind(kind, stages, stages.of_kind(kind), stage_parameters(stages, parent_run_id))

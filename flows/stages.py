@@ -4,48 +4,47 @@ module attribute ``<kind>_flow``, as ``prefect.yaml``'s entrypoints name it."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, Callable
 
 from prefect import flow
 
-from embodied_r import paths
-from embodied_r.config import load_recipe
-from embodied_r.pipeline import plan
 from embodied_r.stage_kinds import kind_of, kinds
 from flows.prefect_views import flow_run_name, publish_result, tag_flow_run
-from flows.runner import run_in_process
+from flows.runner import given_plan, run_plan
 from flows.shards import run_shard
 
 
 def run_stage_kind(kind: str, recipe: str, refresh: bool, overrides: dict[str, Any] | None,
-                   home: str | None, mlflow_parent_run_id: str | None, shard: str | None = None) -> dict[str, Any]:
-    root = paths.claim_home(Path(home).expanduser().resolve() if home else paths.home())
-    rec = load_recipe(recipe, overrides)
-    tag_flow_run(rec.name)
+                   home: str | None, mlflow_parent_run_id: str | None, shard: str | None = None,
+                   plan: dict[str, Any] | None = None) -> dict[str, Any]:
+    stages = given_plan(plan, "embodied-r", recipe, overrides, home)
+    tag_flow_run(stages.recipe_name)
     if shard:
-        return run_shard(rec, root, kind, shard)
+        return run_shard(stages, kind, shard)
     # Every stage of the kind: the three GRPO stages, or evaluate with its baselines.
-    names = [name for name, sp in plan(rec, root).items() if sp.kind == kind]
-    result = run_in_process(rec, root, refresh=[names[0]] if refresh else None, only=names,
-                            parent_run_id=mlflow_parent_run_id)
-    publish_result(rec.name, result)
+    names = stages.of_kind(kind)
+    if not names:
+        raise ValueError(f"recipe {stages.recipe_name!r} has no {kind} stage")
+    result = run_plan(stages, only=names, refresh=[names[0]] if refresh else None,
+                      parent_run_id=mlflow_parent_run_id)
+    publish_result(stages.recipe_name, result)
     return result
 
 
 def _make(kind: str) -> Callable[..., dict[str, Any]]:
     def stage_flow(recipe: str = "demo", refresh: bool = False, overrides: dict[str, Any] | None = None,
                    home: str | None = None, mlflow_parent_run_id: str | None = None,
-                   shard: str | None = None) -> dict[str, Any]:
-        return run_stage_kind(kind, recipe, refresh, overrides, home, mlflow_parent_run_id, shard)
+                   shard: str | None = None, plan: dict[str, Any] | None = None) -> dict[str, Any]:
+        return run_stage_kind(kind, recipe, refresh, overrides, home, mlflow_parent_run_id, shard, plan)
 
     stage_flow.__name__ = f"{kind}_flow"
     stage_flow.__doc__ = (
         f"The {kind} stage alone with a recipe; its inputs must exist. ``refresh`` recomputes it "
         "and discards what depends on it. ``mlflow_parent_run_id`` nests its MLflow run under a "
-        "pipeline run (set by the full pipeline when it dispatches stages to work pools). ``shard`` "
-        "(\"2/4\") does that shard alone of a stage the recipe splits in shards, for the dispatching "
-        "flow, which then runs the stage once more to merge them."
+        "pipeline run, and ``plan`` is that run's plan (both set by the full pipeline when it "
+        "dispatches stages to work pools). ``shard`` (\"2/4\") does that shard alone of a stage "
+        "the recipe splits in shards, for the dispatching flow, which then runs the stage once "
+        "more to merge them."
     )
     return flow(name=kind_of(kind).flow_name, log_prints=True, flow_run_name=flow_run_name)(stage_flow)
 

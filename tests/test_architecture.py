@@ -254,23 +254,25 @@ def test_every_stage_kind_is_a_flow_a_task_and_a_command():
         assert callable(getattr(importlib.import_module(module), function)), kind.runner
         assert STAGE_TASKS[kind.name].retries == kind.retries, kind.name
         if kind.pipeline == "embodied-r":
-            assert STAGE_COMMANDS[kind.name] == kind.help
+            assert STAGE_COMMANDS.get(kind.name) == (kind.help if kind.command else None)
             assert getattr(stage_flows, f"{kind.name}_flow").name == kind.flow_name
 
 
-def test_the_plan_reads_only_what_each_kind_declares(tmp_path: Path):
+def test_each_stage_depends_on_exactly_the_stages_its_inputs_read(tmp_path: Path):
+    """No dependency list is kept by hand: a stage's dependencies are the stages whose folders
+    its inputs name, as its kind declares them."""
     from embodied_r.config import load_recipe
     from embodied_r.pipeline import plan
-    from embodied_r.stage_kinds import STAGE_KINDS
 
     from embodied_r.interactive import recipe as reasoner
 
-    plans = [plan(load_recipe(name), tmp_path) for name in ("demo", "paper")]
+    plans = [plan(load_recipe(name), tmp_path) for name in ("demo", "paper", "released", "official-script")]
     plans.append(reasoner.plan(reasoner.load("reasoner-demo"), tmp_path))
-    for recipe, stages in zip(("demo", "paper", "reasoner-demo"), plans):
+    for stages in plans:
         for sp in stages.values():
-            read = {stages[d].kind for d in sp.deps}
-            assert read <= set(STAGE_KINDS[sp.kind].reads), (recipe, sp.name, read)
+            named = {n for n, other in stages.items() if n != sp.name and any(other.out in v for v in sp.inputs.values())}
+            assert set(sp.deps) == named, (stages.recipe_name, sp.name, sp.deps, named)
+            assert list(sp.deps) == [n for n in stages if n in named]  # in run order
 
 
 def test_a_kind_the_plan_does_not_place_runs_after_what_it_reads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
@@ -280,14 +282,15 @@ def test_a_kind_the_plan_does_not_place_runs_after_what_it_reads(tmp_path: Path,
     from embodied_r.stage_kinds import STAGE_KINDS, StageKind, kinds
 
     extra = StageKind("planted", "embodied_r.data.catalog:run_stage", "cpu", "a planted stage",
-                      reads=("convert", "preprocess"))
+                      inputs={"records": "convert", "catalog": "preprocess/catalog.parquet"})
     monkeypatch.setitem(STAGE_KINDS, "planted", extra)
     monkeypatch.setattr(pipeline, "kinds", lambda name: (*kinds(name), extra))
     stages = pipeline.plan(load_recipe("demo"), tmp_path)
     assert list(stages)[-1] == "planted"
     planted = stages["planted"]
     assert planted.deps == ("preprocess", "convert") and planted.config == {}
-    assert planted.inputs == {"preprocess": stages["preprocess"].out, "convert": stages["convert"].out}
+    assert planted.inputs == {"records": stages["convert"].out,
+                              "catalog": str(Path(stages["preprocess"].out) / "catalog.parquet")}
     # Its key follows what it reads.
     changed = pipeline.plan(load_recipe("demo", {"records": {"system_prompt": "Another prompt."}}), tmp_path)
     assert changed["planted"].key != planted.key

@@ -24,7 +24,7 @@ from embodied_r.lifecycle.baselines import (
 from embodied_r.config import load_recipe
 from embodied_r.evaluation.config import EvaluationConfig
 from embodied_r.io import table_from_records, write_parquet_atomic
-from embodied_r.pipeline import StageError
+from embodied_r.pipeline import StageError, plan
 from embodied_r.training.records import RecordsConfig, run_records
 from test_evaluation import ScriptedModels
 from test_records import VIDEO, catalog_row, write_inputs
@@ -115,13 +115,15 @@ def test_policy_baseline_is_an_evaluation_of_the_initial_model(inputs: dict[str,
 
 def test_baselines_of_a_recipe_need_its_stages(tmp_path: Path) -> None:
     recipe = load_recipe("smoke")
-    plans = plan_baselines(recipe, tmp_path)
+    stages = plan(recipe, tmp_path)
+    plans = plan_baselines(recipe, stages)
     assert set(plans) == {"policy", "vlm"} and plans["policy"].out != plans["vlm"].out
-    assert plans == plan_baselines(recipe, tmp_path)  # named by inputs, config and code: stable
+    assert plans == plan_baselines(recipe, plan(recipe, tmp_path))  # named by inputs, config and code: stable
     assert plans["policy"].inputs["policy"] == "tiny:lm"
-    other = plan_baselines(load_recipe("smoke", {"evaluation": {"max_new_tokens": 7}}), tmp_path)
+    changed = load_recipe("smoke", {"evaluation": {"max_new_tokens": 7}})
+    other = plan_baselines(changed, plan(changed, tmp_path))
     assert other["policy"].out != plans["policy"].out
     with pytest.raises(StageError, match="embodied-r convert --recipe smoke"):
-        run_baselines(recipe, tmp_path, only=["policy"])
+        run_baselines(recipe, stages, only=["policy"])
     with pytest.raises(ValueError, match="unknown baseline"):
-        run_baselines(recipe, tmp_path, only=["oracle"])
+        run_baselines(recipe, stages, only=["oracle"])

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from embodied_r.config import RecipeError, available_recipes, load_recipe, parse_override
-from embodied_r.pipeline import StageError, downstream, plan, select_stages
+from embodied_r.pipeline import StageError, plan
 from embodied_r.tracking import Tracker, numeric_metrics, safe_params
 
 
@@ -53,18 +53,18 @@ def test_changing_a_stage_changes_its_key_and_its_dependants_only(tmp_path):
     base = plan(load_recipe("smoke"), tmp_path)
     changed = plan(load_recipe("smoke", {"perception": {"max_new_tokens": 7}}), tmp_path)
     differs = [n for n in base if base[n].key != changed[n].key]
-    assert differs == downstream(base, "perception")
-    assert differs[0] == "perception" and "keyframes" not in differs and differs[-1] == "evaluate"
+    assert differs == base.downstream(["perception"])
+    assert differs[0] == "perception" and "keyframes" not in differs and differs[-2:] == ["evaluate", "promote"]
     assert changed["train_stage2"].inputs["init_model"] == str(Path(changed["train_stage1"].out) / "model")
 
 
 def test_a_stage_alone_needs_its_inputs(tmp_path):
     stages = plan(load_recipe("smoke"), tmp_path)
     with pytest.raises(StageError, match="embodied-r preprocess --recipe smoke"):
-        select_stages(stages, ["keyframes"], "smoke")
-    assert select_stages(stages, ["download", "preprocess"], "smoke") == ["download", "preprocess"]
+        stages.select(["keyframes"])
+    assert stages.select(["download", "preprocess"]) == ["download", "preprocess"]
     with pytest.raises(StageError, match="unknown stage"):
-        select_stages(stages, ["nope"], "smoke")
+        stages.select(["nope"])
 
 
 def test_secrets_never_become_params():

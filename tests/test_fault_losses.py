@@ -294,12 +294,15 @@ def test_a_tracking_server_killed_mid_run_costs_no_work(lost_run: dict[str, Any]
     assert "tracking lost" in line and uri in line and "infra/start-mlflow.sh" in line and "rerun" in line, line
     assert sum("tracking lost" in t for t in out.splitlines()) == 1, out[-3000:]
     stages = planned(lost_run["home"])
-    assert all(sp.complete for sp in stages.values())
-    assert _stage_lines(out, "done") == list(stages)
-    # The server back on its port: the rerun logs every stage, computing none.
+    # Every stage's work is done but promotion's, whose result lives in the lost store: it is
+    # left to the rerun, not failed on and not marked done.
+    computed = [n for n in stages if n != "promote"]
+    assert all(stages[n].complete for n in computed) and not stages["promote"].complete
+    assert _stage_lines(out, "done") == computed and _stage_lines(out, "skipped") == ["promote"]
+    # The server back on its port: the rerun logs every stage, computing none but promotion.
     again, parents, children = rerun_with_server_back(lost_run)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
-    assert _stage_lines(again.stdout, "started") == [] and _stage_lines(again.stdout, "cached") == list(stages)
+    assert _stage_lines(again.stdout, "started") == ["promote"] and _stage_lines(again.stdout, "cached") == computed
     assert [p.info.status for p in parents] == ["KILLED", "FINISHED"]
     assert sorted(c.data.tags["stage"] for c in children) == sorted(stages)
     assert {c.info.status for c in children} == {"FINISHED"}
@@ -328,5 +331,5 @@ def test_a_finished_folder_that_lost_a_file_is_not_taken_as_done(lost_run: dict[
     assert refreshed.returncode == 0, refreshed.stdout[-3000:] + refreshed.stderr[-3000:]
     said = [t for t in refreshed.stdout.splitlines() if "train.parquet" in t]
     assert len(said) == 1 and "convert" in said[0] and "test.parquet" in said[0], said
-    assert _stage_lines(refreshed.stdout, "started") == ["convert", "train_stage1", "evaluate"]
+    assert _stage_lines(refreshed.stdout, "started") == ["convert", "train_stage1", "evaluate", "promote"]
     assert pq.read_table(convert / "test.parquet").num_rows > 0 and (convert / "train.parquet").is_file()

@@ -168,18 +168,21 @@ def promoting(demo_home: Path, tiny_lm_path: Path, monkeypatch: pytest.MonkeyPat
     options: chance 25 %) against a real store, each model's score set by the test and the
     warm-started policy a folder; the evaluations it asks for are recorded."""
     from embodied_r.config import load_recipe
+    from embodied_r.evaluation import promotion
     from embodied_r.lifecycle import promote
+    from embodied_r.pipeline import plan
 
     state: dict = {"scores": {}, "asked": [], "warm": None, "recipe": load_recipe("smoke")}
 
-    def evaluate(recipe, ref, split, root):  # noqa: ANN001 - evaluate_model's signature
+    def evaluate(ref, split, **where):  # noqa: ANN001 - evaluation.models.evaluate_model's signature
         state["asked"].append((ref, split))
         value = state["scores"][ref] if split == "val" else 0.5
         return demo_home / "eval", {"accuracy/overall": value, "count/overall": 2.0, "question_set": "same"}
 
-    monkeypatch.setattr(promote, "evaluate_model", evaluate)
-    monkeypatch.setattr(promote, "warm_started_model", lambda recipe, root: state["warm"])
-    state["promote"] = lambda version: promote.register_and_promote(state["recipe"], demo_home, version=version)
+    monkeypatch.setattr(promotion, "evaluate_model", evaluate)
+    monkeypatch.setattr(promote, "warm_started_model", lambda recipe, stages: state["warm"])
+    stages = plan(state["recipe"], demo_home)
+    state["promote"] = lambda version: promote.register_and_promote(state["recipe"], stages, version=version)
     state["versions"] = [str(register_model_folder(tiny_lm_path, NAME, tracking_uri=promote_store(demo_home)).version)
                          for _ in range(3)]
     return state
@@ -247,18 +250,18 @@ def test_a_model_above_chance_and_the_warm_start_is_promoted(promoting: dict, de
 
 
 def test_promotion_refuses_scores_on_different_questions(promoting: dict) -> None:
-    from embodied_r.lifecycle import promote
+    from embodied_r.evaluation import promotion
 
     v1 = promoting["versions"][0]
     promoting["warm"] = "/warm/model"
     promoting["scores"].update({f"models:/{NAME}/{v1}": 0.5, "/warm/model": 0.4})
-    evaluate = promote.evaluate_model
+    evaluate = promotion.evaluate_model
 
-    def lost_calls(recipe, ref, split, root):  # noqa: ANN001
-        out, summary = evaluate(recipe, ref, split, root)
+    def lost_calls(ref, split, **where):  # noqa: ANN001
+        out, summary = evaluate(ref, split, **where)
         return out, {**summary, "question_set": "fewer" if ref == "/warm/model" else "same"}
 
-    promote.evaluate_model = lost_calls
+    promotion.evaluate_model = lost_calls
     with pytest.raises(ValueError, match="different question sets"):
         promoting["promote"](v1)
 

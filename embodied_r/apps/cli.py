@@ -13,7 +13,7 @@ from typing import Any
 from embodied_r.stage_kinds import kinds
 
 # One command per Embodied-R stage kind, with its help line.
-STAGE_COMMANDS = {k.name: k.help for k in kinds("embodied-r")}
+STAGE_COMMANDS = {k.name: k.help for k in kinds("embodied-r") if k.command}
 
 
 def _setup_env(home: str | None) -> None:
@@ -162,9 +162,9 @@ def _print_learning(evaluation: dict[str, Any]) -> None:
 
 def _precheck(args: argparse.Namespace, stage: str | None, overrides: dict[str, Any]) -> Any:
     """Catch a bad recipe or a missing input before Prefect starts, with a short message;
-    returns the recipe."""
+    returns the run's plan, made here once and handed to the flow."""
     from embodied_r.config import RecipeError, backend_problems, load_recipe
-    from embodied_r.pipeline import plan, resolve_stage_name, select_stages, training_stage_names
+    from embodied_r.pipeline import plan
     from embodied_r.tracking import tracking_uri
     from embodied_r.tracking_store import check_store
 
@@ -172,18 +172,15 @@ def _precheck(args: argparse.Namespace, stage: str | None, overrides: dict[str, 
     stages = plan(recipe)
     refresh = getattr(args, "refresh", None) or []
     for name in refresh:
-        resolve_stage_name(stages, name)
-    if stage is not None:
-        selected = select_stages(stages, training_stage_names(stages) if stage == "train" else [stage], recipe.name)
-    else:
-        selected = list(stages)
+        stages.resolve(name)
+    selected = stages.select([stage] if stage is not None else None)
     # A backend that cannot start is named now, not when its stage comes.
     refreshing = bool(refresh) or bool(getattr(args, "refresh_stage", False))
     needed = {stages[n].kind for n in selected if refreshing or not stages[n].complete}
     if problems := backend_problems(recipe, needed):
         raise RecipeError("; ".join(problems))
     check_store(tracking_uri(recipe.tracking.tracking_uri))
-    return recipe
+    return recipe, stages
 
 
 def _cmd_run(args: argparse.Namespace, stage: str | None = None) -> int:
@@ -194,16 +191,17 @@ def _cmd_run(args: argparse.Namespace, stage: str | None = None) -> int:
 
     from embodied_r import progress
 
-    # The recipe is read here once; the flow reads it again by name, as a deployment would.
     overrides = _all_overrides(args)
-    recipe = _precheck(args, stage, overrides)
+    recipe, stages = _precheck(args, stage, overrides)
     start = time.time()
     bars = progress.listening(progress.TerminalBar()) if sys.stderr.isatty() else nullcontext()
     with bars:
         if stage is None:
-            result = embodied_r(recipe=args.recipe, refresh=args.refresh or None, overrides=overrides or None)
+            result = embodied_r(recipe=args.recipe, refresh=args.refresh or None, overrides=overrides or None,
+                                plan=stages.to_json())
         else:
-            result = STAGE_FLOWS[stage](recipe=args.recipe, refresh=args.refresh_stage, overrides=overrides or None)
+            result = STAGE_FLOWS[stage](recipe=args.recipe, refresh=args.refresh_stage, overrides=overrides or None,
+                                        plan=stages.to_json())
     _print_outcome(result, time.time() - start, recipe.download.source == "synthetic", recipe)
     if result.get("tracking_lost"):
         # The work is done and on disk; its record in MLflow is not complete.

@@ -39,16 +39,17 @@ def _store(recipe: Any) -> str:
     return tracking_uri(recipe.tracking.tracking_uri, _root())
 
 
-def _stages(recipe: Any) -> dict[str, Any]:
+def _stages(recipe: Any) -> Any:
+    """The recipe's plan: made once per command and handed to what it calls."""
     from embodied_r.pipeline import plan
 
     return plan(recipe, _root())
 
 
 def resolve_reasoner(ref: str | None, recipe: Any) -> Any:
-    from embodied_r.lifecycle.models import resolve_reasoner as resolve
+    from embodied_r.lifecycle.models import reasoner_of
 
-    return resolve(ref, recipe, _root())
+    return reasoner_of(ref, recipe, _stages(recipe))
 
 
 def _reasoner_backend(recipe: Any, model: str, max_new_tokens: int | None = None,
@@ -137,7 +138,7 @@ def cmd_eval_model(args: argparse.Namespace) -> int:
     from embodied_r.lifecycle.models import evaluate_model
 
     recipe = _recipe(args)
-    out, summary = evaluate_model(recipe, args.model, args.split, _root(), Path(args.out) if args.out else None)
+    out, summary = evaluate_model(recipe, args.model, args.split, _stages(recipe), Path(args.out) if args.out else None)
     print(f"{args.model} on the {args.split} split: overall {_accuracy(summary, 'accuracy/overall')}, "
           f"macro {_accuracy(summary, 'accuracy/macro')} ({summary['done']} answered, {summary['failed']} failed)")
     print(f"Report: {out / 'report.md'}")
@@ -152,9 +153,10 @@ def cmd_baselines(args: argparse.Namespace) -> int:
     from embodied_r.evaluation.report import render_comparison
 
     recipe = _recipe(args)
-    results = run_baselines(recipe, _root(), only=args.only or None)
+    stages = _stages(recipe)
+    results = run_baselines(recipe, stages, only=args.only or None)
     runs: dict[str, dict[str, float]] = {}
-    evaluate = _stages(recipe)["evaluate"]
+    evaluate = stages["evaluate"]
     if evaluate.complete:
         runs["trained reasoner"] = json.loads((Path(evaluate.out) / "metrics.json").read_text())["metrics"]
     for name, summary in results.items():
@@ -173,7 +175,7 @@ def cmd_register(args: argparse.Namespace) -> int:
     from embodied_r.evaluation.registry import register_model_folder, set_alias
 
     recipe = _recipe(args)
-    folder = Path(args.folder or trained_model(recipe, _root()))
+    folder = Path(args.folder or trained_model(_stages(recipe)))
     version = register_model_folder(folder, args.name or recipe.tracking.registered_model,
                                     tracking_uri=_store(recipe), experiment=recipe.tracking.experiment,
                                     tags={"recipe": recipe.name})
@@ -191,7 +193,7 @@ def cmd_promote(args: argparse.Namespace) -> int:
     if args.name:
         recipe = recipe.model_copy(update={"tracking": recipe.tracking.model_copy(
             update={"registered_model": args.name})})
-    result = register_and_promote(recipe, _root(), Path(args.folder) if args.folder else None,
+    result = register_and_promote(recipe, _stages(recipe), Path(args.folder) if args.folder else None,
                                   version=args.version, split=args.split, metric=args.metric, alias=args.alias)
     print(result.describe())
     return 0

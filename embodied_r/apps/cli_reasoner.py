@@ -160,12 +160,12 @@ def cmd_reasoner(args: argparse.Namespace) -> int:
     if args.seed is not None:
         overrides = deep_merge(overrides, seed_overrides(args.seed))
     recipe = load(args.recipe, overrides)
-    plan(recipe, paths.home())
+    stages = plan(recipe, paths.home())
     if not args.only or any("evaluate" in stage for stage in args.only):
         _check_matcher(recipe)
     started = time.time()
     result = embodied_reasoner(recipe=args.recipe, only=args.only, refresh=args.refresh,
-                               overrides=overrides or None, home=str(paths.home()))
+                               overrides=overrides or None, home=str(paths.home()), plan=stages.to_json())
     print(f"\nEmbodied-Reasoner pipeline done in {time.time() - started:.1f} s.")
     for name, out in result["stages"].items():
         print(f"  {name:26s} {out}")

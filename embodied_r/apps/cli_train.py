@@ -39,11 +39,12 @@ def cmd_sft(args: argparse.Namespace) -> int:
     from embodied_r.config import parse_overrides
     from embodied_r.config import load_recipe
     from embodied_r.lifecycle.sft_baseline import sft_baseline, sft_config_for
+    from embodied_r.pipeline import plan
 
     recipe = load_recipe(args.recipe, parse_overrides(args.set) or None)
     cfg = sft_config_for(recipe, **_updates(args))
     started = time.time()
-    result = sft_baseline(recipe, cfg, init_model=args.model, refresh=args.refresh)
+    result = sft_baseline(recipe, plan(recipe), cfg, init_model=args.model, refresh=args.refresh)
     sft, evaluation = result["sft"], result["evaluation"]
     print(f"\nSFT baseline done in {time.time() - started:.1f} s.")
     print(f"  model       {result['stages']['sft']}/model  ({sft.get('steps')} steps, "

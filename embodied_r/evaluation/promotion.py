@@ -1,14 +1,25 @@
 """Promotion: a registered version takes an alias (``@champion``) only when it beats every bar
 (chance, the warm-started policy) and the version the alias holds, both scored by the same
-code on the same data."""
+code on the same data; ``promote_model`` registers a trained reasoner and does it, and
+``run_stage`` is the pipeline's ``promote`` stage. The registered version's description
+gives its scores on the promotion split and the test split beside chance."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Callable, Sequence
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
 
-from embodied_r.evaluation.registry import CHAMPION, ModelRef, alias_version, client, set_alias
+from embodied_r.evaluation.config import EvaluationConfig
+from embodied_r.evaluation.models import evaluate_model
+from embodied_r.evaluation.registry import (CHAMPION, ModelRef, alias_version, client, register_model_folder,
+                                            set_alias, version_of_folder)
+from embodied_r.evaluation.stage import read_split
+from embodied_r.io import is_complete, read_summary, stage_folder, write_summary
+from embodied_r.scoring.metrics import chance_metrics, format_accuracy, summary_interval
+
+WARM_STARTED = "the warm-started policy's"
 
 
 @dataclass(frozen=True)
@@ -127,3 +138,125 @@ def promote_if_better(
 
 def set_description(name: str, version: str | int, text: str, tracking_uri: str | None = None) -> None:
     client(tracking_uri).update_model_version(name, str(version), description=text)
+
+
+@dataclass(frozen=True)
+class SplitScore:
+    """A model's score on one split, beside chance (and other bars) on the same questions."""
+
+    split: str
+    score: float
+    count: int
+    interval: tuple[float, float] | None
+    chance: float
+    others: tuple[Bar, ...] = ()
+
+
+def version_description(metric: str, scores: Sequence[SplitScore], promotion: str) -> str:
+    """A registered version's description: its ``metric`` on each split with the 95 % interval
+    and question count, beside chance and the other bars, then the promotion's outcome."""
+    lines = []
+    for s in scores:
+        beside = ", ".join(b.describe() for b in (Bar("chance", s.chance), *s.others))
+        lines.append(f"- {metric} on the {s.split} split ({s.count} questions): "
+                     f"{format_accuracy(s.score, s.interval)}; {beside}")
+    return "\n".join(lines + ["", promotion])
+
+
+def _split_score(summary: Mapping[str, Any], split: str, metric: str, records: Path,
+                 others: tuple[Bar, ...] = ()) -> SplitScore:
+    count = summary.get("count" + metric[len("accuracy"):], summary.get("count/overall", 0))
+    return SplitScore(split, float(summary[metric]), int(count or 0), summary_interval(summary, metric),
+                      chance_metrics(read_split(records, split)).get(metric, 0.0), others)
+
+
+def promote_model(name: str, *, records: Path, cfg: EvaluationConfig, root: Path, store: str,
+                  folder: Path | None = None, version: str | None = None, warm_model: str | None = None,
+                  split: str = "val", metric: str = "accuracy/overall", alias: str = CHAMPION,
+                  run_id: str | None = None, experiment: str = "embodied-r", tags: dict[str, str] | None = None,
+                  known: Mapping[str, Mapping[str, Any]] | None = None) -> Promotion:
+    """Register ``folder`` as a new version of ``name`` (or take ``version``), and give it
+    ``alias`` when on ``split`` of ``records`` it beats chance, the warm-started policy
+    (``warm_model``) and the alias's version, all evaluated by ``evaluation.models``.
+    ``known``: summaries of this model's evaluations already made, by split (the pipeline's
+    own test evaluation), so the description's test score is not computed twice."""
+    if version is None:
+        version = str(register_model_folder(Path(folder), name, tracking_uri=store, run_id=run_id,
+                                            experiment=experiment, tags=tags).version)
+    candidate = ModelRef(name, version=str(version)).uri
+    sets: list[tuple[str, Path, Any]] = []
+    summaries: dict[str, Mapping[str, Any]] = {}
+
+    def evaluate(uri: str, on: str) -> tuple[Path, dict[str, Any]]:
+        return evaluate_model(uri, on, records=records, cfg=cfg, root=root, store=store)
+
+    def score(uri: str) -> float:
+        out, summary = evaluate(uri, split)
+        if metric not in summary:
+            raise ValueError(f"metric {metric!r} is not in the evaluation summary ({out}); "
+                             "use accuracy/overall, accuracy/macro or accuracy/<task>")
+        # Scores on different questions (one side lost calls) are not comparable: refuse
+        # before the alias can move.
+        sets.append((uri, out, summary.get("question_set")))
+        if len({s for _, _, s in sets}) > 1:
+            raise ValueError("promotion refused: the models were scored on different question sets ("
+                             + "; ".join(f"{u}: {o}" for u, o, _ in sets)
+                             + "); see failures.parquet in each folder, remove the one with failed questions "
+                             "and promote again so both answer the same questions")
+        summaries[uri] = summary
+        return float(summary[metric])
+
+    # Chance is beaten only by the low end of the candidate's 95 % interval.
+    bars = [Bar("chance", chance_metrics(read_split(records, split)).get(metric, 0.0), by_low_end=True)]
+    if warm_model is not None:
+        # Through ``score``: the same split, config and question-set check as the candidate.
+        bars.append(Bar(WARM_STARTED, score(warm_model)))
+    result = promote_if_better(name, version, score, alias=alias, metric=metric, tracking_uri=store, bars=bars,
+                               interval=lambda uri: summary_interval(summaries[uri], metric))
+    result = replace(result, split=split)
+    scores = [_split_score(summaries[candidate], split, metric, records, tuple(bars[1:]))]
+    for other in [s for s in ("val", "test") if s != split and read_split(records, s)]:
+        summary = (known or {}).get(other) or evaluate(candidate, other)[1]
+        if metric in summary:
+            scores.append(_split_score(summary, other, metric, records))
+    set_description(name, version, version_description(metric, scores, result.describe()), store)
+    return result
+
+
+def run_stage(out: Path, config: dict[str, Any], inputs: dict[str, str],
+              mlflow_run_id: str | None = None) -> dict[str, Any]:
+    """The pipeline's ``promote`` stage: register the trained model (once per model, under the
+    pipeline's MLflow run) and promote it when it beats the bars on ``promote_split``. Its
+    summary says what happened; the registry holds the result."""
+    out = Path(out)
+    if is_complete(out):
+        return read_summary(out)
+    name, store, folder = config["registered_model"], config["store"], Path(inputs["model"])
+    with stage_folder(out) as work:
+        known = version_of_folder(name, folder, store)
+        if known is not None:
+            summary = {"registered_version": str(known.version), "promoted": False,
+                       "description": f"{name} v{known.version} is this model (registered before)"}
+        else:
+            final = read_summary(Path(inputs["evaluation"]))
+            parent = _parent_run(store, mlflow_run_id)
+            result = promote_model(
+                name, records=Path(inputs["records"]), cfg=EvaluationConfig.model_validate(config["evaluation"]),
+                root=Path(inputs["home"]), store=store, folder=folder, warm_model=inputs.get("warm_model"),
+                split=config["promote_split"], metric=config["promote_metric"], run_id=parent,
+                experiment=config["experiment"], tags={"recipe": config["recipe"], "pipeline_run": parent or ""},
+                known={str(final["split"]): final} if final.get("split") else None)
+            summary = {"registered_version": result.candidate_version, "promoted": result.promoted,
+                       "score": result.candidate_score, "description": result.describe()}
+            if parent:
+                client(store).set_tag(parent, "registered_version", result.candidate_version)
+                client(store).set_tag(parent, "promoted", str(result.promoted).lower())
+        write_summary(work, summary)
+    return summary
+
+
+def _parent_run(store: str, run_id: str | None) -> str | None:
+    """The pipeline's MLflow run above the stage's own (the trained model is logged there)."""
+    if not run_id:
+        return None
+    return client(store).get_run(run_id).data.tags.get("mlflow.parentRunId") or run_id

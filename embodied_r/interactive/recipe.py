@@ -12,19 +12,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from embodied_r.backends.base import BackendConfig
-from embodied_r.config import deep_merge
+from embodied_r.config import deep_merge, load_as
 from embodied_r.interactive.download import ReasonerDataConfig
 from embodied_r.interactive.episode import EpisodeConfig
 from embodied_r.interactive.sft_config import ReasonerSFTConfig
 from embodied_r.paths import home as default_home
-from embodied_r.prompts.store import PromptsConfig, apply_prompts
-from embodied_r.runners import extra_key
+from embodied_r.prompts.store import PromptsConfig
 from embodied_r.settings import operational, result_settings
-from embodied_r.stage_plan import PlanBuilder, StagePlan
+from embodied_r.stage_plan import Plan, PlanBuilder, Ref
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes" / "reasoner"
 
@@ -79,52 +77,36 @@ class ReasonerRecipe(BaseModel):
 
 
 def load(name_or_path: str, overrides: dict[str, Any] | None = None) -> ReasonerRecipe:
-    path = Path(name_or_path)
-    if not path.is_file():
-        path = RECIPES / f"{name_or_path}.yaml"
-    if not path.is_file():
-        names = ", ".join(sorted(p.stem for p in RECIPES.glob("*.yaml")))
-        raise ValueError(f"no reasoner recipe {name_or_path!r}; choose one of {names} or give a YAML path")
-    data = yaml.safe_load(path.read_text()) or {}
-    data.setdefault("name", path.stem)
-    # A PromptsError is a ValueError with one line that names the file and the fix.
-    return ReasonerRecipe.model_validate(apply_prompts(deep_merge(data, overrides or {}), deep_merge, reasoner=True))
+    return load_as(ReasonerRecipe, name_or_path, overrides, folder=RECIPES, reasoner=True)
 
 
 SFT_STAGES = ("imitation", "exploration", "correction")
 
 
-def plan(recipe: ReasonerRecipe, root: Path | None = None) -> dict[str, StagePlan]:
+def plan(recipe: ReasonerRecipe, root: Path | None = None) -> Plan:
     """Every stage in run order, planned and keyed as Embodied-R's are (``stage_plan``)."""
-    builder = PlanBuilder(Path(root) if root else default_home())
-    stages, add = builder.stages, builder.add
-    data_cfg = {"data": recipe.data.model_dump(mode="json")}
-    data = add("reasoner_data", "reasoner_data", [], data_cfg, {}, extra=extra_key("reasoner_data", data_cfg),
-               keyed={"data": result_settings(recipe.data)})
+    builder = PlanBuilder(Path(root) if root else default_home(), model=recipe.base_model)
+    builder.add("reasoner_data", "reasoner_data", {"data": recipe.data.model_dump(mode="json")},
+                keyed={"data": result_settings(recipe.data)})
     backend = recipe.backend.model_dump(mode="json")
     texts = recipe.evaluate.episode.model_dump(mode="json")["texts"]
     backend_keyed = result_settings(recipe.backend)
     threads = {"torch_threads": recipe.torch_threads}  # how the stages run, never in their keys
-    model, prev = recipe.base_model, "reasoner_data"
     for i, stage in enumerate(SFT_STAGES, start=1):
         sft = deep_merge(recipe.sft.model_dump(mode="json"), recipe.sft_stages.get(stage, {}))
-        inputs = {"catalog": data.out, "init_model": model, "python": recipe.sft.python or ""}
-        deps = [prev] if prev == "reasoner_data" else ["reasoner_data", prev]
+        inputs: dict[str, str | Ref] = {"python": recipe.sft.python or ""}
         if stage == "exploration":
-            explore = add("reasoner_explore", "reasoner_explore", ["reasoner_data", prev],
-                          {"explore": recipe.explore.model_dump(mode="json"), "backend": backend,
-                           "episode": {"texts": texts}, **threads},
-                          {"catalog": data.out, "model": model},
-                          keyed={"explore": result_settings(recipe.explore), "backend": backend_keyed,
-                                 "episode": {"texts": texts}})
-            inputs["trajectories"] = explore.out
-            deps = ["reasoner_data", "reasoner_explore"]
+            # Rejection sampling: the stage-1 model's successful rollouts (or the dataset's).
+            builder.add("reasoner_explore", "reasoner_explore",
+                        {"explore": recipe.explore.model_dump(mode="json"), "backend": backend,
+                         "episode": {"texts": texts}, **threads},
+                        keyed={"explore": result_settings(recipe.explore), "backend": backend_keyed,
+                               "episode": {"texts": texts}})
+            inputs["trajectories"] = Ref("reasoner_explore")
         sft_keyed = result_settings(ReasonerSFTConfig.model_validate(sft))
-        sp = add(f"reasoner_sft_{stage}", "reasoner_sft", deps, {"stage": i, "name": stage, "sft": sft, **threads},
-                 inputs, keyed={"stage": i, "name": stage, "sft": sft_keyed})
-        model, prev = str(Path(sp.out) / "model"), sp.name
-    add("reasoner_evaluate", "reasoner_evaluate", ["reasoner_data", prev],
-        {"evaluate": recipe.evaluate.model_dump(mode="json"), "backend": backend, **threads},
-        {"catalog": data.out, "model": model},
-        keyed={"evaluate": result_settings(recipe.evaluate), "backend": backend_keyed})
-    return stages
+        builder.add(f"reasoner_sft_{stage}", "reasoner_sft", {"stage": i, "name": stage, "sft": sft, **threads},
+                    keyed={"stage": i, "name": stage, "sft": sft_keyed}, inputs=inputs)
+    builder.add("reasoner_evaluate", "reasoner_evaluate",
+                {"evaluate": recipe.evaluate.model_dump(mode="json"), "backend": backend, **threads},
+                keyed={"evaluate": result_settings(recipe.evaluate), "backend": backend_keyed})
+    return builder.plan("embodied-reasoner", recipe.model_dump(mode="json"))

@@ -20,7 +20,7 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from embodied_r.backends.base import BackendConfig, Conversation
-from embodied_r.lifecycle.models import evaluation_folder
+from embodied_r.evaluation.models import evaluation_folder
 from embodied_r.evaluation.config import EvaluationConfig
 from embodied_r.evaluation.stage import evaluate_records, read_split, run_evaluation
 from embodied_r.keyframes.extract import thin_evenly
@@ -92,13 +92,9 @@ class BaselinePlan:
     inputs: dict[str, str] = field(default_factory=dict)
 
 
-def plan_baselines(recipe: Any, root: Path | None = None) -> dict[str, BaselinePlan]:
-    """Where each baseline of ``recipe`` writes, keyed like pipeline stages."""
-    from embodied_r.paths import home
-    from embodied_r.pipeline import plan
-
-    root = Path(root) if root else home()
-    stages = plan(recipe, root)
+def plan_baselines(recipe: Any, stages: Any) -> dict[str, BaselinePlan]:
+    """Where each baseline of ``recipe`` (planned as ``stages``) writes, keyed like pipeline stages."""
+    root = stages.root
     records = stages["convert"].out
     cfg = recipe.evaluation_settings()
     return {
@@ -114,15 +110,15 @@ def plan_baselines(recipe: Any, root: Path | None = None) -> dict[str, BaselineP
     }
 
 
-def run_baselines(recipe: Any, root: Path | None = None, only: list[str] | None = None) -> dict[str, dict[str, Any]]:
-    """Run the recipe's baselines (all, or ``only`` those named); their summaries by name."""
-    from embodied_r.pipeline import StageError, plan
+def run_baselines(recipe: Any, stages: Any, only: list[str] | None = None) -> dict[str, dict[str, Any]]:
+    """Run the baselines of ``recipe`` (planned as ``stages``; all, or ``only`` those named);
+    their summaries by name."""
+    from embodied_r.pipeline import StageError
 
     unknown = sorted(set(only or []) - set(BASELINES))
     if unknown:
         raise ValueError(f"unknown baseline(s) {unknown}; choose from {list(BASELINES)}")
-    plans = plan_baselines(recipe, root)
-    stages = plan(recipe, root)
+    plans = plan_baselines(recipe, stages)
     results: dict[str, dict[str, Any]] = {}
     for name in only or list(BASELINES):
         needed = ["convert"] + (["preprocess", "keyframes"] if name == "vlm" else [])

@@ -9,8 +9,7 @@ from typing import Any
 
 from embodied_r.evaluation.stage import run_evaluation
 from embodied_r.io import is_complete, payload_key
-from embodied_r.paths import home
-from embodied_r.pipeline import StageError, plan
+from embodied_r.pipeline import Plan, StageError
 from embodied_r.runners import closure, code_version, modules_version
 from embodied_r.tracking import Tracker, record_stage, tracking_uri
 from embodied_r.training.config import SFTConfig
@@ -32,17 +31,16 @@ def sft_config_for(recipe: Any, **updates: Any) -> SFTConfig:
     return SFTConfig.from_training(recipe.training, **updates)
 
 
-def sft_baseline(recipe: Any, cfg: SFTConfig | None = None, init_model: str | None = None,
-                 root: Path | None = None, refresh: bool = False) -> dict[str, Any]:
+def sft_baseline(recipe: Any, stages: Plan, cfg: SFTConfig | None = None, init_model: str | None = None,
+                 refresh: bool = False) -> dict[str, Any]:
     """Train the SFT baseline on the recipe's converted records and evaluate it.
 
     Folders: ``<home>/stages/sft/<key>`` and ``<home>/stages/sft_evaluate/<key>``, keyed
     by the records, the configs and the code, like the pipeline's stages. Returns both
     summaries, the folders and the MLflow parent run id.
     """
-    root = Path(root) if root else home()
+    root = stages.root
     cfg = cfg or sft_config_for(recipe)
-    stages = plan(recipe, root)
     convert = stages["convert"]
     if not convert.complete:
         raise StageError(

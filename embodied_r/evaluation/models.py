@@ -1,0 +1,57 @@
+"""Evaluating any model reference (a folder, ``tiny:lm``, a registry URI) on a split of
+converted records, in a folder named by what is evaluated, the config and the code, like a
+pipeline stage's folder: the evaluations behind promotion, the lifecycle commands and the
+nightly re-evaluation."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel
+
+from embodied_r.evaluation.config import EvaluationConfig
+from embodied_r.evaluation.stage import read_split, resolve_model_ref, run_evaluation
+from embodied_r.io import keyed_folder
+from embodied_r.runners import code_version, module_version
+
+
+def evaluation_folder(root: Path, kind: str, identity: dict[str, Any], cfg: BaseModel) -> Path:
+    """``<root>/evaluations/<kind>/<hash>``: a folder named by what is evaluated (``identity``:
+    model, records, ...), the config and the code, like a pipeline stage's folder."""
+
+    return keyed_folder(Path(root) / "evaluations" / kind, {
+        "kind": kind, "identity": identity, "config": cfg.model_dump(mode="json"), "code": code_version("evaluate"),
+        "report": module_version("evaluation.report"), "baselines": module_version("lifecycle.baselines")})
+
+
+@dataclass(frozen=True)
+class Reasoner:
+    identity: str  # what an evaluation folder is keyed by: immutable where possible
+    path: str  # the local folder (or hub id) backends load
+    label: str | None = None  # the registry version, for reports
+
+
+def resolve_reasoner(ref: str, store: str) -> Reasoner:
+    """Where a model reference points; registry URIs (in ``store``) are pinned to the version
+    their alias names now."""
+    if ref.startswith("models:/"):
+        from embodied_r.evaluation.registry import resolve_model_uri, resolve_version
+
+        pinned = resolve_version(ref, store).uri
+        return Reasoner(f"{pinned}@{store}", resolve_model_uri(pinned, store), pinned)
+    resolved = resolve_model_ref(ref)
+    return Reasoner(str(Path(resolved).resolve()) if Path(resolved).exists() else resolved, resolved)
+
+
+def evaluate_model(ref: str, split: str, *, records: Path, cfg: EvaluationConfig, root: Path, store: str,
+                   out: Path | None = None) -> tuple[Path, dict[str, Any]]:
+    """Evaluate a model reference on ``split`` of the converted ``records``, in a folder named
+    by the pinned model, the records and the config; (folder, summary)."""
+    model = resolve_reasoner(ref, store)  # a model that is not there is said first
+    if not read_split(records, split):
+        raise ValueError(f"the {split} split has no records ({records}); choose another split")
+    cfg = cfg.model_copy(update={"split": split})
+    out = out or evaluation_folder(root, "model", {"model": model.identity, "records": Path(records).name}, cfg)
+    return out, run_evaluation(records, model.path, out, cfg, model_ref=model.label)
