@@ -48,10 +48,12 @@ class StagePlan:
         return {self.kind: self.config} if kind_of(self.kind).self_reporting else self.config
 
 
-def stage_key(kind: str, keyed: dict[str, Any], upstream: list[str], extra: str = "") -> str:
-    """The 16-hex name of a stage's folder."""
-    return payload_key({"kind": kind, "config": keyed, "upstream": upstream, "code": code_version(kind),
-                        "extra": extra})
+def stage_key(kind: str, keyed: dict[str, Any], upstream: list[str], extra: str = "",
+              config: dict[str, Any] | None = None, inputs: dict[str, str] | None = None) -> str:
+    """The 16-hex name of a stage's folder. ``config`` and ``inputs``, what the runner gets,
+    pick the code it runs by name (a backend ``kind: world``, a model ``tiny:lm``)."""
+    return payload_key({"kind": kind, "config": keyed, "upstream": upstream,
+                        "code": code_version(kind, config, inputs), "extra": extra})
 
 
 class PlanBuilder:
@@ -66,7 +68,7 @@ class PlanBuilder:
         # ``config`` is what the runner gets; ``keyed`` is it less its operational settings
         # (``settings.result_settings``), so raising a limit or moving a server resumes the
         # same folder instead of redoing every finished call.
-        key = stage_key(kind, keyed, [self.stages[d].key for d in deps], extra)
+        key = stage_key(kind, keyed, [self.stages[d].key for d in deps], extra, config, inputs)
         sp = StagePlan(name=name, kind=kind, key=key, out=str(self.root / "stages" / name / key),
                        deps=tuple(deps), inputs=inputs, config=config)
         self.stages[name] = sp
