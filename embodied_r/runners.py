@@ -8,12 +8,19 @@ A runner takes ``(out, config, inputs, mlflow_run_id)``: the stage folder, the s
 config as a dict, its named inputs (paths or model references) and the MLflow run it may
 log into; it returns the stage's summary.
 
-A stage's code version hashes the source of every library module its runner imports,
-directly or through other modules, at module level or inside a function, and of every
-module it names in a string to start or import it (a trainer child, ``python -m MODULE``;
-the demo's code, which the backends import by name: ``MODULE`` or ``MODULE:attribute``).
-The set is read from the code's own imports, so a module that a stage starts using joins
-its key without anyone keeping a list.
+A stage's code version hashes every library module its runner runs for the stage's own
+config and inputs: the modules it imports, directly or through other modules, at module
+level or inside a function; those it names in a string to start or import (a trainer child,
+``python -m MODULE``); and those the stage's config or inputs reach by a word, through a
+module's ``BY_NAME`` table. Such a table is a dict literal of ``word: "module:attribute"``
+(the backend ``kind: world``, the model reference ``tiny:lm``; a word ending in ``:`` names
+every reference that starts with it), and its entries join a key only where the stage's
+config or inputs say the word, so the demo's builders key only the stages that build them.
+The set is read from the code, so a module that a stage starts using joins its key without
+anyone keeping a list.
+
+A module is hashed as its parse tree less its docstrings: comments, docstrings and layout
+never move a key; any change to what the code does does.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from typing import Any, Callable
 from embodied_r.stage_kinds import kind_of
 
 PACKAGE = "embodied_r"
+TABLE = "BY_NAME"
 
 Runner = Callable[[Path, dict[str, Any], dict[str, str], "str | None"], dict[str, Any]]
 
@@ -71,20 +79,32 @@ def _is_module(name: str) -> bool:
 _PARSE_LOCK = threading.Lock()
 
 
-def _parse(path: Path) -> ast.Module:
+def _parse(source: str, filename: str = "<unknown>") -> ast.Module:
     with _PARSE_LOCK:
-        return ast.parse(path.read_text(), str(path))
+        return ast.parse(source, filename)
+
+
+@lru_cache(maxsize=None)
+def _tree(module: str) -> ast.Module | None:
+    path = _source(module)
+    return None if path is None else _parse(path.read_text(), str(path))
+
+
+def reread() -> None:
+    """Forget every source read, as after the library's files changed on disk."""
+    for cached in (_source, _tree, imports_of, launches_of, tables_of, closure, module_version):
+        cached.cache_clear()
 
 
 @lru_cache(maxsize=None)
 def imports_of(module: str) -> frozenset[str]:
     """The library modules ``module`` imports itself, anywhere in its source."""
-    path = _source(module)
-    if path is None:
+    tree = _tree(module)
+    if tree is None:
         return frozenset()
     found: set[str] = set()
-    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    for node in ast.walk(_parse(path)):
+    package = module if _source(module).name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -116,44 +136,115 @@ def named_module(text: str) -> str | None:
     return name if not attribute or attribute.isidentifier() else None
 
 
+def _docstrings(tree: ast.AST) -> set[int]:
+    """The ids of the docstring nodes in ``tree``."""
+    return {id(node.body[0].value) for node in ast.walk(tree)
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+            and ast.get_docstring(node, clean=False) is not None}
+
+
+def _table(tree: ast.Module) -> ast.Dict | None:
+    return next((node.value for node in tree.body if isinstance(node, ast.Assign) and isinstance(node.value, ast.Dict)
+                 and any(isinstance(t, ast.Name) and t.id == TABLE for t in node.targets)), None)
+
+
+@lru_cache(maxsize=None)
+def tables_of(module: str) -> tuple[tuple[str, str], ...]:
+    """``(word, module)`` for each entry of ``module``'s ``BY_NAME`` table: the code a word of a
+    recipe runs. A key may be a module-level name bound to a string (``TINY_PREFIX``)."""
+    tree = _tree(module)
+    table = _table(tree) if tree is not None else None
+    if table is None:
+        return ()
+    constants = {t.id: node.value.value for node in tree.body if isinstance(node, ast.Assign)
+                 and isinstance(node.value, ast.Constant) for t in node.targets if isinstance(t, ast.Name)}
+    entries = []
+    for key, value in zip(table.keys, table.values):
+        word = constants.get(key.id) if isinstance(key, ast.Name) else getattr(key, "value", None)
+        target = named_module(value.value) if isinstance(value, ast.Constant) and isinstance(value.value, str) else None
+        if not isinstance(word, str) or target is None:
+            raise ValueError(f"{module}.{TABLE}: each entry must map a word to a 'module:attribute' string")
+        entries.append((word, target))
+    return tuple(entries)
+
+
 @lru_cache(maxsize=None)
 def launches_of(module: str) -> frozenset[str]:
     """The library modules ``module`` names in a string: a trainer child it starts as
-    ``python -m embodied_r.training.grpo``, or a class it imports by name as
-    ``embodied_r.demo.world_perceiver:WorldPerceiver``, runs that module's code as surely as
-    an import."""
-    path = _source(module)
-    if path is None:
+    ``python -m embodied_r.training.grpo``, or a module whose code it runs by name, runs that
+    module's code as surely as an import. The entries of its ``BY_NAME`` table are not among
+    them: those run only where a recipe says their word (``closure``)."""
+    tree = _tree(module)
+    if tree is None:
         return frozenset()
-    named = (named_module(node.value) for node in ast.walk(_parse(path))
-             if isinstance(node, ast.Constant) and isinstance(node.value, str))
+    table = _table(tree)
+    skipped = _docstrings(tree) | ({id(node) for node in ast.walk(table)} if table else set())
+    named = (named_module(node.value) for node in ast.walk(tree)
+             if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skipped)
     return frozenset(name for name in named if name and name != module and _is_module(name))
 
 
+def said(value: Any) -> frozenset[str]:
+    """Every string in a stage's config or inputs: the words that may pick code from a
+    ``BY_NAME`` table."""
+    if isinstance(value, str):
+        return frozenset([value])
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else ()
+    return frozenset().union(*map(said, items))
+
+
+def _says(words: frozenset[str], word: str) -> bool:
+    return word in words or (word.endswith(":") and any(w.startswith(word) for w in words))
+
+
 @lru_cache(maxsize=None)
-def closure(module: str) -> tuple[str, ...]:
-    """``module`` and every library module it reaches through imports or launches, sorted."""
+def closure(module: str, words: frozenset[str] = frozenset()) -> tuple[str, ...]:
+    """``module`` and every library module it reaches through imports, launches and the
+    ``BY_NAME`` entries whose word is among ``words``, sorted."""
     seen = {module}
     todo = [module]
     while todo:
         current = todo.pop()
-        for dep in imports_of(current) | launches_of(current):
+        named = {target for word, target in tables_of(current) if _says(words, word)}
+        for dep in imports_of(current) | launches_of(current) | named:
             if dep not in seen:
                 seen.add(dep)
                 todo.append(dep)
     return tuple(sorted(seen))
 
 
+def _canonical(node: Any, docstrings: set[int]) -> str:
+    """A parse tree as text, less docstrings and the fields a node leaves empty (so a Python
+    release that adds an empty field to a node hashes the same code the same)."""
+    if isinstance(node, list):
+        return "[" + ",".join(_canonical(n, docstrings) for n in node
+                              if not (isinstance(n, ast.Expr) and id(n.value) in docstrings)) + "]"
+    if not isinstance(node, ast.AST):
+        return repr(node)
+    fields = (f"{name}={_canonical(value, docstrings)}" for name, value in ast.iter_fields(node)
+              if value is not None and not (isinstance(value, list) and not value))
+    return f"{type(node).__name__}({','.join(fields)})"
+
+
+def _digest(tree: ast.Module) -> str:
+    return hashlib.sha256(_canonical(tree, _docstrings(tree)).encode()).hexdigest()
+
+
+def source_version(source: str) -> str:
+    """sha256 of a module's code given as its source text."""
+    return _digest(_parse(source))
+
+
 @lru_cache(maxsize=None)
 def module_version(module: str) -> str:
-    """sha256 of one module's source (``module`` dotted, with or without the package); a
-    module that does not exist is an error, never a constant hash."""
+    """sha256 of one module's code (``module`` dotted, with or without the package); a module
+    that does not exist is an error, never a constant hash."""
     name = module if module.startswith(PACKAGE) else f"{PACKAGE}.{module}"
-    path = _source(name)
-    if path is None:
+    tree = _tree(name)
+    if tree is None:
         raise ValueError(f"no library module {name!r} to hash (moved or renamed? its name is kept "
                          "as a string somewhere)")
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+    return _digest(tree)
 
 
 def modules_version(modules: tuple[str, ...] | list[str]) -> str:
@@ -163,11 +254,10 @@ def modules_version(modules: tuple[str, ...] | list[str]) -> str:
     return h.hexdigest()
 
 
-def stage_modules(kind: str) -> tuple[str, ...]:
-    """The library modules a stage kind runs."""
-    return closure(kind_of(kind).runner.split(":")[0])
+def stage_modules(kind: str, config: Any = None, inputs: Any = None) -> tuple[str, ...]:
+    """The library modules a stage of ``kind`` runs with this config and these inputs."""
+    return closure(kind_of(kind).runner.split(":")[0], said(config) | said(inputs))
 
 
-def code_version(kind: str) -> str:
-    return modules_version(stage_modules(kind))
-
+def code_version(kind: str, config: Any = None, inputs: Any = None) -> str:
+    return modules_version(stage_modules(kind, config, inputs))

@@ -141,10 +141,12 @@ def downstream(stages: Mapping[str, StagePlan], names: list[str]) -> list[str]:
     return [s for s in stages if s in hit]
 
 
-def stage_key(kind: str, keyed: dict[str, Any], upstream: list[str], extra: str = "") -> str:
-    """The 16-hex name of a stage's folder."""
-    return payload_key({"kind": kind, "config": keyed, "upstream": upstream, "code": code_version(kind),
-                        "extra": extra})
+def stage_key(kind: str, keyed: dict[str, Any], upstream: list[str], extra: str = "",
+              config: dict[str, Any] | None = None, inputs: dict[str, str] | None = None) -> str:
+    """The 16-hex name of a stage's folder. ``config`` and ``inputs``, what the runner gets,
+    pick the code it runs by name (a backend ``kind: world``, a model ``tiny:lm``)."""
+    return payload_key({"kind": kind, "config": keyed, "upstream": upstream,
+                        "code": code_version(kind, config, inputs), "extra": extra})
 
 
 @dataclass(frozen=True)
@@ -211,7 +213,7 @@ class PlanBuilder:
             resolved[input_name], found = self._resolve(input_name, value)
             deps |= found
         ordered = [d for d in self.stages if d in deps]
-        key = stage_key(kind, keyed, [self.stages[d].key for d in ordered], extra_key(kind, config))
+        key = stage_key(kind, keyed, [self.stages[d].key for d in ordered], extra_key(kind, config), config, resolved)
         sp = StagePlan(name=name, kind=kind, key=key, out=str(self.root / "stages" / name / key),
                        deps=tuple(ordered), inputs=resolved, config=config)
         self.stages[name] = sp

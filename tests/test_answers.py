@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from embodied_r.backends.base import completion_text
 from embodied_r.scoring.answers import (
     FORMAT_RE,
-    completion_text,
     extract_answer,
     extract_think,
     parse_choice,

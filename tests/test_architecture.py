@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from embodied_r.runners import ROOT, _is_module, imports_of, launches_of, module_version, named_module
+from embodied_r.runners import ROOT, _is_module, imports_of, launches_of, module_version, named_module, tables_of
 from embodied_r.stage_kinds import KINDS
 
 # Modules at the top of the package that every stage may use.
@@ -174,15 +174,16 @@ def test_modules_named_in_strings_exist():
 
 
 def test_the_demo_is_reached_by_name_only():
-    """The method's packages import nothing of the demo's; the backends name its modules, and
-    those names join the stage keys as imports would."""
+    """The method's packages import nothing of the demo's; the backends name its modules in
+    their ``BY_NAME`` tables, which join a stage's key where its recipe says the word."""
     method = ("backends", "perception", "training", "evaluation", "scoring", "keyframes", "data", "lifecycle",
               "interactive")
     importers = sorted(f"{m} -> {d}" for m, deps in graph().items() if owner(m) in method
                        for d in deps if owner(d) == "demo")
     assert not importers, importers
-    assert "embodied_r.demo.world_perceiver" in launches_of("embodied_r.backends.factory")
-    assert "embodied_r.demo.models" in launches_of("embodied_r.backends.models")
+    assert ("world", "embodied_r.demo.world_perceiver") in tables_of("embodied_r.backends.factory")
+    assert ("tiny:", "embodied_r.demo.models") in tables_of("embodied_r.backends.models")
+    assert not launches_of("embodied_r.backends.factory") and not launches_of("embodied_r.backends.models")
 
 
 def test_a_module_that_does_not_exist_has_no_version():

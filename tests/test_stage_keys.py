@@ -23,7 +23,7 @@ from embodied_r.stage_kinds import KINDS, STAGE_KINDS
 
 def test_a_stage_key_is_the_value_the_pipeline_computed_before(monkeypatch):
     # Computed by the stage key's own json.dumps + sha256 code before the helper existed.
-    monkeypatch.setattr(stage_plan, "code_version", lambda kind: "c" * 64)
+    monkeypatch.setattr(stage_plan, "code_version", lambda kind, config, inputs: "c" * 64)
     config = {"fps": 1.0, "max": 32, "nested": {"b": [1, 2], "a": None}}
     assert stage_plan.stage_key("keyframes", config, ["0123456789abcdef"], "x") == "b1080c2ad3a35d15"
 

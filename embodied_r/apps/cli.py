@@ -213,14 +213,20 @@ def _cmd_run(args: argparse.Namespace, stage: str | None = None) -> int:
 def _cmd_plan(args: argparse.Namespace) -> int:
     from embodied_r.config import load_recipe
     from embodied_r.io import damaged_outputs
-    from embodied_r.pipeline import plan
+    from embodied_r.pipeline import plan, resolve_stage_name
+    from embodied_r.runners import stage_modules
 
     stages = plan(load_recipe(args.recipe, _all_overrides(args) or None))
+    only = resolve_stage_name(stages, args.modules) if args.modules else None
     for name, sp in stages.items():
+        if only not in (None, name):
+            continue
         state = "done" if sp.complete else ("partial" if Path(sp.out + ".partial").exists() else "to do")
         if sp.complete and damaged_outputs(Path(sp.out)):
             state = "damaged"  # lost a file since it finished: the next run does it again or names --refresh
         print(f"{name:14s} {state:8s} {sp.out}")
+        if args.modules is not None:
+            print("".join(f"    {m}\n" for m in stage_modules(sp.kind, sp.config, sp.inputs)), end="")
     return 0
 
 
@@ -288,6 +294,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(stage=name)
     plan_p = sub.add_parser("plan", help="list the stages, their output folders and whether they are done")
     recipe_args(plan_p)
+    plan_p.add_argument("--modules", nargs="?", const="", metavar="STAGE",
+                        help="also list the library modules in each stage's key (or in STAGE's alone)")
     val = sub.add_parser("validate", help="check a recipe")
     recipe_args(val)
     val.add_argument("--show", action="store_true", help="print the full resolved recipe")

@@ -185,6 +185,28 @@ def map_image_parts(conversation: Conversation, image_part: Callable[[str], dict
     return out
 
 
+def completion_text(completion: object) -> str:
+    """The text of a completion given as a string or as chat messages (TRL's two forms)."""
+    if completion is None:
+        return ""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, dict):
+        completion = [completion]
+    parts: list[str] = []
+    for message in completion:  # type: ignore[union-attr]
+        if not isinstance(message, dict) or message.get("role", "assistant") != "assistant":
+            continue
+        content = message.get("content")
+        if isinstance(content, str):
+            parts.append(content)
+        elif isinstance(content, list):
+            parts.extend(
+                p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text"
+            )
+    return "".join(parts)
+
+
 def decoding(cfg: BackendConfig, generation_config: Any) -> dict[str, Any]:
     """``repetition_penalty`` and ``top_k`` as the model will run them: numbers as set,
     "generation_config" read from the model's ``generation_config`` (an object or a dict),

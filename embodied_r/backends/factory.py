@@ -9,7 +9,8 @@ from pathlib import Path
 from embodied_r.backends.base import Backend, BackendConfig
 
 # Backends that exist only for the embedded default, reached by module name so that the
-# method's packages import nothing of the demo's.
+# method's packages import nothing of the demo's; a stage whose config says the kind hashes
+# the module (``runners`` reads this table).
 BY_NAME = {"world": "embodied_r.demo.world_perceiver:WorldPerceiver"}
 
 

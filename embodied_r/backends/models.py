@@ -3,8 +3,8 @@
 A model reference is a local folder or a hub id, used as it is; ``smol:135m``, SmolLM2 once
 fetched (``smol``); or ``tiny:<name>``, a tiny model that the embedded default builds on the
 spot. The tiny models are demo code (``embodied_r.demo``): ``resolve_model`` reaches their
-table by module name, so this package imports nothing of the demo's, and the stages that
-resolve references still hash the demo's source (``runners`` reads module names in strings).
+table by module name, so this package imports nothing of the demo's, and a stage whose config
+or inputs name a tiny model hashes that model's builder (``runners`` reads ``BY_NAME``).
 
 Also here, for any Qwen2 / Qwen2.5-VL folder: its chat markers, building a model folder
 atomically (``build_atomically``; the demo's tiny models and the policy's extracted language
@@ -25,8 +25,9 @@ from embodied_r.backends.smol import SMOL_REF, resolve_smol
 from embodied_r.paths import home
 
 TINY_PREFIX = "tiny:"
-# The demo's table of tiny models, with its ``resolve(name, root) -> folder``.
-TINY_MODELS = "embodied_r.demo.models"
+# Every ``tiny:`` reference resolves through the demo's table, ``resolve(ref, root) -> folder``;
+# the stage keys read this table (``runners``), so only a stage that names a tiny model hashes it.
+BY_NAME = {TINY_PREFIX: "embodied_r.demo.models:resolve"}
 
 # Qwen2's chat markers and Qwen2.5-VL's vision placeholders.
 ENDOFTEXT = "<|endoftext|>"
@@ -42,8 +43,8 @@ def resolve_model(ref: str) -> str:
     """``tiny:<name>`` -> the demo's built local folder; ``smol:135m`` -> the converted
     SmolLM2 folder (see ``backends.smol``); anything else unchanged."""
     if ref.startswith(TINY_PREFIX):
-        demo = importlib.import_module(TINY_MODELS)
-        return str(demo.resolve(ref[len(TINY_PREFIX):], home() / "models"))
+        module, function = BY_NAME[TINY_PREFIX].split(":")
+        return str(getattr(importlib.import_module(module), function)(ref, home() / "models"))
     if ref == SMOL_REF:
         return resolve_smol(home())
     if _looks_like_a_path(ref) and not Path(ref).expanduser().exists():

@@ -12,8 +12,8 @@
 
 The method's packages never import this package, neither to use it nor to register anything
 in theirs: the backends' factory reaches the world perceiver, and ``backends.models`` the
-tiny models' table, by module name when a recipe names them (the stage keys still hash their
-source, ``runners`` reading module names in strings).
+tiny models' table, by module name when a recipe names them (a stage whose recipe names one
+hashes its module, ``runners`` reading the backends' ``BY_NAME`` tables and this package's).
 
 May import: the core, ``backends``, ``synthetic``, ``perception``, ``scoring`` and ``training``
 (the prompt texts the tiny reasoner's tokenizer keeps whole), and ``interactive`` (the agent's

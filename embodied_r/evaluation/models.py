@@ -21,8 +21,9 @@ def evaluation_folder(root: Path, kind: str, identity: dict[str, Any], cfg: Base
     """``<root>/evaluations/<kind>/<hash>``: a folder named by what is evaluated (``identity``:
     model, records, ...), the config and the code, like a pipeline stage's folder."""
 
+    config = cfg.model_dump(mode="json")
     return keyed_folder(Path(root) / "evaluations" / kind, {
-        "kind": kind, "identity": identity, "config": cfg.model_dump(mode="json"), "code": code_version("evaluate"),
+        "kind": kind, "identity": identity, "config": config, "code": code_version("evaluate", config, identity),
         "report": module_version("evaluation.report"), "baselines": module_version("lifecycle.baselines")})
 
 

@@ -27,7 +27,7 @@ from embodied_r.interactive.sft_config import ReasonerSFTConfig
 from embodied_r.io import read_json, write_json_atomic
 from embodied_r.training.callbacks import drop_raw_log_printers, sft_step_callback
 from embodied_r.training.environment import RESULT_NAME, progress_callback
-from embodied_r.training.grpo import precision
+from embodied_r.training.child import precision
 from embodied_r.training.learning import HISTORY_FILE, first_last
 
 log = logging.getLogger("embodied_r.interactive.sft_child")
@@ -176,6 +176,6 @@ def main(spec_path: str) -> int:
 
 
 if __name__ == "__main__":
-    from embodied_r.training.grpo import child_main
+    from embodied_r.training.child import child_main
 
     child_main(main, "embodied_r.interactive.sft_child")

@@ -10,7 +10,7 @@ from typing import Any
 from embodied_r.evaluation.stage import run_evaluation
 from embodied_r.io import is_complete, payload_key
 from embodied_r.pipeline import Plan, StageError
-from embodied_r.runners import closure, code_version, modules_version
+from embodied_r.runners import closure, code_version, modules_version, said
 from embodied_r.tracking import Tracker, record_stage, tracking_uri
 from embodied_r.training.config import SFTConfig
 from embodied_r.training.sft import run_sft
@@ -48,7 +48,7 @@ def sft_baseline(recipe: Any, stages: Plan, cfg: SFTConfig | None = None, init_m
             f"this recipe: run `embodied-r convert --recipe {recipe.name}` first"
         )
     init_model = init_model or recipe.training.policy
-    code = modules_version(sorted({m for root_module in SFT_MODULES for m in closure(root_module)}))
+    code = modules_version(sorted({m for root_module in SFT_MODULES for m in closure(root_module, said(init_model))}))
     sft_key = _digest({"sft": cfg.model_dump(mode="json"), "init_model": init_model,
                        "records": convert.key, "code": code})
     sft_out = root / "stages" / "sft" / sft_key

@@ -61,28 +61,6 @@ _NUMBER_WORDS = {
 }
 
 
-def completion_text(completion: object) -> str:
-    """The text of a completion given as a string or as chat messages (TRL's two forms)."""
-    if completion is None:
-        return ""
-    if isinstance(completion, str):
-        return completion
-    if isinstance(completion, dict):
-        completion = [completion]
-    parts: list[str] = []
-    for message in completion:  # type: ignore[union-attr]
-        if not isinstance(message, dict) or message.get("role", "assistant") != "assistant":
-            continue
-        content = message.get("content")
-        if isinstance(content, str):
-            parts.append(content)
-        elif isinstance(content, list):
-            parts.extend(
-                p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text"
-            )
-    return "".join(parts)
-
-
 def extract_answer(completion: str) -> str | None:
     """Text inside the last ``<answer>...</answer>``, stripped; None when there is none."""
     found = _ANSWER_RE.findall(completion or "")

@@ -17,7 +17,6 @@ from typing import Any, Callable, Sequence
 from embodied_r.scoring.answers import (
     AnswerParser,
     ChoiceParser,
-    completion_text,
     extract_answer,
     extract_think,
     format_ok,
@@ -27,7 +26,7 @@ from embodied_r.scoring.answers import (
     read_choice,
     think_fallback_reward,
 )
-from embodied_r.backends.base import Backend, BackendConfig
+from embodied_r.backends.base import Backend, BackendConfig, completion_text
 from embodied_r.backends.factory import make_backend
 from embodied_r.scoring.config import ReferenceDown, ScoringConfig
 from embodied_r.scoring.metrics import mean_relative_accuracy, score_answer

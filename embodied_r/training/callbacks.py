@@ -15,7 +15,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from embodied_r.scoring.answers import completion_text
+from embodied_r.backends.base import completion_text
 from embodied_r.tracking import Tracker, trainer_metric_name
 from embodied_r.tracking_store import TrackingLost
 
