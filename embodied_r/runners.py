@@ -36,6 +36,7 @@ from typing import Any, Callable
 from embodied_r.stage_kinds import kind_of
 
 PACKAGE = "embodied_r"
+STAGE_TABLE = "embodied_r.stage_kinds"
 TABLE = "BY_NAME"
 
 Runner = Callable[[Path, dict[str, Any], dict[str, str], "str | None"], dict[str, Any]]
@@ -173,9 +174,10 @@ def launches_of(module: str) -> frozenset[str]:
     """The library modules ``module`` names in a string: a trainer child it starts as
     ``python -m embodied_r.training.grpo``, or a module whose code it runs by name, runs that
     module's code as surely as an import. The entries of its ``BY_NAME`` table are not among
-    them: those run only where a recipe says their word (``closure``)."""
+    them: those run only where a recipe says their word (``closure``). Nor are the stage
+    table's: each stage runs its own kind's runner, from which its key starts."""
     tree = _tree(module)
-    if tree is None:
+    if tree is None or module == STAGE_TABLE:
         return frozenset()
     table = _table(tree)
     skipped = _docstrings(tree) | ({id(node) for node in ast.walk(table)} if table else set())
