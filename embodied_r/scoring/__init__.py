@@ -1,9 +1,8 @@
 """Scoring shared by training and evaluation: answer parsing (``answers``), the benchmarks'
-metrics (``metrics``), the GRPO rewards (``rewards``: format, accuracy, and logical
+metrics (``metrics``) and the GRPO rewards (``rewards``: format, accuracy, and logical
 consistency judged by a reference model through a backend, whose prompts are in
-``reference_prompts``) and the table that names them for the recipes (``reward_table``); how
-completions are read (``config``). Pure functions except the consistency reward, which calls
-its backend.
+``reference_prompts``); how completions are read (``config``). Pure functions except the
+consistency reward, which calls its backend.
 
 May import: the core (``benchmark_rules``) and ``backends``.
 """
