@@ -54,7 +54,7 @@ def test_bad_configs_fail_at_once() -> None:
     with pytest.raises(ValueError, match="divisible by num_generations"):
         TrainingConfig(num_generations=8, per_device_train_batch_size=3, gradient_accumulation_steps=1)
     with pytest.raises(ValueError, match="reward weight"):
-        GRPOStageConfig(name="x")
+        GRPOStageConfig(name="x", rewards={"format": 0.0})
     with pytest.raises(ValueError):
         TrainingConfig(learning_rat=1e-6)
 
