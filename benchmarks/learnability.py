@@ -266,7 +266,7 @@ def grpo(v: Variant, seed: int, paths: dict[str, Path], model: str, work: Path,
                                          "max_steps_per_stage": v.grpo_steps, "max_prompt_length": v.prompt_tokens,
                                          **v.grpo})
     # Stage 2's weights: accuracy first, the format kept.
-    stage = GRPOStageConfig(name="learnability", epochs=100, format_weight=0.3, accuracy_weight=0.7)
+    stage = GRPOStageConfig(name="learnability", epochs=100, rewards={"format": 0.3, "accuracy": 0.7})
     funcs, weights = reward_setup(stage, cfg)
     points: list[dict] = []
     trainer = GRPOTrainer(model=model, reward_funcs=funcs, args=grpo_args(stage, cfg, work, weights, []),

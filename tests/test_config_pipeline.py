@@ -29,8 +29,9 @@ def test_paper_recipe_has_the_papers_values():
         "numbered", "text_first", 4096)
     t = r.training
     assert (t.learning_rate, t.beta, t.num_generations, t.max_completion_length) == (5e-7, 0.001, 8, 2048)
-    ratios = [(s.format_weight, s.accuracy_weight, s.consistency_weight) for s in t.stages]
-    assert ratios == [(0.7, 0.3, 0.0), (0.3, 0.7, 0.0), (0.1, 0.7, 0.2)]
+    assert [s.rewards for s in t.stages] == [{"format": 0.7, "accuracy": 0.3, "consistency": 0.0},
+                                             {"format": 0.3, "accuracy": 0.7, "consistency": 0.0},
+                                             {"format": 0.1, "accuracy": 0.7, "consistency": 0.2}]
     assert [s.epochs for s in t.stages] == [2, 2, 8]
     assert t.reference.model == "Qwen/Qwen2.5-VL-3B-Instruct"
 

@@ -31,8 +31,8 @@ from tests.test_interrupts import _cli, _env, _run
 ROOT = Path(__file__).resolve().parents[1]
 MLFLOW = Path(sys.executable).parent / "mlflow"
 # The smoke recipe with one GRPO stage: the same plumbing, two trainer launches fewer a run.
-ONE_STAGE = ["--set", "training.stages=[{name: stage1, epochs: 1, format_weight: 0.7, accuracy_weight: 0.3, "
-                      "consistency_weight: 0.0}]"]
+ONE_STAGE = ["--set", "training.stages=[{name: stage1, epochs: 1, rewards: {format: 0.7, accuracy: 0.3, "
+                      "consistency: 0.0}}]"]
 
 
 def _one_line(text: str) -> str:

@@ -190,7 +190,7 @@ def test_truncated_video_is_recorded_with_both_counts(tmp_path: Path) -> None:
     {"perception": {"backend": {"timeout_s": 0}}}, {"evaluation": {"backend": {"max_new_tokens": 0}}},
     {"download": {"max_zip_bytes": -5}}, {"catalog": {"split": {"train": 0.9, "val": 0.9, "test": -0.8}}},
     {"evaluation": {"split": "holdout"}},
-    {"training": {"stages": [{"name": "../../../evil", "format_weight": 1}]}},
+    {"training": {"stages": [{"name": "../../../evil", "rewards": {"format": 1}}]}},
     {"perception": {"max_failed_fraction": 1.5}},
 ])
 def test_recipes_refuse_nonsense(override: dict) -> None:

@@ -124,7 +124,8 @@ def grpo(recipe: Recipe) -> dict[str, Any]:
     out.setdefault("grpo.vllm_max_model_length", None)
     out.setdefault("grpo.epsilon_high", None)
     out["schedule"] = " → ".join(
-        f"{s.format_weight:g}:{s.accuracy_weight:g}:{s.consistency_weight:g}@{s.epochs:g}" for s in cfg.stages)
+        ":".join(f"{s.rewards.get(n, 0):g}" for n in ("format", "accuracy", "consistency")) + f"@{s.epochs:g}"
+        for s in cfg.stages)
     return out
 
 

@@ -53,7 +53,7 @@ def test_demo_runs_then_is_served_from_cache(harness):
         assert run.data.params, f"{name} logged no params"
         assert run.data.metrics, f"{name} logged no metrics"
     # Training stages carry their reward weights and per-step reward means.
-    weights = {n: children[n].data.params["stage.consistency_weight"] for n in
+    weights = {n: children[n].data.params["stage.rewards.consistency"] for n in
                ("train_stage1", "train_stage2", "train_stage3")}
     assert [float(w) for w in weights.values()] == [0.0, 0.0, 0.2]
     from mlflow import MlflowClient

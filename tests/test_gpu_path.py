@@ -118,7 +118,7 @@ def test_training_refuses_it_before_the_trainer_starts(im_start_eos: Path, tmp_p
     from embodied_r.training.stage import run_training_stage
 
     records = write_records(tmp_path / "records", 4)
-    stage = GRPOStageConfig(name="s", format_weight=1.0)
+    stage = GRPOStageConfig(name="s", rewards={"format": 1.0})
     cfg = TrainingConfig(use_cpu=True, num_generations=2, per_device_train_batch_size=2, gradient_accumulation_steps=1,
                          max_completion_length=8, max_steps_per_stage=1, stages=[stage], learning_rate=1e-4)
     with pytest.raises(PadTokenError, match="im-start-eos"):
@@ -165,6 +165,10 @@ def test_memory_per_recipe_counts_the_kl_reference_as_a_second_copy() -> None:
     single = memory.estimate(load_recipe("single-gpu").training, shape)
     assert single.parts["reference"] == 0  # LoRA: the base with adapters off is the reference
     assert single.parts["consistency_reference"] == 2 * (params + shape.vision_parameters)
+    # Stages 1 and 2 weigh consistency 0: their reference is never loaded, nor counted.
+    first_two = load_recipe("single-gpu").training
+    first_two = first_two.model_copy(update={"stages": first_two.stages[:2]})
+    assert "consistency_reference" not in memory.estimate(first_two, shape).parts
     # The one measurement (H200, 0.5B-shaped policy at the paper's settings): 11.7 GiB.
     measured = memory.estimate(load_recipe("paper").training, memory.KNOWN_SHAPES["Qwen/Qwen2.5-0.5B-Instruct"],
                                prompt_tokens=950, completion_tokens=512)

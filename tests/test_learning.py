@@ -18,7 +18,7 @@ from tests.killing import kill_at_item
 
 pytestmark = pytest.mark.slow
 
-STAGE = GRPOStageConfig(name="s", format_weight=0.5, accuracy_weight=0.5)
+STAGE = GRPOStageConfig(name="s", rewards={"format": 0.5, "accuracy": 0.5})
 
 
 @pytest.fixture(scope="module")

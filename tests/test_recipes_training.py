@@ -14,11 +14,13 @@ from embodied_r.training.config import TrainingConfig
 from embodied_r.training.environment import PROJECT_ROOT, deepspeed_file, num_processes, resolve_config_file
 
 GPU_RECIPES = ("paper-8gpu", "paper-5gpu", "single-gpu")
-PAPER_WEIGHTS = [(2, 0.7, 0.3, 0.0), (2, 0.3, 0.7, 0.0), (8, 0.1, 0.7, 0.2)]
+PAPER_WEIGHTS = [(2, {"format": 0.7, "accuracy": 0.3, "consistency": 0.0}),
+                 (2, {"format": 0.3, "accuracy": 0.7, "consistency": 0.0}),
+                 (8, {"format": 0.1, "accuracy": 0.7, "consistency": 0.2})]
 
 
-def _schedule(cfg: TrainingConfig) -> list[tuple[float, float, float, float]]:
-    return [(s.epochs, s.format_weight, s.accuracy_weight, s.consistency_weight) for s in cfg.stages]
+def _schedule(cfg: TrainingConfig) -> list[tuple[float, dict[str, float]]]:
+    return [(s.epochs, s.rewards) for s in cfg.stages]
 
 
 def _completions_per_step(cfg: TrainingConfig) -> int:
@@ -170,7 +172,7 @@ def test_trl_receives_the_official_loss_optimizer_and_sampling() -> None:
 @pytest.mark.parametrize(("name", "generations"), [("official-script", 8), ("official-script-5gpu", 4)])
 def test_the_released_scripts(name: str, generations: int) -> None:
     cfg = load_recipe(name).training
-    assert _schedule(cfg) == [(2, 0.1, 0.7, 0.2)] and cfg.num_generations == generations
+    assert _schedule(cfg) == [(2, {"format": 0.1, "accuracy": 0.7, "consistency": 0.2})] and cfg.num_generations == generations
     # 4 prompts per optimizer step, as both scripts: 8 x 1 x 4 / 8, and 4 x 1 x 4 / 4.
     assert _completions_per_step(cfg) == 4 * generations
     assert cfg.scoring.answer_parser == "official" and cfg.vllm is not None

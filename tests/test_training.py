@@ -42,8 +42,10 @@ def tiny_cfg(stages: list[GRPOStageConfig], reference: str = "tiny:lm", **kw: ob
 
 def test_defaults_are_the_papers() -> None:
     cfg = TrainingConfig()
-    weights = [(s.epochs, s.format_weight, s.accuracy_weight, s.consistency_weight) for s in cfg.stages]
-    assert weights == [(2, 0.7, 0.3, 0.0), (2, 0.3, 0.7, 0.0), (8, 0.1, 0.7, 0.2)]
+    assert [s.epochs for s in cfg.stages] == [2, 2, 8]
+    assert [s.rewards for s in cfg.stages] == [{"format": 0.7, "accuracy": 0.3, "consistency": 0.0},
+                                               {"format": 0.3, "accuracy": 0.7, "consistency": 0.0},
+                                               {"format": 0.1, "accuracy": 0.7, "consistency": 0.2}]
     assert (cfg.learning_rate, cfg.beta, cfg.num_generations, cfg.max_completion_length) == (5e-7, 0.001, 8, 2048)
     assert cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps % cfg.num_generations == 0
 
@@ -52,7 +54,7 @@ def test_bad_configs_fail_at_once() -> None:
     with pytest.raises(ValueError, match="divisible by num_generations"):
         TrainingConfig(num_generations=8, per_device_train_batch_size=3, gradient_accumulation_steps=1)
     with pytest.raises(ValueError, match="reward weight"):
-        GRPOStageConfig(name="x")
+        GRPOStageConfig(name="x", rewards={"format": 0.0})
     with pytest.raises(ValueError):
         TrainingConfig(learning_rat=1e-6)
 
@@ -100,7 +102,7 @@ def test_launch_commands(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
 
 
 def test_missing_inputs_name_the_fix(records: Path, tmp_path: Path) -> None:
-    stage = GRPOStageConfig(name="s", format_weight=1.0)
+    stage = GRPOStageConfig(name="s", rewards={"format": 1.0})
     with pytest.raises(FileNotFoundError, match="convert"):
         run_training_stage(tmp_path / "nothing", "tiny:lm", tmp_path / "out", stage, tiny_cfg([stage]))
     with pytest.raises(FileNotFoundError, match="config.json"):
@@ -112,8 +114,8 @@ def test_reward_weights_reach_the_trainer(records: Path, tmp_path: Path, tiny_lm
 
     from embodied_r.training.grpo import grpo_args, load_dataset, reward_setup
 
-    with_ref = GRPOStageConfig(name="s3", format_weight=0.1, accuracy_weight=0.7, consistency_weight=0.2)
-    without = GRPOStageConfig(name="s1", format_weight=0.7, accuracy_weight=0.3)
+    with_ref = GRPOStageConfig(name="s3", rewards={"format": 0.1, "accuracy": 0.7, "consistency": 0.2})
+    without = GRPOStageConfig(name="s1", rewards={"format": 0.7, "accuracy": 0.3, "consistency": 0.0})
     cfg = tiny_cfg([with_ref])
     funcs, weights = reward_setup(with_ref, cfg)
     trainer = GRPOTrainer(model=str(tiny_lm_path), reward_funcs=funcs,
@@ -122,8 +124,43 @@ def test_reward_weights_reach_the_trainer(records: Path, tmp_path: Path, tiny_lm
     assert trainer.reward_func_names == ["format_reward", "accuracy_reward", "consistency_reward"]
     assert funcs[2]._backend is None  # the reference loads on first use, not before
 
+    # A zero weight leaves the reward out: its reference is never built.
     funcs, weights = reward_setup(without, cfg)
     assert [f.__name__ for f in funcs] == ["format_reward", "accuracy_reward"] and weights == [0.7, 0.3]
+
+
+def test_a_reward_is_one_table_entry_named_by_the_stage(monkeypatch: pytest.MonkeyPatch) -> None:
+    from embodied_r.scoring.reward_table import REWARDS, Reward
+    from embodied_r.training.grpo import reward_setup
+
+    def brevity_reward(completions: list[str], **kwargs: object) -> list[float]:
+        return [1.0 / (1 + len(c)) for c in completions]
+
+    monkeypatch.setitem(REWARDS, "brevity", Reward(lambda run: brevity_reward))
+    stage = GRPOStageConfig(name="s", rewards={"brevity": 0.4, "accuracy": 0.6, "format": 0.0})
+    # The table's order, whatever order the stage lists them in; weight 0 leaves a reward out.
+    assert list(stage.rewards) == ["format", "accuracy", "brevity"]
+    funcs, weights = reward_setup(stage, tiny_cfg([stage]))
+    assert [f.__name__ for f in funcs] == ["accuracy_reward", "brevity_reward"] and weights == [0.6, 0.4]
+
+
+@pytest.mark.parametrize("stage, says", [
+    ({"name": "s", "rewards": {"format": 0.7, "acuracy": 0.3}},
+     "training.stages.0.rewards: stage 's': unknown reward 'acuracy'; the rewards are format, accuracy, consistency"),
+    ({"name": "s", "format_weight": 0.7, "accuracy_weight": 0.3},
+     "training.stages.0: stage 's': write rewards: {format: 0.7, accuracy: 0.3} in place of format_weight, "
+     "accuracy_weight"),
+    ({"name": "s", "rewards": {"format": -0.7, "accuracy": 0.3}},
+     "training.stages.0.rewards.format: Input should be greater than or equal to 0"),
+    ({"name": "s", "rewards": {"format": 0.0}}, "stage 's': at least one reward weight must be positive"),
+    ({"name": "s"}, "training.stages.0.rewards: Field required"),
+])
+def test_a_wrong_reward_is_one_line_naming_it_and_the_fix(stage: dict, says: str) -> None:
+    from embodied_r.config import RecipeError, load_recipe
+
+    with pytest.raises(RecipeError) as err:
+        load_recipe("smoke", {"training": {"stages": [stage]}})
+    assert says in str(err.value) and "\n" not in str(err.value)
 
 
 def test_three_stages_chain_on_cpu(records: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -136,9 +173,9 @@ def test_three_stages_chain_on_cpu(records: Path, tmp_path: Path, monkeypatch: p
     run_id = client.create_run(experiment).info.run_id
 
     stages = [
-        GRPOStageConfig(name="stage1", epochs=1, format_weight=0.7, accuracy_weight=0.3),
-        GRPOStageConfig(name="stage2", epochs=1, format_weight=0.3, accuracy_weight=0.7),
-        GRPOStageConfig(name="stage3", epochs=1, format_weight=0.1, accuracy_weight=0.7, consistency_weight=0.2),
+        GRPOStageConfig(name="stage1", epochs=1, rewards={"format": 0.7, "accuracy": 0.3}),
+        GRPOStageConfig(name="stage2", epochs=1, rewards={"format": 0.3, "accuracy": 0.7}),
+        GRPOStageConfig(name="stage3", epochs=1, rewards={"format": 0.1, "accuracy": 0.7, "consistency": 0.2}),
     ]
     cfg = tiny_cfg(stages)
     model, summaries = "tiny:lm", []
@@ -198,7 +235,7 @@ def test_three_stages_chain_on_cpu(records: Path, tmp_path: Path, monkeypatch: p
 
 
 def test_crashed_stage_resumes_from_its_checkpoint(records: Path, tmp_path: Path) -> None:
-    stage = GRPOStageConfig(name="s", format_weight=0.5, accuracy_weight=0.5)
+    stage = GRPOStageConfig(name="s", rewards={"format": 0.5, "accuracy": 0.5})
     out = tmp_path / "stage"
     first = run_training_stage(records, "tiny:lm", out, stage,
                                tiny_cfg([stage], max_steps_per_stage=2, save_steps=2, keep_checkpoints=True))

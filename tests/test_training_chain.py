@@ -18,8 +18,8 @@ from embodied_r.training.records import RecordsConfig, run_records
 from embodied_r.training.stage import run_training_stage
 from test_records import VIDEO, catalog_row, write_inputs
 
-STAGES = [GRPOStageConfig(name="s1", format_weight=0.7, accuracy_weight=0.3),
-          GRPOStageConfig(name="s2", format_weight=0.3, accuracy_weight=0.7)]
+STAGES = [GRPOStageConfig(name="s1", rewards={"format": 0.7, "accuracy": 0.3}),
+          GRPOStageConfig(name="s2", rewards={"format": 0.3, "accuracy": 0.7})]
 
 
 @pytest.fixture(scope="module")

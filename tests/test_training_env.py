@@ -57,7 +57,7 @@ def test_grpo_and_sft_args_use_only_installed_names(tmp_path: Path) -> None:
     from embodied_r.training.grpo import grpo_args
     from embodied_r.training.sft_child import sft_args
 
-    stage = GRPOStageConfig(name="s", format_weight=1.0)
+    stage = GRPOStageConfig(name="s", rewards={"format": 1.0})
     args = grpo_args(stage, tiny_cfg([stage], gradient_checkpointing=True), tmp_path, [1.0], [])
     assert args.gradient_checkpointing is True
     assert sft_args(SFTConfig(use_cpu=True, gradient_checkpointing=False), tmp_path, []).gradient_checkpointing is False
@@ -119,7 +119,7 @@ def test_a_stage_without_room_for_its_checkpoints_fails_before_training(
         records: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
     from embodied_r.training.stage import run_training_stage
 
-    stage = GRPOStageConfig(name="s", format_weight=1.0)
+    stage = GRPOStageConfig(name="s", rewards={"format": 1.0})
     monkeypatch.setattr(disk, "free_bytes", lambda path: 1000)
     with pytest.raises(disk.DiskSpaceError) as err:
         run_training_stage(records, "tiny:lm", tmp_path / "out", stage, tiny_cfg([stage]))
@@ -253,7 +253,7 @@ def test_http_reference_concurrency_is_shared_by_the_ranks(monkeypatch: pytest.M
     local = BackendConfig(kind="transformers", model="tiny:lm")
     assert reference_for_rank(local, 8) is local
     monkeypatch.setenv("WORLD_SIZE", "8")
-    stage = GRPOStageConfig(name="s3", format_weight=0.1, accuracy_weight=0.7, consistency_weight=0.2)
+    stage = GRPOStageConfig(name="s3", rewards={"format": 0.1, "accuracy": 0.7, "consistency": 0.2})
     funcs, _ = reward_setup(stage, load_recipe("paper-8gpu").training)
     assert funcs[2]._cfg.concurrency == 2
 

@@ -31,7 +31,7 @@ def _needs(*modules: str) -> None:
 
 def test_vllm_colocated_rollouts(records: Path, tmp_path: Path) -> None:  # noqa: F811
     _needs("vllm", "trl")
-    stage = GRPOStageConfig(name="vllm", format_weight=0.5, accuracy_weight=0.5)
+    stage = GRPOStageConfig(name="vllm", rewards={"format": 0.5, "accuracy": 0.5})
     cfg = tiny_cfg([stage], use_cpu=False, bf16=True, launcher="accelerate",
                    vllm=VLLMRollouts(gpu_memory_utilization=0.2, max_model_length=4096))
     summary = run_training_stage(records, "tiny:lm", tmp_path / "vllm", stage, cfg)
@@ -52,7 +52,7 @@ def test_deepspeed_zero3_stage(records: Path, tmp_path: Path) -> None:  # noqa: 
     accelerate_config = tmp_path / "accelerate.yaml"
     accelerate_config.write_text(yaml.safe_dump(config))
 
-    stage = GRPOStageConfig(name="zero3", format_weight=0.5, accuracy_weight=0.5)
+    stage = GRPOStageConfig(name="zero3", rewards={"format": 0.5, "accuracy": 0.5})
     # Whole groups of 2 generations over all processes.
     cfg = tiny_cfg([stage], use_cpu=False, bf16=True, launcher="accelerate",
                    accelerate_config=str(accelerate_config), per_device_train_batch_size=2)

@@ -27,7 +27,7 @@ def test_lora_stage_saves_adapter_and_merged_model(records: Path, tmp_path: Path
     import torch
     from transformers import AutoModelForCausalLM
 
-    stage = GRPOStageConfig(name="lora", format_weight=0.5, accuracy_weight=0.5)
+    stage = GRPOStageConfig(name="lora", rewards={"format": 0.5, "accuracy": 0.5})
     # The single-gpu recipe's target pattern: the language model's projections only.
     target = load_recipe("single-gpu").training.lora.target_modules
     # A random (not identity) adapter, so the merged weights differ from the base even

@@ -48,7 +48,7 @@ def test_an_unscored_completion_is_not_ranked_below_its_group(reference: Referen
 
     from embodied_r.training.grpo import grpo_args, load_dataset, reward_setup
 
-    stage = GRPOStageConfig(name="s3", format_weight=0.1, accuracy_weight=0.7, consistency_weight=0.2)
+    stage = GRPOStageConfig(name="s3", rewards={"format": 0.1, "accuracy": 0.7, "consistency": 0.2})
     cfg = tiny_cfg([stage], num_generations=GENERATIONS, per_device_train_batch_size=8)
     cfg.reference = reference.backend()
     funcs, weights = reward_setup(stage, cfg)

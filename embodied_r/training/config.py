@@ -3,12 +3,13 @@ with vLLM, LoRA, and the SFT baseline's settings."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from embodied_r.backends.base import BackendConfig
 from embodied_r.scoring.config import ScoringConfig
+from embodied_r.scoring.reward_table import REWARDS
 from embodied_r.settings import operational
 from embodied_r.training.environment import TrainerEnvironment
 from embodied_r.training.grpo_settings import GRPOSettings, accumulation_for, launch_world, owned_names
@@ -44,24 +45,46 @@ class GRPOStageConfig(BaseModel):
     # Part of a folder name (stages/train_<name>/): letters, digits, '-', '_' only.
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
     epochs: float = Field(1.0, gt=0)
-    # Reward weights; the paper gives them as ratios (7:3:0, 3:7:0, 1:7:2).
-    format_weight: float = Field(0.0, ge=0)
-    accuracy_weight: float = Field(0.0, ge=0)
-    consistency_weight: float = Field(0.0, ge=0)
+    # Reward name (scoring.reward_table.REWARDS) -> weight; the paper gives the weights as ratios,
+    # format:accuracy:consistency 7:3:0, 3:7:0, 1:7:2. A reward of weight 0 is left out of the
+    # stage, so a reference model it would ask is never loaded.
+    rewards: dict[str, Annotated[float, Field(ge=0)]]
 
-    @model_validator(mode="after")
-    def _some_reward(self) -> "GRPOStageConfig":
-        if self.format_weight + self.accuracy_weight + self.consistency_weight <= 0:
-            raise ValueError(f"stage {self.name!r}: at least one reward weight must be positive")
-        return self
+    @model_validator(mode="before")
+    @classmethod
+    def _weight_fields(cls, data: Any) -> Any:
+        # Recipes written before the rewards mapping: the fix, not pydantic's "extra input".
+        old = [k for k in data if str(k).endswith("_weight") and k[:-7] in REWARDS] if isinstance(data, dict) else []
+        if old:
+            mapping = ", ".join(f"{k.removesuffix('_weight')}: {data[k]}" for k in old)
+            raise ValueError(f"stage {data.get('name')!r}: write rewards: {{{mapping}}} in place of "
+                             f"{', '.join(old)}")
+        return data
+
+    @field_validator("rewards")
+    @classmethod
+    def _known_rewards(cls, rewards: dict[str, float], info: ValidationInfo) -> dict[str, float]:
+        stage = info.data.get("name")
+        unknown = [n for n in rewards if n not in REWARDS]
+        if unknown:
+            raise ValueError(f"stage {stage!r}: unknown reward {unknown[0]!r}; the rewards are "
+                             f"{', '.join(REWARDS)} (add one to embodied_r.scoring.reward_table.REWARDS)")
+        if not any(w > 0 for w in rewards.values()):
+            raise ValueError(f"stage {stage!r}: at least one reward weight must be positive")
+        # The table's order: a recipe's order changes neither the stage's key nor the sum.
+        return {n: rewards[n] for n in REWARDS if n in rewards}
+
+    def scored(self) -> dict[str, float]:
+        """The rewards this stage computes: those of positive weight, in ``REWARDS``' order."""
+        return {n: w for n, w in self.rewards.items() if w > 0}
 
 
 def paper_stages() -> list[GRPOStageConfig]:
     """The paper's schedule: 12 epochs in three stages of changing reward weights."""
     return [
-        GRPOStageConfig(name="stage1", epochs=2, format_weight=0.7, accuracy_weight=0.3, consistency_weight=0.0),
-        GRPOStageConfig(name="stage2", epochs=2, format_weight=0.3, accuracy_weight=0.7, consistency_weight=0.0),
-        GRPOStageConfig(name="stage3", epochs=8, format_weight=0.1, accuracy_weight=0.7, consistency_weight=0.2),
+        GRPOStageConfig(name="stage1", epochs=2, rewards={"format": 0.7, "accuracy": 0.3, "consistency": 0.0}),
+        GRPOStageConfig(name="stage2", epochs=2, rewards={"format": 0.3, "accuracy": 0.7, "consistency": 0.0}),
+        GRPOStageConfig(name="stage3", epochs=8, rewards={"format": 0.1, "accuracy": 0.7, "consistency": 0.2}),
     ]
 
 

@@ -18,7 +18,8 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from embodied_r.io import read_json, write_json_atomic
-from embodied_r.scoring.rewards import make_accuracy_reward, make_consistency_reward, make_format_reward, reference_for_rank
+from embodied_r.scoring.reward_table import REWARDS
+from embodied_r.scoring.rewards import reference_for_rank
 from embodied_r.training.callbacks import drop_raw_log_printers, reporting_callback
 from embodied_r.training.chain import (
     BEST_METRIC,
@@ -73,21 +74,14 @@ def load_dataset(records: Path, max_prompt_length: int | None = None, model: str
 
 
 def reward_setup(stage: GRPOStageConfig, cfg: TrainingConfig) -> tuple[list[Any], list[float]]:
-    """Reward functions and weights of a stage, reading completions as ``cfg.scoring``
-    says. A zero-weight consistency reward is left out altogether, so its reference model
-    is never loaded or asked. A completion the reference failed to score gets its group's
-    mean consistency score (``fill_unscored``): TRL's ``nansum`` would otherwise count it
-    as inconsistent."""
-    funcs: list[Any] = [make_format_reward(cfg.scoring.format_rule),
-                        make_accuracy_reward(cfg.scoring.answer_parser)]
-    weights = [stage.format_weight, stage.accuracy_weight]
-    if stage.consistency_weight > 0:
-        # An HTTP reference's concurrency is shared by all trainer processes.
-        reference = reference_for_rank(cfg.reference, int(os.environ.get("WORLD_SIZE", "1")))
-        funcs.append(make_consistency_reward(reference, require_correct=cfg.consistency_requires_correct,
-                                             fill_unscored=True, scoring=cfg.scoring))
-        weights.append(stage.consistency_weight)
-    return funcs, weights
+    """Reward functions and weights of a stage, as TRL's ``reward_funcs`` and ``reward_weights``:
+    each reward of positive weight (``GRPOStageConfig.scored``), built from ``REWARDS`` with the
+    run's scoring and reference."""
+    # An HTTP reference's concurrency is shared by all trainer processes.
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    run = cfg.model_copy(update={"reference": reference_for_rank(cfg.reference, world)})
+    scored = stage.scored()
+    return [REWARDS[name].make(run) for name in scored], list(scored.values())
 
 
 def stage_seed(cfg: TrainingConfig, stage_index: int) -> int:

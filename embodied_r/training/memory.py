@@ -33,6 +33,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from embodied_r.scoring.reward_table import REWARDS
 from embodied_r.training.config import TrainingConfig
 from embodied_r.training.environment import resolve_config_file, zero_stage
 
@@ -214,10 +215,10 @@ def estimate(training: TrainingConfig, shape: ModelShape, prompt_tokens: int | N
 
 def consistency_reference(training: TrainingConfig) -> float:
     """Bytes of an in-process consistency reference on a GPU (16-bit, vision tower included),
-    when a stage weights consistency and the reference's shape is known; else 0."""
+    when a stage weighs a reward that asks it and the reference's shape is known; else 0."""
     reference = training.reference
     if (reference.kind != "transformers" or reference.device == "cpu" or not reference.model
-            or not any(s.consistency_weight > 0 for s in training.stages)):
+            or not any(REWARDS[n].asks_reference for s in training.stages for n in s.scored())):
         return 0.0
     shape = shape_of(reference.model)
     return 0.0 if shape is None else 2.0 * (shape.parameters() + shape.vision_parameters)
