@@ -80,13 +80,24 @@ def main(spec_path: str) -> int:
     args = sft_args(cfg, work, [], data.dataset_args, stage)
     # Our step callback logs into the stage's run; TRL's own would rename it and log flat names.
     steps = sft_step_callback(stage, os.environ.get("MLFLOW_RUN_ID"), os.environ.get("MLFLOW_TRACKING_URI"))
-    trainer = SFTTrainer(model=spec["init_model"], args=args, train_dataset=data.dataset,
-                         data_collator=data.collator, processing_class=data.processing_class,
-                         peft_config=peft_config(cfg.lora), callbacks=[progress_callback(), steps])
+    resume, start_step = last_checkpoint(work)
+    # Full weights are read from the checkpoint by from_pretrained, which maps a VL model's saved
+    # key names to its own; the Trainer's resume loads them by the class's names, matches none of
+    # a Qwen2-VL's or Qwen2.5-VL's, and only warns (transformers#43701). LoRA's adapters and
+    # DeepSpeed's state are loaded by the Trainer as they were saved.
+    built = resume if resume and cfg.lora is None and not cfg.deepspeed() else None
+
+    class Trainer(SFTTrainer):
+        def _load_from_checkpoint(self, resume_from_checkpoint: str, model: Any = None) -> None:
+            if built is None:
+                super()._load_from_checkpoint(resume_from_checkpoint, model)
+
+    trainer = Trainer(model=built or spec["init_model"], args=args, train_dataset=data.dataset,
+                      data_collator=data.collator, processing_class=data.processing_class,
+                      peft_config=peft_config(cfg.lora), callbacks=[progress_callback(), steps])
     drop_raw_log_printers(trainer)
     if data.prepare_model is not None:
         data.prepare_model(trainer.model)
-    resume, start_step = last_checkpoint(work)
     if resume:
         log.info("resuming SFT from %s", resume)
     started = time.monotonic()
