@@ -19,7 +19,7 @@ from __future__ import annotations
 import shutil
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -31,10 +31,8 @@ from embodied_r.training.config import DEFAULT_THINK, SFTConfig, SFTSettings
 from embodied_r.training.environment import CHECKPOINTS, run_child
 from embodied_r.training.disk import check_disk, planned_steps, world_size
 from embodied_r.training.records import conversation
+from embodied_r.training.sft_child import SFTData
 from embodied_r.training.stage import check_inputs, existing_checkpoints, local_model
-
-if TYPE_CHECKING:
-    from embodied_r.training.sft_child import SFTData
 
 
 def sft_target(record: dict[str, Any], think: str = DEFAULT_THINK) -> str:
@@ -88,7 +86,6 @@ def records(spec: dict[str, Any]) -> SFTData:
     from transformers import AutoTokenizer
 
     from embodied_r.training.grpo import read_records
-    from embodied_r.training.sft_child import SFTData
 
     cfg = SFTConfig.model_validate(spec["sft"])
     tokenizer = AutoTokenizer.from_pretrained(spec["init_model"])

@@ -81,10 +81,9 @@ def main(spec_path: str) -> int:
     # Our step callback logs into the stage's run; TRL's own would rename it and log flat names.
     steps = sft_step_callback(stage, os.environ.get("MLFLOW_RUN_ID"), os.environ.get("MLFLOW_TRACKING_URI"))
     resume, start_step = last_checkpoint(work)
-    # Full weights are read from the checkpoint by from_pretrained, which maps a VL model's saved
-    # key names to its own; the Trainer's resume loads them by the class's names, matches none of
-    # a Qwen2-VL's or Qwen2.5-VL's, and only warns (transformers#43701). LoRA's adapters and
-    # DeepSpeed's state are loaded by the Trainer as they were saved.
+    # A resumed model is built from the checkpoint: from_pretrained maps a VL model's saved key
+    # names to its own, where the Trainer's load matches none of a Qwen2(.5)-VL's and only warns
+    # (transformers#43701). LoRA adapters and DeepSpeed state load as the Trainer saved them.
     built = resume if resume and cfg.lora is None and not cfg.deepspeed() else None
 
     class Trainer(SFTTrainer):
