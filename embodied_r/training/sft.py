@@ -10,7 +10,7 @@ the output format so evaluation reads it as it reads the policy's, and a fixed n
 handed a free pass).
 
 ``run_sft`` follows the stage convention and trains in the SFT child both pipelines share
-(``sft_in_child``, here also Embodied-Reasoner's) on this module's examples (``records``, the
+(``sft_in_child``, here also Embodied-Reasoner's) on this module's examples (``record_examples``, the
 child's hook). ``embodied_r.lifecycle.sft_baseline`` trains it on a recipe's records and evaluates it.
 """
 
@@ -79,7 +79,7 @@ def split_by_length(examples: list[dict[str, Any]], tokenizer: Any, max_length: 
     return kept, too_long
 
 
-def records(spec: dict[str, Any]) -> SFTData:
+def record_examples(spec: dict[str, Any]) -> SFTData:
     """The SFT child's hook for Embodied-R: the records as prompt/completion conversations,
     loss on the completion only."""
     from datasets import Dataset
@@ -147,7 +147,7 @@ def run_sft(records: Path, init_model: str, out: Path, cfg: SFTConfig,
             records.mkdir(exist_ok=True)
             write_parquet_atomic(pa.Table.from_pylist(traces), records / "train.parquet")
         # SFT's own fields only: a subclass (the warm start's config) adds trace settings.
-        spec = {"examples": "embodied_r.training.sft:records", "records": str(Path(records).resolve()),
+        spec = {"examples": "embodied_r.training.sft:record_examples", "records": str(Path(records).resolve()),
                 "init_model": init_model, "sft": cfg.model_dump(mode="json", include=set(SFTConfig.model_fields))}
         result = sft_in_child(work, spec, cfg, stage, "SFT", mlflow_run_id, tracking_uri)
         summary = {"stage": "sft", "init_model": init_model, "model": str(out / "model"),

@@ -5,7 +5,7 @@ Embodied-Reasoner's three SFT stages. Here alone the trainer is set up: TRL's SF
 stage's ``SFTSettings``, LoRA, the resume from the last whole checkpoint, step lines and MLflow
 figures, the saved model and the result. What a pipeline trains on comes from a hook the spec names
 (``SPEC["examples"]``, ``module:function``), which validates the stage's settings and returns an
-``SFTData``: Embodied-R's ``training.sft.records`` (prompt/completion conversations, loss on the
+``SFTData``: Embodied-R's ``training.sft.record_examples`` (prompt/completion conversations, loss on the
 completion), Embodied-Reasoner's ``interactive.sft_data.conversations`` (multi-image conversations,
 loss on assistant turns, in stage 3 none before the first ``<|feedback|>``), named by its stage
 runner, never imported here. Writes ``model/``, ``history.json`` and ``train_result.json``.
