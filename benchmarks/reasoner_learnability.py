@@ -1,7 +1,8 @@
 """Does the Embodied-Reasoner demo's tiny VLM learn from its SFT data, and how fast?
 
 Runs outside Prefect and MLflow, in one process: the synthetic sample, the three SFT stages
-as the pipeline's trainer child runs them (``interactive.sft_child.main``, same collator,
+as the pipeline's trainer child runs them (``training.sft_child.main`` on the hook
+``interactive.sft_data.conversations``: same collator,
 labels and trainer arguments; stage 2 on the catalog's stage-2 trajectories, without
 rejection sampling), and the evaluation stage after each SFT stage. Prints per stage its
 token accuracy and loss (first -> last quarter of its steps), the highest learning rate it
@@ -48,7 +49,7 @@ def main() -> int:
     parser.add_argument("--work", help="work folder (default a temporary one)")
     args = parser.parse_args()
 
-    from embodied_r.interactive.sft_child import main as train
+    from embodied_r.training.sft_child import main as train
     from embodied_r.interactive.stages import run_evaluate_stage
 
     from embodied_r.apps.cli_reasoner import seed_overrides
@@ -87,8 +88,8 @@ def main() -> int:
         out.mkdir(parents=True, exist_ok=True)
         data = read_trajectories(catalog, number)
         (out / "data.json").write_text(json.dumps(data))
-        spec = {"init_model": model, "work": str(out), "data": str(out / "data.json"), "sft": cfg,
-                "name": f"reasoner-sft-{stage}", "stage": f"reasoner_sft_{stage}",
+        spec = {"examples": "embodied_r.interactive.sft_data:conversations", "init_model": model, "work": str(out),
+                "data": str(out / "data.json"), "sft": cfg, "stage": f"reasoner_sft_{stage}",
                 "torch_threads": recipe.torch_threads}
         (out / "spec.json").write_text(json.dumps(spec))
         t0 = time.monotonic()
@@ -96,7 +97,7 @@ def main() -> int:
         result = json.loads((out / "train_result.json").read_text())
         model = str(out / "model")
         row = {"stage": stage, "steps": result["steps"], "seconds": round(time.monotonic() - t0, 1),
-               "conversations": result["train_conversations"], "token_accuracy": result["token_accuracy"],
+               "conversations": result["train_records"], "token_accuracy": result["token_accuracy"],
                "loss": result["loss"], "peak_lr": result["peak_learning_rate"]}
         if args.eval == "each" or i == len(args.stages.split(",")):
             t0 = time.monotonic()

@@ -12,7 +12,6 @@ import pytest
 from embodied_r.interactive.prompts import FEEDBACK
 from embodied_r.interactive.recipe import load, plan
 from embodied_r.interactive.reference import references, verdict
-from embodied_r.interactive.sft_child import learning_figures, quarters
 from embodied_r.interactive.synthetic import (
     EXPERT_TEXTS,
     expert_replies,
@@ -22,6 +21,7 @@ from embodied_r.interactive.synthetic import (
     play,
 )
 from embodied_r.interactive.episode import EpisodeConfig
+from embodied_r.training.learning import logged_quarters, sft_figures
 
 CASES = make_test_cases(22, seed=0, start=10_001)  # two tasks of each of the 11 types
 
@@ -49,7 +49,7 @@ def test_the_agents_fixed_texts_and_objects_are_one_token_each(processor, trajec
         assert tok.decode(tok(text, add_special_tokens=False)["input_ids"]) == text
         assert len(tok(text, add_special_tokens=False)["input_ids"]) == 1, text[:40]
     # A ten-step trajectory is its content: at most a few hundred tokens, images included.
-    from embodied_r.interactive.sft_child import Collator
+    from embodied_r.interactive.sft_data import Collator
 
     longest = max(trajectories[1], key=lambda r: len(r["episode"].images))["episode"]
     ids = Collator(processor, load("reasoner-demo").sft.max_pixels).encode(
@@ -61,7 +61,7 @@ def test_labels_cover_the_replies_after_the_first_feedback_only(processor, traje
     """The label mask, read back as text: in a stage-3 conversation exactly the assistant
     replies after the first ``<|feedback|>`` turn, each closed by its end marker; no system,
     user or observation text, no image placeholder."""
-    from embodied_r.interactive.sft_child import IGNORE, Collator
+    from embodied_r.interactive.sft_data import IGNORE, Collator
 
     collator = Collator(processor, 3136)
     for rec in trajectories[3]:
@@ -95,12 +95,12 @@ def test_learning_figures_compare_the_first_and_last_quarter_of_the_logged_steps
     history = [{"step": s, "loss": 2.0 - s / 10, "mean_token_accuracy": s / 10, "learning_rate": lr}
                for s, lr in zip(range(1, 9), (0.0, 1e-3, 2e-3, 2e-3, 1e-3, 5e-4, 1e-4, 0.0))]
     history.append({"step": 8, "train_runtime": 1.0, "train_loss": 1.0, "mean_token_accuracy": 9.0})
-    acc = quarters(history, "mean_token_accuracy")
+    acc = logged_quarters(history, "mean_token_accuracy")
     assert acc == {"first": pytest.approx(0.15), "last": pytest.approx(0.75), "steps": 8}
-    figures = learning_figures(history)
+    figures = sft_figures(history)
     assert figures["peak_learning_rate"] == 2e-3 and figures["loss"]["first"] > figures["loss"]["last"]
-    assert quarters([], "loss") == {"first": None, "last": None, "steps": 0}
-    assert quarters(history[:1], "loss")["first"] == quarters(history[:1], "loss")["last"]
+    assert logged_quarters([], "loss") == {"first": None, "last": None, "steps": 0}
+    assert logged_quarters(history[:1], "loss")["first"] == logged_quarters(history[:1], "loss")["last"]
 
 
 def test_the_references_are_the_expert_replayed_and_ending_at_once(tmp_path):

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from embodied_r.interactive.recipe import SFT_STAGES, load, plan
-from embodied_r.interactive.sft_child import assistant_spans, labels_for, supervised_turns
+from embodied_r.interactive.sft_data import assistant_spans, labels_for, supervised_turns
 from embodied_r.interactive.prompts import FEEDBACK
 
 

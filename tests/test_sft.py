@@ -222,7 +222,7 @@ def test_prompts_are_cut_from_the_left_as_the_grpo_stages_cut_them(tiny_lm_path:
     and the completion follows the templated prompt as text."""
     from transformers import AutoTokenizer
 
-    from embodied_r.training.sft_child import cut_prompts
+    from embodied_r.training.sft import cut_prompts
 
     tok = AutoTokenizer.from_pretrained(tiny_lm_path)
     frames = "\n".join(f"Frame {i}: After move forward, Observe: the red cube is on my left" for i in range(40))

@@ -1,6 +1,7 @@
-"""Download, catalog and convert killed for real (SIGKILL to the process group) in the middle
-of their work: the rerun ends with exactly the files an uninterrupted run writes, and leaves
-no ``.partial`` folder, temporary file or held lock behind."""
+"""Download, catalog, convert and an Embodied-Reasoner SFT stage killed for real (SIGKILL to the
+process group) in the middle of their work: the rerun ends with exactly the files (for SFT, the
+weights) an uninterrupted run writes, and leaves no ``.partial`` folder, temporary file or held
+lock behind."""
 
 from __future__ import annotations
 
@@ -127,3 +128,69 @@ def test_killed_convert_resumes_to_the_uninterrupted_result(tmp_path: Path, n: i
     run_records(catalog, perception, out, RecordsConfig())
     assert_same_output(out, whole)
     assert summary(out)["failed"] == 1 and summary(out)["done"] == 11
+
+
+def reasoner_trajectories(folder: Path, n: int = 4) -> Path:
+    """The exploration stage's output: conversations with two views each, every other one with a
+    refused step and its feedback (the stage-3 shape)."""
+    from PIL import Image
+
+    from embodied_r.interactive.prompts import FEEDBACK, IMAGE
+
+    folder.mkdir(parents=True)
+    trajectories = []
+    for i in range(n):
+        views = []
+        for k in range(2):
+            views.append(str(folder / f"view-{i}-{k}.png"))
+            Image.new("RGB", (56, 56), (40 * i, 90 * k, 120)).save(views[-1])
+        messages = [{"role": "system", "content": "You act in a house."},
+                    {"role": "user", "content": f"{IMAGE}Pick up the apple {i}."},
+                    {"role": "assistant", "content": "<DecisionMaking>navigate to apple</DecisionMaking>"}]
+        if i % 2:
+            messages += [{"role": "user", "content": f"{FEEDBACK}That action is not possible."},
+                         {"role": "assistant", "content": "<Reflection>I must go first.</Reflection>"}]
+        messages += [{"role": "user", "content": f"{IMAGE}The apple is in front of you."},
+                     {"role": "assistant", "content": "<DecisionMaking>pickup apple</DecisionMaking>"}]
+        trajectories.append({"id": f"t{i}", "images": views, "messages": messages})
+    (folder / "trajectories.json").write_text(json.dumps(trajectories))
+    return folder
+
+
+@pytest.mark.slow  # three trainer processes
+def test_killed_reasoner_sft_stage_resumes_from_its_checkpoint(tiny_vlm_path: Path, tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture) -> None:
+    """Killed after its step-2 checkpoint, the rerun trains steps 3 and 4 only, from the
+    checkpoint's weights (the uninterrupted run's, to the bit), optimizer and data position."""
+    from embodied_r.interactive.sft_config import ReasonerSFTConfig
+    from embodied_r.interactive.stages import run_sft_stage
+    from safetensors.torch import load_file
+
+    cfg = ReasonerSFTConfig(use_cpu=True, learning_rate=1e-3, max_steps=4, warmup_ratio=0.0, max_pixels=56 * 56,
+                            max_length=4096, save_steps=1, save_total_limit=10, gradient_checkpointing=False)
+    config = {"sft": cfg.model_dump(mode="json"), "stage": 2, "name": "exploration"}
+    inputs = {"trajectories": str(reasoner_trajectories(tmp_path / "explore")), "init_model": str(tiny_vlm_path)}
+    whole = run_sft_stage(tmp_path / "whole", config, inputs)
+    out = tmp_path / "killed"
+    code = (
+        "import json\n"
+        "from pathlib import Path\n"
+        "from embodied_r.interactive.stages import run_sft_stage\n"
+        f"run_sft_stage(Path({str(out)!r}), json.loads({json.dumps(config)!r}), {inputs!r})\n"
+    )
+    kill_at_item(code, "train", 2, tmp_path)  # once the step-2 checkpoint is saved
+    checkpoints = partial_path(out) / "checkpoints"
+    assert (checkpoints / "checkpoint-2" / "trainer_state.json").is_file()
+    assert not out.exists() and not (checkpoints / "checkpoint-3").exists()
+
+    capsys.readouterr()
+    resumed = run_sft_stage(out, config, inputs)
+    assert_clean_finish(out)
+    steps = [line.split()[2] for line in capsys.readouterr().out.splitlines()
+             if line.split()[:2] == ["reasoner_sft_exploration", "step"]]
+    assert steps == ["3/4", "4/4"]
+    assert (resumed["resumed_from_step"], resumed["steps_this_run"], resumed["steps"]) == (2, 2, 4)
+    before, after = (load_file(str(folder / "model" / "model.safetensors")) for folder in (tmp_path / "whole", out))
+    assert before.keys() == after.keys() and all((before[k] == after[k]).all() for k in before)
+    assert resumed["final_loss"] == whole["final_loss"] and whole["resumed_from_step"] == 0
+    assert (out / "model" / "preprocessor_config.json").is_file()  # the VLM's image processor beside it

@@ -67,6 +67,31 @@ def test_grpo_and_sft_args_use_only_installed_names(tmp_path: Path) -> None:
                                                                        dataclasses.fields(TrainingArguments)}
 
 
+# Every SFT setting away from its default, so that a setting the trainer does not receive reads
+# back as TRL's default and fails.
+CHANGED_SFT = {"learning_rate": 3e-4, "epochs": 2.0, "max_steps": 7, "per_device_train_batch_size": 2,
+               "gradient_accumulation_steps": 3, "lr_scheduler_type": "constant_with_warmup", "warmup_ratio": 0.2,
+               "weight_decay": 0.05, "adam_beta1": 0.8, "adam_beta2": 0.95, "adam_epsilon": 1e-6,
+               "max_grad_norm": 0.5, "max_length": 123}
+
+
+@pytest.mark.parametrize("pipeline", ["embodied-r", "embodied-reasoner"])
+def test_every_sft_setting_reaches_the_trainer_in_both_pipelines(tmp_path: Path, pipeline: str) -> None:
+    from embodied_r.interactive.sft_config import ReasonerSFTConfig
+    from embodied_r.training.config import TRL_SFT_NAMES, SFTConfig, SFTSettings
+    from embodied_r.training.environment import TrainerEnvironment
+    from embodied_r.training.sft_child import sft_args
+
+    assert set(CHANGED_SFT) == set(SFTSettings.model_fields) - set(TrainerEnvironment.model_fields) - {"sft_args"}
+    cls = SFTConfig if pipeline == "embodied-r" else ReasonerSFTConfig
+    assert all(cls.model_fields[name].default != value for name, value in CHANGED_SFT.items())
+    args = sft_args(cls(use_cpu=True, gradient_checkpointing=False, **CHANGED_SFT), tmp_path, [])
+    for name, value in CHANGED_SFT.items():
+        read = getattr(args, TRL_SFT_NAMES.get(name, name))
+        assert getattr(read, "value", read) == value, name
+    assert args.loss_type == "nll"
+
+
 # --- 4. bf16: fp32 master weights ----------------------------------------------------------
 
 @pytest.mark.parametrize("recipe, bf16_weights", [

@@ -11,8 +11,8 @@ free point of a policy that ends at once, the verdict), and the stage runners of
 
 May import: the core (foundation modules, among them ``stage_plan``, which plans and keys its
 stages as Embodied-R's), ``config`` (the recipe merge), ``backends``, ``prompts`` (the
-original's texts) and the trainer machinery of ``training`` (``environment``: the child
-process and its interpreter; ``callbacks``: step lines; ``child``: the child's entry, its
-precision), shared rather than copied. Never ``data``, ``evaluation``, ``perception``,
+original's texts) and the trainer machinery of ``training``: the SFT parent side (``sft``), the
+trainer process both pipelines start (``sft_child``, on ``child``) and its settings
+(``config.SFTSettings``), shared rather than copied. Never ``data``, ``evaluation``, ``perception``,
 ``keyframes`` or ``lifecycle``; ``tests/test_architecture.py`` holds it to this list.
 """

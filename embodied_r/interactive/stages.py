@@ -26,7 +26,7 @@ from embodied_r.interactive.reference import references
 from embodied_r.interactive.retry import replies
 from embodied_r.interactive.sft_config import ReasonerSFTConfig
 from embodied_r.io import is_complete, read_summary, stage_folder, write_json_atomic, write_summary
-from embodied_r.training.environment import run_child
+from embodied_r.training.sft import check_sft_disk, sft_in_child
 
 
 @contextmanager
@@ -63,8 +63,9 @@ def _generator(backend_cfg: dict[str, Any], model: str, retry: bool = False):
 
 def run_sft_stage(out: Path, config: dict[str, Any], inputs: dict[str, str],
                   mlflow_run_id: str | None = None) -> dict[str, Any]:
-    """One SFT stage in a trainer child: stage 1 on the catalog's stage-1 trajectories, stage 2
-    on the exploration stage's kept trajectories, stage 3 on the stage-3 trajectories."""
+    """One SFT stage in the SFT child both pipelines share, on ``interactive.sft_data``'s
+    conversations: stage 1 on the catalog's stage-1 trajectories, stage 2 on the exploration
+    stage's kept trajectories, stage 3 on the stage-3 ones. A killed stage resumes from its checkpoint."""
     out = Path(out)
     if is_complete(out):
         return read_summary(out)
@@ -78,17 +79,16 @@ def run_sft_stage(out: Path, config: dict[str, Any], inputs: dict[str, str],
         raise ValueError(f"SFT stage {stage} ({config['name']}) has no trajectories to learn from")
     init = resolve_model(inputs["init_model"])
     check_folder_pad(init)
+    what = f"SFT {config['name']}"
+    check_sft_disk(out, init, cfg, len(data), what)
     with stage_folder(out) as work:
         write_json_atomic(work / "data.json", data)
-        spec = {"init_model": init, "work": str(work.resolve()), "data": str((work / "data.json").resolve()),
-                "sft": cfg.model_dump(mode="json"), "name": f"reasoner-sft-{config['name']}",
-                "stage": f"reasoner_sft_{config['name']}", "torch_threads": config.get("torch_threads")}
-        result = run_child("embodied_r.interactive.sft_child", spec, work, cfg, mlflow_run_id,
-                           f"SFT {config['name']}")
-        if not cfg.keep_checkpoints:
-            shutil.rmtree(work / "checkpoints", ignore_errors=True)
+        spec = {"examples": "embodied_r.interactive.sft_data:conversations", "init_model": init,
+                "data": str((work / "data.json").resolve()), "sft": cfg.model_dump(mode="json"),
+                "torch_threads": config.get("torch_threads")}
+        result = sft_in_child(work, spec, cfg, f"reasoner_sft_{config['name']}", what, mlflow_run_id)
         summary = {"stage": f"reasoner_sft_{config['name']}", "init_model": init, "model": str(out / "model"),
-                   "conversations": len(data), **result}
+                   "conversations": len(data), "train_conversations": result["train_records"], **result}
         write_summary(work, summary)
     return summary
 

@@ -12,7 +12,8 @@ from embodied_r.scoring.config import ScoringConfig
 from embodied_r.scoring.reward_table import REWARDS
 from embodied_r.settings import operational
 from embodied_r.training.environment import TrainerEnvironment
-from embodied_r.training.grpo_settings import GRPOSettings, accumulation_for, launch_world, owned_names
+from embodied_r.training.grpo_settings import (GRPOSettings, SchedulerType, accumulation_for, launch_world,
+                                               owned_names)
 
 
 class VLLMRollouts(BaseModel):
@@ -214,23 +215,53 @@ class TrainingConfig(GRPOSettings, TrainerEnvironment):
 DEFAULT_THINK = "I compare what the video showed with each option before answering."
 
 
-class SFTConfig(TrainerEnvironment):
+# Names TRL's SFTConfig gives SFTSettings' fields (a float below 1 in warmup_steps: a share of all steps).
+TRL_SFT_NAMES = {"epochs": "num_train_epochs", "warmup_ratio": "warmup_steps"}
+
+
+class SFTSettings(TrainerEnvironment):
+    """What changes the result of an SFT run in either pipeline (Embodied-R's warm start and
+    baseline, Embodied-Reasoner's three stages), each with its own defaults; all of it reaches
+    TRL's SFTConfig (``trainer_settings``), none is left to a library default. The defaults are
+    the Embodied-Reasoner paper's, with the optimizer's as its trainer (transformers') kept them."""
+
+    learning_rate: float = Field(1e-5, gt=0)
+    epochs: float = Field(1.0, gt=0)
+    max_steps: int | None = Field(None, ge=1)  # a cap for demos; None trains the epochs
+    per_device_train_batch_size: int = Field(1, ge=1)
+    gradient_accumulation_steps: int = Field(1, ge=1)
+    lr_scheduler_type: SchedulerType = "cosine"
+    warmup_ratio: float = Field(0.1, ge=0, lt=1)
+    weight_decay: float = Field(0.0, ge=0)
+    adam_beta1: float = Field(0.9, ge=0, lt=1)
+    adam_beta2: float = Field(0.999, ge=0, lt=1)
+    adam_epsilon: float = Field(1e-8, gt=0)
+    max_grad_norm: float = Field(1.0, gt=0)
+    # Tokens of one example; longer ones are left out and listed: a cut would lose the supervised end.
+    max_length: int = Field(32_768, ge=16)
+    # Further TRL SFTConfig arguments, passed through as they are.
+    sft_args: dict[str, Any] = Field(default_factory=dict)
+
+    def trainer_settings(self) -> dict[str, Any]:
+        names = set(SFTSettings.model_fields) - set(TrainerEnvironment.model_fields) - {"sft_args"}
+        kwargs = {TRL_SFT_NAMES.get(name, name): getattr(self, name) for name in names}
+        # The token cross-entropy both papers train with (TRL also offers "dft").
+        return {**kwargs, "max_steps": self.max_steps or -1, "loss_type": "nll"}
+
+
+class SFTConfig(SFTSettings):
+    """Embodied-R's SFT: the baseline's settings, which the warm start's config extends."""
+
     # The paper's SFT baselines trained for a few epochs at a usual full fine-tuning rate.
     epochs: float = Field(3.0, gt=0)
-    learning_rate: float = Field(1e-5, gt=0)
-    per_device_train_batch_size: int = Field(1, ge=1)
     gradient_accumulation_steps: int = Field(8, ge=1)
+    lr_scheduler_type: SchedulerType = "linear"
     warmup_ratio: float = Field(0.05, ge=0, lt=1)
-    # Prompt and target tokens together; longer records are left out (and listed), since
-    # truncation would cut the answer away. The original trained with 6144.
-    max_length: int = Field(6144, ge=16)
+    max_length: int = Field(6144, ge=16)  # the original trained with 6144
     # Prompt tokens kept, from the end, as the GRPO stages cut them (training.max_prompt_length):
     # a model is taught on what it is later trained and asked with. None: whole prompts.
     max_prompt_length: int | None = Field(None, ge=1)
-    max_steps: int | None = Field(None, ge=1)
     think: str = Field(DEFAULT_THINK, min_length=1)
-    # Further TRL SFTConfig arguments, passed through as they are.
-    sft_args: dict[str, Any] = Field(default_factory=dict)
 
     @classmethod
     def from_training(cls, training: TrainingConfig, **updates: Any) -> "SFTConfig":

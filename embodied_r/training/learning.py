@@ -1,4 +1,5 @@
-"""Learning figures from a trainer's log history: does a stage raise the rewards it weights?
+"""Learning figures from a trainer's log history: does a stage raise the rewards it weights (an
+SFT run: its token accuracy)?
 
 The trainer logs one entry per step (``reward``, ``rewards/<name>/mean``, ``kl``, ...). A
 stage learns when the mean of each weighted reward over the last quarter of its steps is
@@ -102,3 +103,19 @@ def schedule_figures(state: Any, epochs: float, step_cap: int | None, offset: in
     return {"epochs_requested": float(epochs), "epochs_reached": round(reached, 4),
             "step_cap": step_cap or 0, "stopped_by": "step cap" if capped else "epochs",
             "global_step_offset": offset, "global_step_end": offset + steps}
+
+
+def logged_quarters(history: list[dict[str, Any]], key: str) -> dict[str, float | None]:
+    """Mean of ``key`` over the first and the last quarter of the logged steps (the closing
+    summary entry left out)."""
+    values = [float(e[key]) for e in history if isinstance(e.get(key), (int, float)) and "train_runtime" not in e]
+    first, last = first_last(values)
+    return {"first": first, "last": last, "steps": len(values)}
+
+
+def sft_figures(history: list[dict[str, Any]]) -> dict[str, Any]:
+    """An SFT run's token accuracy and loss, first and last quarter, and the highest learning
+    rate logged (about the one set when the run left its warm-up; far below it when it never did)."""
+    rates = [float(e["learning_rate"]) for e in history if isinstance(e.get("learning_rate"), (int, float))]
+    return {"token_accuracy": logged_quarters(history, "mean_token_accuracy"),
+            "loss": logged_quarters(history, "loss"), "peak_learning_rate": max(rates) if rates else None}

@@ -9,9 +9,9 @@ the output format so evaluation reads it as it reads the policy's, and a fixed n
 ``think`` line that does not give the answer away (so the consistency measure is not
 handed a free pass).
 
-``run_sft`` follows the stage convention and trains in a child process
-(``python -m embodied_r.training.sft_child SPEC``, or under ``accelerate launch``), like GRPO.
-``embodied_r.lifecycle.sft_baseline`` trains it on a recipe's converted records and evaluates it.
+``run_sft`` follows the stage convention and trains in the SFT child both pipelines share
+(``sft_in_child``, here also Embodied-Reasoner's) on this module's examples (``record_examples``, the
+child's hook). ``embodied_r.lifecycle.sft_baseline`` trains it on a recipe's records and evaluates it.
 """
 
 from __future__ import annotations
@@ -25,23 +25,100 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from embodied_r import schemas
-from embodied_r.io import (
-    is_complete,
-    read_summary,
-    stage_folder,
-    table_from_records,
-    write_parquet_atomic,
-    write_summary,
-)
-from embodied_r.training.config import DEFAULT_THINK, SFTConfig
+from embodied_r.io import (is_complete, read_summary, stage_folder, table_from_records, write_parquet_atomic,
+                           write_summary)
+from embodied_r.training.config import DEFAULT_THINK, SFTConfig, SFTSettings
 from embodied_r.training.environment import CHECKPOINTS, run_child
 from embodied_r.training.disk import check_disk, planned_steps, world_size
+from embodied_r.training.records import conversation
+from embodied_r.training.sft_child import SFTData
 from embodied_r.training.stage import check_inputs, existing_checkpoints, local_model
 
 
 def sft_target(record: dict[str, Any], think: str = DEFAULT_THINK) -> str:
     """The completion SFT teaches for one record."""
     return f"<think>{think}</think><answer>{record['solution']}</answer>"
+
+
+def sft_examples(records: list[dict[str, Any]], think: str) -> list[dict[str, Any]]:
+    """Conversational prompt/completion pairs: the record's prompt, and its own ``target``
+    when it has one (the warm start's traces), else the fixed-think target."""
+    return [{"uid": r["uid"], "prompt": conversation(r),
+             "completion": [{"role": "assistant", "content": r.get("target") or sft_target(r, think)}]}
+            for r in records]
+
+
+def cut_prompts(examples: list[dict[str, Any]], tokenizer: Any, max_prompt_length: int) -> list[dict[str, Any]]:
+    """Prompts cut to their last ``max_prompt_length`` tokens, as the GRPO stages and evaluation
+    cut them (``backends.truncation``). A cut prompt is chat-templated text, so every example
+    becomes text: its completion too, closed by the end-of-turn token TRL appends."""
+    from embodied_r.backends.truncation import limit_prompts
+
+    cut = [dict(e) for e in examples]  # limit_prompts rewrites rows in place
+    if not limit_prompts(cut, tokenizer, max_prompt_length):
+        return examples
+    return [{**e, "completion": e["completion"][0]["content"]} for e in cut]
+
+
+def split_by_length(examples: list[dict[str, Any]], tokenizer: Any, max_length: int
+                    ) -> tuple[list[dict[str, Any]], list[str]]:
+    """Examples whose chat-formatted prompt and completion fit ``max_length`` tokens, and
+    the uids of those that do not."""
+    kept, too_long = [], []
+    for example in examples:
+        if isinstance(example["prompt"], str):  # cut prompts: templated text
+            ids = tokenizer(example["prompt"] + example["completion"], add_special_tokens=False)
+        else:
+            ids = tokenizer.apply_chat_template(example["prompt"] + example["completion"], tokenize=True)
+        if hasattr(ids, "keys"):  # a BatchEncoding in recent transformers
+            ids = ids["input_ids"]
+        if len(ids) <= max_length:
+            kept.append(example)
+        else:
+            too_long.append(example["uid"])
+    return kept, too_long
+
+
+def record_examples(spec: dict[str, Any]) -> SFTData:
+    """The SFT child's hook for Embodied-R: the records as prompt/completion conversations,
+    loss on the completion only."""
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+
+    from embodied_r.training.grpo import read_records
+
+    cfg = SFTConfig.model_validate(spec["sft"])
+    tokenizer = AutoTokenizer.from_pretrained(spec["init_model"])
+    examples = sft_examples(read_records(Path(spec["records"])), cfg.think)
+    if cfg.max_prompt_length is not None:
+        examples = cut_prompts(examples, tokenizer, cfg.max_prompt_length)
+    examples, too_long = split_by_length(examples, tokenizer, cfg.max_length)
+    dataset = Dataset.from_list([{k: e[k] for k in ("prompt", "completion")} for e in examples])
+    return SFTData(cfg, dataset, tokenizer, too_long, dataset_args={"completion_only_loss": True})
+
+
+def check_sft_disk(out: Path, init_model: str, cfg: SFTSettings, examples: int, what: str) -> None:
+    """Fail before ``what`` starts when its checkpoints would not fit beside ``out``."""
+    per_step = world_size(cfg) * cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps
+    check_disk(out, init_model, cfg, planned_steps(examples, cfg.epochs, per_step, cfg.max_steps), what,
+               existing_checkpoints(out))
+
+
+def sft_in_child(work: Path, spec: dict[str, Any], cfg: SFTSettings, stage: str, what: str,
+                 mlflow_run_id: str | None = None, uri: str | None = None) -> dict[str, Any]:
+    """Train in the SFT child on ``spec`` (its hook, model and settings) in the stage's ``work``
+    folder, resuming from the checkpoints an interrupted attempt left there. Returns the child's
+    result with the stage's counts: the examples left out as too long are its failures
+    (``failures.parquet``). The checkpoints go once the model is saved, unless kept."""
+    spec = {**spec, "work": str(work.resolve()), "stage": stage}  # the stage names the step lines
+    result = run_child("embodied_r.training.sft_child", spec, work, cfg, mlflow_run_id, what, uri=uri)
+    if not cfg.keep_checkpoints:
+        shutil.rmtree(work / CHECKPOINTS, ignore_errors=True)
+    failures = [{"stage": stage, "item": uid, "reason": "too_long"} for uid in result.pop("too_long", [])]
+    write_parquet_atomic(table_from_records(failures, schemas.FAILURES), work / "failures.parquet")
+    done = result.get("train_records", 0)
+    return {"items": done + len(failures), "done": done, "failed": len(failures),
+            "failure_reasons": {"too_long": len(failures)} if failures else {}, **result}
 
 
 def run_sft(records: Path, init_model: str, out: Path, cfg: SFTConfig,
@@ -62,39 +139,18 @@ def run_sft(records: Path, init_model: str, out: Path, cfg: SFTConfig,
         return read_summary(out)
     init_model = local_model(init_model)
     check_inputs(records, init_model, stage="sft")
-    rows = pq.read_metadata(Path(records) / "train.parquet").num_rows
-    per_step = world_size(cfg) * cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps
-    check_disk(out, init_model, cfg, planned_steps(rows, cfg.epochs, per_step, cfg.max_steps), "SFT",
-               existing_checkpoints(out))
+    check_sft_disk(out, init_model, cfg, pq.read_metadata(Path(records) / "train.parquet").num_rows, "SFT")
     started = time.monotonic()
     with stage_folder(out) as work:
         if traces is not None:
             records = work / "traces"
             records.mkdir(exist_ok=True)
             write_parquet_atomic(pa.Table.from_pylist(traces), records / "train.parquet")
-        spec = {
-            "records": str(Path(records).resolve()),
-            "init_model": init_model,
-            "work": str(work.resolve()),
-            "stage": stage,  # names the child's step lines
-            # SFT's own fields only: a subclass (the warm start's config) adds trace settings.
-            "sft": cfg.model_dump(mode="json", include=set(SFTConfig.model_fields)),
-        }
-        result = run_child("embodied_r.training.sft_child", spec, work, cfg, mlflow_run_id, "SFT", uri=tracking_uri)
-        if not cfg.keep_checkpoints:
-            shutil.rmtree(work / CHECKPOINTS, ignore_errors=True)
-        failures = [{"stage": "sft", "item": uid, "reason": "too_long"} for uid in result.pop("too_long", [])]
-        write_parquet_atomic(table_from_records(failures, schemas.FAILURES), work / "failures.parquet")
-        summary = {
-            "stage": "sft",
-            "init_model": init_model,
-            "model": str(out / "model"),
-            "items": result.get("train_records", 0) + len(failures),
-            "done": result.get("train_records", 0),
-            "failed": len(failures),
-            "failure_reasons": {"too_long": len(failures)} if failures else {},
-            "parent_seconds": round(time.monotonic() - started, 3),
-            **result,
-        }
+        # SFT's own fields only: a subclass (the warm start's config) adds trace settings.
+        spec = {"examples": "embodied_r.training.sft:record_examples", "records": str(Path(records).resolve()),
+                "init_model": init_model, "sft": cfg.model_dump(mode="json", include=set(SFTConfig.model_fields))}
+        result = sft_in_child(work, spec, cfg, stage, "SFT", mlflow_run_id, tracking_uri)
+        summary = {"stage": "sft", "init_model": init_model, "model": str(out / "model"),
+                   "parent_seconds": round(time.monotonic() - started, 3), **result}
         write_summary(work, summary)
     return summary
