@@ -31,6 +31,8 @@ ALLOWED: dict[str, set[str]] = {
     "pipeline": {"config"},
     "lifecycle": {"config", "pipeline", "data", "synthetic", "keyframes", "perception", "backends", "scoring",
                   "training", "evaluation"},
+    # The checks before training: they train and score with the tiny models and read the recipes.
+    "checks": {"config", "backends", "scoring", "training", "lifecycle"},
     "apps": {"*"},
     # Demo-only code, which no other package imports: the backends reach the world perceiver
     # and the tiny models by module name.

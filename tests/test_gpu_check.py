@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from embodied_r.apps import gpu_check
+from embodied_r.checks import gpu as gpu_check
 from embodied_r.apps.cli import main
 
 JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" tests="3">
@@ -92,3 +92,4 @@ def test_gpu_check_whole(capsys) -> None:
     out = capsys.readouterr().out
     assert code == 0, out
     assert out.rstrip().splitlines()[-1].startswith("gpu-check: ") and " 0 failed" in out
+

@@ -311,20 +311,16 @@ def test_vl_policy_is_reduced_to_its_language_model(tiny_vlm_path: Path, tiny_lm
 # --- 1. the checker itself, here in the base environment ---------------------------------------
 
 def _child() -> Any:
-    spec = importlib.util.spec_from_file_location("check_env_child", PROJECT_ROOT / "infra/training/check_env_child.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from embodied_r.checks import env_configs
+
+    return env_configs
 
 
 def _case(name: str, **overrides: Any) -> dict[str, Any]:
-    sys.path.insert(0, str(PROJECT_ROOT / "infra" / "training"))
-    try:
-        import check_env
-    finally:
-        sys.path.pop(0)
+    from embodied_r.checks.env import world_of
+
     recipe = load_recipe(name, overrides or None)
-    world, gpus = check_env.world_of(recipe.training)
+    world, gpus = world_of(recipe.training)
     if gpus:  # accelerate picks the count: 4 processes, where 32 completions divide
         world = gpus = 4
     from embodied_r.lifecycle.sft_baseline import sft_config_for
