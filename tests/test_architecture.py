@@ -150,6 +150,14 @@ def test_data_flows_one_way_from_flows_to_tasks_to_the_library():
     assert not wrong, "imports against the flow of data:\n" + "\n".join(sorted(wrong))
 
 
+def test_infra_imports_nothing_from_the_apps():
+    """What runs the system (infra/) calls the library; the apps sit above it, and the checks
+    that infra/training/check-env.sh runs are the library's (``embodied_r.checks``)."""
+    wrong = [f"{p.relative_to(ROOT.parent)} -> {m}" for p in sorted((ROOT.parent / "infra").rglob("*.py"))
+             for m in _top_imports(p) if m.startswith("embodied_r.apps")]
+    assert not wrong, wrong
+
+
 @pytest.mark.parametrize("limit", [400])
 def test_modules_stay_readable(limit):
     long = [f"{p.relative_to(ROOT.parent)}: {n}" for p in ROOT.rglob("*.py")

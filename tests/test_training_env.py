@@ -348,6 +348,16 @@ def test_checker_sees_a_wrong_keyword_and_bf16_weights_under_adamw(tmp_path: Pat
     assert paper["built"] == [] and all("bf16 weights under a plain AdamW" in p for p in paper["problems"])
 
 
+def test_checker_sees_a_pad_guard_that_lets_a_chat_token_through(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    child = _child()
+    assert child.check_pad_guard(tmp_path) == []
+    from embodied_r.backends import tokens
+
+    monkeypatch.setattr(tokens, "check_folder_pad", lambda folder: None)
+    assert child.check_pad_guard(tmp_path) == ["a folder whose eos (and so its padding) is <|im_start|> was not refused"]
+
+
 @pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="needs deepspeed")
 def test_checker_resolves_the_deepspeed_launch(tmp_path: Path) -> None:
     result = _child().run_case(_case("paper-8gpu"), tmp_path)
