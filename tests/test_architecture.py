@@ -31,6 +31,8 @@ ALLOWED: dict[str, set[str]] = {
     "pipeline": {"config"},
     "lifecycle": {"config", "pipeline", "data", "synthetic", "keyframes", "perception", "backends", "scoring",
                   "training", "evaluation"},
+    # The checks before training: they train and score with the tiny models and read the recipes.
+    "checks": {"config", "backends", "scoring", "training", "lifecycle"},
     "apps": {"*"},
     # Demo-only code, which no other package imports: the backends reach the world perceiver
     # and the tiny models by module name.
@@ -146,6 +148,14 @@ def test_data_flows_one_way_from_flows_to_tasks_to_the_library():
             wrong += [f"{folder}/{path.name} -> {m}" for m in _top_imports(path)
                       if m.startswith("embodied_r.apps") or (folder == "tasks" and m.startswith("flows"))]
     assert not wrong, "imports against the flow of data:\n" + "\n".join(sorted(wrong))
+
+
+def test_infra_imports_nothing_from_the_apps():
+    """What runs the system (infra/) calls the library; the apps sit above it, and the checks
+    that infra/training/check-env.sh runs are the library's (``embodied_r.checks``)."""
+    wrong = [f"{p.relative_to(ROOT.parent)} -> {m}" for p in sorted((ROOT.parent / "infra").rglob("*.py"))
+             for m in _top_imports(p) if m.startswith("embodied_r.apps")]
+    assert not wrong, wrong
 
 
 @pytest.mark.parametrize("limit", [400])

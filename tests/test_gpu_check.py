@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from embodied_r.apps import gpu_check
+from embodied_r.checks import gpu as gpu_check
 from embodied_r.apps.cli import main
 
 JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" tests="3">
@@ -92,3 +92,41 @@ def test_gpu_check_whole(capsys) -> None:
     out = capsys.readouterr().out
     assert code == 0, out
     assert out.rstrip().splitlines()[-1].startswith("gpu-check: ") and " 0 failed" in out
+
+
+def test_one_tiny_step_config_serves_the_gpu_check_and_the_training_environment_check() -> None:
+    """``check gpu`` and the training-environment check train the tiny models with one
+    config: on the GPU it leaves precision to the GPU and asks the reference there; given a
+    recipe it keeps the recipe's trainer settings and makes one small step on the CPU."""
+    from embodied_r.checks.steps import tiny_training
+    from embodied_r.config import load_recipe
+
+    gpu = tiny_training("cuda")
+    assert (gpu.use_cpu, gpu.bf16, gpu.reference.device, gpu.policy) == (False, None, "auto", "tiny:lm")
+    assert [s.name for s in gpu.stages] == ["stage1", "stage2", "stage3"] and gpu.max_steps_per_stage == 1
+    single = load_recipe("single-gpu").training
+    cpu = tiny_training("cpu", single, policy="tiny:vlm", python="/train/bin/python")
+    assert (cpu.use_cpu, cpu.bf16, cpu.vllm, cpu.reference.device) == (True, False, None, "cpu")
+    assert (cpu.lora, cpu.learning_rate, cpu.gradient_checkpointing) == (
+        single.lora, single.learning_rate, single.gradient_checkpointing)
+    assert (cpu.policy, cpu.python, cpu.num_generations, cpu.max_completion_length) == (
+        "tiny:vlm", "/train/bin/python", 2, 16)
+
+
+def test_the_consistency_reference_is_asked_once_and_a_failure_is_a_row(tiny_lm_path: Path) -> None:
+    from embodied_r.checks.steps import ask_reference, timed_row, tiny_training
+
+    reference = tiny_training("cpu").reference
+    asked = ask_reference(reference)
+    assert (asked["device"], asked["asked"], asked["problems"]) == ("cpu", 1.0, [])
+    # Asked for the GPU ("auto") on a machine without one: the row says where it ran.
+    if not __import__("torch").cuda.is_available():
+        assert ask_reference(reference.model_copy(update={"device": "auto"}))["problems"] == [
+            "the reference runs on cpu, not the GPU"]
+
+    def broken() -> list[str]:
+        raise RuntimeError("CUDA error: device-side assert")
+
+    row = timed_row("smoke", "a step", 1, broken, lambda: ["train.log, last lines: ..."])
+    assert not row["ok"] and row["problems"][0] == "RuntimeError: CUDA error: device-side assert"
+    assert row["problems"][-1] == "train.log, last lines: ..." and row["seconds"] >= 0

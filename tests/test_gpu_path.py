@@ -112,7 +112,7 @@ def test_a_pad_token_the_chat_template_writes_is_named_with_its_fix(tiny_lm_path
 
 
 def test_training_refuses_it_before_the_trainer_starts(im_start_eos: Path, tmp_path: Path) -> None:
-    from embodied_r.apps.gpu_checks import write_records
+    from embodied_r.checks.steps import write_records
     from embodied_r.training.config import GRPOStageConfig, SFTConfig, TrainingConfig
     from embodied_r.training.sft import run_sft
     from embodied_r.training.stage import run_training_stage
@@ -178,7 +178,7 @@ def test_memory_per_recipe_counts_the_kl_reference_as_a_second_copy() -> None:
 
 
 def test_memory_table_lists_the_recipes_with_known_policies() -> None:
-    from embodied_r.apps.gpu_check import memory_table
+    from embodied_r.checks.gpu import memory_table
 
     text = memory_table(["paper", "paper-8gpu", "single-gpu", "smoke"])
     lines = text.splitlines()

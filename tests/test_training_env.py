@@ -336,20 +336,16 @@ def test_vl_policy_is_reduced_to_its_language_model(tiny_vlm_path: Path, tiny_lm
 # --- 1. the checker itself, here in the base environment ---------------------------------------
 
 def _child() -> Any:
-    spec = importlib.util.spec_from_file_location("check_env_child", PROJECT_ROOT / "infra/training/check_env_child.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    from embodied_r.checks import env_configs
+
+    return env_configs
 
 
 def _case(name: str, **overrides: Any) -> dict[str, Any]:
-    sys.path.insert(0, str(PROJECT_ROOT / "infra" / "training"))
-    try:
-        import check_env
-    finally:
-        sys.path.pop(0)
+    from embodied_r.checks.env import world_of
+
     recipe = load_recipe(name, overrides or None)
-    world, gpus = check_env.world_of(recipe.training)
+    world, gpus = world_of(recipe.training)
     if gpus:  # accelerate picks the count: 4 processes, where 32 completions divide
         world = gpus = 4
     from embodied_r.lifecycle.sft_baseline import sft_config_for
@@ -375,6 +371,16 @@ def test_checker_sees_a_wrong_keyword_and_bf16_weights_under_adamw(tmp_path: Pat
     monkeypatch.setattr(TrainerEnvironment, "bf16_weights", lambda self, bf16: bf16)  # the old behaviour
     paper = child.run_case(_case("paper"), tmp_path)
     assert paper["built"] == [] and all("bf16 weights under a plain AdamW" in p for p in paper["problems"])
+
+
+def test_checker_sees_a_pad_guard_that_lets_a_chat_token_through(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    child = _child()
+    assert child.check_pad_guard(tmp_path) == []
+    from embodied_r.backends import tokens
+
+    monkeypatch.setattr(tokens, "check_folder_pad", lambda folder: None)
+    assert child.check_pad_guard(tmp_path) == ["a folder whose eos (and so its padding) is <|im_start|> was not refused"]
 
 
 @pytest.mark.skipif(importlib.util.find_spec("deepspeed") is None, reason="needs deepspeed")

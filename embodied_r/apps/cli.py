@@ -258,7 +258,7 @@ def _cmd_recipes(_: argparse.Namespace) -> int:
 # ``handler(args) -> int`` default on the parsers it adds.
 EXTENSIONS: tuple[str, ...] = ("embodied_r.apps.cli_data", "embodied_r.apps.cli_eval", "embodied_r.apps.cli_train",
                                "embodied_r.apps.cli_reasoner", "embodied_r.apps.cli_models",
-                               "embodied_r.apps.cli_prompts", "embodied_r.apps.gpu_check")
+                               "embodied_r.apps.cli_prompts", "embodied_r.checks.gpu")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -32,6 +32,13 @@ def main_node_args(accelerate_config: dict[str, Any], where: str) -> list[str]:
     return ["--main_process_ip", address]
 
 
+def for_rank(cmd: list[str], rank: int) -> list[str]:
+    """The main node's launch command as node ``rank`` runs it (``follow_launches.py`` on the
+    other nodes; the training-environment check replays it)."""
+    at = cmd.index("accelerate.commands.launch") + 1
+    return cmd[:at] + ["--machine_rank", str(rank)] + cmd[at:]
+
+
 def is_global_main_process() -> bool:
     """Whether this process is rank 0 of the whole launch (or runs alone). ``RANK`` is set
     by torchrun for every process of every node."""

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The training-environment check (README, "The training environment, checked on CI"): the
 # CPU replica of the GPU training environment, built once per pins (cpu-env.sh), and the
-# trainer checked in it (check_env.py): every recipe's GRPO/SFT configs with its world size,
-# one real step per reward schedule and of SFT, and `accelerate launch` with 2 processes.
-#   bash infra/training/check-env.sh [check_env.py options]
+# trainer checked in it (embodied_r.checks.env): every recipe's GRPO/SFT configs with its
+# world size, one real step per reward schedule and of SFT, and `accelerate launch` with 2
+# processes.
+#   bash infra/training/check-env.sh [--work DIR] [--recipes NAME ...] [--skip-steps]
 # EMBODIED_R_BASE_PYTHON: the project's interpreter (default .venv/bin/python, `make env`).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -13,4 +14,5 @@ if [ ! -x "$BASE_PY" ]; then
     exit 1
 fi
 VENV=$(bash infra/training/cpu-env.sh | tail -n 1)
-exec "$BASE_PY" infra/training/check_env.py --train-python "$VENV/bin/python" "$@"
+# Run from the checkout's root, -m imports this checkout's embodied_r.
+exec "$BASE_PY" -m embodied_r.checks.env --train-python "$VENV/bin/python" "$@"

@@ -27,6 +27,7 @@ from embodied_r.paths import home  # noqa: E402
 from embodied_r.faults import PARENT_PID_ENV  # noqa: E402
 from embodied_r.training.environment import (LOG_NAME, SPEC_NAME, _child_env, launch_command,  # noqa: E402
                                              read_accelerate_config)
+from embodied_r.training.multinode import for_rank  # noqa: E402
 
 LAUNCH = "accelerate.commands.launch"
 
@@ -39,12 +40,6 @@ def launch_lines(log: Path) -> list[list[str]]:
         return []
     commands = (launch_command(line) for line in text.splitlines())
     return [cmd for cmd in commands if cmd and LAUNCH in cmd]
-
-
-def for_rank(cmd: list[str], rank: int) -> list[str]:
-    """The main node's launch command as node ``rank`` runs it."""
-    at = cmd.index(LAUNCH) + 1
-    return cmd[:at] + ["--machine_rank", str(rank)] + cmd[at:]
 
 
 def machines(cmd: list[str]) -> int:

@@ -20,8 +20,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from embodied_r.apps.gpu_checks import Skip, write_records
 from embodied_r.backends.models import build_atomically, resolve_model
+from embodied_r.checks.steps import VIDEO_LINE, Skip, write_records
 from embodied_r.config import load_recipe
 from embodied_r.paths import home
 from embodied_r.training.config import TrainingConfig
@@ -34,7 +34,7 @@ PROMPT_TOKENS = 950
 
 def _local_weights(policy: str) -> str | None:
     """The policy's language-model folder when its weights are on this machine; else None.
-    The check's processes run with the hub offline (``gpu_check``): nothing is downloaded."""
+    The check's processes run with the hub offline (``gpu``): nothing is downloaded."""
     from embodied_r.training.policy import training_model
 
     try:
@@ -81,7 +81,6 @@ def prompt_frames(tokenizer_folder: str, target: int) -> tuple[int, int]:
     """(perception lines per record, prompt tokens) for prompts of about ``target`` tokens."""
     from transformers import AutoTokenizer
 
-    from embodied_r.apps.gpu_checks import VIDEO_LINE
     from embodied_r.training.records import RecordsConfig, build_record, conversation
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_folder)

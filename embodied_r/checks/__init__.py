@@ -1,0 +1,11 @@
+"""The checks a machine gets before it trains: ``embodied-r check gpu`` (``make gpu-check``;
+``gpu`` runs each check in a process of its own: the tiny models' in ``gpu_tiny``, the
+recipe's policy step in ``gpu_policy``), ``embodied-r check memory`` (``gpu``), and the
+training-environment check that ``infra/training/check-env.sh`` runs on CI (``env`` in the
+project's environment, ``env_configs`` in the training environment). What they share is
+in ``steps``: the records they train on, the tiny one-step training config, one GRPO step
+of a reward schedule, the consistency reward asking its reference.
+
+May import: the core (``config`` included), ``backends``, ``scoring``, ``training`` and
+``lifecycle`` (the SFT config a recipe trains with). Only the apps import it.
+"""
