@@ -20,7 +20,7 @@ from prefect import get_run_logger
 from prefect.context import get_run_context
 
 from embodied_r import progress
-from embodied_r.io import DamagedOutput, damaged_outputs, is_complete, partial_path, read_summary
+from embodied_r.io import DamagedOutput, damaged_outputs, partial_path, read_summary
 from embodied_r.shards import shard_paths
 from embodied_r.stage_kinds import kind_of
 from embodied_r.stage_plan import Plan, StagePlan, downstream

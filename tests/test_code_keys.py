@@ -15,7 +15,7 @@ import pytest
 from embodied_r import runners
 from embodied_r.config import available_recipes, load_recipe
 from embodied_r.interactive import recipe as reasoner
-from embodied_r.pipeline import downstream, plan
+from embodied_r.pipeline import plan
 from embodied_r.runners import PACKAGE, ROOT, source_version, stage_modules
 from embodied_r.stage_kinds import kind_of
 
@@ -24,7 +24,8 @@ REASONER = {p.stem: reasoner.load(p.stem) for p in sorted(reasoner.RECIPES.glob(
 # The trainer machinery Embodied-Reasoner shares with Embodied-R (``interactive/__init__.py``):
 # the child process, its entry and arguments, step lines and the figures of a run.
 SHARED_TRAINER = {f"{PACKAGE}.training{m}" for m in ("", ".environment", ".multinode", ".child", ".callbacks",
-                                                      ".learning", ".trl_args")}
+                                                      ".learning", ".trl_args", ".sft_run", ".sft_child",
+                                                      ".checkpoints", ".disk", ".grpo_settings", ".sft_settings")}
 METHOD = ("data", "synthetic", "keyframes", "perception", "scoring", "evaluation", "training")
 
 
@@ -161,7 +162,8 @@ def test_the_accuracy_reward_keys_training_and_evaluation_only(moved):
     for recipe in EMBODIED_R:
         stages = {name for r, name in hit if r == recipe}
         assert {n for n, sp in plans[recipe].items() if sp.kind in ("train", "evaluate")} <= stages, recipe
-        assert {plans[recipe][n].kind for n in stages} <= {"warmstart", "train", "evaluate"}, (recipe, stages)
+        # Promotion follows the evaluation it reads.
+        assert {plans[recipe][n].kind for n in stages} <= {"warmstart", "train", "evaluate", "promote"}, (recipe, stages)
     assert not {r for r, _ in hit} & set(REASONER)
 
 
@@ -169,7 +171,7 @@ def test_the_perception_parser_keys_perception_and_what_follows(moved):
     hit = moved({f"{PACKAGE}.perception.parse": planted(f"{PACKAGE}.perception.parse")})
     plans = all_plans(Path("/h"))
     for recipe in EMBODIED_R:
-        assert [n for n in plans[recipe] if (recipe, n) in hit] == downstream(plans[recipe], "perception"), recipe
+        assert [n for n in plans[recipe] if (recipe, n) in hit] == plans[recipe].downstream(["perception"]), recipe
     assert not {r for r, _ in hit} & set(REASONER)
 
 
@@ -235,8 +237,10 @@ def _callees(module: str, function: str, depth: int = 1) -> frozenset[tuple[str,
     body = next(n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name == function)
     found = {(module, function)}
     for node in ast.walk(body):
-        if isinstance(node, ast.Constant) and isinstance(node.value, str) and runners._source(node.value):
-            found.add((node.value, "*"))
+        named = runners.named_module(node.value) if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
+        if named and runners._source(named):
+            # A module started by name runs whole; a ``module:function`` hook runs that function.
+            found.add((named, node.value.partition(":")[2] or "*"))
         name = node.func.id if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) else None
         if runners._source(bound.get(name, "")) and any(
                 isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name == name for n in _tree(bound[name]).body):
@@ -278,7 +282,7 @@ def test_never_stale_a_change_in_a_function_a_stage_runs_moves_its_key(moved):
                 every = function == "*" or names.get(module, set()) is None
                 names[module] = None if every else names.get(module, set()) | {function}
     assert {f"{PACKAGE}.demo.world_perceiver", f"{PACKAGE}.demo.tiny_reasoner", f"{PACKAGE}.training.grpo",
-            f"{PACKAGE}.interactive.sft_child", f"{PACKAGE}.perception.stage"} <= set(runs)
+            f"{PACKAGE}.interactive.sft_data", f"{PACKAGE}.perception.stage"} <= set(runs)
     stale = []
     for module, stages in sorted(runs.items()):
         missed = stages - moved({module: planted(module, names[module])}, {r for r, _ in stages})

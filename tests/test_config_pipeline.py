@@ -93,7 +93,8 @@ def test_tracker_writes_parent_and_child_runs_to_a_real_store(tmp_path):
     assert [a.path for a in MlflowClient(uri).list_artifacts(child)] == ["summary.json"]
 
 
-TRAIN_AND_AFTER = ["train_stage1", "train_stage2", "train_stage3", "evaluate"]
+# Promotion reads the evaluation: what re-keys evaluate re-keys it.
+TRAIN_AND_AFTER = ["train_stage1", "train_stage2", "train_stage3", "evaluate", "promote"]
 
 
 @pytest.mark.parametrize("module, changed", [
@@ -104,7 +105,7 @@ TRAIN_AND_AFTER = ["train_stage1", "train_stage2", "train_stage3", "evaluate"]
     ("embodied_r.scoring.answers", ["convert", *TRAIN_AND_AFTER]),
     ("embodied_r.keyframes.extract", ["keyframes", "perception", "convert", *TRAIN_AND_AFTER]),
     ("embodied_r.perception.prompts", ["perception", "convert", *TRAIN_AND_AFTER]),
-    ("embodied_r.evaluation.report", ["evaluate"]),
+    ("embodied_r.evaluation.report", ["evaluate", "promote"]),
     ("embodied_r.synthetic.urban", ["download", "preprocess", "keyframes", "perception", "convert",
                                     *TRAIN_AND_AFTER]),
     ("embodied_r.data.catalog", ["preprocess", "keyframes", "perception", "convert", *TRAIN_AND_AFTER]),

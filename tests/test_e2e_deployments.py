@@ -23,7 +23,7 @@ import prefect.context  # noqa: F401
 import pytest
 from prefect.settings import PREFECT_API_URL, temporary_settings
 
-from tests.servers import background, free_port, serve_on_free_port
+from tests.servers import background, free_port
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent

@@ -78,7 +78,8 @@ CHANGED_SFT = {"learning_rate": 3e-4, "epochs": 2.0, "max_steps": 7, "per_device
 @pytest.mark.parametrize("pipeline", ["embodied-r", "embodied-reasoner"])
 def test_every_sft_setting_reaches_the_trainer_in_both_pipelines(tmp_path: Path, pipeline: str) -> None:
     from embodied_r.interactive.sft_config import ReasonerSFTConfig
-    from embodied_r.training.config import TRL_SFT_NAMES, SFTConfig, SFTSettings
+    from embodied_r.training.config import SFTConfig
+    from embodied_r.training.sft_settings import TRL_SFT_NAMES, SFTSettings
     from embodied_r.training.environment import TrainerEnvironment
     from embodied_r.training.sft_child import sft_args
 

@@ -213,11 +213,11 @@ def _cmd_run(args: argparse.Namespace, stage: str | None = None) -> int:
 def _cmd_plan(args: argparse.Namespace) -> int:
     from embodied_r.config import load_recipe
     from embodied_r.io import damaged_outputs
-    from embodied_r.pipeline import plan, resolve_stage_name
+    from embodied_r.pipeline import plan
     from embodied_r.runners import stage_modules
 
     stages = plan(load_recipe(args.recipe, _all_overrides(args) or None))
-    only = resolve_stage_name(stages, args.modules) if args.modules else None
+    only = stages.resolve(args.modules) if args.modules else None
     for name, sp in stages.items():
         if only not in (None, name):
             continue

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from embodied_r.training.config import SFTSettings
+from embodied_r.training.sft_settings import SFTSettings
 
 
 class ReasonerSFTConfig(SFTSettings):

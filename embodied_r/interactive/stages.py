@@ -26,7 +26,7 @@ from embodied_r.interactive.reference import references
 from embodied_r.interactive.retry import replies
 from embodied_r.interactive.sft_config import ReasonerSFTConfig
 from embodied_r.io import is_complete, read_summary, stage_folder, write_json_atomic, write_summary
-from embodied_r.training.sft import check_sft_disk, sft_in_child
+from embodied_r.training.sft_run import check_sft_disk, sft_in_child
 
 
 @contextmanager

@@ -12,6 +12,7 @@ import logging
 import shutil
 from pathlib import Path
 
+from embodied_r.io import partial_path
 from embodied_r.training.environment import CHECKPOINTS
 from embodied_r.training.multinode import is_global_main_process
 
@@ -61,3 +62,9 @@ def last_checkpoint(work: Path) -> tuple[str | None, int]:
             log.warning("checkpoint %s is incomplete (a run died while saving it): removed, falling back", path)
             shutil.rmtree(path, ignore_errors=True)
     return None, 0
+
+
+def existing_checkpoints(out: Path) -> int:
+    """Bytes of the checkpoints an interrupted attempt left (a resume keeps them)."""
+    folder = partial_path(Path(out)) / CHECKPOINTS
+    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) if folder.is_dir() else 0

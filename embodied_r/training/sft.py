@@ -10,13 +10,12 @@ the output format so evaluation reads it as it reads the policy's, and a fixed n
 handed a free pass).
 
 ``run_sft`` follows the stage convention and trains in the SFT child both pipelines share
-(``sft_in_child``, here also Embodied-Reasoner's) on this module's examples (``record_examples``, the
+(``sft_run.sft_in_child``, Embodied-Reasoner's too) on this module's examples (``record_examples``, the
 child's hook). ``embodied_r.lifecycle.sft_baseline`` trains it on a recipe's records and evaluates it.
 """
 
 from __future__ import annotations
 
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -24,15 +23,13 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from embodied_r import schemas
-from embodied_r.io import (is_complete, read_summary, stage_folder, table_from_records, write_parquet_atomic,
+from embodied_r.io import (is_complete, read_summary, stage_folder, write_parquet_atomic,
                            write_summary)
-from embodied_r.training.config import DEFAULT_THINK, SFTConfig, SFTSettings
-from embodied_r.training.environment import CHECKPOINTS, run_child
-from embodied_r.training.disk import check_disk, planned_steps, world_size
+from embodied_r.training.config import DEFAULT_THINK, SFTConfig
 from embodied_r.training.records import conversation
 from embodied_r.training.sft_child import SFTData
-from embodied_r.training.stage import check_inputs, existing_checkpoints, local_model
+from embodied_r.training.sft_run import check_sft_disk, sft_in_child
+from embodied_r.training.stage import check_inputs, local_model
 
 
 def sft_target(record: dict[str, Any], think: str = DEFAULT_THINK) -> str:
@@ -95,30 +92,6 @@ def record_examples(spec: dict[str, Any]) -> SFTData:
     examples, too_long = split_by_length(examples, tokenizer, cfg.max_length)
     dataset = Dataset.from_list([{k: e[k] for k in ("prompt", "completion")} for e in examples])
     return SFTData(cfg, dataset, tokenizer, too_long, dataset_args={"completion_only_loss": True})
-
-
-def check_sft_disk(out: Path, init_model: str, cfg: SFTSettings, examples: int, what: str) -> None:
-    """Fail before ``what`` starts when its checkpoints would not fit beside ``out``."""
-    per_step = world_size(cfg) * cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps
-    check_disk(out, init_model, cfg, planned_steps(examples, cfg.epochs, per_step, cfg.max_steps), what,
-               existing_checkpoints(out))
-
-
-def sft_in_child(work: Path, spec: dict[str, Any], cfg: SFTSettings, stage: str, what: str,
-                 mlflow_run_id: str | None = None, uri: str | None = None) -> dict[str, Any]:
-    """Train in the SFT child on ``spec`` (its hook, model and settings) in the stage's ``work``
-    folder, resuming from the checkpoints an interrupted attempt left there. Returns the child's
-    result with the stage's counts: the examples left out as too long are its failures
-    (``failures.parquet``). The checkpoints go once the model is saved, unless kept."""
-    spec = {**spec, "work": str(work.resolve()), "stage": stage}  # the stage names the step lines
-    result = run_child("embodied_r.training.sft_child", spec, work, cfg, mlflow_run_id, what, uri=uri)
-    if not cfg.keep_checkpoints:
-        shutil.rmtree(work / CHECKPOINTS, ignore_errors=True)
-    failures = [{"stage": stage, "item": uid, "reason": "too_long"} for uid in result.pop("too_long", [])]
-    write_parquet_atomic(table_from_records(failures, schemas.FAILURES), work / "failures.parquet")
-    done = result.get("train_records", 0)
-    return {"items": done + len(failures), "done": done, "failed": len(failures),
-            "failure_reasons": {"too_long": len(failures)} if failures else {}, **result}
 
 
 def run_sft(records: Path, init_model: str, out: Path, cfg: SFTConfig,

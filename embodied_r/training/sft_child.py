@@ -24,9 +24,9 @@ from typing import Any, Callable
 from embodied_r.io import read_json, write_json_atomic
 from embodied_r.training.callbacks import drop_raw_log_printers, sft_step_callback
 from embodied_r.training.checkpoints import last_checkpoint
-from embodied_r.training.config import SFTSettings
+from embodied_r.training.sft_settings import SFTSettings
 from embodied_r.training.environment import RESULT_NAME, progress_callback
-from embodied_r.training.grpo import child_main, common_args, peft_config, run_counts, save_trained_model
+from embodied_r.training.child import child_main, common_args, peft_config, run_counts, save_trained_model
 from embodied_r.training.learning import HISTORY_FILE, sft_figures
 from embodied_r.training.trl_args import build_config
 

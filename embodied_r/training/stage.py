@@ -14,10 +14,11 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from embodied_r.backends.tokens import check_folder_pad
-from embodied_r.io import is_complete, partial_path, read_summary, stage_folder, write_summary
+from embodied_r.io import is_complete, read_summary, stage_folder, write_summary
 from embodied_r.training.chain import chain_schedule_steps, chain_source, keep_chain_state
 from embodied_r.training.config import GRPOStageConfig, TrainingConfig
 from embodied_r.training.disk import check_disk, planned_steps, world_size
+from embodied_r.training.checkpoints import existing_checkpoints
 from embodied_r.training.environment import CHECKPOINTS, run_child
 
 def schedule_position(init_model: str) -> tuple[int, int]:
@@ -87,12 +88,6 @@ def check_inputs(records: Path, init_model: str, stage: str = "training") -> Non
         # A pad token the chat template writes would be masked in every prompt (NaN at the
         # first step on a GPU): refused here, in one line, before the trainer starts.
         check_folder_pad(str(path))
-
-
-def existing_checkpoints(out: Path) -> int:
-    """Bytes of the checkpoints an interrupted attempt left (a resume keeps them)."""
-    folder = partial_path(Path(out)) / CHECKPOINTS
-    return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) if folder.is_dir() else 0
 
 
 def check_stage_disk(records: Path, init_model: str, out: Path, stage: GRPOStageConfig,
