@@ -63,11 +63,6 @@ class StageKind:
     needs_tracking: bool = False
 
     @property
-    def reads(self) -> tuple[str, ...]:
-        """The kinds whose stages it reads."""
-        return tuple(dict.fromkeys(v.partition("/")[0] for v in self.inputs.values() if v != MODEL))
-
-    @property
     def flow_name(self) -> str:
         return f"embodied-r-{self.name}" if self.pipeline == "embodied-r" else "embodied-reasoner-stage"
 

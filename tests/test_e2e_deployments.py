@@ -6,6 +6,7 @@ by SIGTERM."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -28,8 +29,8 @@ from tests.servers import background, free_port
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 STAGES = {"download", "preprocess", "keyframes", "perception", "convert",
-          "train_stage1", "train_stage2", "train_stage3", "evaluate"}
-KINDS = ["download", "preprocess", "keyframes", "perception", "convert", "train", "evaluate"]
+          "train_stage1", "train_stage2", "train_stage3", "evaluate", "promote"}
+KINDS = ["download", "preprocess", "keyframes", "perception", "convert", "train", "evaluate", "promote"]
 POOLS = ("cpu", "gpu-infer", "gpu-train")
 DOC = REPO / "docs" / "running.md"
 # What the test runs, as the walk-through writes it (the servers' ports aside).
@@ -183,6 +184,10 @@ def test_the_walk_through_on_real_servers_and_workers(tmp_path, monkeypatch):
             assert set(names) == {f"embodied-r-{k}" for k in KINDS}
             assert all(r.state.is_completed() for r in subruns)
             pools = {n: r.work_pool_name for n, r in names.items()}
+            # Each stage's flow run was handed the pipeline's plan: nothing on the pools plans again.
+            assert all(r.parameters["plan"]["stages"] for r in subruns)
+            assert {json.dumps(r.parameters["plan"], sort_keys=True) for r in subruns} == {
+                json.dumps(subruns[0].parameters["plan"], sort_keys=True)}
         assert pools["embodied-r-keyframes"] == "cpu"
         assert pools["embodied-r-perception"] == "gpu-infer"
         assert pools["embodied-r-train"] == "gpu-train"
@@ -205,6 +210,15 @@ def test_the_walk_through_on_real_servers_and_workers(tmp_path, monkeypatch):
         _watched_run(env, "embodied-r-evaluate/evaluate", "recipe=smoke", "refresh=true")
         computed = [r for r in _stage_runs(uri, "evaluate") if r.data.tags.get("cache_hit") != "true"]
         assert len(computed) == 2
+
+        # The whole pipeline again: every stage is done, so no stage is sent to a pool.
+        again = _watched_run(env, "embodied-r/full-pipeline", "recipe=smoke")
+        with get_client(sync_client=True) as client:
+            assert not client.read_flow_runs(flow_run_filter=FlowRunFilter(
+                parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[again])))
+        said = (tmp_path / "worker-cpu.log").read_text(errors="replace")
+        assert all(f"[stage] {stage:<13} cached" in said for stage in STAGES)
+        assert "not sent to pool gpu-train" in said
 
         # The server's scheduler has made the nightly's coming runs, with the recipe deployed.
         scheduled = _scheduled_runs("embodied-r-reevaluate/nightly")
