@@ -279,11 +279,14 @@ def lost_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return killed_mid_run(tmp_path_factory.mktemp("lost"))
 
 
-def planned(home: Path) -> dict[str, Any]:
+def planned(lost: dict[str, Any]) -> dict[str, Any]:
+    """The run's plan as the run made it: promotion is keyed by the MLflow store it promotes in."""
     from embodied_r.config import load_recipe, parse_overrides
     from embodied_r.pipeline import plan
 
-    return plan(load_recipe("smoke", parse_overrides(ONE_STAGE[1:])), home)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("MLFLOW_TRACKING_URI", lost["uri"])
+        return plan(load_recipe("smoke", parse_overrides(ONE_STAGE[1:])), lost["home"])
 
 
 @pytest.mark.slow
@@ -293,7 +296,7 @@ def test_a_tracking_server_killed_mid_run_costs_no_work(lost_run: dict[str, Any]
     line = _one_line(err)
     assert "tracking lost" in line and uri in line and "infra/start-mlflow.sh" in line and "rerun" in line, line
     assert sum("tracking lost" in t for t in out.splitlines()) == 1, out[-3000:]
-    stages = planned(lost_run["home"])
+    stages = planned(lost_run)
     # Every stage's work is done but promotion's, whose result lives in the lost store: it is
     # left to the rerun, not failed on and not marked done.
     computed = [n for n in stages if n != "promote"]
@@ -313,7 +316,7 @@ def test_a_tracking_server_killed_mid_run_costs_no_work(lost_run: dict[str, Any]
 @pytest.mark.slow
 def test_a_finished_folder_that_lost_a_file_is_not_taken_as_done(lost_run: dict[str, Any]) -> None:
     home = lost_run["home"]
-    stages = planned(home)
+    stages = planned(lost_run)
     assert all(sp.complete for sp in stages.values())
     convert = Path(stages["convert"].out)
     data = (convert / "test.parquet").read_bytes()

@@ -9,7 +9,7 @@ import pytest
 pytestmark = pytest.mark.slow
 
 STAGE_RUNS = {"download", "preprocess", "keyframes", "perception", "convert",
-              "train_stage1", "train_stage2", "train_stage3", "evaluate"}
+              "train_stage1", "train_stage2", "train_stage3", "evaluate", "promote"}
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +128,7 @@ def test_refresh_recomputes_a_stage_and_its_dependants_only(harness):
     from flows.pipeline import embodied_r
 
     result = embodied_r(recipe="smoke", refresh=["train_stage3"])
-    assert set(result["cached"]) == STAGE_RUNS - {"train_stage3", "evaluate"}
+    assert set(result["cached"]) == STAGE_RUNS - {"train_stage3", "evaluate", "promote"}
 
 
 def test_mlflow_ui_shows_runs_metrics_and_the_report(harness, tmp_path):

@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from embodied_r.backends.base import BackendConfig
-from embodied_r.config import deep_merge, load_as
+from embodied_r.config import TrackingConfig, deep_merge, load_as
 from embodied_r.interactive.download import ReasonerDataConfig
 from embodied_r.interactive.episode import EpisodeConfig
 from embodied_r.interactive.sft_config import ReasonerSFTConfig
@@ -74,6 +74,12 @@ class ReasonerRecipe(BaseModel):
     # own (one per core). A tiny model gains nothing from a second thread, and on cores shared
     # with other work two threads ran a step 7-12x slower than one.
     torch_threads: int | None = operational(None, ge=1)
+
+    @property
+    def tracking(self) -> TrackingConfig:
+        """Where its runs are logged, in the shape the run loop reads of every recipe (it
+        registers no model: nothing to promote)."""
+        return TrackingConfig(experiment=self.experiment, tracking_uri=self.tracking_uri)
 
 
 def load(name_or_path: str, overrides: dict[str, Any] | None = None) -> ReasonerRecipe:
