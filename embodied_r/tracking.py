@@ -112,6 +112,11 @@ def headline_metrics(final: dict[str, Any]) -> dict[str, float]:
     return out
 
 
+# The completions' mean length in tokens, as TRL logs it per step, by the name the learning
+# figures give it. The paper follows response length over training: a reasoner that stops
+# reasoning grows shorter, one padding its reasoning to game a reward grows longer.
+LENGTH = {"response_length": "completions/mean_length"}
+
 _TIMING_KEYS = {"train_runtime", "train_samples_per_second", "train_steps_per_second", "step_time",
               "total_flos", "train_loss", "runtime", "samples_per_second", "steps_per_second"}
 _EVAL_PREFIXES = ("consistency/", "count/", "parsed/", "response_tokens/")

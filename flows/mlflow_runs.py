@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from embodied_r.evaluation.learning import PHASES
+from embodied_r.evaluation.learning import PAIRED, PHASES
 from embodied_r.pipeline import StagePlan
 from embodied_r.tracking import (RUN_LIST_VIEW, STAGE_ARTIFACTS, STAGE_TABLES, Tracker, headline_metrics,
                                  numeric_metrics, record_stage)
@@ -205,12 +205,14 @@ def parent_note(*, recipe: str, status: str, final: dict[str, Any], split: str, 
 
 def parent_metrics(final: dict[str, Any]) -> dict[str, float]:
     """What the parent run charts of its evaluation: the headline accuracies, each policy's
-    accuracy beside chance and the run list's rounded columns, one chart each. Per-task
+    accuracy beside chance, the trained policy's paired gain over its start with its p-value
+    and the run list's rounded columns, one chart each. Per-task
     accuracies, intervals and reward quarters stay on the evaluate run, in the description and
     in the report, so comparing parents starts on the headline and the parent's chart page
     reaches its reward curves past a dozen single bars, not fifty."""
     figures = {k: v for k, v in numeric_metrics(final).items()
-               if k in HEADLINE or k in {f"learning/accuracy/{p}" for p in PHASES}}
+               if k in HEADLINE or k in {f"learning/accuracy/{p}" for p in PHASES}
+               or k in {f"{PAIRED}/difference", f"{PAIRED}/p_value"}}
     return {**figures, **headline_metrics(final)}
 
 

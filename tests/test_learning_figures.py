@@ -145,3 +145,25 @@ def test_traces_are_for_the_train_split_only():
     assert rows[1]["target"] == "B" and think_text(RECORD) in rows[1]["prompt"]
     with pytest.raises(ValueError, match="train split only"):
         traces([{**RECORD, "split": "test"}], WarmstartConfig())
+
+
+def test_response_length_is_kept_per_quarter_printed_in_tokens_and_charted_apart(tmp_path, capsys):
+    from embodied_r.apps.cli import _print_learning
+    from embodied_r.evaluation.learning import curve_metric, reward_curves
+
+    history = [{"step": i + 1, "reward": 0.5, "completions/mean_length": length}
+               for i, length in enumerate([80.0, 70.0, 50.0, 40.0])]
+    stats = quarter_stats(history, [])
+    assert (stats["response_length"]["first"], stats["response_length"]["last"]) == (80.0, 40.0)
+    figures = learning_figures({"untrained": 0.0, "trained": 0.5}, 0.25, {"stage1": stats})
+    assert figures["learning/stage1/response_length/first_quarter"] == 80.0
+    _print_learning(figures)
+    printed = capsys.readouterr().out
+    assert "response length, first -> last quarter: 80 -> 40 tokens" in printed
+    assert "response_length" not in printed.split("mean reward")[1].split("\n")[0]  # not a reward
+    folder = tmp_path / "train_stage1"
+    folder.mkdir()
+    (folder / "history.json").write_text(json.dumps({"history": history, "reward_funcs": []}))
+    curves, _ = reward_curves({"train_stage1": str(folder)})
+    assert [v for _, v in curves["response_length"]] == [80.0, 70.0, 50.0, 40.0]
+    assert curve_metric("response_length") == "train/completions/mean_length"

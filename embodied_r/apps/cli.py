@@ -133,6 +133,7 @@ def _print_learning(evaluation: dict[str, Any]) -> None:
     """The learning block: accuracy per phase beside chance, what they show, rewards per
     stage by quarter."""
     from embodied_r.evaluation.learning import accuracy_lines, verdict_of
+    from embodied_r.tracking import LENGTH
     from embodied_r.training.learning import EXPLORATION
 
     phases = accuracy_lines(evaluation)
@@ -146,11 +147,14 @@ def _print_learning(evaluation: dict[str, Any]) -> None:
         print(verdict)
     stages = sorted({k.split("/")[1] for k in evaluation if k.startswith("learning/") and k.endswith("_quarter")})
     for stage in stages:
-        rewards, exploring = [], []
+        rewards, exploring, lengths = [], [], []
         for key in sorted(k for k in evaluation if k.startswith(f"learning/{stage}/") and k.endswith("first_quarter")):
             name, last = key.split("/")[2], evaluation.get(key.replace("first_quarter", "last_quarter"))
             if name == "entropy":
                 exploring.append(f"entropy {evaluation[key]:.2f} -> {'-' if last is None else f'{last:.2f}'}")
+                continue
+            if name in LENGTH:
+                lengths.append(f"{evaluation[key]:.0f} -> {'-' if last is None else f'{last:.0f}'} tokens")
                 continue
             end = "-" if last is None else f"{100 * last:.1f}"
             label = "groups all scored alike" if name == "zero_std_groups" else name
@@ -158,6 +162,8 @@ def _print_learning(evaluation: dict[str, Any]) -> None:
         print(f"  {stage:8s} mean reward, first -> last quarter: {', '.join(rewards)}")
         if exploring:
             print(f"  {'':8s} exploration, first -> last quarter: {', '.join(exploring)}")
+        if lengths:
+            print(f"  {'':8s} response length, first -> last quarter: {lengths[0]}")
 
 
 def _precheck(args: argparse.Namespace, stage: str | None, overrides: dict[str, Any]) -> Any:

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from embodied_r.io import read_json
-from embodied_r.tracking import trainer_metric_name
+from embodied_r.scoring.paired import PairedResult, format_paired, paired_test
+from embodied_r.tracking import LENGTH, trainer_metric_name
 from embodied_r.scoring.metrics import (
     CI_HIGH,
     CI_LOW,
@@ -32,6 +33,8 @@ PREFIX = "learning"
 HISTORY_FILE = "history.json"  # written by the GRPO trainer (training.learning.HISTORY_FILE)
 ACCURACY = "accuracy/overall"
 PHASES = ("untrained", "warmstart", "trained", "chance")
+PAIRED = f"{PREFIX}/paired"  # the GRPO-trained policy against the one it started from
+PREDICTIONS_FILE = "predictions.parquet"
 PHASE_NAMES = {"untrained": "untrained", "warmstart": "warm-started", "trained": "GRPO-trained", "chance": "chance"}
 
 
@@ -42,8 +45,9 @@ def _series(history: list[dict[str, Any]], key: str) -> list[tuple[int, float]]:
 
 
 def reward_curves(training: Mapping[str, str]) -> tuple[dict[str, list[tuple[int, float]]], list[tuple[str, int]]]:
-    """Each reward over the steps of all stages, on one global step axis, and where each
-    stage starts. Stages without a history (not trained here) are skipped."""
+    """Each reward (and the completions' mean length, ``LENGTH``) over the steps of all stages,
+    on one global step axis, and where each stage starts. Stages without a history (not
+    trained here) are skipped."""
     curves: dict[str, list[tuple[int, float]]] = {}
     starts: list[tuple[str, int]] = []
     offset = 0
@@ -53,7 +57,7 @@ def reward_curves(training: Mapping[str, str]) -> tuple[dict[str, list[tuple[int
             continue
         data = read_json(path)
         history = data.get("history", [])
-        keys = {"reward": "reward", **{n: f"rewards/{n}/mean" for n in data.get("reward_funcs", [])}}
+        keys = {"reward": "reward", **{n: f"rewards/{n}/mean" for n in data.get("reward_funcs", [])}, **LENGTH}
         # The trainer's own global step (it counts the warm start's steps too), so the figure's
         # step numbers are MLflow's; a stage without it goes on where the last one stopped.
         summary = Path(folder) / "summary.json"
@@ -72,11 +76,15 @@ def reward_curves(training: Mapping[str, str]) -> tuple[dict[str, list[tuple[int
 def curve_metric(name: str) -> str:
     """The MLflow metric of a curve (``reward`` or a reward function's name): the figure's legend
     and the parent run's charts use the names of the training runs' own charts."""
+    if name in LENGTH:
+        return trainer_metric_name(LENGTH[name])
     return trainer_metric_name("reward" if name == "reward" else f"rewards/{name}/mean")
 
 
 def plot_reward_curves(training: Mapping[str, str], path: Path) -> Path | None:
     curves, starts = reward_curves(training)
+    # Rewards share the 0..1 axis; the length in tokens does not (it is its own MLflow chart).
+    curves = {name: points for name, points in curves.items() if name not in LENGTH}
     if not curves:
         return None
     import matplotlib
@@ -147,13 +155,16 @@ def _pct(value: float) -> str:
 
 
 def learning_verdict(trained: float, chance: float, start: float | None = None,
-                     start_name: str = "the warm-started policy", trained_low: float | None = None) -> str:
+                     start_name: str = "the warm-started policy", trained_low: float | None = None,
+                     paired: PairedResult | None = None) -> str:
     """One sentence on what the GRPO-trained reasoner's test accuracy shows beside chance and
     the policy GRPO started from (``start``; None when it was not evaluated).
 
-    Learning is claimed only when the accuracy beats both; when ``trained_low`` (the low end
-    of its 95 % interval) does not, too few questions separate them to claim it. That test
-    treats the other figures as exact, which they are not: it is a floor, not a proof.
+    Learning is claimed only when the accuracy beats both. Beside chance, the low end of its
+    95 % interval (``trained_low``) must clear it. Beside the starting policy, which answered
+    the same questions, the ``paired`` test decides when given: its gain must be significant
+    (p < 0.05). Without it the interval's low end must clear the start too, which treats the
+    start's figure as exact: a floor, not a proof.
     """
     short = [(name, value) for name, value in (("chance", chance), (start_name, start))
              if value is not None and not trained > value]
@@ -164,24 +175,38 @@ def learning_verdict(trained: float, chance: float, start: float | None = None,
                 else "no gain from GRPO shown at this seed")
         return f"The GRPO-trained reasoner scores {_pct(trained)}, {where}: {tail}."
     above = f"chance ({_pct(chance)})" + ("" if start is None else f" and {start_name} ({_pct(start)})")
-    bar = max(chance, start if start is not None else chance)
+    same = "" if paired is None or start is None else (
+        f"; on the same {paired.n} questions, paired against {start_name}: {format_paired(paired)}")
+    bar = chance if paired is not None else max(chance, start if start is not None else chance)
     if trained_low is not None and not trained_low > bar:
-        return (f"The GRPO-trained reasoner scores {_pct(trained)}, above {above}, but the low end of its "
+        return (f"The GRPO-trained reasoner scores {_pct(trained)}, above {above}{same}, but the low end of its "
                 f"95 % interval ({_pct(trained_low)}) is not: too few questions to say it learned at this seed.")
-    return f"The GRPO-trained reasoner scores {_pct(trained)}, above {above}: the method learned at this seed."
+    if paired is not None and start is not None and not paired.significant:
+        return (f"The GRPO-trained reasoner scores {_pct(trained)}, above {above}{same}: not significant, "
+                "so no gain from GRPO shown at this seed.")
+    return (f"The GRPO-trained reasoner scores {_pct(trained)}, above {above}{same}: "
+            "the method learned at this seed.")
+
+
+def start_label(labels: Sequence[str] | Mapping[str, Any]) -> str:
+    """The policy GRPO started from: the warm-started one, or in a recipe without a warm start
+    the untrained one."""
+    return "warmstart" if "warmstart" in labels else "untrained"
 
 
 def verdict_of(figures: Mapping[str, Any]) -> str | None:
-    """``learning_verdict`` of a run's learning figures, beside the warm-started policy or, in a
-    recipe without a warm start, the untrained one; None without a trained accuracy."""
+    """``learning_verdict`` of a run's learning figures, beside the policy GRPO started from
+    (``start_label``), paired when the figures hold the paired test; None without a trained
+    accuracy."""
     trained = figures.get(f"{PREFIX}/accuracy/trained")
     if not isinstance(trained, (int, float)):
         return None
-    start_label = "warmstart" if f"{PREFIX}/accuracy/warmstart" in figures else "untrained"
+    start = start_label([k.removeprefix(f"{PREFIX}/accuracy/") for k in figures])
     span = summary_interval(figures, f"{PREFIX}/accuracy/trained")
     return learning_verdict(float(trained), float(figures.get(f"{PREFIX}/accuracy/chance", 0.0)),
-                            figures.get(f"{PREFIX}/accuracy/{start_label}"),
-                            f"the {PHASE_NAMES[start_label]} policy", None if span is None else span[0])
+                            figures.get(f"{PREFIX}/accuracy/{start}"),
+                            f"the {PHASE_NAMES[start]} policy", None if span is None else span[0],
+                            PairedResult.from_figures(dict(figures), PAIRED))
 
 
 def learning_table(figures: Mapping[str, Any]) -> list[str]:
@@ -218,6 +243,27 @@ def render_learning(figures: Mapping[str, float], stages: Sequence[str], has_cur
     return "\n".join(lines) + "\n"
 
 
+def _scores(folder: Path) -> dict[str, float]:
+    import pyarrow.parquet as pq
+
+    path = folder / PREDICTIONS_FILE
+    if not path.is_file():
+        return {}
+    table = pq.read_table(path, columns=["uid", "score"]).to_pydict()
+    return dict(zip(table["uid"], table["score"]))
+
+
+def paired_against(start: Path, trained: Path) -> PairedResult | None:
+    """The trained policy's scores (``trained/predictions.parquet``) against the starting
+    policy's on the questions both folders hold (a failed answer is a row scoring 0, so both
+    hold the whole split); None when either has no predictions."""
+    base, other = _scores(start), _scores(trained)
+    both = [uid for uid in other if uid in base]
+    if not both:
+        return None
+    return paired_test([base[u] for u in both], [other[u] for u in both])
+
+
 def write_learning(work: Path, records: Sequence[Mapping[str, Any]], metrics: Mapping[str, float],
                    baselines: Mapping[str, str], training: Mapping[str, str]) -> dict[str, float]:
     """Write the learning section into ``work/report.md`` and ``reward_curves.png``; return
@@ -236,6 +282,9 @@ def write_learning(work: Path, records: Sequence[Mapping[str, Any]], metrics: Ma
         if summary_path.is_file():
             quarters[stage.removeprefix("train_")] = read_json(summary_path).get("quarters") or {}
     figures = learning_figures(accuracies, chance_accuracy(records), quarters, intervals)
+    start = start_label(baselines) if baselines else None
+    if start is not None and (paired := paired_against(Path(baselines[start]), work)) is not None:
+        figures.update(paired.figures(PAIRED))
     has_curves = plot_reward_curves(training, work / CURVES_PNG) is not None
     report = work / "report.md"
     text = report.read_text() if report.is_file() else ""

@@ -12,6 +12,8 @@ from __future__ import annotations
 import math
 from typing import Any, Iterable
 
+from embodied_r.tracking import LENGTH
+
 HISTORY_FILE = "history.json"
 QUARTER = 0.25
 # How much a stage still explores, as TRL logs it per step: the share of groups whose
@@ -20,13 +22,14 @@ QUARTER = 0.25
 EXPLORATION = {"zero_std_groups": "frac_reward_zero_std", "entropy": "entropy"}
 
 
+
 def reward_series(history: Iterable[dict[str, Any]], reward_names: Iterable[str]) -> dict[str, list[tuple[int, float]]]:
-    """(step, value) of the total reward, of each named reward and of the ``EXPLORATION``
-    figures, one point per logged step.
+    """(step, value) of the total reward, of each named reward and of the ``EXPLORATION`` and
+    ``LENGTH`` figures, one point per logged step.
 
     Entries without a finite value for a series (the run's closing summary, a reward left
     unscored) are skipped for that series only."""
-    keys = {"reward": "reward", **{name: f"rewards/{name}/mean" for name in reward_names}, **EXPLORATION}
+    keys = {"reward": "reward", **{name: f"rewards/{name}/mean" for name in reward_names}, **EXPLORATION, **LENGTH}
     series: dict[str, list[tuple[int, float]]] = {name: [] for name in keys}
     for entry in history:
         step = entry.get("step")
