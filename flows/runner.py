@@ -21,6 +21,7 @@ from prefect.context import get_run_context
 
 from embodied_r import progress
 from embodied_r.io import DamagedOutput, damaged_outputs, partial_path, read_summary
+from embodied_r.evaluation.learning import failure_signatures
 from embodied_r.shards import shard_paths
 from embodied_r.stage_kinds import kind_of
 from embodied_r.stage_plan import Plan, StagePlan, downstream
@@ -250,8 +251,11 @@ def finish_parent(tracker: Tracker, stages: dict[str, StagePlan], cached: list[s
     children = mlflow_runs.stage_run_ids(tracker)
     flow_run = run.data.tags.get("prefect.flow_run_id", "")
     recipe_name = recipe.name if recipe else run.data.tags.get("recipe", "")
+    signatures = failure_signatures(final)
     tracker.set_tags(parent, {
         "cached_stages": ",".join(cached), CACHE_TAG: status.split(" (")[0],
+        # Searchable in the run list (tags.failure_signatures LIKE '%'): each signature's line.
+        **({"failure_signatures": "\n".join(signatures)} if signatures else {}),
         "mlflow.note.content": mlflow_runs.parent_note(
             recipe=recipe_name, status=status, final=final, split=str(final.get("split", "")),
             experiment_id=tracker.experiment_id, children=children, run_id=parent or "",

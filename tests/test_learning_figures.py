@@ -167,3 +167,35 @@ def test_response_length_is_kept_per_quarter_printed_in_tokens_and_charted_apart
     curves, _ = reward_curves({"train_stage1": str(folder)})
     assert [v for _, v in curves["response_length"]] == [80.0, 70.0, 50.0, 40.0]
     assert curve_metric("response_length") == "train/completions/mean_length"
+
+
+def _stage3(acc: tuple[float, float], cons: tuple[float, float]) -> dict[str, float]:
+    return {"learning/stage3/accuracy_reward/first_quarter": acc[0], "learning/stage3/accuracy_reward/last_quarter": acc[1],
+            "learning/stage3/consistency_reward/first_quarter": cons[0],
+            "learning/stage3/consistency_reward/last_quarter": cons[1]}
+
+
+def test_failure_signatures_are_named_with_their_advice_when_planted(capsys):
+    from embodied_r.apps.cli import _print_learning
+    from embodied_r.evaluation.learning import failure_signatures, learning_table
+
+    base = {"learning/accuracy/trained": 0.6, "learning/accuracy/chance": 0.25}
+    # Healthy: 90 % of right answers consistent, both rising.
+    assert failure_signatures({**base, **_stage3((0.50, 0.55), (0.45, 0.50)), "consistency/ratio": 0.93}) == []
+    # Planted: the judge reaches few answers from their reasoning (reward hacking).
+    hacked = failure_signatures({**base, "consistency/ratio": 0.62})
+    assert hacked == ["Failure signature, evaluation: the judge reaches 62.0 % of the answers from their reasoning, "
+                      "under 80.0 %: raise the consistency reward's weight or inspect the cases (reward hacking)."]
+    # Planted: accuracy rises while the consistent share of right answers falls (memorising).
+    memorising = failure_signatures({**base, **_stage3((0.50, 0.60), (0.45, 0.48))})
+    assert len(memorising) == 1 and "stage3: the accuracy reward rose (50.0 % -> 60.0 %)" in memorising[0]
+    assert "fell (90.0 % -> 80.0 %): strengthen the process reward (memorising)." in memorising[0]
+    # Both, when the share also ends under the floor.
+    both = failure_signatures({**base, **_stage3((0.50, 0.60), (0.45, 0.30))})
+    assert [line.split(": ")[1].split(" ")[1] for line in both] == ["reference", "accuracy"]
+    # Stages without a consistency reward say nothing about it.
+    assert failure_signatures({**base, "learning/stage1/accuracy_reward/first_quarter": 0.2,
+                               "learning/stage1/accuracy_reward/last_quarter": 0.6}) == []
+    _print_learning({**base, **_stage3((0.50, 0.60), (0.45, 0.48))})
+    assert memorising[0] in capsys.readouterr().out
+    assert f"- {memorising[0]}" in learning_table({**base, **_stage3((0.50, 0.60), (0.45, 0.48))})

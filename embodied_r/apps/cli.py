@@ -132,7 +132,7 @@ def _accuracy(summary: dict[str, Any], key: str) -> str:
 def _print_learning(evaluation: dict[str, Any]) -> None:
     """The learning block: accuracy per phase beside chance, what they show, rewards per
     stage by quarter."""
-    from embodied_r.evaluation.learning import accuracy_lines, verdict_of
+    from embodied_r.evaluation.learning import accuracy_lines, failure_signatures, verdict_of
     from embodied_r.tracking import LENGTH
     from embodied_r.training.learning import EXPLORATION
 
@@ -145,6 +145,8 @@ def _print_learning(evaluation: dict[str, Any]) -> None:
     verdict = verdict_of(evaluation)
     if verdict:
         print(verdict)
+    for line in failure_signatures(evaluation):
+        print(line)
     stages = sorted({k.split("/")[1] for k in evaluation if k.startswith("learning/") and k.endswith("_quarter")})
     for stage in stages:
         rewards, exploring, lengths = [], [], []

@@ -210,15 +210,66 @@ def verdict_of(figures: Mapping[str, Any]) -> str | None:
 
 
 def learning_table(figures: Mapping[str, Any]) -> list[str]:
-    """Markdown lines: each policy's accuracy with its 95 % interval beside chance, and the
-    verdict in bold; no lines when the run has no learning figures."""
+    """Markdown lines: each policy's accuracy with its 95 % interval beside chance, the
+    verdict in bold and the failure signatures the figures show; no lines when the run has no
+    learning figures."""
     phases = accuracy_lines(figures)
     if not phases:
         return []
     lines = ["| policy | accuracy [95 % interval] |", "|---|---|"]
     lines += [f"| {name} | {text} |" for name, text in phases]
     verdict = verdict_of(figures)
-    return lines + (["", f"**{verdict}**"] if verdict else [])
+    signatures = [f"- {line}" for line in failure_signatures(figures)]
+    return lines + (["", f"**{verdict}**"] if verdict else []) + ([""] + signatures if signatures else [])
+
+
+# The method's failure signatures and its advice for each. The consistency floor is its figure;
+# "rising" and "falling" are read from first- and last-quarter means, which single noisy
+# steps do not move.
+CONSISTENCY_FLOOR = 0.80
+HACKING_ADVICE = "raise the consistency reward's weight or inspect the cases (reward hacking)"
+MEMORISING_ADVICE = "strengthen the process reward (memorising)"
+
+
+def _consistent_share(quarter: Mapping[str, Any], which: str) -> tuple[float, float] | None:
+    """(accuracy reward, share of right answers the reference reaches from their reasoning)
+    in one quarter of a stage: the training consistency reward is paid only for right
+    answers, so its mean over the accuracy reward's is the consistent share of those."""
+    acc = (quarter.get("accuracy_reward") or {}).get(which)
+    cons = (quarter.get("consistency_reward") or {}).get(which)
+    if not isinstance(acc, (int, float)) or not isinstance(cons, (int, float)) or acc <= 0:
+        return None
+    return float(acc), min(1.0, float(cons) / float(acc))
+
+
+def failure_signatures(figures: Mapping[str, Any]) -> list[str]:
+    """One line per failure signature the figures show, each naming it, the figures and the
+    advice: the judged logical-consistency ratio of the evaluation (``consistency/ratio``) or
+    the consistent share of a stage's last quarter under 80 %; a stage whose accuracy reward
+    rose while that share fell."""
+    lines = []
+    ratio = figures.get("consistency/ratio")
+    if isinstance(ratio, (int, float)) and ratio < CONSISTENCY_FLOOR:
+        lines.append(f"Failure signature, evaluation: the judge reaches {_pct(ratio)} of the answers from their "
+                     f"reasoning, under {_pct(CONSISTENCY_FLOOR)}: {HACKING_ADVICE}.")
+    for stage in learning_stages(figures):
+        quarter = {}
+        for key in figures:
+            parts = key.split("/")
+            if len(parts) == 4 and parts[:2] == [PREFIX, stage] and parts[3] in ("first_quarter", "last_quarter"):
+                quarter.setdefault(parts[2], {})[parts[3].removesuffix("_quarter")] = figures[key]
+        first, last = _consistent_share(quarter, "first"), _consistent_share(quarter, "last")
+        if last is None:
+            continue
+        if last[1] < CONSISTENCY_FLOOR:
+            lines.append(f"Failure signature, {stage}: the reference reaches {_pct(last[1])} of the right answers "
+                         f"from their reasoning in the last quarter, under {_pct(CONSISTENCY_FLOOR)}: "
+                         f"{HACKING_ADVICE}.")
+        if first is not None and last[0] > first[0] and last[1] < first[1]:
+            lines.append(f"Failure signature, {stage}: the accuracy reward rose ({_pct(first[0])} -> {_pct(last[0])}) "
+                         f"while the consistent share of right answers fell ({_pct(first[1])} -> {_pct(last[1])}): "
+                         f"{MEMORISING_ADVICE}.")
+    return lines
 
 
 def learning_stages(figures: Mapping[str, Any]) -> list[str]:
