@@ -30,6 +30,7 @@ sys.path.insert(1, str(ROOT / "tests"))  # test modules import each other by bar
 
 from benchmarks.fault_inputs import cli as _cli  # noqa: E402
 from benchmarks.fault_kills import CASES, OK_ERROR, RECOVERED, case, kill_cases  # noqa: E402
+import benchmarks.fault_disk  # noqa: E402,F401 - registers its cases
 import benchmarks.fault_losses  # noqa: E402,F401 - registers its cases
 import benchmarks.fault_replies  # noqa: E402,F401 - registers its cases
 from tests.servers import ChatStub, StubReply, completion, free_port  # noqa: E402

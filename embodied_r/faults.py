@@ -54,6 +54,116 @@ class WriteFailure(StageFault):
     would do work that cannot be kept."""
 
 
+class DiskFull(StageFault):
+    """A disk filled under a stage or a store. The message names the folder, what is free and
+    the fix; a retry cannot succeed until space is made."""
+
+
+# errno values that mean "no room": ENOSPC, and EDQUOT (a quota is a full disk to the user).
+_NO_ROOM = {28, 122}
+# SQLite's SQLITE_FULL as its Python driver (and SQLAlchemy, and MLflow above it) words it.
+_SQLITE_FULL = "database or disk is full"
+
+
+def _chain(exc: BaseException | None) -> Iterator[BaseException]:
+    """``exc`` and the errors it was raised from or during, each once."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        yield exc
+        exc = exc.__cause__ or exc.__context__
+
+
+def disk_full(exc: BaseException | None) -> bool:
+    """Whether ``exc``, or an error it came from, is a full disk (or quota)."""
+    for e in _chain(exc):
+        if isinstance(e, DiskFull) or (isinstance(e, OSError) and e.errno in _NO_ROOM):
+            return True
+        if _SQLITE_FULL in str(e):
+            return True
+    return False
+
+
+def full_path(exc: BaseException | None) -> str:
+    """The file the first full-disk error along ``exc``'s chain was writing, where it says;
+    "" otherwise (SQLite's error names no file: the store's own folder is the caller's to say).
+    The first, not any: a store's error raised while a stage's full disk was being handled
+    carries the stage's error as its context."""
+    for e in _chain(exc):
+        if isinstance(e, OSError) and e.errno in _NO_ROOM:
+            return str(e.filename or "")
+        if isinstance(e, DiskFull) or _SQLITE_FULL in str(e):
+            return ""
+    return ""
+
+
+def size_text(n: float) -> str:
+    """Bytes in the unit that shows them: a small model's checkpoints are not "0.0 GB"."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n:.0f} bytes"
+
+
+def free_text(path: str | os.PathLike[str]) -> str:
+    """What is free on the disk of ``path`` (its nearest existing parent), or "" when unknown."""
+    import shutil
+    from pathlib import Path
+
+    p = Path(path)
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    try:
+        return size_text(shutil.disk_usage(p).free)
+    except OSError:
+        return ""
+
+
+def disk_full_line(what: str, folder: str | os.PathLike[str], need: str = "", store: bool = False) -> str:
+    """The one line for a full disk under ``folder`` while ``what`` wrote there: what is free
+    (and ``need``, where the writer knew it) and where to make room."""
+    free = free_text(folder)
+    sizes = "; ".join(part for part in (f"needs about {need}" if need else "", f"{free} free" if free else "") if part)
+    move = ("point the tracking store (tracking.tracking_uri, or MLFLOW_TRACKING_URI) to a larger disk" if store
+            else "move the project home (EMBODIED_R_HOME) to a larger disk")
+    return (f"{what}: the disk under {folder} is full{f' ({sizes})' if sizes else ''}: free space there or {move}, "
+            "then run the same command again")
+
+
+# Which failures a retry of the whole stage can get past. A stage resumes per item, so a retry
+# is cheap when the cause may pass (a dropped connection, a server restarting, a killed
+# worker); a cause that is still there a moment later only makes the user wait for the same
+# error. Named by class (module and name, matched along the class's bases) so that this
+# module imports none of the modules that raise them.
+NOT_TRANSIENT: tuple[tuple[str, str, str], ...] = (
+    ("embodied_r.faults", "StageFault", "stopped on purpose: an outage after the backend's own retries, too "
+                                        "many failed items, a full disk, a damaged finished folder"),
+    ("embodied_r.io", "StageBusy", "another run holds the stage's lock"),
+    ("embodied_r.training.disk", "DiskSpaceError", "too little disk for the checkpoints"),
+    ("embodied_r.paths", "HomeMovedError", "the project home was moved"),
+    ("embodied_r.paths", "HomeUnusable", "the project home cannot be created or written"),
+    ("embodied_r.tracking_store", "TrackingUnavailable", "the tracking store does not answer"),
+    ("builtins", "ValueError", "a value refused: a configuration error (RecipeError, pydantic's ValidationError, "
+                               "StageError), a damaged or refused source (DataSourceError, CatalogError)"),
+    ("builtins", "FileNotFoundError", "an input that is missing"),
+    ("builtins", "PermissionError", "a folder or file the stage may not write"),
+    ("builtins", "IsADirectoryError", "a folder where a file belongs"),
+    ("builtins", "NotADirectoryError", "a file where a folder belongs"),
+    ("pyarrow.lib", "ArrowInvalid", "an input that does not read (a damaged Parquet file)"),
+    ("zipfile", "BadZipFile", "a damaged archive"),
+    ("embodied_r.keyframes.video", "VideoError", "a video that cannot be used"),
+)
+
+
+def transient(exc: BaseException) -> bool:
+    """Whether a retry of the stage that raised ``exc`` may succeed: not for a full disk, nor for
+    anything in :data:`NOT_TRANSIENT`; yes for everything else."""
+    if disk_full(exc):
+        return False
+    names = {f"{cls.__module__}.{cls.__qualname__}" for cls in type(exc).__mro__}
+    return not any(f"{module}.{name}" in names for module, name, _ in NOT_TRANSIENT)
+
+
 # Things that look like credentials, in the forms servers echo them back.
 _SECRET_PATTERNS = [
     # "Authorization: Bearer xyz", "bearer xyz", "Basic xyz"
@@ -144,6 +254,40 @@ def check_failed_fraction(stage: str, failed: int, total: int, limit: float, det
             f"stage's .partial folder: fix the cause and run again to redo only the failed items, "
             f"or raise {stage}.max_failed_fraction (the same folder resumes)"
         )
+
+
+# How FFmpeg starts each of its messages: "[mov,mp4,m4a,3gp,3g2,mj2 @ 0x55d0c0a0b700] ...".
+_FFMPEG_LINE = re.compile(rb"^\[[^\]\n]* @ 0x[0-9a-f]+\] ")
+_native_lock = threading.Lock()
+
+
+@contextmanager
+def ffmpeg_messages() -> Iterator[list[str]]:
+    """FFmpeg's messages printed inside the block (by OpenCV, to file descriptor 2), kept in the
+    yielded list for the caller to attach to its video: a bare "moov atom not found" names no
+    video. Anything else written meanwhile is passed on; one block at a time per process."""
+    import sys
+    import tempfile
+
+    found: list[str] = []
+    with _native_lock, tempfile.TemporaryFile() as held:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        os.dup2(held.fileno(), 2)
+        try:
+            yield found
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            other = []
+            for line in held.read().splitlines(keepends=True):
+                if _FFMPEG_LINE.match(line):
+                    found.append(" ".join(line[line.index(b"] ") + 2:].decode(errors="replace").split()))
+                else:
+                    other.append(line)
+            if other:
+                os.write(2, b"".join(other))
 
 
 PARENT_PID_ENV = "EMBODIED_R_PARENT_PID"

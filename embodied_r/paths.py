@@ -23,6 +23,22 @@ class HomeMovedError(RuntimeError):
     """The home was created elsewhere; the message says how to relocate it."""
 
 
+class HomeUnusable(RuntimeError):
+    """The project home cannot be created or written; the message names it as the home."""
+
+
+def _unusable(root: Path, doing: str, exc: OSError) -> HomeUnusable:
+    from embodied_r.faults import disk_full, disk_full_line
+
+    if disk_full(exc):
+        return HomeUnusable(disk_full_line(f"the project home {root}", root))
+    why = exc.strerror or type(exc).__name__
+    where = f" at {exc.filename}" if exc.filename and str(exc.filename) != str(root) else ""
+    return HomeUnusable(
+        f"the project home {root} (EMBODIED_R_HOME) cannot be {doing} ({why}{where}): set EMBODIED_R_HOME, or "
+        "pass --home, to a folder you can write (it is made when missing), or make that one writable")
+
+
 def home() -> Path:
     """``$EMBODIED_R_HOME``, else ``~/.embodied-r``. May be a shared filesystem when
     work pools run on different machines."""
@@ -48,17 +64,38 @@ def claim_home(root: Path | None = None) -> Path:
     try:
         recorded = json.loads(marker.read_text())["path"]
     except FileNotFoundError:
-        root.mkdir(parents=True, exist_ok=True)
-        tmp = marker.with_name(f".{marker.name}.{uuid.uuid4().hex}.tmp")
-        tmp.write_text(json.dumps({"path": str(root)}))
-        os.replace(tmp, marker)
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise _unusable(root, "created", exc) from None
+        _write_marker(root, marker)
         return root
+    except NotADirectoryError as exc:  # a file where the home or a folder above it should be
+        raise _unusable(root, "created", exc) from None
+    except OSError as exc:  # a folder we may not read
+        raise _unusable(root, "read", exc) from None
+    # Every stage writes under the home: a read-only one is said now, as the home, not as
+    # the first stage's failure to write some file deep inside it.
+    _write_marker(root, marker, probe=True)
     if Path(recorded) != root:
         raise HomeMovedError(
             f"the project home {root} was created at {recorded}; the paths it records still point "
             f"there. Run `embodied-r relocate --home {root}` to rewrite them, or use it at {recorded}"
         )
     return root
+
+
+def _write_marker(root: Path, marker: Path, probe: bool = False) -> None:
+    tmp = marker.with_name(f".{marker.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        tmp.write_text(json.dumps({"path": str(root)}))
+        if probe:
+            tmp.unlink()
+        else:
+            os.replace(tmp, marker)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise _unusable(root, "written", exc) from None
 
 
 @contextmanager

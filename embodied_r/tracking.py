@@ -205,6 +205,9 @@ def quiet_store_logs() -> None:
 
     for name in _STORE_LOGGERS:
         logging.getLogger(name).setLevel(logging.WARNING)
+    # It logs, with the SQL and a traceback, each database error it then raises: the error
+    # itself reaches the caller (a full disk becomes the run's one line, ``tracking_store``).
+    logging.getLogger("mlflow.store.db.utils").setLevel(logging.CRITICAL)
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,10 @@ once and marked lost, and every later call fails at once with :class:`TrackingLo
 run's bookkeeping (``guard``) catches it and goes on without tracking: the stages' work is on
 disk, and a rerun with the server back logs what is missing, as it logs any cached stage.
 
-A local store (SQLite, files) has no server and is never checked.
+A local store (SQLite, files) has no server and is never checked; its client is guarded all
+the same, for a full disk: the first call that fails on one marks the store lost, in one line
+naming the folder and the fix, and every later call is skipped as for a server gone. Going on
+matters more than the record: the stages' work is on disk, and the rerun logs what is missing.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import Any, Iterator
 from urllib.parse import urlsplit
 
 from embodied_r import progress
+from embodied_r.faults import disk_full, disk_full_line, full_path
 
 # Long enough for a busy server to answer its health check, short enough to say at once
 # that nothing does.
@@ -42,7 +46,7 @@ class TrackingLost(TrackingUnavailable):
 
 
 _lock = threading.Lock()
-_lost: dict[str, dict[str, str]] = {}  # uri -> {"why", "where"}, once found gone
+_lost: dict[str, dict[str, str]] = {}  # uri -> {"why", "where", "said", "full"}, once found gone
 
 
 def is_remote(uri: str) -> bool:
@@ -93,21 +97,48 @@ def tracking_lost(uri: str) -> bool:
         return uri in _lost
 
 
-def mark_lost(uri: str, why: str, where: str = "") -> None:
+def mark_lost(uri: str, why: str, where: str = "", full: str = "") -> None:
+    """``full``: the folder whose disk filled, when that is why the store is lost."""
     with _lock:
-        _lost.setdefault(uri, {"why": why, "where": where, "said": ""})
+        _lost.setdefault(uri, {"why": why, "where": where, "said": "", "full": full})
+
+
+def store_folder(uri: str) -> str:
+    """The folder a local store's files are in (a SQLite file's folder); the URI otherwise."""
+    if uri.startswith("sqlite:///"):
+        return os.path.dirname(uri[len("sqlite:///"):]) or "."
+    if uri.startswith("file://"):
+        return uri[len("file://"):]
+    return uri if "://" not in uri else ""
+
+
+def _full_text(uri: str, state: dict[str, str]) -> str:
+    return disk_full_line(f"the MLflow store {uri}", state["full"], store=True)
 
 
 def _lost_error(uri: str) -> TrackingLost:
     with _lock:
-        why = _lost.get(uri, {}).get("why", "")
-    return TrackingLost(f"tracking lost: the MLflow server at {uri} stopped answering ({why})")
+        state = dict(_lost.get(uri, {}))
+    if state.get("full"):
+        return TrackingLost(f"tracking lost: {_full_text(uri, state)}")
+    return TrackingLost(f"tracking lost: the MLflow server at {uri} stopped answering ({state.get('why', '')})")
+
+
+def lost_to_full_disk(uri: str, exc: BaseException) -> bool:
+    """Mark the store of ``uri`` lost when ``exc`` is a full disk under it (its database or
+    its artifacts); whether it was."""
+    if not disk_full(exc):
+        return False
+    mark_lost(uri, "its disk is full", full=os.path.dirname(full_path(exc)) or store_folder(uri) or uri)
+    return True
 
 
 def ensure_answers(uri: str) -> None:
     """Raise :class:`TrackingLost` at once when the store of ``uri`` is lost or stops
     answering now."""
     if not is_remote(uri):
+        if tracking_lost(uri):
+            raise _lost_error(uri)
         return
     if not tracking_lost(uri):
         why = unanswered(uri)
@@ -137,6 +168,10 @@ class GuardedClient:
             try:
                 return attr(*args, **kwargs)
             except Exception as exc:
+                if lost_to_full_disk(self._uri, exc):
+                    raise _lost_error(self._uri) from exc
+                if not is_remote(self._uri):
+                    raise
                 # Gone in the middle of this call (after MLflow's retries): lost from now on.
                 why = unanswered(self._uri)
                 if why is None:
@@ -148,8 +183,8 @@ class GuardedClient:
 
 
 def guarded(client: Any, uri: str) -> Any:
-    """``client`` guarded when its store is a server; as it is otherwise."""
-    return GuardedClient(client, uri) if is_remote(uri) else client
+    """``client`` guarded: against a server gone, and against a full disk under any store."""
+    return GuardedClient(client, uri)
 
 
 @contextmanager
@@ -162,16 +197,26 @@ def guard(uri: str, where: str) -> Iterator[None]:
         yield
     except TrackingLost:
         _say_lost(uri, where)
+    except Exception as exc:
+        # A block's own MLflow call outside the client (mlflow's fluent API, an artifact
+        # written by hand) that hit a full disk loses the store as the client's would.
+        if not lost_to_full_disk(uri, exc):
+            raise
+        _say_lost(uri, where)
 
 
 def _say_lost(uri: str, where: str) -> None:
     with _lock:
-        state = _lost.setdefault(uri, {"why": "", "where": where, "said": ""})
+        state = _lost.setdefault(uri, {"why": "", "where": where, "said": "", "full": ""})
         state["where"] = state["where"] or where
         if state["said"]:
             return
         state["said"] = "yes"
-        why, first = state["why"], state["where"]
+        why, first, snapshot = state["why"], state["where"], dict(state)
+    if snapshot.get("full"):
+        progress.say(f"tracking lost at {first}: {_full_text(uri, snapshot)}; the run goes on without tracking, "
+                     "every stage's work is kept on disk")
+        return
     progress.say(f"tracking lost at {first}: the MLflow server at {uri} stopped answering ({why}); the run goes on "
                  "without tracking, every stage's work is kept on disk")
 
@@ -183,6 +228,9 @@ def lost_line(uri: str) -> str:
     if state is None:
         return ""
     where = f" at {state['where']}" if state["where"] else ""
+    if state.get("full"):
+        return (f"tracking lost{where}: {_full_text(uri, state)}; every stage's work is kept on disk and the rerun "
+                "logs what is missing")
     return (f"tracking lost{where}: the MLflow server at {uri} stopped answering ({state['why']}); every stage's "
             f"work is kept on disk: start the server again ({START_SCRIPT}) and rerun the same command to log "
             "what is missing (no stage is redone)")

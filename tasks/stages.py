@@ -20,7 +20,8 @@ from prefect.cache_policies import NO_CACHE
 from prefect.states import Completed, State
 
 from embodied_r import progress
-from embodied_r.io import read_summary
+from embodied_r.faults import DiskFull, disk_full, disk_full_line, full_path, transient
+from embodied_r.io import partial_path, read_summary
 from embodied_r.pipeline import StagePlan, execute
 from embodied_r.stage_kinds import KINDS, kind_of
 from embodied_r.tracking import Tracker, record_stage
@@ -105,10 +106,13 @@ def run_stage(stage: dict[str, Any], tracker: Tracker | None = None) -> dict[str
         with progress.listening(progress.Throttled(_ProgressArtifact(sp.name), seconds=2.0)):
             summary = execute(sp, mlflow_run_id=run_id)
     except BaseException as exc:
-        _announce(sp, "failed", time.monotonic() - started, type(exc).__name__)
+        full = disk_full(exc)
+        _announce(sp, "failed", time.monotonic() - started, "disk full" if full else type(exc).__name__)
         if run_id:
             with tracker.guard(sp.name):
                 tracker.finish(run_id, "FAILED")
+        if full and not isinstance(exc, DiskFull):
+            raise DiskFull(_disk_full_line(sp, exc)) from exc
         raise
     if run_id:
         with tracker.guard(sp.name):
@@ -127,6 +131,17 @@ def run_stage(stage: dict[str, Any], tracker: Tracker | None = None) -> dict[str
     except Exception:  # noqa: BLE001 - artifacts are a convenience, not part of the result
         pass
     return _payload(sp, run_id, summary)
+
+
+def _disk_full_line(sp: StagePlan, exc: BaseException) -> str:
+    """A full disk met by a stage, in one line: the folder it was writing (its own ``.partial``
+    folder when the file was inside it: the deeper path says nothing more), what is free, and
+    the fix. The folder stays ``.partial``, so the rerun resumes it."""
+    partial = partial_path(Path(sp.out))
+    written = Path(full_path(exc) or partial)
+    folder = partial if written == partial or partial in written.parents else written.parent
+    return (f"{disk_full_line(sp.name, folder)}; the stage's work so far is kept in {partial.name} "
+            "and the rerun resumes it")
 
 
 def _left_out(sp: StagePlan, summary: dict[str, Any]) -> str:
@@ -159,20 +174,13 @@ def _headline(kind: str, summary: dict[str, Any]) -> str:
 
 
 def _worth_retrying(task: Any, task_run: Any, state: Any) -> bool:
-    """A stage that stopped on purpose (an outage after the backend's own retries, too many
-    failed items, a busy lock) or on an input that is missing or does not read fails again at
-    once: retrying only hides it for minutes."""
-    from pyarrow import ArrowInvalid
-
-    from embodied_r.faults import StageFault
-    from embodied_r.io import StageBusy
-
+    """Only a failure that may pass is retried (``faults.transient``, one table for every
+    stage): a full disk, a refused input or a bad config fails again at once, and a retry only
+    makes the user wait minutes for the same error."""
     try:
         state.result()
-    except (StageFault, StageBusy, FileNotFoundError, ArrowInvalid):
-        return False
-    except BaseException:  # noqa: BLE001 - any other failure may be passing
-        return True
+    except BaseException as exc:  # noqa: BLE001 - the table decides
+        return transient(exc)
     return True
 
 

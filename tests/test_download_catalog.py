@@ -266,3 +266,25 @@ def test_catalog_out_may_be_an_empty_folder_made_ahead(tmp_path, capsys):
     assert cli_main(["catalog", "--source", str(src), "--out", str(foreign), "--force"]) == 2
     assert (foreign / "notes.txt").read_text() == "mine"
     assert "not an empty folder" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("escape", ["../../../outside.mp4", "../../outside.mp4", "/abs/outside.mp4"])
+def test_a_row_whose_video_path_leaves_its_benchmark_is_refused_not_missing(tmp_path, escape):
+    """A file outside the benchmark that exists is not read, and one that does not is not
+    called missing: the path itself is refused, so the reason says so and names the fix."""
+    raw = tmp_path / "raw"
+    uv = raw / bm.URBANVIDEO_DIR
+    (uv / "videos").mkdir(parents=True)
+    (uv / "videos" / "inside.mp4").write_bytes(b"video bytes")
+    (tmp_path / "outside.mp4").write_bytes(b"not the benchmark's")  # what ../../../ reaches
+    question = "Question: Where?\nChoices:\nA. Left.\nB. Right."
+    rows = [{"Question_id": i, "video_id": vid, "question_category": "Landmark Position", "question": question,
+             "answer": "A"} for i, vid in enumerate(["inside.mp4", escape])]
+    pq.write_table(pa.Table.from_pylist(rows, schema=schemas.URBANVIDEO_MCQ), uv / bm.URBANVIDEO_FILE)
+    out = tmp_path / "catalog"
+    summary = run_catalog(raw, out, CatalogConfig())
+    assert [r["video_id"] for r in pq.read_table(out / "catalog.parquet").to_pylist()] == ["inside.mp4"]
+    assert summary["failure_reasons"] == {"path_outside_benchmark": 1}
+    (reason,) = [r["reason"] for r in pq.read_table(out / "failures.parquet").to_pylist()]
+    assert reason.startswith(f"path_outside_benchmark: video {escape!r} leaves {uv}")
+    assert "fix its video id" in reason and "\n" not in reason

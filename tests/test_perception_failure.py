@@ -85,3 +85,45 @@ def test_an_unknown_value_is_refused(value: str) -> None:
 
     with pytest.raises(ValueError, match="on_failure"):
         PerceptionConfig(on_failure=value)
+
+
+def test_perception_stopped_by_videos_without_key_frames_names_them_and_their_list(tmp_path: Path, capfd) -> None:
+    """Two videos of a local mirror are cut short (no moov atom): the key-frame stage leaves
+    them out with FFmpeg's own words attached, none of them on the terminal, and the perception
+    stage, stopped by their questions, names the videos and the file listing them."""
+    from embodied_r import schemas
+    from embodied_r.faults import TooManyFailures
+    from embodied_r.io import table_from_records, write_parquet_atomic
+    from embodied_r.keyframes.extract import KeyframeConfig
+    from embodied_r.keyframes.stage import run_keyframes
+    from embodied_r.synthetic.world import write_motion_video
+
+    videos = tmp_path / "videos"
+    videos.mkdir()
+    good = write_motion_video(videos / "good.mp4", [("fly forward", 4.0, 1.0), ("turn left", 2.0, 30.0)], width=160, height=90, fps=10.0)
+    for name in ("cut_a", "cut_b"):
+        (videos / f"{name}.mp4").write_bytes(good.read_bytes()[:2048])  # the moov atom is at the end
+    rows = [{"uid": f"q:{vid}", "benchmark": "urbanvideo", "original_id": vid, "video_id": vid,
+             "video_path": str(videos / f"{vid}.mp4"), "scene": vid, "category": "Landmark Position",
+             "question": "Where is the landmark?", "options": ["A. left", "B. right"], "answer": "A",
+             "answer_type": "choice", "split": "train", "fold": 0} for vid in ("good", "cut_a", "cut_b")]
+    catalog = tmp_path / "catalog.parquet"
+    write_parquet_atomic(table_from_records(rows, schemas.CATALOG), catalog)
+    capfd.readouterr()
+    kf = tmp_path / "keyframes"
+    summary = run_keyframes(catalog, kf, KeyframeConfig(workers=1, cache=False))
+    printed = capfd.readouterr()
+    assert summary["failed"] == 2 and "moov atom" not in printed.err + printed.out
+    listed = {r["item"]: r["reason"] for r in pq.read_table(kf / "failures.parquet").to_pylist()}
+    assert set(listed) == {"cut_a", "cut_b"}
+    assert all("cut_" in why and "FFmpeg says: moov atom not found" in why for why in listed.values()), listed
+
+    srv = RecordingServer()
+    try:
+        with pytest.raises(TooManyFailures) as stopped:
+            run_perception(catalog, kf, tmp_path / "out", stage_cfg(srv, "per_question"))
+    finally:
+        srv.stop()
+    line = str(stopped.value)
+    assert "\n" not in line and "no_keyframes" in line
+    assert "2 video(s) have no key frames (cut_a, cut_b)" in line and str(kf / "failures.parquet") in line

@@ -26,6 +26,9 @@ def _setup_env(home: str | None) -> None:
     os.environ.setdefault("PREFECT_LOGGING_LEVEL", "CRITICAL")
     # The ephemeral API server's 20 s start budget is too short on a loaded machine.
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "300")
+    # OpenCV warns once per frame its writer drops ("Failed to write frame"): hundreds of lines
+    # on a full disk, which the stage names in one line (``synthetic.world``).
+    os.environ.setdefault("OPENCV_LOG_LEVEL", "ERROR")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     # Our own bars only: MLflow's "Downloading artifacts" bar would interleave with them.
@@ -353,9 +356,9 @@ def main(argv: list[str] | None = None) -> int:
     from embodied_r.data.catalog import CatalogError
     from embodied_r.config import RecipeError
     from embodied_r.benchmark_rules import DataSourceError
-    from embodied_r.paths import HomeMovedError, claim_home
+    from embodied_r.paths import HomeMovedError, HomeUnusable, claim_home
     from embodied_r.pipeline import StageError
-    from embodied_r.faults import StageFault, redact
+    from embodied_r.faults import StageFault, disk_full, disk_full_line, full_path, redact
     from embodied_r.io import StageBusy
     from embodied_r.tracking_store import TrackingUnavailable
 
@@ -371,7 +374,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command in STAGE_COMMANDS:
             return _cmd_run(args, stage=args.stage)
         return {"plan": _cmd_plan, "validate": _cmd_validate, "recipes": _cmd_recipes}[args.command](args)
-    except (RecipeError, DataSourceError, CatalogError, StageError, HomeMovedError, TrackingUnavailable) as exc:
+    except (RecipeError, DataSourceError, CatalogError, StageError, HomeMovedError, HomeUnusable,
+            TrackingUnavailable) as exc:
         if args.debug:
             raise
         print(f"error: {redact(str(exc))}", file=sys.stderr)
@@ -384,6 +388,13 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - one line for the user; --debug shows the traceback
         if args.debug:
             raise
+        if disk_full(exc):
+            # Outside a stage (a stage names its own folder): the file's folder, else the home.
+            from embodied_r.paths import home
+
+            folder = Path(full_path(exc)).parent if full_path(exc) else home()
+            print(f"error: {disk_full_line(f'embodied-r {args.command}', folder)}", file=sys.stderr)
+            return 1
         text = " ".join(str(exc).split())[:1500]
         print(f"error: {type(exc).__name__}: {redact(text)} (run with --debug for the traceback)", file=sys.stderr)
         return 1

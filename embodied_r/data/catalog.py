@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import time
 from collections import Counter
@@ -103,6 +104,19 @@ def _missing(r: dict, fields: tuple[str, ...]) -> str | None:
     return f"missing_field: {', '.join(empty)} is empty" if empty else None
 
 
+def _outside(base: Path, uid: str, video_id: str, relative: str) -> dict | None:
+    """The failure of a row whose video path leaves its benchmark folder (``..``, an absolute
+    path), or None. Judged on the path as written, not as resolved: a mirror's videos may be
+    links to elsewhere, and those are the user's own."""
+    folder = os.path.normpath(base)
+    path = os.path.normpath(os.path.join(folder, "videos", relative))
+    if os.path.commonpath([folder, path]) == folder:
+        return None
+    return {"stage": "preprocess", "item": uid,
+            "reason": f"path_outside_benchmark: video {video_id!r} leaves {base}, so it is not read; the row is "
+                      "left out (fix its video id in the source to a path inside the benchmark folder)"}
+
+
 def _facts(base: Path) -> dict[str, str]:
     """Question id -> what decides its answer (JSON), from a benchmark folder that says (the
     synthetic benchmark's ``question_facts.parquet``); empty for the real benchmarks."""
@@ -121,6 +135,9 @@ def _urbanvideo_rows(root: Path, failures: list[dict]) -> list[dict]:
         uid = f"{bm.URBANVIDEO}:{r['Question_id']}"
         if why := _missing(r, ("Question_id", "video_id", "question", "answer")):
             failures.append({"stage": "preprocess", "item": uid, "reason": why})
+            continue
+        if refused := _outside(base, uid, r["video_id"], r["video_id"]):
+            failures.append(refused)
             continue
         stem, options = bm.split_urbanvideo_question(r["question"] or "")
         answer = (r["answer"] or "").strip().upper()
@@ -156,6 +173,9 @@ def _vsibench_rows(root: Path, failures: list[dict]) -> list[dict]:
                              f"ground_truth {answer!r} is not one of the options {[o[0] for o in options]}"})
             continue
         video_id = f"{r['dataset']}/{r['scene_name']}"
+        if refused := _outside(base, uid, video_id, f"{video_id}.mp4"):
+            failures.append(refused)
+            continue
         rows.append({
             "uid": uid, "benchmark": bm.VSIBENCH, "original_id": str(r["id"]), "video_id": video_id,
             "video_path": str((base / "videos" / f"{video_id}.mp4").resolve()),

@@ -27,6 +27,8 @@ from typing import Iterable, Iterator
 import cv2
 import numpy as np
 
+from embodied_r.faults import ffmpeg_messages
+
 
 # Containers often miscount by a frame or two; a stream short by more than this is damaged.
 TRUNCATION_SHARE = 0.1
@@ -85,10 +87,12 @@ def open_video(path: str | Path, threads: int | None = 0) -> tuple[cv2.VideoCapt
             return cap, info
         cap.release()
         return open_video(p, 0)
-    cap = cv2.VideoCapture(str(p), cv2.CAP_ANY, [cv2.CAP_PROP_N_THREADS, threads]) if threads > 0 else \
-        cv2.VideoCapture(str(p))
+    with ffmpeg_messages() as said:
+        cap = cv2.VideoCapture(str(p), cv2.CAP_ANY, [cv2.CAP_PROP_N_THREADS, threads]) if threads > 0 else \
+            cv2.VideoCapture(str(p))
     if not cap.isOpened():
-        raise VideoError("unreadable", p, "OpenCV/FFmpeg cannot open it (corrupt or unsupported)")
+        raise VideoError("unreadable", p, "OpenCV/FFmpeg cannot open it (corrupt or unsupported)"
+                         + (f"; FFmpeg says: {'; '.join(dict.fromkeys(said))}" if said else ""))
     fps = cap.get(cv2.CAP_PROP_FPS)
     if not math.isfinite(fps) or fps <= 0:
         cap.release()

@@ -45,6 +45,23 @@ def check_actions(cfg: Any, summary: dict[str, Any], work: Path) -> None:
         "model that reads the images and answers in the prompt's points, then rerun with --refresh perception")
 
 
+# Videos named on the line of a stage stopped by them; the file named beside lists them all.
+SHOWN_VIDEOS = 3
+
+
+def without_keyframes(questions: list[Question], failures: dict[str, str], keyframes: Path) -> str:
+    """The videos the key-frame stage left out that questions here failed on, first few named,
+    and the file where that stage lists them all with why: the fix is in those videos, and
+    "fix the cause" alone sends the user looking."""
+    videos = list(dict.fromkeys(q.video_id for q in questions if q.uid in failures and not q.frames))
+    if not videos:
+        return ""
+    shown = ", ".join(videos[:SHOWN_VIDEOS]) + (f" and {len(videos) - SHOWN_VIDEOS} more" if len(videos) > SHOWN_VIDEOS
+                                                else "")
+    return (f"; {len(videos)} video(s) have no key frames ({shown}): the key-frame stage left them out, "
+            f"with why, in {keyframes / 'failures.parquet'}")
+
+
 def _reason_kind(reason: str) -> str:
     if reason.startswith("no key frames"):
         return "no_keyframes"

@@ -45,7 +45,7 @@ from embodied_r.io import (
     write_summary,
 )
 from embodied_r.perception.modes import QUESTION_PHASE, Call, PerQuestion, PerVideo, Question, make_mode
-from embodied_r.perception.outputs import check_actions, server_hint, write_outputs
+from embodied_r.perception.outputs import check_actions, server_hint, without_keyframes, write_outputs
 from embodied_r.perception.parse import FrameInfo, video_text
 from embodied_r.perception.prompts import ImageOrder, PerceiverTexts, PromptStyle, ReplyFormat
 from embodied_r.settings import operational
@@ -338,7 +338,7 @@ def _work(work: Path, ready: list[Question], cfg: PerceptionConfig, catalog: Pat
 
 
 def _finish(work: Path, questions: list[Question], ready: list[Question], failures: dict[str, str],
-            cfg: PerceptionConfig, run: dict[str, Any]) -> dict[str, Any]:
+            cfg: PerceptionConfig, run: dict[str, Any], keyframes: Path) -> dict[str, Any]:
     """The stage's outputs from the item log of ``work`` and the run's counters and errors."""
     mode = cfg.plan()
     item_log = ItemLog(work / "items.jsonl", key="key", validate=_valid_entry)
@@ -351,8 +351,8 @@ def _finish(work: Path, questions: list[Question], ready: list[Question], failur
     summary["on_failure"] = cfg.on_failure
     # A question kept on a placeholder counts against the limit as a dropped one does.
     check_failed_fraction(STAGE, summary["failed"] + summary["questions_with_placeholder"], len(questions),
-                          cfg.max_failed_fraction,
-                          f"reasons {summary['reasons']}; see failures.parquet{server_hint(cfg, summary)}")
+                          cfg.max_failed_fraction, f"reasons {summary['reasons']}; see failures.parquet"
+                          f"{server_hint(cfg, summary)}{without_keyframes(questions, failures, keyframes)}")
     check_actions(cfg, summary, work)
     return summary
 
@@ -379,7 +379,7 @@ def run_perception(catalog: Path, keyframes: Path, out: Path, cfg: PerceptionCon
             run = summed(shards, RUN_COUNTERS)
             run["structured_output_refused"] = max(s["structured_output_refused"] for s in shards)
             run["errors"] = {k: v for s in shards for k, v in s["errors"].items()}
-            return _finish(work, questions, ready, failures, cfg, run)
+            return _finish(work, questions, ready, failures, cfg, run, keyframes)
 
         pin = cfg.model_copy(update={"backend": cfg.backend.pin(shard)})
         return run_sharded(out, cfg.shards, Sharding(
@@ -387,7 +387,7 @@ def run_perception(catalog: Path, keyframes: Path, out: Path, cfg: PerceptionCon
             work=lambda work, videos: _work(work, mine(videos), pin, catalog),
             log_keys=lambda videos: {c.key for c in cfg.plan().calls(mine(videos))}), shard)
     with stage_folder(out) as work:
-        summary = _finish(work, questions, ready, failures, cfg, _work(work, ready, cfg, catalog))
+        summary = _finish(work, questions, ready, failures, cfg, _work(work, ready, cfg, catalog), keyframes)
         write_summary(work, summary)
     return summary
 

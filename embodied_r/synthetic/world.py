@@ -205,6 +205,7 @@ def render(pano: np.ndarray, things: Sequence[Thing], pose_fn: Callable[[float],
         path.parent.mkdir(parents=True, exist_ok=True)
         w = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"mp4v"), fps, (width, height))
         if not w.isOpened():
+            _no_room(path)
             raise RuntimeError(f"OpenCV cannot write {path}: its FFmpeg build lacks the mp4v encoder")
         writers.append((w, n))
     first_seen: list[int | None] = [None] * len(things)
@@ -224,7 +225,41 @@ def render(pano: np.ndarray, things: Sequence[Thing], pose_fn: Callable[[float],
     finally:
         for w, _ in writers:
             w.release()
+    for path, n in outputs:
+        _check_written(path, n)
     return first_seen, first_glimpse
+
+
+# Below this much free space a writer that failed is taken to have met a full disk.
+_ROOM_BYTES = 1 << 20
+
+
+def _no_room(path: Path) -> None:
+    """Raise ENOSPC when the disk under ``path`` is (all but) full: OpenCV's writer says only
+    that it failed, and a full disk must be named as one, not as a missing encoder."""
+    import errno
+    import shutil
+
+    if shutil.disk_usage(path.parent).free < _ROOM_BYTES:
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+
+def _check_written(path: Path, n: int) -> None:
+    """A written video reads back with its ``n`` frames. OpenCV's writer drops the frames it
+    cannot write with a warning and no error, so a disk that filled would otherwise leave a
+    benchmark of cut or unreadable videos, taken as finished."""
+    from embodied_r.faults import ffmpeg_messages
+
+    with ffmpeg_messages() as said:
+        cap = cv2.VideoCapture(str(path))
+    try:
+        count = int(cap.get(cv2.CAP_PROP_FRAME_COUNT)) if cap.isOpened() else 0
+    finally:
+        cap.release()
+    if count != n:
+        _no_room(path)
+        raise RuntimeError(f"OpenCV wrote {path} with {count} of its {n} frames"
+                           + (f" (FFmpeg: {'; '.join(said)})" if said else ""))
 
 
 def write_motion_video(path: Path, motions: Sequence[tuple[str, float, float]], *, seed: int = 0,

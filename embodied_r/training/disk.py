@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from embodied_r.faults import size_text
 from embodied_r.training.environment import TrainerEnvironment
 
 log = logging.getLogger(__name__)
@@ -141,14 +142,6 @@ def free_bytes(path: Path) -> int:
     while not path.exists():
         path = path.parent
     return shutil.disk_usage(path).free
-
-
-def size_text(n: float) -> str:
-    """Bytes in the unit that shows them: a small model's checkpoints are not "0.0 GB"."""
-    for unit, scale in (("GB", GB), ("MB", 1e6), ("kB", 1e3)):
-        if abs(n) >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n:.0f} bytes"
 
 
 def check_disk(out: Path, model: str, env: TrainerEnvironment, steps: int, what: str,

@@ -1,0 +1,210 @@
+"""A full disk, an unusable project home, and what is retried: each caused for real.
+
+The disks are small tmpfs file systems mounted for the test (root, or a user allowed to mount,
+is needed; elsewhere the tests are skipped with that reason). They fill as a user's disk fills:
+by the stage's own writes, or, for the tracking store, by a file that takes the room left at
+a known moment of the run (the moment is arranged, the full disk is real).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+NO_MOUNT = "mounting a tmpfs needs root (or CAP_SYS_ADMIN) here; a full disk cannot be made for real otherwise"
+
+
+def _mount(point: Path, options: str) -> bool:
+    point.mkdir(parents=True, exist_ok=True)
+    return subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(point)],
+                          capture_output=True).returncode == 0
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Callable[[str, str], Path]]:
+    """``small_disk(name, options)``: a tmpfs mounted at ``tmp_path/name`` (``size=8m``, ``ro``...),
+    unmounted after the test."""
+    mounted: list[Path] = []
+
+    def make(name: str, options: str) -> Path:
+        point = tmp_path / name
+        if not _mount(point, options):
+            pytest.skip(NO_MOUNT)
+        mounted.append(point)
+        return point
+
+    yield make
+    for point in reversed(mounted):
+        subprocess.run(["umount", "-l", str(point)], capture_output=True)
+
+
+def _env(home: Path, **extra: str) -> dict[str, str]:
+    # Prefect's own database stays off the small disk: its failures are Prefect's, not ours.
+    return {**os.environ, "PYTHONPATH": str(ROOT), "EMBODIED_R_HOME": str(home),
+            "PREFECT_HOME": str(home.parent / "prefect"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false", **extra}
+
+
+def _cli(args: list[str], env: dict[str, str], code: str | None = None) -> subprocess.CompletedProcess:
+    head = ["-c", code] if code else ["-m", "embodied_r.apps.cli"]
+    return subprocess.run([sys.executable, *head, *args], env=env, cwd=ROOT, capture_output=True, text=True,
+                          timeout=600)
+
+
+def _after_stage_lines(text: str) -> list[str]:
+    lines = [t for t in text.splitlines() if t.strip()]
+    last = max((i for i, t in enumerate(lines) if t.startswith("[stage]")), default=-1)
+    return lines[last + 1:]
+
+
+def fill(folder: Path) -> Path:
+    """Take every byte left on the disk of ``folder``: a real ENOSPC for the next write."""
+    ballast = folder / "ballast"
+    with open(ballast, "wb") as fh:
+        try:
+            while True:
+                fh.write(b"\0" * (1 << 16))
+                fh.flush()
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC
+    return ballast
+
+
+def test_a_disk_that_fills_during_a_stage_stops_it_in_one_line_and_the_rerun_finishes(small_disk, tmp_path) -> None:
+    disk = small_disk("disk", "size=8m")  # the smoke benchmark needs about 21 MB; the store fits
+    home = disk / "home"
+    started = time.monotonic()
+    full = _cli(["download", "--recipe", "smoke"], _env(home))
+    took = time.monotonic() - started
+    text = full.stdout + full.stderr
+    assert full.returncode == 1, text[-3000:]
+    assert "Traceback" not in text and "[SQL" not in text and "moov atom" not in text and "WARN" not in text, \
+        text[-3000:]
+    assert len(_after_stage_lines(text)) <= 3, text[-3000:]
+    (error,) = [t for t in full.stderr.splitlines() if t.startswith("error:")]
+    assert error.startswith(f"error: download: the disk under {home}") and " is full (" in error, error
+    assert "free space there or move the project home (EMBODIED_R_HOME)" in error and ".partial" in error
+    # Said once as the stage's, and once as the store's (in the same home), each in one line.
+    assert sum("tracking lost" in t for t in full.stdout.splitlines()) == 1, full.stdout
+    # Not retried: a full disk is still full ten seconds later.
+    assert text.count("[stage] download      started") == 1 and took < 120, text[-3000:]
+    folders = sorted(p.name for p in (home / "stages" / "download").iterdir())
+    assert not [f for f in folders if not f.endswith((".partial", ".lock"))], folders  # nothing marked done
+
+    subprocess.run(["mount", "-o", "remount,size=64m", str(disk)], check=True)  # room made
+    again = _cli(["download", "--recipe", "smoke"], _env(home))
+    assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
+    assert [p for p in (home / "stages" / "download").iterdir() if p.suffix == "" and p.is_dir()]
+
+
+# Fills the store's disk when the preprocess stage starts (its MLflow child run is open by then).
+FILL_AT_PREPROCESS = """
+import sys
+from pathlib import Path
+import tasks.stages as stages
+from tests.test_fault_disk import fill
+announce = stages._announce
+def at(sp, event, *args, **kwargs):
+    if sp.name == "preprocess" and event == "started":
+        fill(Path({disk!r}))
+    return announce(sp, event, *args, **kwargs)
+stages._announce = at
+from embodied_r.apps.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_tracking_store_whose_disk_fills_is_said_once_and_then_skipped(small_disk, tmp_path) -> None:
+    disk = small_disk("store", "size=16m")
+    home = tmp_path / "home"
+    env = _env(home, MLFLOW_TRACKING_URI=f"sqlite:///{disk / 'mlflow.db'}")
+    first = _cli(["download", "--recipe", "smoke"], env)
+    assert first.returncode == 0, (first.stdout + first.stderr)[-3000:]
+
+    # Prefect is imported before the CLI sets its log level, by the hook's import of the tasks.
+    lost = _cli(["preprocess", "--recipe", "smoke"], {**env, "PREFECT_LOGGING_LEVEL": "CRITICAL"},
+                FILL_AT_PREPROCESS.format(disk=str(disk)))
+    text = lost.stdout + lost.stderr
+    assert lost.returncode == 1, text[-3000:]
+    assert "Traceback" not in text and "[SQL" not in text and "database or disk is full" not in text, text[-3000:]
+    said = [t for t in lost.stdout.splitlines() if "tracking lost" in t]
+    assert len(said) == 1 and f"the MLflow store sqlite:///{disk / 'mlflow.db'}" in said[0], lost.stdout
+    assert f"the disk under {disk} is full" in said[0] and "MLFLOW_TRACKING_URI" in said[0]
+    assert "[stage] preprocess    done" in lost.stdout  # the work went on, untracked
+    (error,) = [t for t in lost.stderr.splitlines() if t.startswith("error:")]
+    assert error.startswith("error: tracking lost at preprocess: the MLflow store") and "rerun logs" in error
+    assert lost.stderr.strip() == error, lost.stderr[-3000:]  # the run's usual outcome above it, on stdout
+
+    (disk / "ballast").unlink()  # room made
+    again = _cli(["preprocess", "--recipe", "smoke"], env)
+    assert again.returncode == 0, (again.stdout + again.stderr)[-3000:]
+    assert " started" not in again.stdout and "tracking lost" not in again.stdout + again.stderr
+
+
+@pytest.mark.parametrize("where", ["under a file", "read-only", "full"])
+def test_an_unusable_home_is_named_as_the_project_home_with_its_fix(small_disk, tmp_path, where) -> None:
+    if where == "under a file":
+        (tmp_path / "a-file").write_text("not a folder")
+        home = tmp_path / "a-file" / "home"
+    elif where == "read-only":
+        home = small_disk("ro", "ro,size=1m") / "home"
+    else:
+        disk = small_disk("full", "size=1m")
+        home = disk / "home"
+        home.mkdir()
+        fill(disk)
+    done = _cli(["run", "--recipe", "smoke"], _env(home))
+    text = (done.stdout + done.stderr).strip()
+    assert done.returncode == 2 and "\n" not in text and "Traceback" not in text, text
+    assert text.startswith(f"error: the project home {home}"), text
+    if where == "full":
+        assert "is full" in text and "move the project home (EMBODIED_R_HOME)" in text
+    else:
+        assert "(EMBODIED_R_HOME) cannot be" in text and "--home" in text
+
+
+def test_only_a_failure_that_may_pass_is_retried() -> None:
+    """One table for every stage's retries (``faults.NOT_TRANSIENT``)."""
+    import zipfile
+
+    import pyarrow as pa
+    from prefect.states import Failed
+    from pydantic import BaseModel
+
+    from embodied_r.benchmark_rules import DataSourceError
+    from embodied_r.config import RecipeError
+    from embodied_r.faults import DiskFull, InfraFailure
+    from embodied_r.io import StageBusy
+    from embodied_r.keyframes.video import VideoError
+    from embodied_r.paths import HomeUnusable
+    from embodied_r.stage_plan import StageError
+    from embodied_r.training.disk import DiskSpaceError
+    from tasks.stages import _worth_retrying
+
+    class Strict(BaseModel):
+        n: int
+
+    try:
+        Strict(n="x")
+    except Exception as exc:  # noqa: BLE001 - pydantic's own ValidationError, as a bad recipe raises it
+        invalid = exc
+    sqlite_full = RuntimeError("(sqlite3.OperationalError) database or disk is full")
+    wrapped = RuntimeError("training failed")
+    wrapped.__cause__ = OSError(errno.ENOSPC, "No space left on device", "/x/checkpoint-4")
+    never = [DiskSpaceError("needs 43 GB"), DiskFull("full"), OSError(errno.ENOSPC, "No space left on device"),
+             OSError(errno.EDQUOT, "Disk quota exceeded"), sqlite_full, wrapped, RecipeError("bad key"), invalid,
+             StageError("unknown stage"), DataSourceError("not laid out"), zipfile.BadZipFile("bad"),
+             pa.ArrowInvalid("magic bytes"), VideoError("unreadable", "v.mp4", "corrupt"), PermissionError("ro"),
+             FileNotFoundError("gone"), StageBusy("held"), InfraFailure("down"), HomeUnusable("home")]
+    for exc in never:
+        assert not _worth_retrying(None, None, Failed(data=exc)), repr(exc)
+    for exc in [RuntimeError("training failed (exit code 1)"), ConnectionResetError("reset"),
+                TimeoutError("slow"), OSError(errno.EIO, "I/O error")]:
+        assert _worth_retrying(None, None, Failed(data=exc)), repr(exc)
