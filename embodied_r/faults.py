@@ -27,9 +27,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import threading
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Iterator, Literal
 
 ErrorKind = Literal["infra", "item"]
@@ -52,6 +54,10 @@ class TooManyFailures(StageFault):
 class WriteFailure(StageFault):
     """A finished item could not be written (a full disk, a read-only folder): going on
     would do work that cannot be kept."""
+
+
+class NotTransient(Exception):
+    """An error a retry cannot get past, raised where this module must not name it (in its key)."""
 
 
 class DiskFull(StageFault):
@@ -97,8 +103,7 @@ def full_path(exc: BaseException | None) -> str:
     return ""
 
 
-def size_text(n: float) -> str:
-    """Bytes in the unit that shows them: a small model's checkpoints are not "0.0 GB"."""
+def size_text(n: float) -> str:  # a small model's checkpoints are not "0.0 GB"
     for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
         if abs(n) >= scale:
             return f"{n / scale:.1f} {unit}"
@@ -107,12 +112,7 @@ def size_text(n: float) -> str:
 
 def free_text(path: str | os.PathLike[str]) -> str:
     """What is free on the disk of ``path`` (its nearest existing parent), or "" when unknown."""
-    import shutil
-    from pathlib import Path
-
-    p = Path(path)
-    while not p.exists() and p != p.parent:
-        p = p.parent
+    p = next((q for q in (Path(path), *Path(path).parents) if q.exists()), Path("/"))
     try:
         return size_text(shutil.disk_usage(p).free)
     except OSError:
@@ -139,7 +139,6 @@ NOT_TRANSIENT: tuple[tuple[str, str, str], ...] = (
     ("embodied_r.faults", "StageFault", "stopped on purpose: an outage after the backend's own retries, too "
                                         "many failed items, a full disk, a damaged finished folder"),
     ("embodied_r.io", "StageBusy", "another run holds the stage's lock"),
-    ("embodied_r.training.disk", "DiskSpaceError", "too little disk for the checkpoints"),
     ("embodied_r.paths", "HomeMovedError", "the project home was moved"),
     ("embodied_r.paths", "HomeUnusable", "the project home cannot be created or written"),
     ("embodied_r.tracking_store", "TrackingUnavailable", "the tracking store does not answer"),
@@ -151,7 +150,7 @@ NOT_TRANSIENT: tuple[tuple[str, str, str], ...] = (
     ("builtins", "NotADirectoryError", "a file where a folder belongs"),
     ("pyarrow.lib", "ArrowInvalid", "an input that does not read (a damaged Parquet file)"),
     ("zipfile", "BadZipFile", "a damaged archive"),
-    ("embodied_r.keyframes.video", "VideoError", "a video that cannot be used"),
+    ("embodied_r.faults", "NotTransient", "too little disk for the checkpoints (DiskSpaceError), a video that cannot be used (VideoError)"),
 )
 
 

@@ -112,6 +112,10 @@ def headline_metrics(final: dict[str, Any]) -> dict[str, float]:
     return out
 
 
+# How much a stage still explores, as TRL logs it per step: the share of groups whose
+# completions all scored alike (their advantages are zero: GRPO learns nothing from them)
+# and the mean token entropy of the completions. Kept beside the rewards, by these names.
+EXPLORATION = {"zero_std_groups": "frac_reward_zero_std", "entropy": "entropy"}
 # The completions' mean length in tokens, as TRL logs it per step, by the name the learning
 # figures give it. The paper follows response length over training: a reasoner that stops
 # reasoning grows shorter, one padding its reasoning to game a reward grows longer.

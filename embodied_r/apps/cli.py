@@ -133,42 +133,10 @@ def _accuracy(summary: dict[str, Any], key: str) -> str:
 
 
 def _print_learning(evaluation: dict[str, Any]) -> None:
-    """The learning block: accuracy per phase beside chance, what they show, rewards per
-    stage by quarter."""
-    from embodied_r.evaluation.learning import accuracy_lines, failure_signatures, verdict_of
-    from embodied_r.tracking import LENGTH
-    from embodied_r.training.learning import EXPLORATION
+    from embodied_r.evaluation.learning import learning_block
 
-    phases = accuracy_lines(evaluation)
-    if not phases:
-        return
-    print("\nLearning (test accuracy [95 % interval]):")
-    for name, text in phases:
-        print(f"  {name:14s} {text}")
-    verdict = verdict_of(evaluation)
-    if verdict:
-        print(verdict)
-    for line in failure_signatures(evaluation):
+    for line in learning_block(evaluation):
         print(line)
-    stages = sorted({k.split("/")[1] for k in evaluation if k.startswith("learning/") and k.endswith("_quarter")})
-    for stage in stages:
-        rewards, exploring, lengths = [], [], []
-        for key in sorted(k for k in evaluation if k.startswith(f"learning/{stage}/") and k.endswith("first_quarter")):
-            name, last = key.split("/")[2], evaluation.get(key.replace("first_quarter", "last_quarter"))
-            if name == "entropy":
-                exploring.append(f"entropy {evaluation[key]:.2f} -> {'-' if last is None else f'{last:.2f}'}")
-                continue
-            if name in LENGTH:
-                lengths.append(f"{evaluation[key]:.0f} -> {'-' if last is None else f'{last:.0f}'} tokens")
-                continue
-            end = "-" if last is None else f"{100 * last:.1f}"
-            label = "groups all scored alike" if name == "zero_std_groups" else name
-            (exploring if name in EXPLORATION else rewards).append(f"{label} {100 * evaluation[key]:.1f} -> {end} %")
-        print(f"  {stage:8s} mean reward, first -> last quarter: {', '.join(rewards)}")
-        if exploring:
-            print(f"  {'':8s} exploration, first -> last quarter: {', '.join(exploring)}")
-        if lengths:
-            print(f"  {'':8s} response length, first -> last quarter: {lengths[0]}")
 
 
 def _precheck(args: argparse.Namespace, stage: str | None, overrides: dict[str, Any]) -> Any:

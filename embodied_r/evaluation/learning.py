@@ -16,7 +16,7 @@ from typing import Any, Mapping, Sequence
 
 from embodied_r.io import read_json
 from embodied_r.scoring.paired import PairedResult, format_paired, paired_test
-from embodied_r.tracking import LENGTH, trainer_metric_name
+from embodied_r.tracking import EXPLORATION, LENGTH, trainer_metric_name
 from embodied_r.scoring.metrics import (
     CI_HIGH,
     CI_LOW,
@@ -275,6 +275,36 @@ def failure_signatures(figures: Mapping[str, Any]) -> list[str]:
 def learning_stages(figures: Mapping[str, Any]) -> list[str]:
     """The training stages whose reward quarters are among the figures, in order."""
     return sorted({k.split("/")[1] for k in figures if k.startswith(f"{PREFIX}/") and k.endswith("_quarter")})
+
+
+def learning_block(figures: Mapping[str, Any]) -> list[str]:
+    """The console's learning block: accuracy per phase beside chance, the verdict, the failure
+    signatures, and per stage the rewards, how much it still explores and the response length
+    by quarter; no lines without learning figures."""
+    phases = accuracy_lines(figures)
+    if not phases:
+        return []
+    out = ["", "Learning (test accuracy [95 % interval]):"] + [f"  {name:14s} {text}" for name, text in phases]
+    verdict = verdict_of(figures)
+    out += ([verdict] if verdict else []) + failure_signatures(figures)
+    for stage in learning_stages(figures):
+        rewards, exploring, lengths = [], [], []
+        for key in sorted(k for k in figures if k.startswith(f"{PREFIX}/{stage}/") and k.endswith("first_quarter")):
+            name, last = key.split("/")[2], figures.get(key.replace("first_quarter", "last_quarter"))
+            if name == "entropy":
+                exploring.append(f"entropy {figures[key]:.2f} -> {'-' if last is None else f'{last:.2f}'}")
+            elif name in LENGTH:
+                lengths.append(f"{figures[key]:.0f} -> {'-' if last is None else f'{last:.0f}'} tokens")
+            else:
+                end = "-" if last is None else f"{100 * last:.1f}"
+                label = "groups all scored alike" if name == "zero_std_groups" else name
+                (exploring if name in EXPLORATION else rewards).append(f"{label} {100 * figures[key]:.1f} -> {end} %")
+        out.append(f"  {stage:8s} mean reward, first -> last quarter: {', '.join(rewards)}")
+        if exploring:
+            out.append(f"  {'':8s} exploration, first -> last quarter: {', '.join(exploring)}")
+        if lengths:
+            out.append(f"  {'':8s} response length, first -> last quarter: {lengths[0]}")
+    return out
 
 
 def render_learning(figures: Mapping[str, float], stages: Sequence[str], has_curves: bool) -> str:

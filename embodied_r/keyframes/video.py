@@ -27,7 +27,7 @@ from typing import Iterable, Iterator
 import cv2
 import numpy as np
 
-from embodied_r.faults import ffmpeg_messages
+from embodied_r.faults import NotTransient, ffmpeg_messages
 
 
 # Containers often miscount by a frame or two; a stream short by more than this is damaged.
@@ -38,7 +38,7 @@ TRUNCATION_MIN_FRAMES = 3
 AUTO_THREADS_MAX_PIXELS = 640 * 480
 
 
-class VideoError(Exception):
+class VideoError(NotTransient):
     """A video that cannot be used; ``code`` is a short reason for counting failures."""
 
     def __init__(self, code: str, path: str | Path, detail: str):

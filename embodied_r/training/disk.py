@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from embodied_r.faults import size_text
+from embodied_r.faults import NotTransient, size_text
 from embodied_r.training.environment import TrainerEnvironment
 
 log = logging.getLogger(__name__)
@@ -30,7 +30,7 @@ ADAM_STATES = 8  # two fp32 moments per trained parameter
 MASTER_FP32 = 4  # DeepSpeed's fp32 copy of the weights, beside its 16-bit ones
 
 
-class DiskSpaceError(RuntimeError):
+class DiskSpaceError(NotTransient, RuntimeError):
     """Too little free disk for a stage's checkpoints; the message names the knobs."""
 
 

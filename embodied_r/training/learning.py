@@ -12,15 +12,10 @@ from __future__ import annotations
 import math
 from typing import Any, Iterable
 
-from embodied_r.tracking import LENGTH
+from embodied_r.tracking import EXPLORATION, LENGTH
 
 HISTORY_FILE = "history.json"
 QUARTER = 0.25
-# How much a stage still explores, as TRL logs it per step: the share of groups whose
-# completions all scored alike (their advantages are zero: GRPO learns nothing from them)
-# and the mean token entropy of the completions. Kept beside the rewards, by these names.
-EXPLORATION = {"zero_std_groups": "frac_reward_zero_std", "entropy": "entropy"}
-
 
 
 def reward_series(history: Iterable[dict[str, Any]], reward_names: Iterable[str]) -> dict[str, list[tuple[int, float]]]:
