@@ -209,3 +209,25 @@ def test_ddp_gradient_bytes_measured_on_two_processes_match_the_estimate() -> No
     for view in (False, True):
         est = memory.estimate(paper(bf16=False, ddp_gradient_as_bucket_view=view), TINY, 16, 16, gpus=2)
         assert {b for _, v, b in measured if v is view} == {est.parts["gradients"] + est.parts["ddp_buckets"]}
+
+
+# --- GPU-hours of the schedule, from given figures ------------------------------------------
+
+
+def test_projection_prices_the_three_stages_from_per_token_figures() -> None:
+    from embodied_r.checks.projection import Figures, project, sweep, table
+
+    figures = Figures(decode_ms_per_step=20.0, update_tokens_per_s=16_000.0, optimizer_step_s=1.0)
+    p = project(figures, train_prompts=1000, val_prompts=64, prompt_tokens=950, completion_tokens=500)
+    assert p.steps == 3000  # 1,000 prompts x 12 epochs / 4 prompts a step
+    # 500 tokens x 20 ms decoding, 32 x 1,450 tokens at 16,000 a second, 1 s optimizer step
+    assert p.seconds_per_step == pytest.approx(10.0 + 2.9 + 1.0)
+    assert p.eval_seconds == pytest.approx(30 * 2 * 10.0)  # every 100 steps, 64 prompts in 2 rounds
+    assert p.gpu_hours == pytest.approx((3000 * 13.9 + 600) / 3600)
+    on_eight = project(figures, 1000, 64, 950, 500, gpus=8)
+    assert on_eight.gpu_hours == pytest.approx(p.gpu_hours)  # the same work spread over more cards
+    assert on_eight.seconds_per_step == pytest.approx(p.seconds_per_step / 8)
+    rows = sweep(figures, 1000, 64, 950)
+    assert [r.completion_tokens for r in rows] == [300, 512, 1024, 1536, 2048]
+    assert all(a.gpu_hours < b.gpu_hours for a, b in zip(rows, rows[1:]))
+    assert table(rows).splitlines()[2].startswith("| 300 | 3000 | ")
