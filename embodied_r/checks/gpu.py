@@ -227,13 +227,16 @@ def one(name: str, spec_path: str, out_path: str) -> int:
     return 0
 
 
-def memory_table(recipes: list[str], prompt_tokens: int | None = None, gpus: int | None = None) -> str:
-    """Each recipe's estimated memory per GPU, where its policy's shape is known here."""
+def memory_table(recipes: list[str], prompt_tokens: int | None = None, gpus: int | None = None,
+                 gpu_gib: float | None = None) -> str:
+    """Each recipe's estimated memory per GPU, where its policy's shape is known here, then
+    whether it fits ``gpu_gib`` (else the card the recipe names) and its largest terms."""
     from embodied_r.config import load_recipe
-    from embodied_r.training.memory import PARTS, estimate, processes, shape_of
+    from embodied_r.training.memory import PARTS, card_needed, estimate, processes, shape_of, verdict
 
     header = ("recipe", "processes", *PARTS, "peak (GiB)")
     cells = [header]
+    verdicts = []
     for name in recipes:
         training = load_recipe(name).training
         shape = shape_of(training.policy)
@@ -243,8 +246,17 @@ def memory_table(recipes: list[str], prompt_tokens: int | None = None, gpus: int
         g = est.gib()
         peak = f"{g['peak']:.1f}" + (f" + {est.card_share:.0%} of the card (vLLM)" if est.card_share else "")
         cells.append((name, str(processes(training, gpus)), *(f"{g.get(p, 0.0):.1f}" for p in PARTS), peak))
-    return "\n".join("| " + " | ".join(row) + " |" + ("\n|" + "---|" * len(header) if i == 0 else "")
-                     for i, row in enumerate(cells))
+        card = gpu_gib or training.gpu_gib
+        if card is None:
+            verdicts.append(f"{name}: names no card (training.gpu_gib); smallest that fits: "
+                            f"{card_needed(est) or 'none listed'}")
+            continue
+        fits, why = verdict(est, card)
+        needed = "" if fits else f"; needs a {card_needed(est) or 'larger than any listed'} card"
+        verdicts.append(f"{name}: {why}{needed}")
+    table = "\n".join("| " + " | ".join(row) + " |" + ("\n|" + "---|" * len(header) if i == 0 else "")
+                      for i, row in enumerate(cells))
+    return table + ("\n\n" + "\n".join(verdicts) if verdicts else "")
 
 
 def register(subparsers: Any) -> None:
@@ -264,10 +276,13 @@ def register(subparsers: Any) -> None:
                      help="policy step: cut completions here (default the recipe's max_completion_length)")
     gpu.add_argument("--policy-shape", choices=["tiny"], help=argparse.SUPPRESS)  # the checks' own test
     gpu.set_defaults(handler=cmd_gpu)
-    mem = sub.add_parser("memory", help="each recipe's estimated GPU memory per GPU, part by part")
+    mem = sub.add_parser("memory", help="each recipe's estimated GPU memory per GPU, part by part, and whether "
+                                        "it fits its card")
     mem.add_argument("--recipe", nargs="+", help="recipes (default every shipped one whose policy's shape is known)")
     mem.add_argument("--prompt-tokens", type=int, help="prompt length (default each recipe's max_prompt_length)")
     mem.add_argument("--gpus", type=int, help="GPUs of a launch without an accelerate config (DDP; default 1)")
+    mem.add_argument("--gpu-gib", type=float,
+                     help="judge the fit on a card of this many GiB (default the card each recipe names)")
     mem.set_defaults(handler=cmd_memory)
 
 
@@ -289,7 +304,7 @@ def cmd_gpu(args: argparse.Namespace) -> int:
 def cmd_memory(args: argparse.Namespace) -> int:
     from embodied_r.config import available_recipes
 
-    print(memory_table(args.recipe or available_recipes(), args.prompt_tokens, args.gpus))
+    print(memory_table(args.recipe or available_recipes(), args.prompt_tokens, args.gpus, args.gpu_gib))
     return 0
 
 

@@ -49,13 +49,27 @@ def chain_schedule_steps(steps: list[int]) -> int:
     return max(sum(steps), 1)
 
 
-def trainer_class(limit: int | None, schedule_steps: int | None, steps_before: int = 0) -> type:
-    """TRL's GRPOTrainer with generation prompts cut at ``limit`` tokens (None: as given) and
-    the schedule built over ``schedule_steps`` (None: this stage's steps), of which
-    ``steps_before`` were taken by earlier stages."""
+def trainer_class(limit: int | None, schedule_steps: int | None, steps_before: int = 0,
+                  bucket_view: bool = False) -> type:
+    """TRL's GRPOTrainer with generation prompts cut at ``limit`` tokens (None: as given), the
+    schedule built over ``schedule_steps`` (None: this stage's steps), of which
+    ``steps_before`` were taken by earlier stages, and DDP's gradients as views into its
+    buckets when ``bucket_view``."""
     from trl import GRPOTrainer
 
     class StageTrainer(GRPOTrainer):  # type: ignore[misc]
+        def _build_accelerator_args(self, **kwargs: Any) -> dict[str, Any]:
+            args = super()._build_accelerator_args(**kwargs)
+            if bucket_view:
+                # transformers (5.17 to 5.24) builds DDP's kwargs without this one; accelerate's
+                # default (False) keeps a second copy of every gradient in the buckets.
+                from accelerate.utils import DistributedDataParallelKwargs
+
+                for handler in args.get("kwargs_handlers") or []:
+                    if isinstance(handler, DistributedDataParallelKwargs):
+                        handler.gradient_as_bucket_view = True
+            return args
+
         def _generate_single_turn(self, prompt_ids: Any, *args: Any, **kwargs: Any) -> Any:
             if limit is not None:
                 # The beginning goes, as ms-swift's left truncation cut it.

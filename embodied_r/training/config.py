@@ -142,6 +142,13 @@ class TrainingConfig(GRPOSettings, TrainerEnvironment):
     keep_best: bool = False
     max_steps_per_stage: int | None = Field(None, ge=1)  # a cap for the CPU demo
     vllm: VLLMRollouts | None = None  # None: rollouts with transformers' generate
+    # DDP's gradients as views into its reduction buckets: the same gradients, without the second
+    # copy DDP otherwise keeps (a full fp32 copy of the policy per process; training/memory.py).
+    ddp_gradient_as_bucket_view: bool = operational(False)
+    # The card, in GiB as the driver reports its memory, that the recipe is planned for:
+    # `embodied-r check memory` judges the fit against it, and a launch on a GPU refuses to start
+    # where the estimate does not fit the card it finds. None: no card named.
+    gpu_gib: float | None = operational(None, gt=0)
     log_completions: bool = operational(False)  # TRL's own console print of completions
     # A sample of completions with their rewards, logged as an MLflow table
     # (completions.json in the stage's run) every this many steps and at the end.

@@ -121,6 +121,28 @@ def grpo_kwargs(stage: GRPOStageConfig, cfg: TrainingConfig, work: Path, weights
     return kwargs
 
 
+def memory_refusal(cfg: TrainingConfig, model: str, dataset: Any, world: int, card_gib: float | None,
+                   name: str = "this recipe") -> str | None:
+    """One line refusing the launch when the memory estimate at the longest prompt the loss
+    will see does not fit ``card_gib`` (the card found; None: no GPU, nothing to judge)."""
+    from embodied_r.training.memory import launch_refusal, shape_of
+    from embodied_r.training.policy import load_tokenizer
+
+    shape = shape_of(model)
+    if card_gib is None or shape is None or len(dataset) == 0:
+        return None
+    tok = load_tokenizer(model)
+    longest = 0
+    for prompt in dataset["prompt"]:
+        # A cut prompt is already chat-templated text; an uncut one is the conversation.
+        ids = (tok(prompt, add_special_tokens=False)["input_ids"] if isinstance(prompt, str)
+               else tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True))
+        if hasattr(ids, "keys"):
+            ids = ids["input_ids"]
+        longest = max(longest, len(ids))
+    return launch_refusal(cfg, shape, world, card_gib, longest, name)
+
+
 def grpo_args(stage: GRPOStageConfig, cfg: TrainingConfig, work: Path, weights: list[float],
               report_to: list[str], world: int = 1) -> Any:
     from trl import GRPOConfig
@@ -142,6 +164,16 @@ def main(spec_path: str) -> int:
     dataset = load_dataset(Path(spec["records"]), cut_here, spec["init_model"])
     evaluation = (load_dataset(Path(spec["records"]), cut_here, spec["init_model"], split="val")
                   if cfg.eval_steps is not None else None)
+    card = None
+    if not cfg.use_cpu:
+        import torch
+
+        if torch.cuda.is_available():
+            card = torch.cuda.get_device_properties(0).total_memory / 1024 ** 3
+    refusal = memory_refusal(cfg, spec["init_model"], dataset, world, card, spec.get("recipe", "this recipe"))
+    if refusal:
+        # Before any weight is loaded: a run that would stop on CUDA out of memory minutes in.
+        raise SystemExit(refusal)
     funcs, weights = reward_setup(stage, cfg)
     run_id, uri = os.environ.get("MLFLOW_RUN_ID"), os.environ.get("MLFLOW_TRACKING_URI")
     # Our own reporting callback logs to MLflow (prefixed names, one global step over the
@@ -153,7 +185,8 @@ def main(spec_path: str) -> int:
     holder: dict[str, Any] = {}
     chained = chain_callback(holder, chain.get("state"))
     cls = trainer_class(cfg.max_prompt_length if cfg.prompt_cut == "rollout_only" else None,
-                        chain.get("schedule_steps"), offset if chain.get("state") else 0)
+                        chain.get("schedule_steps"), offset if chain.get("state") else 0,
+                        bucket_view=cfg.ddp_gradient_as_bucket_view)
     # TRL builds the KL reference from the same model id as the policy. Full training starts
     # from the previous stage's model, as ms-swift 3.3's resume loads both from the checkpoint;
     # LoRA builds on the chain's initial weights and loads the previous adapter, so the

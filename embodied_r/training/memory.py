@@ -1,34 +1,70 @@
 """GPU memory of a recipe's GRPO training, estimated per GPU from the policy's shape.
 
-What one training process holds, in the order it is allocated:
+Each term names the library behaviour it follows (module and version: torch 2.13, TRL 1.16,
+accelerate 1.15, transformers 5.17, DeepSpeed 0.19, vLLM 0.31, the training environment's pins);
+docs/memory.md sets the terms out with their sources and each GPU recipe's figures. What one
+training process holds:
 
-- the policy's weights: fp32 (4 bytes a parameter) under a plain AdamW, 16-bit beside an fp32
-  master copy (``TrainerEnvironment.bf16_weights``), sharded over the processes by ZeRO-3;
-- the KL reference: TRL keeps a second full copy of the policy whenever ``beta`` > 0
-  (with LoRA the base with its adapters off serves, so no copy);
-- the gradients and the optimizer: fp32 gradients and Adam's two fp32 moments for every
-  trained parameter (DeepSpeed adds its fp32 master weights), sharded by ZeRO-3;
-- generation (transformers' ``generate``): the KV cache of every completion a process
-  generates at once (its share of a step, prompt plus completion long) and one layer's
-  activations over the prompts at prefill; with vLLM colocated, vLLM's share of the card;
-- the update, one micro-batch at a time: with gradient checkpointing one saved input per
-  layer and one layer's activations recomputed; the logits of the completion tokens (the
-  vocabulary is 152k wide: often the largest single term; TRL's fused log-probability
-  kernel keeps no second copy);
-- an in-process consistency reference (``training.reference`` of kind transformers on a
-  GPU), in its 16-bit inference dtype, in the stages that weight consistency.
+- ``policy``: the weights. A plain AdamW (one process or DDP) steps fp32 weights; DeepSpeed's
+  bf16 optimizer and LoRA's frozen base hold them in 16 bits (``TrainerEnvironment.bf16_weights``);
+  ZeRO-3 shards them over the processes.
+- ``reference``: TRL's KL reference, a second copy of the policy whenever ``beta`` > 0 (with
+  LoRA the base with its adapters off serves).
+- ``gradients``: one per trained parameter in its dtype (torch autograd: fp32 under a plain
+  AdamW, fp32 LoRA adapters); under DeepSpeed ZeRO-3 a bf16 partition (``stage3.py``: the
+  flat gradient buffer has ``gradient_accumulation_dtype``, the model's dtype unless the
+  config sets ``data_types.grad_accum_dtype``). Under DDP with ``gradient_as_bucket_view`` the
+  gradients are views into the buckets and cost nothing beyond them.
+- ``ddp_buckets``: DDP's flat gradient buckets (torch ``DistributedDataParallel``'s reducer,
+  allocated when the model is wrapped), as large as the trained parameters in their dtype.
+  transformers' Trainer (``_build_accelerator_args``) passes accelerate's
+  ``DistributedDataParallelKwargs`` without ``gradient_as_bucket_view``, whose default is
+  False: each process then holds the buckets beside the gradients. ``training.
+  ddp_gradient_as_bucket_view`` turns the views on. No buckets on one process or DeepSpeed.
+- ``optimizer``: Adam's two fp32 moments; DeepSpeed adds fp32 master weights (16 bytes a
+  parameter in all under ZeRO-3: 2 + 2 + 12, the ZeRO paper's figure). At the optimizer step
+  ZeRO-3 also makes an fp32 copy of the gradient partition (``_prepare_fp32_grad_for_sub_group``,
+  up to ``sub_group_size``, 1e9 by default): ``step_fp32_gradients``, in the step's peak only.
+  DeepSpeed's own estimator (``estimate_zero3_model_states_mem_needs``) charges 18 bytes a
+  parameter, which sits between the 16 held through the update and the 20 of the step.
+- ``gathered``: ZeRO-3's full copy of the layer it computes and of the embeddings.
+- ``autocast_copies``: bf16 copies of fp32 weights. Under mixed precision accelerate wraps the
+  forward in ``torch.autocast`` with its cast cache on; torch caches the 16-bit cast of every
+  fp32 leaf parameter that requires gradients until the outermost autocast exits, so by the
+  end of a forward (the update's, or one decoding step's) a 16-bit copy of every trained
+  parameter is held.
+- ``activations``: one micro-batch's (with gradient checkpointing one saved input per layer,
+  and one layer recomputed in the backward).
+- ``lm_head``: TRL's fused LM head (``trl.kernels.chunked_logprob``), which never holds the
+  logits: the forward projects tiles of 4,096 tokens x 32,768 vocabulary entries in the
+  autocast dtype (bf16 under mixed precision, fp32 only with ``cast_lm_head_to_fp32``) and
+  folds them into fp32 per-token statistics; the backward recomputes each tile and
+  accumulates the head's gradient in an fp32 buffer as large as the head (vocabulary x hidden)
+  and the hidden states' gradient in fp32.
+- ``generation``: transformers' ``generate``: the KV cache of every completion a process
+  generates at once and one layer's activations over the prompts at prefill. With vLLM
+  colocated, vLLM holds its share of the card (``gpu_memory_utilization``) instead, and
+  ``vllm`` is what that share must hold: the KV cache of every sequence TRL lets the engine
+  run at once (``max_num_seqs`` = per-device batch x tensor parallel x steps per generation,
+  at ``max_model_len`` tokens each), the engine's 16-bit weights, its profiled activations
+  (TRL sets ``max_num_batched_tokens`` to 4,096) and ``VLLM_MARGIN`` for its CUDA graphs.
+- ``consistency_reference``: an in-process consistency reference (``training.reference`` of
+  kind transformers on a GPU), in its 16-bit inference dtype, in the stages that weight it.
 
-Generation and update do not overlap: the peak is the larger of the two beside what stays.
-These are estimates (the allocator's fragmentation, CUDA's context and kernels' workspaces
-come on top), set against one measurement: a Qwen2.5-0.5B-shaped policy at the ``paper``
-recipe's settings, 950-token prompts and 512-token completions, peaked at 11.7 GiB on an
-H200 (torch 2.11, TRL 1.16), and this estimate says 11.8 GiB. ``embodied-r check gpu``
+Three phases do not overlap: generation, the update (the larger of the end of the forward,
+with the autocast copies and the head's forward tile, and the backward, with a layer
+recomputed and the head's gradient buffers) and the optimizer step; the peak is the largest.
+A card fits when the peak, CUDA's context and the allocator's slack (``CUDA_OVERHEAD``) and
+vLLM's share stay within it. These are estimates set against one measurement: a
+Qwen2.5-0.5B-shaped policy at the ``paper`` recipe's settings, 950-token prompts and 512-token
+completions, peaked at 11.7 GiB on an H200 (torch 2.11, TRL 1.16). ``embodied-r check gpu``
 measures the peak of one real step of a recipe's own policy to set beside it.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -124,18 +160,49 @@ class MemoryEstimate:
     parts: dict[str, float]
     generation_peak: float
     update_peak: float
+    step_peak: float = 0.0
     assumptions: list[str] = field(default_factory=list)
     card_share: float = 0.0  # of the card's memory, reserved by a colocated vLLM
+    vllm_needs: float = 0.0  # bytes the colocated vLLM's share must hold
+    phases: dict[str, tuple[str, ...]] = field(default_factory=dict)  # the parts each phase holds
 
     @property
     def peak(self) -> float:
-        return max(self.generation_peak, self.update_peak)
+        return max(self.generation_peak, self.update_peak, self.step_peak)
 
     def gib(self) -> dict[str, float]:
         out = {name: round(value / GIB, 1) for name, value in self.parts.items()}
         out.update(generation_peak=round(self.generation_peak / GIB, 1), update_peak=round(self.update_peak / GIB, 1),
-                   peak=round(self.peak / GIB, 1))
+                   step_peak=round(self.step_peak / GIB, 1), peak=round(self.peak / GIB, 1),
+                   vllm_needs=round(self.vllm_needs / GIB, 1))
         return out
+
+    def on_card(self, card_gib: float) -> float:
+        """Bytes used on a card of ``card_gib``: the peak, CUDA's overhead, vLLM's share."""
+        return self.peak + CUDA_OVERHEAD + self.card_share * card_gib * GIB
+
+    def largest(self, count: int = 3) -> list[tuple[str, float]]:
+        """The largest parts held at the peak."""
+        phase = max(("generation", self.generation_peak), ("update", self.update_peak), ("step", self.step_peak),
+                    key=lambda item: item[1])[0]
+        names = self.phases.get(phase) or tuple(n for n in self.parts if n != "vllm")
+        ranked = sorted(((n, self.parts[n]) for n in names if self.parts.get(n)), key=lambda item: -item[1])
+        return ranked[:count]
+
+
+# CUDA's context, cuBLAS's workspace and the caching allocator's slack, beside what the terms
+# count: about what separates torch.cuda.max_memory_allocated from the driver's figure.
+CUDA_OVERHEAD = 1.0 * GIB
+# A colocated vLLM beyond its weights, KV cache and profiled activations: its CUDA graphs
+# (captured after the profile) and its own CUDA context.
+VLLM_MARGIN = 1.5 * GIB
+# What TRL 1.16 passes to vLLM's LLM in colocate mode (trl/generation/vllm_generation.py).
+VLLM_BATCHED_TOKENS = 4096
+# TRL 1.16's fused LM head tile (trl/kernels/chunked_logprob.py: TOKEN_CHUNK_SIZE, and
+# trl/trainer/utils.py: _CHUNKED_LOGPROB_CHUNK_SIZE).
+HEAD_TILE_TOKENS, HEAD_TILE_VOCAB = 4096, 32768
+# DeepSpeed's default stage-3 sub_group_size (deepspeed/runtime/zero/config.py).
+ZERO3_SUB_GROUP = 1_000_000_000
 
 
 def processes(training: TrainingConfig, gpus: int | None = None) -> int:
@@ -152,6 +219,7 @@ def estimate(training: TrainingConfig, shape: ModelShape, prompt_tokens: int | N
     world = processes(training, gpus)
     zero3 = bool(training.accelerate_config) and zero_stage(resolve_config_file(training.accelerate_config)) == 3
     deepspeed = training.deepspeed()
+    ddp = world > 1 and not deepspeed
     mixed = training.bf16 is not False  # on a GPU bf16 (or fp16) mixed precision unless turned off
     weights16 = training.bf16_weights(mixed)
     shard = world if zero3 else 1
@@ -159,9 +227,12 @@ def estimate(training: TrainingConfig, shape: ModelShape, prompt_tokens: int | N
     wbytes = 2 if weights16 else 4
     prompt = prompt_tokens or training.max_prompt_length or 1024
     completion = completion_tokens or training.max_completion_length
-    notes = [f"{world} training process(es){', ZeRO-3 sharded' if zero3 else ''}",
+    views = ddp and training.ddp_gradient_as_bucket_view
+    notes = [f"{world} training process(es){', ZeRO-3 sharded' if zero3 else ', DDP' if ddp else ''}",
              f"{'16-bit' if weights16 else 'fp32'} weights, {'bf16 mixed precision' if mixed else 'fp32 compute'}",
              f"prompts of {prompt} and completions of {completion} tokens"]
+    if ddp:
+        notes.append(f"gradient_as_bucket_view {'on: gradients are views into the buckets' if views else 'off'}")
 
     parts: dict[str, float] = {"policy": params * wbytes / shard}
     if training.lora is not None:
@@ -169,14 +240,19 @@ def estimate(training: TrainingConfig, shape: ModelShape, prompt_tokens: int | N
 
         trained = lora_parameters(_linear_shapes(shape), training.lora.r, training.lora.target_modules)
         parts["policy"] += trained * 4  # peft keeps the adapters in fp32
+        gbytes = 4
     else:
         trained = params
+        gbytes = 2 if deepspeed and mixed else wbytes
     parts["reference"] = params * wbytes / shard if training.beta > 0 and training.lora is None else 0.0
-    parts["gradients"] = trained * 4 / shard
+    parts["gradients"] = 0.0 if views else trained * gbytes / shard
+    parts["ddp_buckets"] = trained * gbytes if ddp else 0.0
     parts["optimizer"] = trained * (8 + (4 if deepspeed and training.lora is None else 0)) / shard
     if zero3:
         # ZeRO-3 gathers a layer's (and the embeddings') full weights while it computes.
         parts["gathered"] = 2 * (params / shape.num_hidden_layers + shape.vocab_size * shape.hidden_size)
+    fp32_trained = training.lora is not None or not weights16
+    parts["autocast_copies"] = 2 * trained if mixed and fp32_trained else 0.0
 
     act = 2 if mixed else 4  # bytes of an activation under autocast
     h, inter, kv = shape.hidden_size, shape.intermediate_size, shape.kv_width
@@ -185,18 +261,30 @@ def estimate(training: TrainingConfig, shape: ModelShape, prompt_tokens: int | N
     layer = tokens * (4 * h + 2 * kv + 4 * inter) * act  # one layer's activations, recomputed in backward
     if training.gradient_checkpointing:
         # Saved layer inputs: the residual stream, in the weights' dtype.
-        saved = shape.num_hidden_layers * tokens * h * wbytes + layer
+        saved = shape.num_hidden_layers * tokens * h * wbytes
+        recomputed = layer
     else:
         saved = shape.num_hidden_layers * (layer + tokens * h * wbytes)
-    logits = batch * completion * shape.vocab_size * act  # the completion tokens' logits
-    parts["activations"] = saved + logits
+        recomputed = 0.0
+    parts["activations"] = saved + recomputed
+
+    # The fused head scores the completion tokens only (labels -100 elsewhere).
+    scored = batch * completion
+    tile = min(scored, HEAD_TILE_TOKENS) * min(shape.vocab_size, HEAD_TILE_VOCAB) * act
+    head_forward = tile + scored * h * wbytes  # the tile and the scored hidden states it saves
+    head_backward = (tile + scored * h * 4  # the tile again, the hidden states' fp32 gradient
+                     + (shape.vocab_size * h * 4 if training.lora is None else 0)  # the head's fp32 gradient
+                     + (min(shape.vocab_size, HEAD_TILE_VOCAB) * h * act if wbytes != act else 0))  # a cast slice
+    parts["lm_head"] = max(head_forward, head_backward)
 
     generating = batch * training.accumulation_steps(world)  # completions a process generates at once
-    share = 0.0
+    share, vllm_needs = 0.0, 0.0
     if training.vllm is not None and training.vllm.mode == "colocate":
         share = training.vllm.gpu_memory_utilization
         parts["generation"] = 0.0
-        notes.append(f"vLLM colocated: {share:.0%} of the card on top")
+        vllm_needs = vllm_memory(training, shape, prompt + completion, generating)
+        parts["vllm"] = vllm_needs
+        notes.append(f"vLLM colocated: {share:.0%} of the card, which must hold {vllm_needs / GIB:.1f} GiB")
     else:
         cache = 2 * shape.num_hidden_layers * kv * generating * (prompt + completion) * act
         prefill = generating * prompt * (2 * inter + 4 * h) * act
@@ -206,11 +294,107 @@ def estimate(training: TrainingConfig, shape: ModelShape, prompt_tokens: int | N
     if consistency:
         parts["consistency_reference"] = consistency
         notes.append("the in-process consistency reference in the stages that weight consistency")
-    stays = (parts["policy"] + parts["reference"] + parts["optimizer"] + parts.get("gathered", 0.0)
-             + parts.get("consistency_reference", 0.0))
-    return MemoryEstimate(parts=parts, generation_peak=stays + parts["generation"],
-                          update_peak=stays + parts["gradients"] + parts["activations"],
-                          assumptions=notes, card_share=share)
+    stays = (parts["policy"] + parts["reference"] + parts["optimizer"] + parts["ddp_buckets"]
+             + parts.get("gathered", 0.0) + parts.get("consistency_reference", 0.0))
+    if deepspeed:
+        stays += parts["gradients"]  # ZeRO's flat gradient buffer lives from the start
+        update_grads = 0.0
+    else:
+        update_grads = parts["gradients"]  # zero_grad(set_to_none) frees them before each rollout
+    generation_peak = stays + parts["generation"] + (parts["autocast_copies"] if share == 0 else 0.0)
+    update_peak = stays + update_grads + saved + max(parts["autocast_copies"] + head_forward,
+                                                     recomputed + head_backward)
+    step_fp32 = min(trained / shard, ZERO3_SUB_GROUP) * 4 if zero3 else 0.0
+    if step_fp32:
+        parts["step_fp32_gradients"] = step_fp32
+    step_peak = stays + update_grads + step_fp32
+    held = ("policy", "reference", "optimizer", "ddp_buckets", "gathered", "consistency_reference",
+            *(("gradients",) if deepspeed else ()))
+    phases = {"generation": (*held, "generation", *(("autocast_copies",) if share == 0 else ())),
+              "update": (*held, "gradients", "activations", "autocast_copies", "lm_head"),
+              "step": (*held, "gradients", "step_fp32_gradients")}
+    return MemoryEstimate(parts=parts, generation_peak=generation_peak, update_peak=update_peak,
+                          step_peak=step_peak, assumptions=notes, card_share=share, vllm_needs=vllm_needs,
+                          phases=phases)
+
+
+def vllm_memory(training: TrainingConfig, shape: ModelShape, sequence: int, generating: int) -> float:
+    """Bytes a colocated vLLM engine needs to run every completion of a process's rollout at
+    once: TRL lets it run ``generating`` x tensor-parallel sequences of up to ``max_model_len``
+    tokens (the recipe's ``max_model_length``, else prompt plus completion)."""
+    assert training.vllm is not None
+    tp = training.vllm.tensor_parallel_size
+    length = training.vllm.max_model_length or sequence
+    seqs = generating * tp
+    kv = 2 * shape.num_hidden_layers * shape.kv_width * 2  # bytes a token of the 16-bit cache
+    cache = seqs * length * kv / tp
+    weights = 2 * shape.parameters() / tp
+    profiled = (VLLM_BATCHED_TOKENS * (2 * shape.intermediate_size + 4 * shape.hidden_size) * 2 / tp
+                + seqs * shape.vocab_size * 4)  # the sampler's fp32 logits
+    return cache + weights + profiled + VLLM_MARGIN
+
+
+def vllm_share(est: MemoryEstimate, card_gib: float) -> float:
+    """The ``gpu_memory_utilization`` that holds what vLLM needs on a card of ``card_gib``,
+    rounded up to a step of 0.05."""
+    return math.ceil(est.vllm_needs / (card_gib * GIB) / 0.05 - 1e-9) * 0.05
+
+
+def verdict(est: MemoryEstimate, card_gib: float) -> tuple[bool, str]:
+    """Whether the estimate fits a card of ``card_gib``, and one line saying why."""
+    used = est.on_card(card_gib) / GIB
+    largest = ", ".join(f"{name} {value / GIB:.1f}" for name, value in est.largest())
+    vllm = f" + vLLM {est.card_share:.0%} ({est.card_share * card_gib:.1f})" if est.card_share else ""
+    line = (f"{used:.1f} of {card_gib:.1f} GiB (peak {est.peak / GIB:.1f}{vllm} + CUDA overhead "
+            f"{CUDA_OVERHEAD / GIB:.1f}; largest: {largest})")
+    if est.card_share and est.card_share * card_gib * GIB < est.vllm_needs:
+        return False, (f"does not fit: vLLM's share {est.card_share * card_gib:.1f} GiB is below the "
+                       f"{est.vllm_needs / GIB:.1f} GiB it needs (gpu_memory_utilization "
+                       f"{vllm_share(est, card_gib):.2f}); {line}")
+    if used > card_gib:
+        return False, f"does not fit: {line}"
+    return True, f"fits: {line}"
+
+
+# Cards by the memory their driver reports (GiB), smallest first: what a verdict names.
+CARDS: tuple[tuple[str, float], ...] = (
+    ("24 GB (L4, A10)", 22.5), ("40 GB (A100, A800)", 39.6), ("48 GB (L40S)", 45.0),
+    ("80 GB (A100, A800, H100)", 79.6), ("141 GB (H200)", 140.4))
+
+
+def card_needed(est: MemoryEstimate) -> str | None:
+    """The smallest card of ``CARDS`` the estimate fits (vLLM's share taken at what it needs),
+    or None when none does."""
+    for name, gib in CARDS:
+        fitted = est if not est.card_share else _with_share(est, vllm_share(est, gib))
+        if verdict(fitted, gib)[0]:
+            return name
+    return None
+
+
+def _with_share(est: MemoryEstimate, share: float) -> MemoryEstimate:
+    return MemoryEstimate(parts=est.parts, generation_peak=est.generation_peak, update_peak=est.update_peak,
+                          step_peak=est.step_peak, assumptions=est.assumptions, card_share=share,
+                          vllm_needs=est.vllm_needs, phases=est.phases)
+
+
+def launch_refusal(training: TrainingConfig, shape: ModelShape, world: int, card_gib: float,
+                   prompt_tokens: int, name: str = "this recipe") -> str | None:
+    """One line refusing a launch of ``world`` processes on cards of ``card_gib`` whose
+    estimate, at prompts of ``prompt_tokens``, does not fit; None when it fits."""
+    est = estimate(training, shape, prompt_tokens, gpus=world)
+    fits, why = verdict(est, card_gib)
+    if fits:
+        return None
+    needed = card_needed(est) or "more than any single card listed"
+    hint = ""
+    if est.parts.get("ddp_buckets") and not training.ddp_gradient_as_bucket_view:
+        views = estimate(training.model_copy(update={"ddp_gradient_as_bucket_view": True}), shape, prompt_tokens,
+                         gpus=world)
+        if verdict(views, card_gib)[0]:
+            hint = "; or set training.ddp_gradient_as_bucket_view: true, which fits"
+    return (f"{name} on {world} process(es) with {prompt_tokens}-token prompts needs a {needed} card per "
+            f"process{hint}: {why}")
 
 
 def consistency_reference(training: TrainingConfig) -> float:
@@ -236,8 +420,8 @@ def _linear_shapes(shape: ModelShape) -> dict[str, list[int]]:
     return shapes
 
 
-PARTS = ("policy", "reference", "gradients", "optimizer", "activations", "generation", "consistency_reference",
-         "gathered")
+PARTS = ("policy", "reference", "gradients", "ddp_buckets", "optimizer", "autocast_copies", "activations", "lm_head",
+         "generation", "vllm", "consistency_reference", "gathered", "step_fp32_gradients")
 
 
 def describe(est: MemoryEstimate) -> str:
