@@ -16,7 +16,7 @@ from embodied_r.backends import devices
 from embodied_r.backends.base import BackendConfig
 from embodied_r.backends.tokens import PadTokenError, check_folder_pad, pad_problem
 from embodied_r.config import load_recipe
-from embodied_r.training import memory
+from embodied_r.training import memory, shapes
 from embodied_r.training.environment import TrainerEnvironment
 
 # --- precision on a GPU without native bf16 --------------------------------------------------
@@ -144,15 +144,15 @@ def test_a_backend_pads_with_a_safe_token_and_says_so(im_start_eos: Path, caplog
 def test_the_shape_counts_the_parameters_the_model_has(tiny_lm_path: Path) -> None:
     from transformers import AutoModelForCausalLM
 
-    shape = memory.shape_of(str(tiny_lm_path))
+    shape = shapes.shape_of(str(tiny_lm_path))
     model = AutoModelForCausalLM.from_pretrained(tiny_lm_path)
     assert shape.parameters() == sum(p.numel() for p in model.parameters())
-    assert memory.KNOWN_SHAPES["Qwen/Qwen2.5-VL-3B-Instruct"].parameters() == pytest.approx(3.09e9, rel=0.01)
-    assert memory.KNOWN_SHAPES["Qwen/Qwen2.5-0.5B-Instruct"].parameters() == pytest.approx(0.494e9, rel=0.01)
+    assert shapes.KNOWN_SHAPES["Qwen/Qwen2.5-VL-3B-Instruct"].parameters() == pytest.approx(3.09e9, rel=0.01)
+    assert shapes.KNOWN_SHAPES["Qwen/Qwen2.5-0.5B-Instruct"].parameters() == pytest.approx(0.494e9, rel=0.01)
 
 
 def test_memory_per_recipe_counts_the_kl_reference_as_a_second_copy() -> None:
-    shape = memory.KNOWN_SHAPES["Qwen/Qwen2.5-VL-3B-Instruct"]
+    shape = shapes.KNOWN_SHAPES["Qwen/Qwen2.5-VL-3B-Instruct"]
     params = shape.parameters()
     paper = memory.estimate(load_recipe("paper").training, shape)
     # DDP with a plain AdamW: fp32 weights, a full fp32 reference, fp32 gradients, Adam's two moments.
@@ -170,7 +170,7 @@ def test_memory_per_recipe_counts_the_kl_reference_as_a_second_copy() -> None:
     first_two = first_two.model_copy(update={"stages": first_two.stages[:2]})
     assert "consistency_reference" not in memory.estimate(first_two, shape).parts
     # The one measurement (H200, 0.5B-shaped policy at the paper's settings): 11.7 GiB.
-    measured = memory.estimate(load_recipe("paper").training, memory.KNOWN_SHAPES["Qwen/Qwen2.5-0.5B-Instruct"],
+    measured = memory.estimate(load_recipe("paper").training, shapes.KNOWN_SHAPES["Qwen/Qwen2.5-0.5B-Instruct"],
                                prompt_tokens=950, completion_tokens=512)
     assert measured.peak / memory.GIB == pytest.approx(11.7, rel=0.1)
     longer = memory.estimate(load_recipe("paper").training, shape, prompt_tokens=950, completion_tokens=1024)
@@ -187,7 +187,7 @@ def test_memory_table_lists_the_recipes_with_known_policies() -> None:
     assert "of the card (vLLM)" in next(line for line in lines if line.startswith("| paper-8gpu "))
     assert not any(line.startswith("| smoke ") for line in lines)  # tiny:lm's shape is not known before it is built
     assert [line.split(":")[0] for line in verdicts.splitlines()] == ["paper", "paper-8gpu", "single-gpu"]
-    json.dumps(memory.estimate(load_recipe("paper").training, memory.KNOWN_SHAPES["Qwen/Qwen2.5-VL-3B-Instruct"]).gib())
+    json.dumps(memory.estimate(load_recipe("paper").training, shapes.KNOWN_SHAPES["Qwen/Qwen2.5-VL-3B-Instruct"]).gib())
 
 
 # --- precision in the Embodied-Reasoner SFT --------------------------------------------------

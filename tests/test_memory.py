@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from embodied_r.config import load_recipe
-from embodied_r.training import memory
+from embodied_r.training import memory, shapes
 
-SHAPE = memory.KNOWN_SHAPES["Qwen/Qwen2.5-VL-3B-Instruct"]
+SHAPE = shapes.KNOWN_SHAPES["Qwen/Qwen2.5-VL-3B-Instruct"]
 PARAMS = SHAPE.parameters()
 GPU_RECIPES = ("paper", "paper-8gpu", "paper-5gpu", "paper-16gpu", "official-script", "official-script-5gpu",
                "single-gpu", "improved", "released")
@@ -96,7 +96,7 @@ def test_paper_on_several_processes_fits_80gb_only_with_bucket_views() -> None:
 
 
 def test_the_0_5b_measurement_stays_within_its_estimate() -> None:
-    est = memory.estimate(paper(), memory.KNOWN_SHAPES["Qwen/Qwen2.5-0.5B-Instruct"], 950, 512)
+    est = memory.estimate(paper(), shapes.KNOWN_SHAPES["Qwen/Qwen2.5-0.5B-Instruct"], 950, 512)
     assert est.peak / memory.GIB == pytest.approx(11.7, rel=0.03)  # measured on an H200
 
 
@@ -148,7 +148,7 @@ def test_a_launch_refuses_on_a_card_too_small_for_its_longest_prompt(tiny_lm_pat
 
 # --- DDP's buckets, measured ----------------------------------------------------------------
 
-TINY = memory.ModelShape(vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+TINY = shapes.ModelShape(vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                          num_key_value_heads=2, intermediate_size=128)
 
 

@@ -232,7 +232,8 @@ def memory_table(recipes: list[str], prompt_tokens: int | None = None, gpus: int
     """Each recipe's estimated memory per GPU, where its policy's shape is known here, then
     whether it fits ``gpu_gib`` (else the card the recipe names) and its largest terms."""
     from embodied_r.config import load_recipe
-    from embodied_r.training.memory import PARTS, card_needed, estimate, processes, shape_of, verdict
+    from embodied_r.training.memory import PARTS, card_needed, estimate, processes, verdict
+    from embodied_r.training.shapes import shape_of
 
     header = ("recipe", "processes", *PARTS, "peak (GiB)")
     cells = [header]

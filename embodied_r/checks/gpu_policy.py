@@ -25,7 +25,8 @@ from embodied_r.checks.steps import VIDEO_LINE, Skip, write_records
 from embodied_r.config import load_recipe
 from embodied_r.paths import home
 from embodied_r.training.config import TrainingConfig
-from embodied_r.training.memory import ModelShape, describe, estimate, shape_from_config, shape_of
+from embodied_r.training.memory import describe, estimate
+from embodied_r.training.shapes import ModelShape, shape_from_config, shape_of
 
 # The prompt length the policy step aims at: the paper's records, perception text included,
 # run to about 950 tokens (the demo's to about 150).

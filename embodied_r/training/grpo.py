@@ -125,7 +125,8 @@ def memory_refusal(cfg: TrainingConfig, model: str, dataset: Any, world: int, ca
                    name: str = "this recipe") -> str | None:
     """One line refusing the launch when the memory estimate at the longest prompt the loss
     will see does not fit ``card_gib`` (the card found; None: no GPU, nothing to judge)."""
-    from embodied_r.training.memory import launch_refusal, shape_of
+    from embodied_r.training.memory import launch_refusal
+    from embodied_r.training.shapes import shape_of
     from embodied_r.training.policy import load_tokenizer
 
     shape = shape_of(model)

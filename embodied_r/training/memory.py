@@ -63,94 +63,15 @@ measures the peak of one real step of a recipe's own policy to set beside it.
 
 from __future__ import annotations
 
-import json
 import math
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import Any
+from dataclasses import dataclass, field
 
 from embodied_r.scoring.reward_table import REWARDS
 from embodied_r.training.config import TrainingConfig
 from embodied_r.training.environment import resolve_config_file, zero_stage
+from embodied_r.training.shapes import ModelShape, shape_of
 
 GIB = 1024 ** 3
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """A decoder's shape (Qwen2 layout: biased q/k/v, gated MLP); ``vision_parameters``: a VL
-    model's vision tower, which the policy drops (``training.policy``) and an in-process
-    reference loads."""
-
-    vocab_size: int
-    hidden_size: int
-    num_hidden_layers: int
-    num_attention_heads: int
-    num_key_value_heads: int
-    intermediate_size: int
-    tie_word_embeddings: bool = True
-    vision_parameters: int = 0
-
-    @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
-
-    @property
-    def kv_width(self) -> int:
-        return self.num_key_value_heads * self.head_dim
-
-    def parameters(self) -> int:
-        """The language model's parameters."""
-        h, kv = self.hidden_size, self.kv_width
-        attention = h * h + h + 2 * (h * kv + kv) + h * h
-        layer = attention + 3 * h * self.intermediate_size + 2 * h
-        embeddings = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
-        return self.num_hidden_layers * layer + embeddings + h
-
-    def config_kwargs(self) -> dict[str, Any]:
-        """``Qwen2Config`` keywords for a random-weight model of this shape."""
-        data = asdict(self)
-        data.pop("vision_parameters")
-        return data
-
-
-# The shapes of the policies the shipped recipes name, for when neither their weights nor
-# their config are on this machine (from each model's published config.json).
-KNOWN_SHAPES: dict[str, ModelShape] = {
-    "Qwen/Qwen2.5-VL-3B-Instruct": ModelShape(151936, 2048, 36, 16, 2, 11008, True, vision_parameters=668_000_000),
-    "Qwen/Qwen2.5-0.5B-Instruct": ModelShape(151936, 896, 24, 14, 2, 4864, True),
-}
-
-
-def shape_from_config(data: dict[str, Any]) -> ModelShape:
-    """The language model's shape from a ``config.json`` (a VL one's ``text_config`` first)."""
-    text = {**data, **(data.get("text_config") or {})}
-    names = [f for f in ModelShape.__dataclass_fields__ if f != "vision_parameters"]
-    missing = [n for n in names if n != "tie_word_embeddings" and text.get(n) is None]
-    if missing:
-        raise ValueError(f"config lacks {', '.join(missing)}: not a decoder this estimate knows")
-    values = {n: text[n] for n in names if text.get(n) is not None}
-    values["tie_word_embeddings"] = bool(data.get("tie_word_embeddings", text.get("tie_word_embeddings", False)))
-    return ModelShape(**values)
-
-
-def shape_of(model: str) -> ModelShape | None:
-    """The shape of a model reference: its local ``config.json``, else the hub cache's (never
-    downloaded), else ``KNOWN_SHAPES``; None when none of them has it."""
-    folder = Path(model).expanduser()
-    config = folder / "config.json" if folder.is_dir() else None
-    if config is None:
-        try:
-            from huggingface_hub import hf_hub_download
-
-            config = Path(hf_hub_download(model, "config.json", local_files_only=True))
-        except Exception:  # noqa: BLE001 - not cached here
-            config = None
-    if config is not None and config.is_file():
-        shape = shape_from_config(json.loads(config.read_text()))
-        known = KNOWN_SHAPES.get(model)
-        return shape if known is None else ModelShape(**{**asdict(shape), "vision_parameters": known.vision_parameters})
-    return KNOWN_SHAPES.get(model)
 
 
 @dataclass
