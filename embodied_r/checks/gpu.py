@@ -276,6 +276,19 @@ def register(subparsers: Any) -> None:
     gpu.add_argument("--completion-tokens", type=int,
                      help="policy step: cut completions here (default the recipe's max_completion_length)")
     gpu.add_argument("--policy-shape", choices=["tiny"], help=argparse.SUPPRESS)  # the checks' own test
+    gpu.add_argument("--measure", action="store_true",
+                     help="time the recipe's policy shape (decode, update, optimizer step, peak memory) and project "
+                          "the paper schedule's GPU-hours from it (checks/measure.py), instead of the checks")
+    gpu.add_argument("--batches", type=int, nargs="+", default=[8, 32, 64], help="measure: decode batch sizes")
+    gpu.add_argument("--lengths", type=int, nargs="+", default=[512, 1024, 2048],
+                     help="measure: completion lengths of the timed update")
+    gpu.add_argument("--decode-tokens", type=int, default=64, help="measure: tokens decoded per timing")
+    gpu.add_argument("--micro-batch", type=int, help="measure: sequences a timed update (default per-device batch)")
+    gpu.add_argument("--train-prompts", type=int,
+                     help="measure: training prompts of the projected schedule (your records' train split)")
+    gpu.add_argument("--val-prompts", type=int, default=200, help="measure: validation prompts every 100 steps")
+    gpu.add_argument("--projection-gpus", type=int, default=1, help="measure: GPUs sharing each step")
+    gpu.add_argument("--out", type=Path, help="measure: the JSON (default under $EMBODIED_R_HOME/checks)")
     gpu.set_defaults(handler=cmd_gpu)
     mem = sub.add_parser("memory", help="each recipe's estimated GPU memory per GPU, part by part, and whether "
                                         "it fits its card")
@@ -289,6 +302,11 @@ def register(subparsers: Any) -> None:
 
 def cmd_gpu(args: argparse.Namespace) -> int:
     from embodied_r.backends.devices import device_name
+
+    if args.measure:
+        from embodied_r.checks.measure import cmd
+
+        return cmd(args)
 
     import torch
 
