@@ -18,6 +18,7 @@ from embodied_r.interactive import recipe as reasoner
 from embodied_r.pipeline import plan
 from embodied_r.runners import PACKAGE, ROOT, source_version, stage_modules
 from embodied_r.stage_kinds import kind_of
+from tests.test_architecture import library_modules
 
 EMBODIED_R = {name: load_recipe(name) for name in available_recipes()}
 REASONER = {p.stem: reasoner.load(p.stem) for p in sorted(reasoner.RECIPES.glob("*.yaml"))}
@@ -27,14 +28,6 @@ SHARED_TRAINER = {f"{PACKAGE}.training{m}" for m in ("", ".environment", ".multi
                                                       ".learning", ".trl_args", ".sft_run", ".sft_child",
                                                       ".checkpoints", ".disk", ".grpo_settings", ".sft_settings")}
 METHOD = ("data", "synthetic", "keyframes", "perception", "scoring", "evaluation", "training")
-
-
-def library_modules() -> list[str]:
-    names = []
-    for path in sorted(ROOT.rglob("*.py")):
-        parts = path.relative_to(ROOT.parent).with_suffix("").parts
-        names.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
-    return names
 
 
 def package_of(module: str) -> str:
