@@ -206,7 +206,7 @@ def verdict_of(figures: Mapping[str, Any]) -> str | None:
     return learning_verdict(float(trained), float(figures.get(f"{PREFIX}/accuracy/chance", 0.0)),
                             figures.get(f"{PREFIX}/accuracy/{start}"),
                             f"the {PHASE_NAMES[start]} policy", None if span is None else span[0],
-                            PairedResult.from_figures(dict(figures), PAIRED))
+                            PairedResult.from_figures(figures, PAIRED))
 
 
 def learning_table(figures: Mapping[str, Any]) -> list[str]:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -52,7 +52,7 @@ class PairedResult:
         return {f"{prefix}/{k}": float(v) for k, v in raw.items()}
 
     @classmethod
-    def from_figures(cls, figures: dict, prefix: str) -> "PairedResult | None":
+    def from_figures(cls, figures: Mapping[str, Any], prefix: str) -> "PairedResult | None":
         """The result ``figures`` wrote under ``prefix``; None when they are not all there."""
         names = ("n", "difference", "ci_low", "ci_high", "p_value", "better", "worse")
         values = [figures.get(f"{prefix}/{k}") for k in names]
