@@ -29,7 +29,7 @@ def accuracy(folder: str) -> float:
 
 
 def one_rate(rate: float, recipe: str, seed: int | None) -> dict:
-    from embodied_r.apps.cli import seed_overrides
+    from embodied_r.experiments.spec import seed_overrides
     from embodied_r.config import load_recipe
     from embodied_r.demo.ceiling import ceiling
     from embodied_r.paths import home

@@ -64,6 +64,11 @@ class Recipe(BaseModel):
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     # The original texts from the user's checkout (``prompts.file``), or this project's own.
     prompts: PromptsConfig = Field(default_factory=PromptsConfig)
+    # Evaluation sets a trained model never trained on, each the overrides (dotted keys as
+    # ``--set`` writes them) that make an evaluation-only run of it: another benchmark, or a
+    # task family the catalog leaves out of training. Experiments evaluate on them
+    # (``out_of_distribution: true``); the pipeline itself does not.
+    out_of_distribution: dict[str, dict[str, Any]] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _records_for_policy(self) -> "Recipe":
@@ -162,12 +167,36 @@ def available_recipes(folder: Path = RECIPES_DIR) -> list[str]:
 
 
 def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """``over`` merged into ``base``, mappings key by key. A mapping over a list changes items
+    of that list: by position (``"2"``), by the item's ``name`` (``stage3``), or every item
+    (``"*"``), so ``--set training.stages.stage3.rewards.consistency=0`` changes one stage and
+    keeps the others; any other value replaces what it lands on."""
     out = dict(base)
     for key, value in over.items():
         if isinstance(value, dict) and isinstance(out.get(key), dict):
             out[key] = deep_merge(out[key], value)
+        elif isinstance(value, dict) and isinstance(out.get(key), list) and value:
+            out[key] = _merge_items(out[key], value, key)
         else:
             out[key] = value
+    return out
+
+
+def _merge_items(items: list[Any], over: dict[str, Any], where: str) -> list[Any]:
+    out = list(items)
+    names = {item.get("name"): i for i, item in enumerate(out) if isinstance(item, dict) and "name" in item}
+    for selector, value in over.items():
+        if selector == "*":
+            picked = range(len(out))
+        elif str(selector).isdigit() and int(selector) < len(out):
+            picked = [int(selector)]
+        elif selector in names:
+            picked = [names[selector]]
+        else:
+            known = ", ".join(str(n) for n in names) or f"0..{len(out) - 1}"
+            raise RecipeError(f"{where}.{selector}: no such item in {where}; name one of {known}, a position, or *")
+        for i in picked:
+            out[i] = deep_merge(out[i], value) if isinstance(value, dict) and isinstance(out[i], dict) else value
     return out
 
 

@@ -54,12 +54,15 @@ def plan(recipe: Recipe, root: Path | None = None) -> Plan:
             # Taught on prompts cut as the GRPO stages and evaluation cut them.
             warm_cfg["max_prompt_length"] = warm_keyed["max_prompt_length"] = recipe.training.max_prompt_length
         add("warmstart", "warmstart", warm_cfg, keyed=warm_keyed, inputs={"python": recipe.warmstart.python or ""})
-    if training["reference"]["model"] == WARMSTART_REF:
-        if "warmstart" not in builder.stages:
-            raise StageError(f"training.reference.model is {WARMSTART_REF!r} but the recipe has no warmstart section")
-        # The warm-started model, frozen: it was taught the reference's task beside the policy's.
-        training["reference"]["model"] = training_keyed["reference"]["model"] = str(
-            Path(builder.stages["warmstart"].out) / "model")
+    # The warm-started model, frozen: it was taught the reference's task beside the policy's;
+    # as the consistency reference of training and as evaluation's judge of consistency.
+    for where, cfg, keyed in (("training.reference", training["reference"], training_keyed["reference"]),
+                              ("evaluation.consistency_judge", evaluation_cfg["consistency_judge"],
+                               evaluation_keyed["consistency_judge"])):
+        if cfg is not None and cfg["model"] == WARMSTART_REF:
+            if "warmstart" not in builder.stages:
+                raise StageError(f"{where}.model is {WARMSTART_REF!r} but the recipe has no warmstart section")
+            cfg["model"] = keyed["model"] = str(Path(builder.stages["warmstart"].out) / "model")
     # Under stage_chain: resume one learning-rate schedule spans every stage: each needs them all.
     chain = ({"chain": [s.model_dump(mode="json") for s in recipe.training.stages]}
              if recipe.training.stage_chain == "resume" else {})

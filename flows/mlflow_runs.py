@@ -6,6 +6,7 @@ Every helper takes the ``Tracker`` of the pipeline and works on any MLflow store
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 import time
@@ -69,6 +70,14 @@ def run_url(uri: str, experiment_id: str, run_id: str) -> str:
 def runs_url(uri: str, experiment_id: str) -> str:
     """The experiment's run list in the saved view that shows the headline figures as columns."""
     return f"{ui_base(uri)}/{run_list_path(experiment_id)}"
+
+
+def compare_url(uri: str, experiment_id: str, run_ids: list[str]) -> str:
+    """MLflow's compare view of ``run_ids``: their params and metrics side by side."""
+    from urllib.parse import quote
+
+    runs, experiments = json.dumps(list(run_ids)), json.dumps([experiment_id])
+    return f"{ui_base(uri)}/#/compare-runs?runs={quote(runs)}&experiments={quote(experiments)}&{TRAINING_VIEW}"
 
 
 def run_list_path(experiment_id: str) -> str:

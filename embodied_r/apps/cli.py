@@ -35,19 +35,17 @@ def _setup_env(home: str | None) -> None:
     os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
 
-def seed_overrides(seed: int) -> dict[str, Any]:
-    """What ``demo --seed`` changes: the trainers' seeds (initial sampling, data order and
-    rollouts), not the synthetic benchmark's, so every seed learns from the same questions."""
-    return {"training": {"seed": seed}, "warmstart": {"seed": seed}}
-
-
 def _all_overrides(args: argparse.Namespace) -> dict[str, Any]:
     """``--set`` pairs, plus ``--source DIR`` as a local mirror of the benchmarks."""
     from embodied_r.config import deep_merge, parse_overrides
+    from embodied_r.experiments.spec import seed_overrides
 
     merged = parse_overrides(args.set)
     if getattr(args, "seed", None) is not None:
-        merged = deep_merge(merged, seed_overrides(args.seed))
+        from embodied_r.config import load_recipe
+
+        warm = load_recipe(args.recipe, merged or None).warmstart is not None
+        merged = deep_merge(merged, seed_overrides(args.seed, warm))
     if getattr(args, "source", None):
         merged = deep_merge(merged, {"download": {
             "source": "local", "source_dir": str(Path(args.source).expanduser().resolve())}})
@@ -237,7 +235,7 @@ def _cmd_recipes(_: argparse.Namespace) -> int:
 # ``handler(args) -> int`` default on the parsers it adds.
 EXTENSIONS: tuple[str, ...] = ("embodied_r.apps.cli_data", "embodied_r.apps.cli_eval", "embodied_r.apps.cli_train",
                                "embodied_r.apps.cli_reasoner", "embodied_r.apps.cli_models",
-                               "embodied_r.apps.cli_prompts", "embodied_r.checks.gpu")
+                               "embodied_r.apps.cli_prompts", "embodied_r.apps.cli_experiment", "embodied_r.checks.gpu")
 
 
 def build_parser() -> argparse.ArgumentParser:

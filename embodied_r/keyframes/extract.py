@@ -48,7 +48,9 @@ class KeyframeConfig(BaseModel):
     # cross-check, comparison with the last key frame, its thinning and its fill rule).
     mode: Literal["fast", "official"] = "fast"
     sample_fps: float = Field(1.0, gt=0, le=120, description="frames examined per second of video")
-    overlap_threshold: float = Field(0.5, gt=0, lt=1, description="keep a frame below this overlap")
+    # 1.0 keeps every sampled frame that differs at all from the last key frame: the
+    # all-frames baseline of the key-frame experiment, clamped like key frames.
+    overlap_threshold: float = Field(0.5, gt=0, le=1, description="keep a frame below this overlap")
     min_frames: int = Field(4, ge=2)
     max_frames: int = Field(32, ge=2)
     orb_features: int = Field(500, ge=50)

@@ -1,0 +1,201 @@
+"""An experiment's figures from its finished runs, as pure functions: each variant at each
+seed on each evaluation set, the mean over seeds with its interval, and every variant against
+the baseline on the same questions (paired: ``scoring.paired``), seed by seed and pooled.
+
+The mean's interval is Student's t over the seeds' accuracies: it says how much the figure
+moves with the seed, which a single run's binomial interval does not (with three seeds it is
+wide, as it should be). The pooled paired test puts every seed's questions together, each
+question of each seed one pair, so it asks whether the variant differs across the seeds run.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from embodied_r.scoring.metrics import format_accuracy
+from embodied_r.scoring.paired import PairedResult, format_paired, paired_test
+
+IN_DISTRIBUTION = "test"  # the recipe's own test split
+# Two-sided 95 % quantiles of Student's t by degrees of freedom; the normal's beyond.
+_T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262,
+        10: 2.228, 12: 2.179, 15: 2.131, 20: 2.086, 30: 2.042}
+
+
+@dataclass
+class Cell:
+    """One variant at one seed on one evaluation set."""
+
+    variant: str
+    seed: int | None
+    evaluation: str
+    accuracy: float
+    interval: tuple[float, float] | None
+    scores: dict[str, float]  # question uid -> score
+    figures: dict[str, float] = field(default_factory=dict)  # the experiment's measures
+    run_id: str = ""  # the MLflow parent run of the variant's pipeline (or SFT baseline)
+
+
+def t95(df: int) -> float:
+    if df <= 0:
+        return math.nan
+    known = [d for d in _T95 if d <= df]
+    return _T95[max(known)] if df <= 30 else 1.96
+
+
+def mean_interval(values: Sequence[float]) -> tuple[float, tuple[float, float] | None]:
+    """The mean and its 95 % t-interval over seeds; no interval from one seed."""
+    n = len(values)
+    mean = sum(values) / n
+    if n < 2:
+        return mean, None
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    half = t95(n - 1) * sd / math.sqrt(n)
+    return mean, (mean - half, mean + half)
+
+
+def paired(base: Cell, other: Cell) -> PairedResult:
+    """``other`` against ``base`` on the questions both answered (all of them, when both ran
+    the same split: a failed answer is in the table, scoring 0)."""
+    both = [u for u in base.scores if u in other.scores]
+    return paired_test([base.scores[u] for u in both], [other.scores[u] for u in both])
+
+
+def pooled(bases: Sequence[Cell], others: Sequence[Cell]) -> PairedResult:
+    """Every seed's questions as pairs of one test: seed s of ``others`` against seed s of
+    ``bases``."""
+    by_seed = {c.seed: c for c in bases}
+    a: list[float] = []
+    b: list[float] = []
+    for cell in others:
+        base = by_seed.get(cell.seed)
+        if base is None:
+            continue
+        both = [u for u in base.scores if u in cell.scores]
+        a += [base.scores[u] for u in both]
+        b += [cell.scores[u] for u in both]
+    return paired_test(a, b)
+
+
+@dataclass
+class Comparison:
+    evaluation: str
+    variant: str
+    by_seed: dict[Any, PairedResult]
+    pooled: PairedResult
+
+
+def compare(cells: Sequence[Cell], baseline: str) -> list[Comparison]:
+    """Each variant but the baseline against it, per evaluation set, seed by seed and pooled."""
+    out = []
+    for evaluation in dict.fromkeys(c.evaluation for c in cells):
+        here = [c for c in cells if c.evaluation == evaluation]
+        bases = [c for c in here if c.variant == baseline]
+        if not bases:
+            continue
+        base_of = {c.seed: c for c in bases}
+        for variant in dict.fromkeys(c.variant for c in here if c.variant != baseline):
+            mine = [c for c in here if c.variant == variant and c.seed in base_of]
+            if mine:
+                out.append(Comparison(evaluation, variant, {c.seed: paired(base_of[c.seed], c) for c in mine},
+                                      pooled(bases, mine)))
+    return out
+
+
+def _fmt(value: float | None, interval: tuple[float, float] | None = None, percent: bool = True) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if percent:
+        return format_accuracy(value, interval)
+    text = f"{value:,.4g}" if abs(value) < 1e4 else f"{value:,.0f}"
+    return text + (f" [{interval[0]:,.4g}, {interval[1]:,.4g}]" if interval else "")
+
+
+def is_share(name: str) -> bool:
+    """Figures shown in percent: accuracies, ratios and shares."""
+    return name.startswith(("accuracy", "consistency/ratio")) or name.endswith(("ratio", "share"))
+
+
+def table(cells: Sequence[Cell], measures: Sequence[str] = ()) -> list[str]:
+    """Variant x seed and the mean over seeds, per evaluation set: accuracy with its 95 %
+    interval, then each measure."""
+    lines: list[str] = []
+    for evaluation in dict.fromkeys(c.evaluation for c in cells):
+        here = [c for c in cells if c.evaluation == evaluation]
+        names = [m for m in measures if any(m in c.figures for c in here)]
+        head = f"  {'variant':18s} {'seed':>5s}  {'accuracy [95 % interval]':28s}" + "".join(
+            f"  {m:>24s}" for m in names)
+        where = "in distribution (the recipe's test split)" if evaluation == IN_DISTRIBUTION else \
+            f"out of distribution: {evaluation}"
+        lines += [f"{where}:", head]
+        for variant in dict.fromkeys(c.variant for c in here):
+            mine = [c for c in here if c.variant == variant]
+            for c in mine:
+                lines.append(f"  {variant:18s} {str(c.seed if c.seed is not None else '-'):>5s}  "
+                             f"{_fmt(c.accuracy, c.interval):28s}" + "".join(
+                                 f"  {_fmt(c.figures.get(m), None, is_share(m)):>24s}" for m in names))
+            if len(mine) > 1:
+                mean, interval = mean_interval([c.accuracy for c in mine])
+                row = f"  {variant:18s} {'mean':>5s}  {_fmt(mean, interval):28s}"
+                for m in names:
+                    values = [c.figures[m] for c in mine if isinstance(c.figures.get(m), (int, float))]
+                    row += f"  {_fmt(*mean_interval(values), is_share(m)) if values else '-':>24s}"
+                lines.append(row)
+    return lines
+
+
+def comparison_lines(comparisons: Sequence[Comparison], baseline: str) -> list[str]:
+    """One line per variant and evaluation set: the paired difference in points of accuracy
+    against the baseline on the same questions, its interval and p-value, per seed and pooled."""
+    lines = [f"Paired against {baseline} on the same questions (McNemar's exact test; interval by paired bootstrap):"]
+    for comp in comparisons:
+        seeds = "; ".join(f"seed {s}: {format_paired(r)}" for s, r in comp.by_seed.items())
+        verdict = "differs" if comp.pooled.significant else "no difference shown"
+        lines.append(f"  {comp.variant} ({comp.evaluation}): pooled {format_paired(comp.pooled)}, "
+                     f"{comp.pooled.better} better / {comp.pooled.worse} worse of {comp.pooled.n}: {verdict}")
+        if len(comp.by_seed) > 1:
+            lines.append(f"    {seeds}")
+    return lines
+
+
+def metrics_of(cell: Cell, comparison: Comparison | None) -> dict[str, float]:
+    """A variant run's MLflow metrics, per evaluation set: accuracy with its interval, the
+    measures, and its paired difference against the baseline at its seed."""
+    prefix = cell.evaluation
+    out = {f"{prefix}/accuracy": cell.accuracy, f"{prefix}/questions": float(len(cell.scores))}
+    if cell.interval:
+        out[f"{prefix}/accuracy_ci_low"], out[f"{prefix}/accuracy_ci_high"] = cell.interval
+    out.update({f"{prefix}/{k}": float(v) for k, v in cell.figures.items() if isinstance(v, (int, float))})
+    if comparison is not None and cell.seed in comparison.by_seed:
+        out.update(comparison.by_seed[cell.seed].figures(f"{prefix}/paired"))
+    return out
+
+
+def summary_metrics(cells: Sequence[Cell], comparisons: Sequence[Comparison]) -> dict[str, float]:
+    """The experiment's parent-run metrics: each variant's mean accuracy per evaluation set and
+    its pooled paired test against the baseline."""
+    out: dict[str, float] = {}
+    for evaluation in dict.fromkeys(c.evaluation for c in cells):
+        for variant in dict.fromkeys(c.variant for c in cells):
+            values = [c.accuracy for c in cells if c.evaluation == evaluation and c.variant == variant]
+            if values:
+                mean, interval = mean_interval(values)
+                out[f"{evaluation}/{variant}/accuracy_mean"] = mean
+                if interval:
+                    out[f"{evaluation}/{variant}/accuracy_mean_ci_low"], \
+                        out[f"{evaluation}/{variant}/accuracy_mean_ci_high"] = interval
+    for comp in comparisons:
+        out.update(comp.pooled.figures(f"{comp.evaluation}/{comp.variant}/paired"))
+    return out
+
+
+def measure_figures(summaries: Mapping[str, Mapping[str, Any]], measures: Sequence[tuple[str, str, str]]
+                    ) -> dict[str, float]:
+    """``name -> value`` for each (name, stage, key) a stage's summary holds as a number."""
+    out = {}
+    for name, stage, key in measures:
+        value = (summaries.get(stage) or {}).get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[name] = float(value)
+    return out

@@ -1,0 +1,231 @@
+"""The ``embodied-r-experiment`` flow: an experiment's variants at each seed, each run as the
+pipeline runs it (a subflow; stages the variants share are found done in the home and not run
+again), then the comparison on the same questions and one MLflow parent run for the
+experiment, with a child run per variant and seed tagged ``experiment``, ``variant`` and
+``seed`` for MLflow's compare view."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from prefect import flow
+
+from embodied_r.config import Recipe, deep_merge, load_recipe
+from embodied_r.experiments.compare import (
+    IN_DISTRIBUTION,
+    Cell,
+    compare,
+    comparison_lines,
+    measure_figures,
+    metrics_of,
+    summary_metrics,
+    table,
+)
+from embodied_r.experiments.spec import (
+    ACCURACY,
+    Experiment,
+    check_requirements,
+    load_experiment,
+    ood_overrides,
+    variant_overrides,
+)
+from embodied_r.io import read_json, read_summary
+from embodied_r.scoring.metrics import summary_interval
+from embodied_r.stage_plan import Plan
+from embodied_r.tracking import Tracker, tracking_uri
+from flows import mlflow_runs
+
+EXPERIMENT_TAG = "experiment"
+
+
+def plans(experiment: Experiment, recipe: str, seeds: list[int | None], overrides: dict[str, Any] | None,
+          root: Path) -> dict[tuple[str, int | None], tuple[Recipe, Plan]]:
+    """Every variant's recipe and plan at every seed, made before anything runs, so a wrong
+    override or a missing setting stops the experiment at once, in one line."""
+    from embodied_r.pipeline import plan
+
+    out = {}
+    warm = has_warmstart(recipe, overrides)
+    for seed in seeds:
+        for variant in experiment.ordered():
+            loaded = load_recipe(recipe, variant_overrides(experiment, variant, seed, overrides, warm) or None)
+            check_requirements(experiment, loaded)
+            out[(variant, seed)] = (loaded, plan(loaded, root))
+    return out
+
+
+def has_warmstart(recipe: str, overrides: dict[str, Any] | None) -> bool:
+    return load_recipe(recipe, overrides or None).warmstart is not None
+
+
+def completions_of(stages: Plan) -> int:
+    """Completions the GRPO stages of a finished run generated: their optimizer steps this
+    schedule took, times the completions per step they ran with."""
+    from embodied_r.training.config import TrainingConfig
+    from embodied_r.training.stage import completions_per_step
+
+    total = 0
+    for name, sp in stages.items():
+        if sp.kind != "train":
+            continue
+        summary = read_summary(Path(sp.out))
+        steps = int(summary.get("global_step_end", 0)) - int(summary.get("global_step_offset") or 0)
+        cfg = TrainingConfig.model_validate(sp.config["training"])
+        total += max(steps, 0) * completions_per_step(cfg)
+    return total
+
+
+def sft_settings(recipe: Recipe, records: int, completions: int) -> Any:
+    """The SFT baseline's settings for the same compute as the GRPO stages: as many training
+    examples as they generated completions (each example one prompt and its target, each
+    completion one prompt and a sampled reply), over as many passes as that takes."""
+    from embodied_r.lifecycle.sft_baseline import sft_config_for
+    from embodied_r.training.disk import world_size
+
+    base = sft_config_for(recipe)
+    per_step = world_size(base) * base.per_device_train_batch_size * base.gradient_accumulation_steps
+    steps = max(1, math.ceil(completions / per_step))
+    return base.model_copy(update={"max_steps": steps, "epochs": max(1.0, math.ceil(completions / max(records, 1)))})
+
+
+def _scores(folder: Path) -> dict[str, float]:
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(folder / "predictions.parquet", columns=["uid", "score"]).to_pydict()
+    return dict(zip(table["uid"], (float(s) for s in table["score"])))
+
+
+def _cell(experiment: Experiment, variant: str, seed: int | None, evaluation: str, folders: dict[str, str],
+          run_id: str, extra: dict[str, float] | None = None) -> Cell:
+    summaries = {name: read_summary(Path(out)) for name, out in folders.items() if Path(out, "summary.json").is_file()}
+    final = summaries["evaluate"]
+    measures = [(m.name, m.stage, m.key) for m in experiment.measures]
+    return Cell(variant, seed, evaluation, float(final[ACCURACY.split(":", 1)[1]]),
+                summary_interval(final, "accuracy/overall"), _scores(Path(folders["evaluate"])),
+                {**measure_figures(summaries, measures), **(extra or {})}, run_id)
+
+
+def _run_pipeline(recipe: str, overrides: dict[str, Any], stages: Plan) -> dict[str, Any]:
+    from flows.pipeline import embodied_r
+
+    return embodied_r(recipe=recipe, overrides=overrides or None, plan=stages.to_json())
+
+
+@flow(name="embodied-r-experiment", log_prints=True)
+def experiment(name: str, recipe: str = "demo", seeds: list[int] | None = None,
+               overrides: dict[str, Any] | None = None, home: str | None = None) -> dict[str, Any]:
+    """Run experiment ``name`` (a packaged experiment or a YAML path) with ``recipe`` at each of
+    ``seeds`` (None: the recipe's own seed) and compare its variants with the baseline."""
+    from embodied_r import paths
+
+    spec = load_experiment(name)
+    root = paths.claim_home(Path(home).expanduser().resolve() if home else paths.home())
+    runs = [None] if not seeds else list(dict.fromkeys(seeds))
+    planned = plans(spec, recipe, runs, overrides, root)
+    warm = has_warmstart(recipe, overrides)
+    cells: list[Cell] = []
+    started: dict[tuple[str, int | None], dict[str, Any]] = {}
+    for seed in runs:
+        budget = None
+        for variant in spec.ordered():
+            loaded, stages = planned[(variant, seed)]
+            ov = variant_overrides(spec, variant, seed, overrides, warm)
+            label = f"{variant} (seed {seed})" if seed is not None else variant
+            if spec.variants[variant].train == "pipeline":
+                print(f"experiment {spec.name}: {label}")
+                result = _run_pipeline(recipe, ov, stages)
+                folders = result["stages"]
+                model = str(stages["evaluate"].inputs["model"])
+                run_id = result.get("mlflow_run_id") or ""
+                if variant == spec.baseline:
+                    budget = completions_of(stages)
+                extra = {"completions": float(completions_of(stages))}
+            else:
+                from embodied_r.lifecycle.sft_baseline import sft_baseline
+
+                assert budget is not None  # the baseline runs first (Experiment.ordered)
+                records = read_json(Path(stages["convert"].out) / "summary.json").get("splits", {}).get("train")
+                cfg = sft_settings(loaded, int(records or 0) or budget, budget)
+                start = str(Path(stages["warmstart"].out) / "model") if "warmstart" in stages else loaded.training.policy
+                print(f"experiment {spec.name}: {label}: SFT from {start} on {budget} examples "
+                      f"({cfg.max_steps} steps), as many as the GRPO stages' completions")
+                done = sft_baseline(loaded, stages, cfg, init_model=start)
+                # The stages it shares with the baseline (its records' perception among them).
+                folders = {**{n: sp.out for n, sp in stages.items() if n != "evaluate"},
+                           "evaluate": done["stages"]["sft_evaluate"], "sft": done["stages"]["sft"]}
+                model = str(Path(done["stages"]["sft"]) / "model")
+                run_id = done.get("mlflow_run_id") or ""
+                extra = {"completions": float(budget)}
+            cells.append(_cell(spec, variant, seed, IN_DISTRIBUTION, folders, run_id, extra))
+            started[(variant, seed)] = {"run_id": run_id, "overrides": ov, "model": model}
+            if spec.out_of_distribution:
+                for ood in loaded.out_of_distribution:
+                    judge = (stages["evaluate"].config.get("consistency_judge") or {}).get("model")
+                    ood_ov = deep_merge(ov, ood_overrides(loaded, ood, model, judge))
+                    print(f"experiment {spec.name}: {label} on {ood} (out of distribution)")
+                    result = _run_pipeline(recipe, ood_ov, _plan(recipe, ood_ov, root))
+                    cells.append(_cell(spec, variant, seed, ood, result["stages"], result.get("mlflow_run_id") or ""))
+    comparisons = compare(cells, spec.baseline)
+    measures = [m.name for m in spec.measures] + (["completions"] if any(
+        v.train == "sft" for v in spec.variants.values()) else [])
+    lines = [f"Experiment {spec.name}, recipe {planned[(spec.baseline, runs[0])][0].name}, "
+             f"seeds {', '.join(str(s) for s in runs)}:", *table(cells, measures), "",
+             *comparison_lines(comparisons, spec.baseline)]
+    logged = _track(spec, planned[(spec.baseline, runs[0])][0], root, runs, cells, comparisons, started, lines)
+    return {"lines": lines, **logged,
+            "cells": [{"variant": c.variant, "seed": c.seed, "evaluation": c.evaluation, "accuracy": c.accuracy,
+                       "interval": c.interval, "figures": c.figures, "run_id": c.run_id} for c in cells],
+            "comparisons": [{"variant": c.variant, "evaluation": c.evaluation,
+                             "pooled": c.pooled.figures("pooled"),
+                             "by_seed": {str(s): r.figures("paired") for s, r in c.by_seed.items()}}
+                            for c in comparisons]}
+
+
+def _plan(recipe: str, overrides: dict[str, Any], root: Path) -> Plan:
+    from embodied_r.pipeline import plan
+
+    return plan(load_recipe(recipe, overrides or None), root)
+
+
+def _track(spec: Experiment, recipe: Recipe, root: Path, seeds: list[int | None], cells: list[Cell],
+           comparisons: list, started: dict, lines: list[str]) -> dict[str, Any]:
+    """The experiment's parent run (its table as ``experiment.txt``, the means and pooled tests
+    as metrics) and one child run per variant and seed, each with its figures on every
+    evaluation set and a link to the run that trained it."""
+    uri = tracking_uri(recipe.tracking.tracking_uri, root)
+    tracker = Tracker.open(recipe.tracking.experiment, uri, root).start_parent(
+        name=f"{recipe.name}-experiment-{spec.name}",
+        tags={EXPERIMENT_TAG: spec.name, "recipe": recipe.name, "baseline": spec.baseline,
+              "seeds": ",".join(str(s) for s in seeds)},
+        params={"experiment": spec.name, "baseline": spec.baseline, "variants": ",".join(spec.variants),
+                "seeds": ",".join(str(s) for s in seeds)})
+    parent = tracker.parent_run_id or ""
+    children = []
+    by_variant = {(c.variant, c.evaluation): c for c in comparisons}
+    for (variant, seed), info in started.items():
+        run_id = tracker.start_stage(f"{variant} seed {seed}" if seed is not None else variant,
+                                     {"variant": variant, "seed": seed, "overrides": json.dumps(info["overrides"]),
+                                      "train": spec.variants[variant].train},
+                                     tags={EXPERIMENT_TAG: spec.name, "variant": variant, "seed": str(seed),
+                                           "trained_by_run": info["run_id"], "model": info["model"]})
+        metrics: dict[str, float] = {}
+        for cell in cells:
+            if cell.variant == variant and cell.seed == seed:
+                metrics.update(metrics_of(cell, by_variant.get((variant, cell.evaluation))))
+        tracker.log_metrics(run_id, metrics)
+        tracker.finish(run_id)
+        children.append(run_id)
+    tracker.log_metrics(parent, summary_metrics(cells, comparisons))
+    table_file = root / "experiments" / f"{spec.name}-{parent[:8]}.txt"
+    table_file.parent.mkdir(parents=True, exist_ok=True)
+    table_file.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    declared = table_file.with_suffix(".json")
+    declared.write_text(json.dumps(spec.model_dump(mode="json"), indent=1), encoding="utf-8")
+    tracker.log_artifacts(parent, [table_file, declared])
+    tracker.finish(parent)
+    return {"mlflow_run_id": parent, "tracking_uri": uri, "children": children, "table_file": str(table_file),
+            "mlflow_run_url": mlflow_runs.run_url(uri, tracker.experiment_id, parent),
+            "mlflow_compare_url": mlflow_runs.compare_url(uri, tracker.experiment_id, children)}

@@ -1,0 +1,118 @@
+"""An experiment run end to end on the smoke recipe, from the command line, under Prefect's
+test harness and a real MLflow store: a pipeline variant, one that differs in its evaluation
+only, and the SFT baseline, each evaluated in distribution and on an out-of-distribution task
+family; shared stages run once; the table, the paired comparison and the MLflow runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+EXPERIMENT = """\
+baseline: grpo
+out_of_distribution: true
+variants:
+  grpo: {}
+  official-parser:
+    set: {evaluation.answer_parser: official}
+  sft:
+    train: sft
+measures:
+  - {source: "perception:calls", label: perceiver/calls}
+"""
+
+
+@pytest.fixture(scope="module")
+def ran(tmp_path_factory):
+    from prefect.testing.utilities import prefect_test_harness
+
+    home = tmp_path_factory.mktemp("experiment-home")
+    spec = home / "parsers.yaml"
+    spec.write_text(EXPERIMENT)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("EMBODIED_R_HOME", str(home))
+        mp.delenv("MLFLOW_TRACKING_URI", raising=False)
+        with prefect_test_harness(server_startup_timeout=120):
+            from flows.experiment import experiment
+
+            # The smoke recipe trains on every task: its OOD stand-in here is one task family
+            # evaluated alone (the demo's is a family its catalog leaves out).
+            result = experiment(name=str(spec), recipe="smoke", seeds=[3], overrides={
+                "training": {"max_steps_per_stage": 2},
+                "out_of_distribution": {"recall": {"catalog": {"tasks": ["Object Recall"]}}}})
+    return home, result
+
+
+def test_every_variant_is_evaluated_in_and_out_of_distribution(ran) -> None:
+    _, result = ran
+    got = {(c["variant"], c["evaluation"]) for c in result["cells"]}
+    assert got == {(v, e) for v in ("grpo", "official-parser", "sft") for e in ("test", "recall")}
+    assert all(c["seed"] == 3 for c in result["cells"])
+    lines = "\n".join(result["lines"])
+    assert "in distribution (the recipe's test split):" in lines and "out of distribution: recall:" in lines
+    assert "Paired against grpo on the same questions" in lines
+    for variant in ("official-parser", "sft"):
+        for where in ("test", "recall"):
+            assert f"  {variant} ({where}): pooled " in lines, lines
+
+
+def test_the_variants_share_every_stage_they_have_in_common(ran) -> None:
+    home, _ = ran
+    stages = home / "stages"
+    folders = {kind.name: sorted(p.name for p in kind.iterdir() if p.is_dir()) for kind in stages.iterdir()}
+    # One training (the parser variant differs in its evaluation only; SFT trains apart).
+    for kind in ("train_stage1", "train_stage2", "train_stage3"):
+        assert len(folders[kind]) == 1, (kind, folders[kind])
+    # The test split: twice (two parsers); the OOD family: three models, one catalog, one
+    # perception and one set of records, made for the first and found done for the others.
+    assert len(folders["evaluate"]) == 2 + 3, folders["evaluate"]
+    assert len(folders["download"]) == 1
+    for kind in ("preprocess", "keyframes", "perception", "convert"):
+        assert len(folders[kind]) == 2, (kind, folders[kind])
+    assert len(folders["sft"]) == 1 and len(folders["sft_evaluate"]) == 1
+    assert "promote" not in folders  # an ablation moves no registry alias
+
+
+def test_sft_trained_on_as_many_examples_as_grpo_made_completions(ran) -> None:
+    from embodied_r.io import read_json
+
+    home, result = ran
+    (sft,) = [p for p in (home / "stages" / "sft").iterdir() if p.is_dir()]
+    summary = read_json(sft / "summary.json")
+    (cell,) = [c for c in result["cells"] if c["variant"] == "sft" and c["evaluation"] == "test"]
+    (grpo,) = [c for c in result["cells"] if c["variant"] == "grpo" and c["evaluation"] == "test"]
+    # Three stages of two steps, four completions a step (smoke: batch 4, one accumulation).
+    assert grpo["figures"]["completions"] == cell["figures"]["completions"] == 24
+    from embodied_r.config import load_recipe
+    from flows.experiment import sft_settings
+
+    cfg = sft_settings(load_recipe("smoke"), records=100, completions=24)
+    per_step = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps
+    assert summary["steps"] == cfg.max_steps and cfg.max_steps * per_step >= 24 > (cfg.max_steps - 1) * per_step
+
+
+def test_mlflow_holds_the_experiment_and_a_child_per_variant(ran) -> None:
+    from mlflow import MlflowClient
+
+    _, result = ran
+    client = MlflowClient(tracking_uri=result["tracking_uri"])
+    parent = client.get_run(result["mlflow_run_id"])
+    assert parent.data.tags["experiment"] == "parsers" and parent.info.status == "FINISHED"
+    assert "test/official-parser/paired/p_value" in parent.data.metrics
+    children = client.search_runs([parent.info.experiment_id],
+                                  filter_string=f"tags.mlflow.parentRunId = '{parent.info.run_id}'")
+    by_variant = {c.data.tags["variant"]: c for c in children}
+    assert set(by_variant) == {"grpo", "official-parser", "sft"}
+    for name, child in by_variant.items():
+        assert child.data.tags["experiment"] == "parsers" and child.data.tags["seed"] == "3"
+        assert {"test/accuracy", "recall/accuracy", "test/perceiver/calls"} <= set(child.data.metrics), name
+        # The run that trained it is a run of the same store.
+        assert client.get_run(child.data.tags["trained_by_run"]).info.status == "FINISHED"
+    assert "test/paired/p_value" in by_variant["sft"].data.metrics
+    assert "test/paired/p_value" not in by_variant["grpo"].data.metrics
+    assert set(result["children"]) == {c.info.run_id for c in children}
+    assert result["mlflow_compare_url"].startswith("http://127.0.0.1:5000/#/compare-runs?runs=")
+    assert Path(result["table_file"]).read_text().startswith("Experiment parsers, recipe smoke, seeds 3:")
