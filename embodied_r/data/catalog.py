@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import time
 from collections import Counter
@@ -12,12 +11,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 import duckdb
-import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from embodied_r import benchmark_rules as bm
 from embodied_r import schemas
+from embodied_r.data.rows import CatalogError, missing_field, outside, read_checked, unique_ids
 from embodied_r.faults import item_done
 from embodied_r.synthetic.truth import FACTS_FILE
 from embodied_r.io import (
@@ -59,64 +58,6 @@ class CatalogConfig(BaseModel):
     max_questions_per_task: int | None = Field(None, ge=1)  # a cap for small runs; None keeps all
 
 
-class CatalogError(ValueError):
-    """A source file without the benchmark's schema, or a task the source does not have."""
-
-
-def _read_checked(path: Path, expected: pa.Schema) -> list[dict]:
-    if not path.is_file():
-        raise CatalogError(f"{path} not found: run the download stage first (embodied-r download)")
-    try:
-        table = pq.read_table(path)
-    except (pa.ArrowException, OSError) as exc:
-        raise CatalogError(f"{path}: not a readable Parquet file ({_first_line(exc)}); download it again") from None
-    missing = [n for n in expected.names if n not in table.column_names]
-    if missing:
-        raise CatalogError(f"{path}: missing column(s) {', '.join(missing)}; expected {expected.names}")
-    columns = []
-    for field in expected:
-        column = table.column(field.name)
-        try:
-            columns.append(column.cast(field.type))
-        except (pa.ArrowException, ValueError) as exc:
-            raise CatalogError(f"{path}: column {field.name!r} holds {column.type}, which cannot be read as "
-                               f"{field.type} ({_first_line(exc)})") from None
-    rows = pa.table(columns, names=expected.names).to_pylist()
-    return rows
-
-
-def _first_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())[:300]
-
-
-def _unique_ids(rows: list[dict], path: Path) -> None:
-    """Two questions under one id would share every later stage's per-item record."""
-    seen: Counter[str] = Counter(r["uid"] for r in rows)
-    dup = sorted(uid for uid, n in seen.items() if n > 1)
-    if dup:
-        shown = ", ".join(dup[:10]) + (f" and {len(dup) - 10} more" if len(dup) > 10 else "")
-        raise CatalogError(f"{path}: duplicate question ids {shown}; each id must occur once (fix the file "
-                           "or take a fresh copy)")
-
-
-def _missing(r: dict, fields: tuple[str, ...]) -> str | None:
-    empty = [f for f in fields if r.get(f) is None or (isinstance(r.get(f), str) and not r[f].strip())]
-    return f"missing_field: {', '.join(empty)} is empty" if empty else None
-
-
-def _outside(base: Path, uid: str, video_id: str, relative: str) -> dict | None:
-    """The failure of a row whose video path leaves its benchmark folder (``..``, an absolute
-    path), or None. Judged on the path as written, not as resolved: a mirror's videos may be
-    links to elsewhere, and those are the user's own."""
-    folder = os.path.normpath(base)
-    path = os.path.normpath(os.path.join(folder, "videos", relative))
-    if os.path.commonpath([folder, path]) == folder:
-        return None
-    return {"stage": "preprocess", "item": uid,
-            "reason": f"path_outside_benchmark: video {video_id!r} leaves {base}, so it is not read; the row is "
-                      "left out (fix its video id in the source to a path inside the benchmark folder)"}
-
-
 def _facts(base: Path) -> dict[str, str]:
     """Question id -> what decides its answer (JSON), from a benchmark folder that says (the
     synthetic benchmark's ``question_facts.parquet``); empty for the real benchmarks."""
@@ -131,12 +72,12 @@ def _urbanvideo_rows(root: Path, failures: list[dict]) -> list[dict]:
     base = root / bm.URBANVIDEO_DIR
     rows = []
     facts = _facts(base)
-    for r in _read_checked(base / bm.URBANVIDEO_FILE, schemas.URBANVIDEO_MCQ):
+    for r in read_checked(base / bm.URBANVIDEO_FILE, schemas.URBANVIDEO_MCQ):
         uid = f"{bm.URBANVIDEO}:{r['Question_id']}"
-        if why := _missing(r, ("Question_id", "video_id", "question", "answer")):
+        if why := missing_field(r, ("Question_id", "video_id", "question", "answer")):
             failures.append({"stage": "preprocess", "item": uid, "reason": why})
             continue
-        if refused := _outside(base, uid, r["video_id"], r["video_id"]):
+        if refused := outside(base, uid, r["video_id"], r["video_id"]):
             failures.append(refused)
             continue
         stem, options = bm.split_urbanvideo_question(r["question"] or "")
@@ -152,7 +93,7 @@ def _urbanvideo_rows(root: Path, failures: list[dict]) -> list[dict]:
             "question": stem, "options": options, "answer": answer, "answer_type": "choice",
             "fact": facts.get(str(r["Question_id"]), ""),
         })
-    _unique_ids(rows, base / bm.URBANVIDEO_FILE)
+    unique_ids(rows, base / bm.URBANVIDEO_FILE)
     return rows
 
 
@@ -160,9 +101,9 @@ def _vsibench_rows(root: Path, failures: list[dict]) -> list[dict]:
     base = root / bm.VSIBENCH_DIR
     rows = []
     facts = _facts(base)
-    for r in _read_checked(base / bm.VSIBENCH_FILE, schemas.VSIBENCH):
+    for r in read_checked(base / bm.VSIBENCH_FILE, schemas.VSIBENCH):
         uid = f"{bm.VSIBENCH}:{r['id']}"
-        if why := _missing(r, ("id", "dataset", "scene_name", "question_type", "question", "ground_truth")):
+        if why := missing_field(r, ("id", "dataset", "scene_name", "question_type", "question", "ground_truth")):
             failures.append({"stage": "preprocess", "item": uid, "reason": why})
             continue
         numeric = r["question_type"] in bm.VSIBENCH_NUMERIC or not r["options"]
@@ -173,7 +114,7 @@ def _vsibench_rows(root: Path, failures: list[dict]) -> list[dict]:
                              f"ground_truth {answer!r} is not one of the options {[o[0] for o in options]}"})
             continue
         video_id = f"{r['dataset']}/{r['scene_name']}"
-        if refused := _outside(base, uid, video_id, f"{video_id}.mp4"):
+        if refused := outside(base, uid, video_id, f"{video_id}.mp4"):
             failures.append(refused)
             continue
         rows.append({
@@ -186,7 +127,7 @@ def _vsibench_rows(root: Path, failures: list[dict]) -> list[dict]:
             "answer_type": "number" if numeric else "choice",
             "fact": facts.get(str(r["id"]), ""),
         })
-    _unique_ids(rows, base / bm.VSIBENCH_FILE)
+    unique_ids(rows, base / bm.VSIBENCH_FILE)
     return rows
 
 
