@@ -1,4 +1,5 @@
-"""Preprocess stage: both benchmarks into one questions table, with seeded scene-disjoint splits."""
+"""Preprocess stage: the benchmarks into one questions table, with seeded scene-disjoint splits
+of the training benchmarks; every question of an evaluation-only benchmark is in ``ood``."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import re
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 import duckdb
 import pyarrow.parquet as pq
@@ -16,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from embodied_r import benchmark_rules as bm
 from embodied_r import schemas
+from embodied_r.data import ood
 from embodied_r.data.rows import CatalogError, missing_field, outside, read_checked, unique_ids
 from embodied_r.faults import item_done
 from embodied_r.synthetic.truth import FACTS_FILE
@@ -53,6 +55,8 @@ class SplitConfig(BaseModel):
 class CatalogConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
+    # "paper": the paper's tasks, and the transfer tasks of the evaluation-only benchmarks
+    # (benchmark_rules.TRANSFER_TASKS); "all"; or task names.
     tasks: Literal["paper", "all"] | list[str] = "paper"
     split: SplitConfig = Field(default_factory=SplitConfig)
     max_questions_per_task: int | None = Field(None, ge=1)  # a cap for small runs; None keeps all
@@ -131,20 +135,31 @@ def _vsibench_rows(root: Path, failures: list[dict]) -> list[dict]:
     return rows
 
 
-def _wanted(rows: list[dict], tasks: Literal["paper", "all"] | list[str]) -> list[dict]:
+# ``tasks: paper``: the paper's tasks of the training benchmarks and the transfer tasks of the
+# evaluation-only ones (of those the recipe downloads).
+_PAPER = frozenset(c for tasks in (*bm.PAPER_TASKS.values(), *bm.TRANSFER_TASKS.values()) for c in tasks)
+
+
+def _keep(tasks: Literal["paper", "all"] | list[str]) -> Callable[[str], bool]:
+    """Whether ``tasks`` keeps a task: its name as written in the source or in its metric form."""
     if tasks == "all":
-        return rows
+        return lambda category: True
     if tasks == "paper":
-        keep = set(bm.PAPER_TASKS[bm.URBANVIDEO] + bm.PAPER_TASKS[bm.VSIBENCH])
-        return [r for r in rows if r["category"] in keep]
-    # Named tasks match as written in the source or in their metric form ("start_end_position").
-    known = {metric_name(r["category"]) for r in rows}
-    unknown = [t for t in tasks if metric_name(t) not in known]
-    if unknown:
-        names = sorted({r["category"] for r in rows})
-        raise CatalogError(f"unknown task(s) {', '.join(map(repr, unknown))}; the source has: {', '.join(names)}")
-    keep = {metric_name(t) for t in tasks}
-    return [r for r in rows if metric_name(r["category"]) in keep]
+        return _PAPER.__contains__
+    names = {metric_name(t) for t in tasks}
+    return lambda category: metric_name(category) in names
+
+
+def _wanted(rows: list[dict], tasks: Literal["paper", "all"] | list[str]) -> list[dict]:
+    if isinstance(tasks, list):
+        # Named tasks match as written in the source or in their metric form ("start_end_position").
+        known = {metric_name(r["category"]) for r in rows}
+        unknown = [t for t in tasks if metric_name(t) not in known]
+        if unknown:
+            names = sorted({r["category"] for r in rows})
+            raise CatalogError(f"unknown task(s) {', '.join(map(repr, unknown))}; the source has: {', '.join(names)}")
+    keep = _keep(tasks)
+    return [r for r in rows if keep(r["category"])]
 
 
 def _stable_rank(seed: int, key: str) -> str:
@@ -153,10 +168,16 @@ def _stable_rank(seed: int, key: str) -> str:
 
 
 def assign_splits(rows: list[dict], cfg: SplitConfig) -> None:
-    """Scene-disjoint split by ``cfg.rule``, written into each row's ``split`` and ``fold``."""
-    split_of = pooled_scene_splits(rows, cfg) if cfg.rule == "pooled_scenes" else per_benchmark_splits(rows, cfg)
-    for r in rows:
+    """Scene-disjoint split by ``cfg.rule``, written into each row's ``split`` and ``fold``.
+    An evaluation-only benchmark's rows take no part: each is in ``ood`` (fold 0), so no
+    rule, seed or fraction can put one in training."""
+    held = [r for r in rows if bm.evaluation_only(r["benchmark"])]
+    split = [r for r in rows if not bm.evaluation_only(r["benchmark"])]
+    split_of = pooled_scene_splits(split, cfg) if cfg.rule == "pooled_scenes" else per_benchmark_splits(split, cfg)
+    for r in split:
         r["split"], r["fold"] = split_of[(r["benchmark"], r["scene"])]
+    for r in held:
+        r["split"], r["fold"] = bm.OOD, 0
 
 
 def per_benchmark_splits(rows: list[dict], cfg: SplitConfig) -> dict[tuple[str, str], tuple[str, int]]:
@@ -215,8 +236,12 @@ def build_catalog(raw: Path, cfg: CatalogConfig) -> tuple[list[dict], list[dict]
         rows += _urbanvideo_rows(raw, failures)
     if (raw / bm.VSIBENCH_DIR).exists():
         rows += _vsibench_rows(raw, failures)
+    for benchmark, read in ood.READERS.items():
+        if (raw / bm.BENCHMARK_DIRS[benchmark]).exists():
+            rows += read(raw, failures, _keep(cfg.tasks))
     if not rows and not failures:
-        raise CatalogError(f"{raw} holds neither {bm.URBANVIDEO_DIR}/ nor {bm.VSIBENCH_DIR}/: run the download stage")
+        folders = ", ".join(f"{bm.BENCHMARK_DIRS[b]}/" for b in bm.BENCHMARKS)
+        raise CatalogError(f"{raw} holds none of {folders}: run the download stage")
     rows = _wanted(rows, cfg.tasks)
     present = []
     for r in rows:
@@ -230,14 +255,12 @@ def build_catalog(raw: Path, cfg: CatalogConfig) -> tuple[list[dict], list[dict]
     return present, failures
 
 
-SPLITS = ("train", "val", "test")
-
-
 def split_counts(rows: list[dict]) -> dict[str, dict[str, dict[str, int]]]:
     """Questions per benchmark, task (as the source names it) and split."""
     out: dict[str, dict[str, dict[str, int]]] = {}
     for r in rows:
-        per_split = out.setdefault(r["benchmark"], {}).setdefault(r["category"], dict.fromkeys(SPLITS, 0))
+        per_split = out.setdefault(r["benchmark"], {}).setdefault(r["category"],
+                                                                  dict.fromkeys(bm.splits_of(r["benchmark"]), 0))
         per_split[r["split"]] += 1
     return out
 
@@ -254,7 +277,7 @@ def metric_counts(rows: list[dict]) -> dict[str, dict[str, dict[str, int]]]:
     out: dict[str, dict[str, dict[str, int]]] = {}
     for bench, tasks in split_counts(rows).items():
         for task, per_split in tasks.items():
-            merged = out.setdefault(bench, {}).setdefault(metric_name(task), dict.fromkeys(SPLITS, 0))
+            merged = out.setdefault(bench, {}).setdefault(metric_name(task), dict.fromkeys(bm.splits_of(bench), 0))
             for split, n in per_split.items():
                 merged[split] += n
     return out
@@ -296,9 +319,9 @@ def run_catalog(raw: Path, out: Path, cfg: CatalogConfig) -> dict:
             "failure_reasons": dict(Counter(f["reason"].split(":")[0] for f in failures)),
             "seconds": round(time.time() - start, 3),
         }
-        for split in SPLITS:
+        for split in bm.ALL_SPLITS:
             summary[f"n_{split}"] = sum(1 for r in rows if r["split"] == split)
-        summary["splits"] = {b: {s: sum(n[s] for n in tasks.values()) for s in SPLITS}
+        summary["splits"] = {b: {s: sum(n[s] for n in tasks.values()) for s in bm.splits_of(b)}
                              for b, tasks in split_counts(rows).items()}
         summary["counts"] = metric_counts(rows)
         write_summary(work, summary)
