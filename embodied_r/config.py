@@ -13,6 +13,7 @@ from typing import Any, Iterator, Literal, TypeVar
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from embodied_r.benchmark_rules import EVALUATION_BENCHMARKS, OOD, evaluation_only
 from embodied_r.data.catalog import CatalogConfig
 from embodied_r.data.download import DownloadConfig
 from embodied_r.evaluation.config import EvaluationConfig
@@ -86,6 +87,16 @@ class Recipe(BaseModel):
             raise ValueError(f"tracking.promote compares models on the {split} split, but catalog.split.{split} "
                              f"is 0: give it a share, set tracking.promote_split to another split, or "
                              "tracking.promote: false")
+        return self
+
+    @model_validator(mode="after")
+    def _ood_has_a_benchmark(self) -> "Recipe":
+        # The ood split holds the evaluation-only benchmarks' questions and nothing else.
+        if self.evaluation.split == OOD and not any(evaluation_only(b) for b in self.download.benchmarks):
+            raise ValueError(f"evaluation.split is {OOD!r}, which holds the questions of "
+                             f"{', '.join(EVALUATION_BENCHMARKS)} only, and download.benchmarks names none: add "
+                             f"them (--set download.benchmarks=[{','.join(self.download.benchmarks)},"
+                             f"{','.join(EVALUATION_BENCHMARKS)}]) or choose another split")
         return self
 
     @model_validator(mode="after")

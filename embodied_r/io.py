@@ -18,7 +18,7 @@ import uuid
 import zipfile
 import zlib
 from contextlib import contextmanager
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Callable, Iterable, Iterator
 
 import pyarrow as pa
@@ -332,25 +332,29 @@ def sha256_file(path: Path, block: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
-def safe_extract(archive: Path, dest: Path, max_bytes: int, stage: str = "download") -> int:
+def safe_extract(archive: Path, dest: Path, max_bytes: int, stage: str = "download",
+                 names: set[str] | None = None) -> int:
     """Extract a zip, refusing absolute paths, ``..``, links and expansion past ``max_bytes``.
 
-    Idempotent: an entry already present with the right size is skipped. Returns the number
-    of files written; each is an item boundary of ``stage`` for the kill tests.
+    Idempotent: an entry already present with the right size is skipped. ``names``: extract
+    only the entries with one of these lower-case file names (None: all); the bound counts
+    what is extracted. Returns the number of files written; each is an item boundary of
+    ``stage`` for the kill tests.
     """
     dest = Path(dest).resolve()
     try:
-        return _extract(archive, dest, max_bytes, stage)
+        return _extract(archive, dest, max_bytes, stage, names)
     except (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, EOFError, NotImplementedError) as exc:
         # A file that is not a zip, or one whose entry fails its CRC: name the archive.
         detail = " ".join(str(exc).split())[:300] or type(exc).__name__
         raise DataSourceError(f"{archive}: damaged or not a zip archive ({detail}); download it again") from None
 
 
-def _extract(archive: Path, dest: Path, max_bytes: int, stage: str) -> int:
+def _extract(archive: Path, dest: Path, max_bytes: int, stage: str, names: set[str] | None) -> int:
     written = 0
     with zipfile.ZipFile(archive) as zf:
-        infos = [i for i in zf.infolist() if not i.is_dir()]
+        infos = [i for i in zf.infolist() if not i.is_dir()
+                 and (names is None or PurePosixPath(i.filename).name.lower() in names)]
         total = sum(i.file_size for i in infos)
         if total > max_bytes:
             raise DataSourceError(f"{archive}: expands to {total} bytes, over the bound {max_bytes}")

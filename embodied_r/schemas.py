@@ -27,11 +27,24 @@ VSIBENCH = pa.schema(
     ]
 )
 
+# EgoSchema's subset with public answers (lmms-lab/egoschema, ``Subset``): ``option`` holds
+# the five options, ``answer`` the right one's 0-based index. Read as text whatever the file
+# stores them as (``question_idx`` and ``answer`` are cast).
+EGOSCHEMA_SUBSET = pa.schema(
+    [
+        ("question_idx", pa.string()),
+        ("question", pa.string()),
+        ("video_idx", pa.string()),
+        ("option", pa.list_(pa.string())),
+        ("answer", pa.string()),
+    ]
+)
+
 # The unified questions table every later stage reads.
 CATALOG = pa.schema(
     [
         ("uid", pa.string()),  # "<benchmark>:<original id>", unique across benchmarks
-        ("benchmark", pa.string()),  # "urbanvideo" | "vsibench"
+        ("benchmark", pa.string()),  # benchmark_rules.BENCHMARKS
         ("original_id", pa.string()),
         ("video_id", pa.string()),
         ("video_path", pa.string()),  # absolute path of a readable video file
@@ -41,7 +54,7 @@ CATALOG = pa.schema(
         ("options", pa.list_(pa.string())),  # "A. ...", "B. ..."; empty for numeric
         ("answer", pa.string()),  # option letter, or the number as text
         ("answer_type", pa.string()),  # "choice" | "number"
-        ("split", pa.string()),  # "train" | "val" | "test"
+        ("split", pa.string()),  # "train" | "val" | "test"; "ood" for the evaluation-only benchmarks
         ("fold", pa.int32()),
         # What in the video decides the answer, where the benchmark says (the synthetic one
         # does: JSON {"kind", "objects"}, synthetic.truth.FACT_KINDS); "" for the real ones.

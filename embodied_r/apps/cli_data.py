@@ -19,14 +19,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
-SPLITS = ("train", "val", "test")
-
 
 def _recipe_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--recipe", default="paper", help="recipe whose data settings apply (default %(default)s)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a recipe value, e.g. --set catalog.split.seed=1")
-    p.add_argument("--benchmarks", default=None, help="urbanvideo,vsibench (default: the recipe's)")
+    p.add_argument("--benchmarks", default=None, help="comma-separated, of urbanvideo,vsibench (trained on) and "
+                   "egoschema,mvbench (evaluation only, the ood split); default: the recipe's")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -37,7 +36,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "own download settings.")
     where = cat.add_mutually_exclusive_group()
     where.add_argument("--source", metavar="DIR", help="a mirror laid out like the hub repos "
-                       "(UrbanVideo-Bench/, VSI-Bench/ with its zips); it is never modified")
+                       "(UrbanVideo-Bench/, VSI-Bench/ with its zips, ...); it is never modified")
     where.add_argument("--raw", metavar="DIR", help="a download stage folder (VSI-Bench videos extracted)")
     cat.add_argument("--tasks", default=None, help="paper (default), all, or task names separated by commas")
     cat.add_argument("--seed", type=int, default=None, help="split seed (default: the recipe's)")
@@ -56,8 +55,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     src.add_argument("--source", metavar="DIR", help="a mirror laid out like the hub repos; never modified")
     src.add_argument("--hub", action="store_true", help="fetch from the Hugging Face Hub")
     src.add_argument("--synthetic", action="store_true", help="generate the small synthetic benchmark")
-    fetch.add_argument("--urbanvideo-revision", default=None, help="branch, tag or commit to pin")
-    fetch.add_argument("--vsibench-revision", default=None, help="branch, tag or commit to pin")
+    from embodied_r.benchmark_rules import BENCHMARKS
+
+    for benchmark in BENCHMARKS:
+        fetch.add_argument(f"--{benchmark}-revision", default=None, help="branch, tag or commit to pin")
     _recipe_args(fetch)
     fetch.set_defaults(handler=cmd_fetch)
 
@@ -93,7 +94,8 @@ def _raw_key(raw: Path, catalog_cfg: Any) -> str:
     from embodied_r.runners import code_version
 
     lines = [f"{raw}\n{catalog_cfg.model_dump_json()}\n{code_version('preprocess')}\n"]
-    for sub, name in ((bm.URBANVIDEO_DIR, bm.URBANVIDEO_FILE), (bm.VSIBENCH_DIR, bm.VSIBENCH_FILE)):
+    for benchmark in bm.BENCHMARKS:
+        sub, name = bm.BENCHMARK_DIRS[benchmark], bm.QUESTION_FILES[benchmark]
         f = raw / sub / name
         if f.is_file():
             st = f.stat()
@@ -112,15 +114,20 @@ def count_table(catalog_parquet: Path) -> list[tuple[str, str, dict[str, int]]]:
 
 
 def print_counts(catalog_dir: Path, summary: dict[str, Any]) -> None:
+    from embodied_r.benchmark_rules import ALL_SPLITS, SPLITS
+
     table = count_table(catalog_dir / "catalog.parquet")
     width = max([len(t) for _, t, _ in table] + [20])
-    print(f"{'benchmark':11s} {'task':{width}s} {'train':>6s} {'val':>6s} {'test':>6s} {'total':>6s}")
+    # The ood column only where an evaluation-only benchmark is catalogued.
+    splits = ALL_SPLITS if any(s not in SPLITS for _, _, n in table for s in n) else SPLITS
+    print(f"{'benchmark':11s} {'task':{width}s} " + " ".join(f"{s:>6s}" for s in splits) + f" {'total':>6s}")
     for bench in sorted({b for b, _, _ in table}):
         mine = [(t, n) for b, t, n in table if b == bench]
         for task, n in mine:
-            print(f"{bench:11s} {task:{width}s} " + " ".join(f"{n[s]:6d}" for s in SPLITS) + f" {sum(n.values()):6d}")
-        totals = {s: sum(n[s] for _, n in mine) for s in SPLITS}
-        print(f"{bench:11s} {'(all tasks)':{width}s} " + " ".join(f"{totals[s]:6d}" for s in SPLITS)
+            print(f"{bench:11s} {task:{width}s} " + " ".join(f"{n.get(s, 0):6d}" for s in splits)
+                  + f" {sum(n.values()):6d}")
+        totals = {s: sum(n.get(s, 0) for _, n in mine) for s in splits}
+        print(f"{bench:11s} {'(all tasks)':{width}s} " + " ".join(f"{totals[s]:6d}" for s in splits)
               + f" {sum(totals.values()):6d}")
     reasons = ", ".join(f"{k}: {v}" for k, v in sorted(summary["failure_reasons"].items()))
     print(f"\n{summary['questions']} questions over {summary['videos']} videos; "
@@ -174,6 +181,7 @@ def cmd_catalog(args: argparse.Namespace) -> int:
 
 
 def cmd_fetch(args: argparse.Namespace) -> int:
+    from embodied_r.benchmark_rules import BENCHMARKS
     from embodied_r.pipeline import execute, plan
 
     download: dict[str, Any] = {}
@@ -183,8 +191,7 @@ def cmd_fetch(args: argparse.Namespace) -> int:
         download = {"source": "hub"}
     elif args.synthetic:
         download = {"source": "synthetic"}
-    hub = {k: v for k, v in (("urbanvideo_revision", args.urbanvideo_revision),
-                             ("vsibench_revision", args.vsibench_revision)) if v}
+    hub = {f"{b}_revision": getattr(args, f"{b}_revision") for b in BENCHMARKS if getattr(args, f"{b}_revision")}
     if hub:
         download["hub"] = hub
     sp = plan(_recipe(args, download))["download"]

@@ -14,7 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-# The registry module is light (the standard library only): the help lines read it at start.
+# Both modules are light (the standard library only): the help lines read them at start.
+from embodied_r.benchmark_rules import ALL_SPLITS, SPLITS
 from embodied_r.evaluation.registry import CHAMPION, CHAMPION_URI
 
 
@@ -234,7 +235,8 @@ def register(sub: Any) -> None:
     p = sub.add_parser("eval-model", help="evaluate a checkpoint or registry model on a split of the records")
     _recipe_args(p)
     p.add_argument("model", help=model_help.replace(" (default: the recipe's last trained stage)", ""))
-    p.add_argument("--split", default="test", choices=["train", "val", "test"])
+    p.add_argument("--split", default="test", choices=list(ALL_SPLITS),
+                   help="ood: the evaluation-only benchmarks the recipe's download.benchmarks names")
     p.add_argument("--out", help="output folder (default: <home>/evaluations/model/<hash>)")
     p.add_argument("--no-track", action="store_true", help="do not log to MLflow")
     p.set_defaults(handler=_guard(cmd_eval_model))
@@ -260,7 +262,7 @@ def register(sub: Any) -> None:
     p.add_argument("--version", help="an already registered version instead of a folder")
     p.add_argument("--name", help="registered model name (default: the recipe's tracking.registered_model)")
     p.add_argument("--alias", default=CHAMPION)
-    p.add_argument("--split", default="val", choices=["train", "val", "test"])
+    p.add_argument("--split", default="val", choices=list(SPLITS))
     p.add_argument("--metric", default="accuracy/overall", help="summary metric compared (default %(default)s)")
     p.set_defaults(handler=_guard(cmd_promote))
 

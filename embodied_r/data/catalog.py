@@ -1,23 +1,24 @@
-"""Preprocess stage: both benchmarks into one questions table, with seeded scene-disjoint splits."""
+"""Preprocess stage: the benchmarks into one questions table, with seeded scene-disjoint splits
+of the training benchmarks; every question of an evaluation-only benchmark is in ``ood``."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Callable, Literal
 
 import duckdb
-import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from embodied_r import benchmark_rules as bm
 from embodied_r import schemas
+from embodied_r.data import ood
+from embodied_r.data.rows import CatalogError, missing_field, outside, read_checked, unique_ids
 from embodied_r.faults import item_done
 from embodied_r.synthetic.truth import FACTS_FILE
 from embodied_r.io import (
@@ -54,67 +55,11 @@ class SplitConfig(BaseModel):
 class CatalogConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
+    # "paper": the paper's tasks, and the transfer tasks of the evaluation-only benchmarks
+    # (benchmark_rules.TRANSFER_TASKS); "all"; or task names.
     tasks: Literal["paper", "all"] | list[str] = "paper"
     split: SplitConfig = Field(default_factory=SplitConfig)
     max_questions_per_task: int | None = Field(None, ge=1)  # a cap for small runs; None keeps all
-
-
-class CatalogError(ValueError):
-    """A source file without the benchmark's schema, or a task the source does not have."""
-
-
-def _read_checked(path: Path, expected: pa.Schema) -> list[dict]:
-    if not path.is_file():
-        raise CatalogError(f"{path} not found: run the download stage first (embodied-r download)")
-    try:
-        table = pq.read_table(path)
-    except (pa.ArrowException, OSError) as exc:
-        raise CatalogError(f"{path}: not a readable Parquet file ({_first_line(exc)}); download it again") from None
-    missing = [n for n in expected.names if n not in table.column_names]
-    if missing:
-        raise CatalogError(f"{path}: missing column(s) {', '.join(missing)}; expected {expected.names}")
-    columns = []
-    for field in expected:
-        column = table.column(field.name)
-        try:
-            columns.append(column.cast(field.type))
-        except (pa.ArrowException, ValueError) as exc:
-            raise CatalogError(f"{path}: column {field.name!r} holds {column.type}, which cannot be read as "
-                               f"{field.type} ({_first_line(exc)})") from None
-    rows = pa.table(columns, names=expected.names).to_pylist()
-    return rows
-
-
-def _first_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())[:300]
-
-
-def _unique_ids(rows: list[dict], path: Path) -> None:
-    """Two questions under one id would share every later stage's per-item record."""
-    seen: Counter[str] = Counter(r["uid"] for r in rows)
-    dup = sorted(uid for uid, n in seen.items() if n > 1)
-    if dup:
-        shown = ", ".join(dup[:10]) + (f" and {len(dup) - 10} more" if len(dup) > 10 else "")
-        raise CatalogError(f"{path}: duplicate question ids {shown}; each id must occur once (fix the file "
-                           "or take a fresh copy)")
-
-
-def _missing(r: dict, fields: tuple[str, ...]) -> str | None:
-    empty = [f for f in fields if r.get(f) is None or (isinstance(r.get(f), str) and not r[f].strip())]
-    return f"missing_field: {', '.join(empty)} is empty" if empty else None
-
-
-def _outside(base: Path, uid: str, video_id: str, relative: str) -> dict | None:
-    """The failure of a row whose video path leaves its benchmark folder (``..``, an absolute
-    path), or None. Judged on the path as written, not as resolved: a mirror's videos may be
-    links to elsewhere, and those are the user's own."""
-    folder = os.path.normpath(base)
-    path = os.path.normpath(os.path.join(folder, "videos", relative))
-    if os.path.commonpath([folder, path]) == folder:
-        return None
-    return {"stage": "preprocess", "item": uid,
-            "reason": f"path_outside_benchmark: video {video_id!r} leaves {base}, so it is not read; the row is "
-                      "left out (fix its video id in the source to a path inside the benchmark folder)"}
 
 
 def _facts(base: Path) -> dict[str, str]:
@@ -131,12 +76,12 @@ def _urbanvideo_rows(root: Path, failures: list[dict]) -> list[dict]:
     base = root / bm.URBANVIDEO_DIR
     rows = []
     facts = _facts(base)
-    for r in _read_checked(base / bm.URBANVIDEO_FILE, schemas.URBANVIDEO_MCQ):
+    for r in read_checked(base / bm.URBANVIDEO_FILE, schemas.URBANVIDEO_MCQ):
         uid = f"{bm.URBANVIDEO}:{r['Question_id']}"
-        if why := _missing(r, ("Question_id", "video_id", "question", "answer")):
+        if why := missing_field(r, ("Question_id", "video_id", "question", "answer")):
             failures.append({"stage": "preprocess", "item": uid, "reason": why})
             continue
-        if refused := _outside(base, uid, r["video_id"], r["video_id"]):
+        if refused := outside(base, uid, r["video_id"], r["video_id"]):
             failures.append(refused)
             continue
         stem, options = bm.split_urbanvideo_question(r["question"] or "")
@@ -152,7 +97,7 @@ def _urbanvideo_rows(root: Path, failures: list[dict]) -> list[dict]:
             "question": stem, "options": options, "answer": answer, "answer_type": "choice",
             "fact": facts.get(str(r["Question_id"]), ""),
         })
-    _unique_ids(rows, base / bm.URBANVIDEO_FILE)
+    unique_ids(rows, base / bm.URBANVIDEO_FILE)
     return rows
 
 
@@ -160,9 +105,9 @@ def _vsibench_rows(root: Path, failures: list[dict]) -> list[dict]:
     base = root / bm.VSIBENCH_DIR
     rows = []
     facts = _facts(base)
-    for r in _read_checked(base / bm.VSIBENCH_FILE, schemas.VSIBENCH):
+    for r in read_checked(base / bm.VSIBENCH_FILE, schemas.VSIBENCH):
         uid = f"{bm.VSIBENCH}:{r['id']}"
-        if why := _missing(r, ("id", "dataset", "scene_name", "question_type", "question", "ground_truth")):
+        if why := missing_field(r, ("id", "dataset", "scene_name", "question_type", "question", "ground_truth")):
             failures.append({"stage": "preprocess", "item": uid, "reason": why})
             continue
         numeric = r["question_type"] in bm.VSIBENCH_NUMERIC or not r["options"]
@@ -173,7 +118,7 @@ def _vsibench_rows(root: Path, failures: list[dict]) -> list[dict]:
                              f"ground_truth {answer!r} is not one of the options {[o[0] for o in options]}"})
             continue
         video_id = f"{r['dataset']}/{r['scene_name']}"
-        if refused := _outside(base, uid, video_id, f"{video_id}.mp4"):
+        if refused := outside(base, uid, video_id, f"{video_id}.mp4"):
             failures.append(refused)
             continue
         rows.append({
@@ -186,24 +131,35 @@ def _vsibench_rows(root: Path, failures: list[dict]) -> list[dict]:
             "answer_type": "number" if numeric else "choice",
             "fact": facts.get(str(r["id"]), ""),
         })
-    _unique_ids(rows, base / bm.VSIBENCH_FILE)
+    unique_ids(rows, base / bm.VSIBENCH_FILE)
     return rows
 
 
-def _wanted(rows: list[dict], tasks: Literal["paper", "all"] | list[str]) -> list[dict]:
+# ``tasks: paper``: the paper's tasks of the training benchmarks and the transfer tasks of the
+# evaluation-only ones (of those the recipe downloads).
+_PAPER = frozenset(c for tasks in (*bm.PAPER_TASKS.values(), *bm.TRANSFER_TASKS.values()) for c in tasks)
+
+
+def _keep(tasks: Literal["paper", "all"] | list[str]) -> Callable[[str], bool]:
+    """Whether ``tasks`` keeps a task: its name as written in the source or in its metric form."""
     if tasks == "all":
-        return rows
+        return lambda category: True
     if tasks == "paper":
-        keep = set(bm.PAPER_TASKS[bm.URBANVIDEO] + bm.PAPER_TASKS[bm.VSIBENCH])
-        return [r for r in rows if r["category"] in keep]
-    # Named tasks match as written in the source or in their metric form ("start_end_position").
-    known = {metric_name(r["category"]) for r in rows}
-    unknown = [t for t in tasks if metric_name(t) not in known]
-    if unknown:
-        names = sorted({r["category"] for r in rows})
-        raise CatalogError(f"unknown task(s) {', '.join(map(repr, unknown))}; the source has: {', '.join(names)}")
-    keep = {metric_name(t) for t in tasks}
-    return [r for r in rows if metric_name(r["category"]) in keep]
+        return _PAPER.__contains__
+    names = {metric_name(t) for t in tasks}
+    return lambda category: metric_name(category) in names
+
+
+def _wanted(rows: list[dict], tasks: Literal["paper", "all"] | list[str]) -> list[dict]:
+    if isinstance(tasks, list):
+        # Named tasks match as written in the source or in their metric form ("start_end_position").
+        known = {metric_name(r["category"]) for r in rows}
+        unknown = [t for t in tasks if metric_name(t) not in known]
+        if unknown:
+            names = sorted({r["category"] for r in rows})
+            raise CatalogError(f"unknown task(s) {', '.join(map(repr, unknown))}; the source has: {', '.join(names)}")
+    keep = _keep(tasks)
+    return [r for r in rows if keep(r["category"])]
 
 
 def _stable_rank(seed: int, key: str) -> str:
@@ -212,10 +168,16 @@ def _stable_rank(seed: int, key: str) -> str:
 
 
 def assign_splits(rows: list[dict], cfg: SplitConfig) -> None:
-    """Scene-disjoint split by ``cfg.rule``, written into each row's ``split`` and ``fold``."""
-    split_of = pooled_scene_splits(rows, cfg) if cfg.rule == "pooled_scenes" else per_benchmark_splits(rows, cfg)
-    for r in rows:
+    """Scene-disjoint split by ``cfg.rule``, written into each row's ``split`` and ``fold``.
+    An evaluation-only benchmark's rows take no part: each is in ``ood`` (fold 0), so no
+    rule, seed or fraction can put one in training."""
+    held = [r for r in rows if bm.evaluation_only(r["benchmark"])]
+    split = [r for r in rows if not bm.evaluation_only(r["benchmark"])]
+    split_of = pooled_scene_splits(split, cfg) if cfg.rule == "pooled_scenes" else per_benchmark_splits(split, cfg)
+    for r in split:
         r["split"], r["fold"] = split_of[(r["benchmark"], r["scene"])]
+    for r in held:
+        r["split"], r["fold"] = bm.OOD, 0
 
 
 def per_benchmark_splits(rows: list[dict], cfg: SplitConfig) -> dict[tuple[str, str], tuple[str, int]]:
@@ -274,8 +236,12 @@ def build_catalog(raw: Path, cfg: CatalogConfig) -> tuple[list[dict], list[dict]
         rows += _urbanvideo_rows(raw, failures)
     if (raw / bm.VSIBENCH_DIR).exists():
         rows += _vsibench_rows(raw, failures)
+    for benchmark, read in ood.READERS.items():
+        if (raw / bm.BENCHMARK_DIRS[benchmark]).exists():
+            rows += read(raw, failures, _keep(cfg.tasks))
     if not rows and not failures:
-        raise CatalogError(f"{raw} holds neither {bm.URBANVIDEO_DIR}/ nor {bm.VSIBENCH_DIR}/: run the download stage")
+        folders = ", ".join(f"{bm.BENCHMARK_DIRS[b]}/" for b in bm.BENCHMARKS)
+        raise CatalogError(f"{raw} holds none of {folders}: run the download stage")
     rows = _wanted(rows, cfg.tasks)
     present = []
     for r in rows:
@@ -289,14 +255,12 @@ def build_catalog(raw: Path, cfg: CatalogConfig) -> tuple[list[dict], list[dict]
     return present, failures
 
 
-SPLITS = ("train", "val", "test")
-
-
 def split_counts(rows: list[dict]) -> dict[str, dict[str, dict[str, int]]]:
     """Questions per benchmark, task (as the source names it) and split."""
     out: dict[str, dict[str, dict[str, int]]] = {}
     for r in rows:
-        per_split = out.setdefault(r["benchmark"], {}).setdefault(r["category"], dict.fromkeys(SPLITS, 0))
+        per_split = out.setdefault(r["benchmark"], {}).setdefault(r["category"],
+                                                                  dict.fromkeys(bm.splits_of(r["benchmark"]), 0))
         per_split[r["split"]] += 1
     return out
 
@@ -313,7 +277,7 @@ def metric_counts(rows: list[dict]) -> dict[str, dict[str, dict[str, int]]]:
     out: dict[str, dict[str, dict[str, int]]] = {}
     for bench, tasks in split_counts(rows).items():
         for task, per_split in tasks.items():
-            merged = out.setdefault(bench, {}).setdefault(metric_name(task), dict.fromkeys(SPLITS, 0))
+            merged = out.setdefault(bench, {}).setdefault(metric_name(task), dict.fromkeys(bm.splits_of(bench), 0))
             for split, n in per_split.items():
                 merged[split] += n
     return out
@@ -355,9 +319,9 @@ def run_catalog(raw: Path, out: Path, cfg: CatalogConfig) -> dict:
             "failure_reasons": dict(Counter(f["reason"].split(":")[0] for f in failures)),
             "seconds": round(time.time() - start, 3),
         }
-        for split in SPLITS:
+        for split in bm.ALL_SPLITS:
             summary[f"n_{split}"] = sum(1 for r in rows if r["split"] == split)
-        summary["splits"] = {b: {s: sum(n[s] for n in tasks.values()) for s in SPLITS}
+        summary["splits"] = {b: {s: sum(n[s] for n in tasks.values()) for s in bm.splits_of(b)}
                              for b, tasks in split_counts(rows).items()}
         summary["counts"] = metric_counts(rows)
         write_summary(work, summary)

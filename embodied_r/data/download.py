@@ -4,8 +4,9 @@ Sources: ``synthetic`` (a small benchmark generated on the spot in the real layo
 ``local`` (an offline mirror laid out like the hub repos) and ``hub`` (Hugging Face Hub at a
 pinned revision, see ``download_hub``). Every source brings only the files a benchmark needs
 (``benchmark_rules.ALLOW_PATTERNS``). The manifest records where they came from (repo ids, the
-revision asked for and the commit it resolved to) and each file's size and sha256. VSI-Bench's
-video zips are then extracted inside the stage folder, safely.
+revision asked for and the commit it resolved to) and each file's size and sha256. The video
+archives (``benchmark_rules.VIDEO_ARCHIVES``) are then extracted inside the stage folder,
+safely; of an evaluation-only benchmark's archives only the videos its questions use.
 """
 
 from __future__ import annotations
@@ -19,10 +20,11 @@ import time
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from embodied_r import benchmark_rules as bm
 from embodied_r.data import hub as download_hub
+from embodied_r.data import ood
 from embodied_r.benchmark_rules import DataSourceError
 from embodied_r.data.hub import HubConfig
 from embodied_r.faults import item_done
@@ -40,13 +42,22 @@ class DownloadConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     source: Literal["synthetic", "local", "hub"] = "hub"
-    source_dir: str | None = None  # local: folder holding UrbanVideo-Bench/ and VSI-Bench/
-    benchmarks: list[Literal["urbanvideo", "vsibench"]] = Field(
-        default_factory=lambda: ["urbanvideo", "vsibench"]
-    )
+    source_dir: str | None = None  # local: folder holding UrbanVideo-Bench/, VSI-Bench/, ...
+    # The paper's two by default; egoschema and mvbench add the evaluation-only benchmarks
+    # (the ``ood`` split), which no training stage reads.
+    benchmarks: list[bm.Benchmark] = Field(default_factory=lambda: list(bm.TRAINING_BENCHMARKS))
     synthetic: SyntheticConfig = Field(default_factory=SyntheticConfig)
     hub: HubConfig = Field(default_factory=HubConfig)
     max_zip_bytes: int = operational(200 * 1024**3, ge=1)  # refuse archives that would expand past this
+
+    @model_validator(mode="after")
+    def _synthetic_makes_the_training_benchmarks(self) -> "DownloadConfig":
+        other = [b for b in self.benchmarks if b not in bm.TRAINING_BENCHMARKS]
+        if self.source == "synthetic" and other:
+            raise ValueError(f"the synthetic source makes {' and '.join(bm.TRAINING_BENCHMARKS)} only, not "
+                             f"{', '.join(other)}: drop them from download.benchmarks, or take them from a "
+                             "mirror (download.source: local) or the hub")
+        return self
 
 
 def _needed(root: Path, benchmark: str) -> list[str]:
@@ -75,8 +86,9 @@ def source_fingerprint(cfg: DownloadConfig) -> str:
 
 def _check_local(cfg: DownloadConfig) -> Path:
     if not cfg.source_dir:
+        folders = " and ".join(f"{bm.BENCHMARK_DIRS[b]}/" for b in cfg.benchmarks)
         raise DataSourceError("download.source is 'local' but source_dir is not set: point it at "
-                              "the folder holding UrbanVideo-Bench/ and VSI-Bench/")
+                              f"the folder holding {folders}")
     root = Path(cfg.source_dir).expanduser().resolve()
     for benchmark in cfg.benchmarks:
         sub, name = bm.BENCHMARK_DIRS[benchmark], bm.QUESTION_FILES[benchmark]
@@ -155,7 +167,7 @@ def _synthetic_root(cfg: DownloadConfig, sources_root: Path) -> Path:
 
 
 def run_download(out: Path, cfg: DownloadConfig, sources_root: Path) -> dict:
-    """Fill ``out`` with ``UrbanVideo-Bench/`` and ``VSI-Bench/`` (videos extracted) and a manifest."""
+    """Fill ``out`` with a folder per benchmark (videos extracted) and a manifest."""
     out = Path(out)
     if is_complete(out):
         return read_summary(out)
@@ -178,12 +190,7 @@ def run_download(out: Path, cfg: DownloadConfig, sources_root: Path) -> dict:
             mine = [f for k, f in files.items() if k.startswith(sub + "/")]
             origin[benchmark].update(files=len(mine), bytes=sum(f["size"] for f in mine))
         hash_seconds = time.time() - hash_start
-        extracted = 0
-        if bm.VSIBENCH in cfg.benchmarks:
-            for name in bm.VSIBENCH_ZIPS:
-                archive = work / bm.VSIBENCH_DIR / name
-                if archive.exists():
-                    extracted += safe_extract(archive, work / bm.VSIBENCH_DIR / "videos", cfg.max_zip_bytes)
+        extracted = sum(_extract_videos(work / bm.BENCHMARK_DIRS[b], b, cfg.max_zip_bytes) for b in cfg.benchmarks)
         write_json_atomic(work / "manifest.json", {"source": cfg.source, "benchmarks": origin, "files": files})
         summary = {
             "source": cfg.source,
@@ -197,6 +204,19 @@ def run_download(out: Path, cfg: DownloadConfig, sources_root: Path) -> dict:
         }
         write_summary(work, summary)
     return summary
+
+
+def _extract_videos(base: Path, benchmark: str, max_bytes: int) -> int:
+    """Extract a benchmark's video archives into its ``videos/`` folder; of the evaluation-only
+    benchmarks' archives (EgoSchema's five hold 5,031 clips for 500 questions) only the
+    videos their questions use."""
+    names = ood.video_names(base, benchmark)
+    extracted = 0
+    for pattern, sub in bm.VIDEO_ARCHIVES.get(benchmark, {}).items():
+        for archive in sorted(base.glob(pattern)):
+            extracted += safe_extract(archive, base / "videos" / sub, max_bytes,
+                                      names=None if names is None else names.get(pattern, set()))
+    return extracted
 
 
 def fingerprint(config: dict[str, Any]) -> str:

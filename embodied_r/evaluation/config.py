@@ -7,6 +7,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from embodied_r.backends.base import BackendConfig
+from embodied_r.benchmark_rules import Split
 from embodied_r.faults import DEFAULT_MAX_FAILED_FRACTION
 from embodied_r.scoring.answers import AnswerParser, ChoiceParser
 from embodied_r.scoring.metrics import NumberParsing
@@ -22,7 +23,9 @@ class EvaluationConfig(BaseModel):
 
     # Greedy decoding; ``model`` is filled in with the checkpoint folder by the pipeline.
     backend: BackendConfig = Field(default_factory=_greedy_backend)
-    split: Literal["train", "val", "test"] = "test"
+    # "ood": the evaluation-only benchmarks (EgoSchema, MVBench's egocentric tasks) named in
+    # download.benchmarks, never trained on.
+    split: Split = "test"
     # Which weights of the last training stage: its final ones, or its checkpoint with the
     # best validation accuracy (needs training.keep_best).
     checkpoint: Literal["last", "best_val"] = "last"

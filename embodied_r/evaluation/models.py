@@ -11,6 +11,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from embodied_r.benchmark_rules import EVALUATION_BENCHMARKS, OOD
 from embodied_r.evaluation.config import EvaluationConfig
 from embodied_r.evaluation.stage import read_split, resolve_model_ref, run_evaluation
 from embodied_r.io import keyed_folder
@@ -52,7 +53,9 @@ def evaluate_model(ref: str, split: str, *, records: Path, cfg: EvaluationConfig
     by the pinned model, the records and the config; (folder, summary)."""
     model = resolve_reasoner(ref, store)  # a model that is not there is said first
     if not read_split(records, split):
-        raise ValueError(f"the {split} split has no records ({records}); choose another split")
+        fix = (f"name {' or '.join(EVALUATION_BENCHMARKS)} in download.benchmarks" if split == OOD
+               else "choose another split")
+        raise ValueError(f"the {split} split has no records ({records}); {fix}")
     cfg = cfg.model_copy(update={"split": split})
     out = out or evaluation_folder(root, "model", {"model": model.identity, "records": Path(records).name}, cfg)
     return out, run_evaluation(records, model.path, out, cfg, model_ref=model.label)

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field
 
 from embodied_r import schemas
-from embodied_r.benchmark_rules import question_block
+from embodied_r.benchmark_rules import ALL_SPLITS, OOD, evaluation_only, question_block
 from embodied_r.faults import item_done
 from embodied_r.training.prompts import (
     DEFAULT_CHOICE_INSTRUCTION,
@@ -37,7 +37,8 @@ from embodied_r.io import (
     write_summary,
 )
 
-SPLITS = ("train", "val", "test")
+# ``ood``: the evaluation-only benchmarks' questions, which no training stage reads.
+SPLITS = ALL_SPLITS
 
 class RecordsConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -142,7 +143,7 @@ def _table_path(path: Path, default_name: str) -> Path:
 
 
 def run_records(catalog: Path, perception: Path, out: Path, cfg: RecordsConfig) -> dict[str, Any]:
-    """Write ``train/val/test.parquet`` (schema ``RECORDS``) into ``out``; return the summary.
+    """Write ``train/val/test/ood.parquet`` (schema ``RECORDS``) into ``out``; return the summary.
 
     ``catalog`` is the catalog Parquet file or the folder holding ``catalog.parquet``;
     ``perception`` the perception stage folder (``perception.parquet``) or the file.
@@ -187,6 +188,9 @@ def run_records(catalog: Path, perception: Path, out: Path, cfg: RecordsConfig) 
             reason = "empty_video_text"
         elif row.get("split") not in SPLITS:
             reason = "unknown_split"
+        elif evaluation_only(str(row.get("benchmark"))) != (row.get("split") == OOD):
+            # A catalog made elsewhere must not slip a held-out question into training.
+            reason = "split_against_benchmark_role"
         else:
             reason = solution_problem(row)
         if reason is not None:
@@ -212,6 +216,7 @@ def run_records(catalog: Path, perception: Path, out: Path, cfg: RecordsConfig) 
             "records_train": len(records["train"]),
             "records_val": len(records["val"]),
             "records_test": len(records["test"]),
+            "records_ood": len(records[OOD]),
             "categories": dict(Counter(r["category"] for r in all_records)),
             "prompt_chars_mean": (sum(len(r["prompt"]) for r in all_records) / done) if done else 0.0,
             **lengths,
@@ -262,7 +267,7 @@ def measure_prompts(records: dict[str, list[dict[str, Any]]], failures: list[dic
     limit = cfg.max_prompt_tokens
     out: dict[str, Any] = {"prompt_tokenizer": cfg.tokenizer, "max_prompt_tokens": limit}
     every: list[int] = []
-    for split in SPLITS:
+    for split in [s for s in SPLITS if s in records]:
         lengths = prompt_lengths(records[split], cfg.tokenizer)
         every += lengths
         if limit is None:
