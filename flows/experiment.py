@@ -21,6 +21,7 @@ from embodied_r.experiments.compare import (
     comparison_lines,
     measure_figures,
     metrics_of,
+    signatures,
     summary_metrics,
     table,
 )
@@ -174,6 +175,8 @@ def experiment(name: str, recipe: str = "demo", seeds: list[int] | None = None,
     lines = [f"Experiment {spec.name}, recipe {planned[(spec.baseline, runs[0])][0].name}, "
              f"seeds {', '.join(str(s) for s in runs)}:", *table(cells, measures), "",
              *comparison_lines(comparisons, spec.baseline)]
+    if found := signatures(cells, comparisons):
+        lines += ["", *found]
     logged = _track(spec, planned[(spec.baseline, runs[0])][0], root, runs, cells, comparisons, started, lines)
     return {"lines": lines, **logged,
             "cells": [{"variant": c.variant, "seed": c.seed, "evaluation": c.evaluation, "accuracy": c.accuracy,

@@ -34,7 +34,7 @@ ALLOWED: dict[str, set[str]] = {
     # The checks before training: they train and score with the tiny models and read the recipes.
     "checks": {"config", "backends", "scoring", "training", "lifecycle"},
     # Experiments: variants as recipe overrides, compared with the paired tests of scoring.
-    "experiments": {"config", "scoring"},
+    "experiments": {"config", "scoring", "evaluation"},
     "apps": {"*"},
     # Demo-only code, which no other package imports: the backends reach the world perceiver
     # and the tiny models by module name.

@@ -184,3 +184,30 @@ def test_sft_takes_as_many_examples_as_grpo_made_completions() -> None:
     per_step = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps
     assert cfg.max_steps * per_step >= 7_200 > (cfg.max_steps - 1) * per_step
     assert cfg.epochs * 1_000 >= 7_200
+
+
+def test_the_experiment_names_each_failure_signature_it_shows() -> None:
+    from embodied_r.experiments.compare import signatures
+
+    rng = random.Random(2)
+    base = [float(rng.random() < 0.5) for _ in range(400)]
+    gains = list(base)
+    for i in [i for i, s in enumerate(base) if s == 0.0][:40]:
+        gains[i] = 1.0
+    ood_base = [float(rng.random() < 0.5) for _ in range(300)]
+    loses = list(ood_base)
+    for i in [i for i, s in enumerate(ood_base) if s == 1.0][:40]:
+        loses[i] = 0.0
+    healthy = [_cell("base", 1, base, **{"consistency/ratio": 0.91}), _cell("rl", 1, gains, **{"consistency/ratio": 0.85}),
+               _cell("base", 1, ood_base, evaluation="ood"), _cell("rl", 1, ood_base, evaluation="ood")]
+    assert signatures(healthy, compare(healthy, "base")) == []
+    # Planted: the variant's judged consistency under 80 %, and its out-of-distribution answers worse
+    # while it gains in distribution.
+    planted = [*healthy[:1], _cell("rl", 1, gains, **{"consistency/ratio": 0.62}), healthy[2],
+               _cell("rl", 1, loses, evaluation="ood")]
+    lines = signatures(planted, compare(planted, "base"))
+    assert len(lines) == 2, lines
+    assert lines[0].startswith("Failure signature, rl, seed 1, test: the judge reaches 62.0 %")
+    assert "reward hacking" in lines[0]
+    assert lines[1].startswith("Failure signature, rl: in distribution +10.0 points") and "(ood) -13.3 points" in lines[1]
+    assert "overfitting" in lines[1]

@@ -4,5 +4,5 @@ the variants' overrides, the equal-compute budget of an SFT variant, and the pur
 of finished runs (the table, paired tests against the baseline variant). Running them is the
 ``embodied-r-experiment`` flow's (``flows.experiment``).
 
-May import: the core, ``config`` and ``scoring``.
+May import: the core, ``config``, ``scoring`` and ``evaluation`` (the failure signatures).
 """

@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
+from embodied_r.evaluation.learning import failure_signatures
 from embodied_r.scoring.metrics import format_accuracy
 from embodied_r.scoring.paired import PairedResult, format_paired, paired_test
 
@@ -199,3 +200,28 @@ def measure_figures(summaries: Mapping[str, Mapping[str, Any]], measures: Sequen
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             out[name] = float(value)
     return out
+
+
+OOD_ADVICE = ("it fits the training distribution at the expense of others: fewer epochs, the best validation "
+              "checkpoint (evaluation.checkpoint: best_val), or GRPO where SFT was used (overfitting)")
+
+
+def signatures(cells: Sequence[Cell], comparisons: Sequence[Comparison]) -> list[str]:
+    """The failure signatures an experiment shows, one line each with its advice: a variant whose
+    judged consistency ratio is under 80 % at a seed (``evaluation.learning.failure_signatures``),
+    and a variant that gains on the baseline in distribution while it loses out of distribution."""
+    lines = []
+    for cell in cells:
+        if "consistency/ratio" in cell.figures:
+            where = f"{cell.variant}, seed {cell.seed}, {cell.evaluation}"
+            lines += [line.replace("Failure signature, evaluation:", f"Failure signature, {where}:")
+                      for line in failure_signatures({"consistency/ratio": cell.figures["consistency/ratio"]})]
+    inside = {c.variant: c.pooled for c in comparisons if c.evaluation == IN_DISTRIBUTION}
+    for comp in comparisons:
+        ours = inside.get(comp.variant)
+        if comp.evaluation == IN_DISTRIBUTION or ours is None:
+            continue
+        if ours.difference > 0 and comp.pooled.difference < 0 and (ours.significant or comp.pooled.significant):
+            lines.append(f"Failure signature, {comp.variant}: in distribution {format_paired(ours)} against the "
+                         f"baseline, out of distribution ({comp.evaluation}) {format_paired(comp.pooled)}: {OOD_ADVICE}.")
+    return lines
