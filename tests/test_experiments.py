@@ -211,3 +211,17 @@ def test_the_experiment_names_each_failure_signature_it_shows() -> None:
     assert "reward hacking" in lines[0]
     assert lines[1].startswith("Failure signature, rl: in distribution +10.0 points") and "(ood) -13.3 points" in lines[1]
     assert "overfitting" in lines[1]
+
+
+def test_the_paper_recipe_plans_every_experiment_given_a_judge(tmp_path) -> None:
+    from flows.experiment import plans
+
+    judge = {"evaluation": {"consistency_judge": {"kind": "openai", "model": "gpt-4o",
+                                                  "base_url": "https://api.openai.com/v1"}}}
+    for name in available_experiments():
+        planned = plans(load_experiment(name), "paper", [42, 1], judge, tmp_path)
+        assert {seed for _, seed in planned} == {42, 1}
+        for (variant, seed), (recipe, stages) in planned.items():
+            assert recipe.training.seed == seed and "promote" not in stages
+    with pytest.raises(RecipeError, match="evaluation.consistency_judge"):
+        plans(load_experiment("consistency"), "paper", [42], None, tmp_path)
