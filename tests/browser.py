@@ -104,6 +104,13 @@ class Browser:
             time.sleep(1.0)
         raise AssertionError(f"fewer than {count} elements {css} with text; found {found}:\n{self.text()[:3000]}")
 
+    def hrefs(self, label: str) -> list[str]:
+        """Where each link whose own text is ``label`` leads, as the page wrote it."""
+        script = ("[...document.querySelectorAll('a')].filter(a => a.innerText.trim() === "
+                  f"{json.dumps(label)}).map(a => a.getAttribute('href'))")
+        result = self.call("Runtime.evaluate", expression=script, returnByValue=True)
+        return list(result.get("result", {}).get("value") or [])
+
     def click_text(self, label: str) -> None:
         """Click the first element whose own text is ``label`` (tabs, links)."""
         script = ("(() => { const all = [...document.querySelectorAll('a,button,[role=tab],span,div')];"
