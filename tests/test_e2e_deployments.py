@@ -1,8 +1,8 @@
 """End to end, as docs/running.md walks through it: real Prefect and MLflow servers on
 127.0.0.1 started by the infra scripts, `infra/deploy.sh --recipe smoke`, a worker per pool
-started as `&` starts it, the full pipeline, one stage refreshed, the nightly's scheduled runs
-made by the server's own scheduler and one of them run by a worker, and the workers stopped
-by SIGTERM."""
+started as `&` starts it, the full pipeline and its page in the Prefect UI (headless Chromium),
+one stage refreshed, the nightly's scheduled runs made by the server's own scheduler and one of
+them run by a worker, and the workers stopped by SIGTERM."""
 
 from __future__ import annotations
 
@@ -49,16 +49,39 @@ def _run(cmd: list[str], env: dict[str, str], timeout: float = 300) -> str:
     return done.stdout + done.stderr
 
 
-def _watched_run(env: dict[str, str], name: str, *params: str) -> str:
+def _watched_run(env: dict[str, str], name: str, *params: str) -> tuple[str, str]:
     """`prefect deployment run NAME --param ... --watch`, which exits 0 only when the run
-    completes; the flow run's id."""
+    completes; the flow run's id and the link to it in the Prefect UI that the command printed."""
     args = [str(BIN / "prefect"), "deployment", "run", name]
     for p in params:
         args += ["--param", p]
     out = _run([*args, "--watch"], env, timeout=900)
-    found = re.search(r"UUID:\s*([0-9a-f-]{36})", out)
-    assert found, out
-    return found.group(1)
+    found, link = re.search(r"UUID:\s*([0-9a-f-]{36})", out), re.search(r"URL:\s*(\S+)", out)
+    assert found and link, out
+    return found.group(1), link.group(1)
+
+
+def _flow_run_pages(links: dict[str, str], name: str, flow: str, shots: Path) -> None:
+    """Each link opened in Prefect's UI in headless Chromium, where the page's heading must name
+    the flow run, its flow and its final state; each page's screenshot under the name it maps to."""
+    from tests.browser import Browser, ensure_chromium
+
+    binary, why = ensure_chromium()
+    if binary is None:
+        pytest.skip(why)
+    browser = Browser(binary, width=1500, height=1000)
+    try:
+        for link, shot in links.items():
+            browser.open(link)
+            # A wrong flow-run id opens "Page not found": no heading, and the wait says so.
+            crumbs = browser.wait_for_texts(".page-heading .p-bread-crumbs__crumb", 2, timeout=60)
+            state = browser.wait_for_texts(".page-heading .state-badge", 1, timeout=60)
+            assert crumbs[-1] == name, (link, crumbs)
+            assert state == ["Completed"], (link, state)
+            assert browser.texts(".page-heading .flow-run-flow a") == [flow], link
+            browser.screenshot(shots / shot)
+    finally:
+        browser.close()
 
 
 def _wait_flow_run(flow_run_id, workers: list, timeout: float = 300):
@@ -145,7 +168,7 @@ def test_deploy_names_a_misspelt_recipe_before_deploying(tmp_path):
 
 
 @pytest.mark.slow
-def test_the_walk_through_on_real_servers_and_workers(tmp_path, monkeypatch):
+def test_the_walk_through_on_real_servers_and_workers(tmp_path, monkeypatch, subtests):
     home = tmp_path / "home"
     prefect_port, mlflow_port = free_port(), free_port()
     api, uri = f"http://127.0.0.1:{prefect_port}/api", f"http://127.0.0.1:{mlflow_port}"
@@ -171,7 +194,7 @@ def test_the_walk_through_on_real_servers_and_workers(tmp_path, monkeypatch):
                                                   tmp_path / f"worker-{pool}.log", env, as_from_a_script=True))
                    for pool in POOLS]
 
-        run_id = _watched_run(env, "embodied-r/full-pipeline", "recipe=smoke")
+        run_id, printed = _watched_run(env, "embodied-r/full-pipeline", "recipe=smoke")
 
         from prefect.client.orchestration import get_client
         from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
@@ -206,8 +229,20 @@ def test_the_walk_through_on_real_servers_and_workers(tmp_path, monkeypatch):
         assert [v.run_id for v in versions] == [parents[0].info.run_id]
         assert parents[0].data.tags["promoted"] == "false"
 
+        # The flow run's page in the Prefect UI, from the link the command printed and the one in
+        # the MLflow run's description: the run by name, completed. Its own subtest, so that a
+        # machine without Chromium skips this page alone, by name.
+        note = parents[0].data.tags["mlflow.note.content"]
+        described = re.search(r"Prefect flow run: \[[^\]]*\]\(([^)]+)\)", note)
+        assert described, note
+        pages = {printed: "prefect-flow-run-from-printed-link.png"}
+        pages.setdefault(described.group(1), "prefect-flow-run-from-mlflow-description.png")
+        with subtests.test("the flow run's page in the Prefect UI"):
+            shots = Path(os.environ.get("EMBODIED_R_SCREENSHOTS") or tmp_path)
+            _flow_run_pages(pages, run.name, "embodied-r", shots)
+
         # The whole pipeline again: every stage is done, so no stage is sent to a pool.
-        again = _watched_run(env, "embodied-r/full-pipeline", "recipe=smoke")
+        again, _ = _watched_run(env, "embodied-r/full-pipeline", "recipe=smoke")
         with get_client(sync_client=True) as client:
             assert not client.read_flow_runs(flow_run_filter=FlowRunFilter(
                 parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[again])))

@@ -68,6 +68,10 @@ def test_the_printed_links_open_the_runs(ui) -> None:
     browser.screenshot(shots / "mlflow-run-list-from-printed-link.png")
     browser.open(run_url(base, runs.experiment_id, runs.cached))
     training_side(browser, cached, "Learning", "GRPO-trained")
+    # The run page draws the run whatever experiment the address names, but builds its sidebar
+    # from the address: a wrong experiment id sends "Runs" to a missing experiment.
+    runs_links = {h.split("?")[0] for h in browser.hrefs("Runs")}
+    assert runs_links == {f"#/experiments/{runs.experiment_id}/runs"}, runs_links
     browser.screenshot(shots / "mlflow-parent-run-learning.png")
 
 
