@@ -271,13 +271,18 @@ def load_as(schema: type[Schema], name_or_path: str | Path, overrides: dict[str,
         data = apply_prompts(data, deep_merge, reasoner=reasoner)
     except PromptsError as exc:
         raise RecipeError(f"recipe {name_or_path!r}: {exc}") from None
+    return validated(schema, data, f"recipe {name_or_path!r}")
+
+
+def validated(schema: type[Schema], data: Any, what: str) -> Schema:
+    """``data`` as ``schema``, or a RecipeError of one line: each wrong entry named by its
+    path, with pydantic's reason."""
     try:
         return schema.model_validate(data)
     except ValidationError as exc:
-        # One line per recipe: each wrong entry named by its path, with pydantic's reason.
-        wrong = "; ".join(f"{'.'.join(str(p) for p in err['loc']) or 'recipe'}: "
+        wrong = "; ".join(f"{'.'.join(str(p) for p in err['loc']) or what.split()[0]}: "
                           f"{err['msg'].removeprefix('Value error, ')}" for err in exc.errors())
-        raise RecipeError(f"recipe {name_or_path!r} does not validate: {wrong}") from None
+        raise RecipeError(f"{what} does not validate: {wrong}") from None
 
 
 def load_recipe(name_or_path: str | Path, overrides: dict[str, Any] | None = None) -> Recipe:

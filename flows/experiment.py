@@ -69,7 +69,7 @@ def completions_of(stages: Plan) -> int:
     from embodied_r.training.stage import completions_per_step
 
     total = 0
-    for name, sp in stages.items():
+    for sp in stages.values():
         if sp.kind != "train":
             continue
         summary = read_summary(Path(sp.out))
@@ -172,8 +172,9 @@ def experiment(name: str, recipe: str = "demo", seeds: list[int] | None = None,
     comparisons = compare(cells, spec.baseline)
     measures = [m.name for m in spec.measures] + (["completions"] if any(
         v.train == "sft" for v in spec.variants.values()) else [])
-    lines = [f"Experiment {spec.name}, recipe {planned[(spec.baseline, runs[0])][0].name}, "
-             f"seeds {', '.join(str(s) for s in runs)}:", *table(cells, measures), "",
+    head = (f"Experiment {spec.name}, recipe {planned[(spec.baseline, runs[0])][0].name}, "
+            f"seeds {', '.join(str(s) for s in runs)}:")
+    lines = [head, *table(cells, measures), "",
              *comparison_lines(comparisons, spec.baseline)]
     if found := signatures(cells, comparisons):
         lines += ["", *found]

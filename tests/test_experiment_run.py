@@ -116,3 +116,32 @@ def test_mlflow_holds_the_experiment_and_a_child_per_variant(ran) -> None:
     assert set(result["children"]) == {c.info.run_id for c in children}
     assert result["mlflow_compare_url"].startswith("http://127.0.0.1:5000/#/compare-runs?runs=")
     assert Path(result["table_file"]).read_text().startswith("Experiment parsers, recipe smoke, seeds 3:")
+
+
+def test_the_compare_link_shows_the_variants_side_by_side_in_a_browser(ran) -> None:
+    """The printed compare link opened in MLflow's own UI in headless Chromium: the three
+    variants' runs in columns, with their per-set accuracy and paired p-value as rows."""
+    import os
+    import sys
+
+    from browser import Browser, ensure_chromium
+    from servers import background, free_port
+
+    home, result = ran
+    binary, why = ensure_chromium()
+    if binary is None:
+        pytest.skip(why)
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    with background([str(Path(sys.executable).parent / "mlflow"), "server", "--backend-store-uri",
+                     result["tracking_uri"], "--host", "127.0.0.1", "--port", str(port)], home / "mlflow-ui.log",
+                    dict(os.environ), ready_url=f"{base}/health", timeout=180):
+        browser = Browser(binary, width=1600, height=1200)
+        try:
+            browser.open(result["mlflow_compare_url"].replace("http://127.0.0.1:5000", base))
+            text = browser.wait_for("Comparing 3 Runs", "grpo seed 3", "official-parser seed 3", "sft seed 3",
+                                    "test/accuracy", "test/paired/p_value", "recall/accuracy")
+            assert "variant" in text and "official-parser" in text
+            browser.screenshot(Path(os.environ.get("EMBODIED_R_SCREENSHOTS") or home) / "mlflow-experiment-compare.png")
+        finally:
+            browser.close()

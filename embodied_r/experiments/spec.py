@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from embodied_r.config import RECIPES_DIR, Recipe, RecipeError, deep_merge
+from embodied_r.config import RECIPES_DIR, Recipe, RecipeError, deep_merge, validated
 
 EXPERIMENTS_DIR = RECIPES_DIR / "experiments"
 ACCURACY = "evaluate:accuracy/overall"
@@ -121,12 +121,7 @@ def load_experiment(name_or_path: str | Path, folder: Path = EXPERIMENTS_DIR) ->
     if not isinstance(data, dict):
         raise RecipeError(f"experiment {path} must be a mapping with variants and a baseline")
     data.setdefault("name", path.stem)
-    try:
-        return Experiment.model_validate(data)
-    except ValidationError as exc:
-        wrong = "; ".join(f"{'.'.join(str(p) for p in err['loc']) or 'experiment'}: "
-                          f"{err['msg'].removeprefix('Value error, ')}" for err in exc.errors())
-        raise RecipeError(f"experiment {path} does not validate: {wrong}") from None
+    return validated(Experiment, data, f"experiment {path}")
 
 
 def seed_overrides(seed: int, warmstart: bool = True) -> dict[str, Any]:
