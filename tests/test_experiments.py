@@ -225,3 +225,19 @@ def test_the_paper_recipe_plans_every_experiment_given_a_judge(tmp_path) -> None
             assert recipe.training.seed == seed and "promote" not in stages
     with pytest.raises(RecipeError, match="evaluation.consistency_judge"):
         plans(load_experiment("consistency"), "paper", [42], None, tmp_path)
+
+
+def test_the_command_lists_the_experiments_and_refuses_a_bad_seed_list(capsys) -> None:
+    from embodied_r.apps.cli import main
+
+    assert main(["experiment", "--list"]) == 0
+    listed = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in listed] == available_experiments()
+    with pytest.raises(SystemExit):
+        main(["experiment", "consistency", "--seeds", "42,one"])
+    assert "--seeds '42,one': give integers separated by commas" in capsys.readouterr().err
+    # A recipe the experiment cannot run with is refused before anything runs, in one line.
+    assert main(["experiment", "consistency", "--recipe", "smoke"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: experiment consistency with recipe smoke: evaluation.consistency_judge:")
+    assert "\n" not in err
