@@ -87,7 +87,8 @@ def test_the_warm_start_teaches_the_answer_format(demo_run):
 def test_the_text_unread_floor_stays_near_chance(demo_run):
     found = demo_run["ceiling"]
     # Against a guess among the answers each task has: the fixed closed sets list options the
-    # world never makes right, so the floor stands above a guess among all options (README).
+    # world never makes right, so the floor stands above a guess among all options
+    # (docs/demo.md, "The world perceiver").
     assert found["prior"] <= found["answer_chance"] + 0.05, found
 
 
