@@ -316,7 +316,7 @@ class ConsistencyReward:
     def _log_skipped(rewards: list[float | None], log_metric: Callable[[str, float], None] | None,
                      ) -> list[float | None]:
         """Log how many completions of this call went unscored (None), every call, so a
-        step's mean is over all its calls; README, "Skipped consistency scores"."""
+        step's mean is over all its calls; docs/training.md, "Skipped consistency scores"."""
         if log_metric is not None:
             skipped = sum(r is None for r in rewards)
             log_metric("consistency/skipped", float(skipped))

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The training-environment check (README, "The training environment, checked on CI"): the
+# The training-environment check (docs/testing.md, "The training environment, checked on CI"): the
 # CPU replica of the GPU training environment, built once per pins (cpu-env.sh), and the
 # trainer checked in it (embodied_r.checks.env): every recipe's GRPO/SFT configs with its
 # world size, one real step per reward schedule and of SFT, and `accelerate launch` with 2

@@ -12,7 +12,7 @@
 #     and with vllm absent TRL imports none of its modules. The vllm backend is checked with
 #     a stand-in for the 0.31 engine in the test suite.
 #   - torchvision: no build of it works beside torch 2.13.0's CPU build, so the VL policy is
-#     checked through its language model (README, "The VL policy").
+#     checked through its language model (docs/training.md, "The VL policy").
 #   - the project itself: the trainer process imports embodied_r from the source tree
 #     (PYTHONPATH), as it does when training.python names another environment.
 set -euo pipefail
