@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 from typing import Iterator
 
@@ -13,6 +16,44 @@ import pytest
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+# The ephemeral API server's start budget the CLI sets (embodied_r.apps.cli._setup_env): Prefect
+# reads it once, at import, before a test's in-process `main()` could set it, and its own 20 s
+# are too short on a loaded machine.
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "300")
+
+# Flows run in this process start Prefect's ephemeral server on the database under
+# PREFECT_HOME: each test process (pytest-xdist runs several) has its own, so no two wait
+# on one SQLite file's lock, and none touches the user's ~/.prefect. Set before anything imports
+# Prefect, which reads its settings once.
+os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix=f"prefect-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}-")
+atexit.register(shutil.rmtree, os.environ["PREFECT_HOME"], ignore_errors=True)
+
+
+def _prefect_logging_on_the_process_stderr() -> None:
+    """Configure Prefect's logging now, its console handler on the process's own stderr.
+
+    Prefect configures its logging when a test first touches it, and its console handler keeps
+    the ``sys.stderr`` of that moment: inside a test that captures its output (``capsys``), a
+    stream pytest closes when that test ends, and every later Prefect log line of the process
+    fails on it ("I/O operation on closed file"; within a flow that logs its prints, in a
+    recursion that fails the run). Which test that is depends on the order tests run in. The
+    process's own stderr stays open, and pytest's default capture (of the file descriptors)
+    still collects what is written there."""
+    from prefect.logging.configuration import ensure_logging_setup
+
+    test_stream = sys.stderr
+    sys.stderr = sys.__stderr__
+    try:
+        ensure_logging_setup()
+    finally:
+        sys.stderr = test_stream
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        return  # pytest-xdist's controller: it runs no test
+    _prefect_logging_on_the_process_stderr()
+
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:

@@ -67,11 +67,12 @@ def _after_stage_lines(text: str) -> list[str]:
 def fill(folder: Path) -> Path:
     """Take every byte left on the disk of ``folder``: a real ENOSPC for the next write."""
     ballast = folder / "ballast"
-    with open(ballast, "wb") as fh:
+    # Unbuffered: a write the disk takes only in part would leave its rest in a buffer, and the
+    # close would fail on it with ENOSPC (one free space in sixteen), out of this function.
+    with open(ballast, "wb", buffering=0) as fh:
         try:
             while True:
                 fh.write(b"\0" * (1 << 16))
-                fh.flush()
         except OSError as exc:
             assert exc.errno == errno.ENOSPC
     return ballast

@@ -93,8 +93,10 @@ def test_run_sft_trains_saves_and_lists_too_long_records(tmp_path: Path, capsys:
     AutoModelForCausalLM.from_pretrained(str(out / "model"))
     assert (out / "model" / "tokenizer.json").is_file() and not (out / "checkpoints").exists()
     assert json.loads((out / "summary.json").read_text()) == summary
-    # Done once: a second call returns the summary without training.
+    # Every argument by the name the installed libraries ask for: no deprecation in the log.
     log = out / "train.log"
+    assert not re.search(r"(Future|Deprecation)Warning", log.read_text())
+    # Done once: a second call returns the summary without training.
     before = log.stat().st_mtime_ns
     assert run_sft(records, "tiny:lm", out, tiny_sft()) == summary
     assert log.stat().st_mtime_ns == before

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -188,6 +189,8 @@ def test_three_stages_chain_on_cpu(records: Path, tmp_path: Path, monkeypatch: p
         assert (out / "model" / "config.json").is_file() and (out / "model" / "tokenizer.json").is_file()
         assert not (out / "checkpoints").exists() and not partial_path(out).exists()
         assert json.loads((out / "summary.json").read_text()) == summary
+        # Every argument by the name the installed libraries ask for: no deprecation in the log.
+        assert not re.search(r"(Future|Deprecation)Warning", (out / "train.log").read_text())
         if i:
             assert summary["init_model"] == str(tmp_path / stages[i - 1].name / "model")
         model = str(out / "model")

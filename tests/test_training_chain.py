@@ -43,6 +43,18 @@ def cfg(**kw: Any) -> TrainingConfig:
     return TrainingConfig(**base)
 
 
+def tiny_grpo_args(output_dir: str, **more: Any) -> Any:
+    """TRL's GRPOConfig for a trainer built here, checkpointing under the name the installed
+    transformers asks for (TRL's default for the old one warns)."""
+    from trl import GRPOConfig
+
+    from embodied_r.training.trl_args import field_name
+
+    return GRPOConfig(output_dir=output_dir, use_cpu=True, per_device_train_batch_size=2, num_generations=2,
+                      max_completion_length=4, report_to=[], bf16=False,
+                      **{field_name(GRPOConfig, "gradient_checkpointing"): False}, **more)
+
+
 @pytest.fixture
 def in_process(monkeypatch: pytest.MonkeyPatch) -> None:
     """The trainer runs in this process: the child's start-up (imports) would cost most of
@@ -64,7 +76,7 @@ def test_rollout_only_cuts_the_generation_prompt_and_not_the_loss(tiny_lm_path: 
     """ms-swift 3.3's rule: generation sees the last max_prompt_length tokens, the loss and
     KL pass the whole prompt."""
     from datasets import Dataset
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOTrainer
 
     from embodied_r.training.chain import trainer_class
 
@@ -78,8 +90,7 @@ def test_rollout_only_cuts_the_generation_prompt_and_not_the_loss(tiny_lm_path: 
     monkeypatch.setattr(GRPOTrainer, "_generate_single_turn", recording)
     long = [{"role": "user", "content": "x " * 300 + "QUESTION?"}]
     data = Dataset.from_list([{"prompt": long}, {"prompt": long}])
-    args = GRPOConfig(output_dir="/tmp/unused", use_cpu=True, per_device_train_batch_size=2, num_generations=2,
-                      max_completion_length=4, report_to=[], bf16=False)
+    args = tiny_grpo_args("/tmp/unused")
     trainer = trainer_class(64, None)(model=str(tiny_lm_path), reward_funcs=[lambda completions, **kw: [0.0] * len(completions)],
                                       args=args, train_dataset=data)
     batch = trainer._generate_and_score_completions([{"prompt": long}, {"prompt": long}])
@@ -91,12 +102,10 @@ def test_rollout_only_cuts_the_generation_prompt_and_not_the_loss(tiny_lm_path: 
 def chained_policy(initial: str, state: str, tmp_path: Path) -> dict[str, Any]:
     """The policy's weights of a trainer built from ``initial`` once the chain state is loaded."""
     from datasets import Dataset
-    from trl import GRPOConfig
 
     from embodied_r.training.chain import load_chain_weights, trainer_class
 
-    args = GRPOConfig(output_dir=str(tmp_path / "unused"), use_cpu=True, per_device_train_batch_size=2,
-                      num_generations=2, max_completion_length=4, report_to=[], bf16=False)
+    args = tiny_grpo_args(str(tmp_path / "unused"))
     trainer = trainer_class(None, None)(model=initial, args=args, train_dataset=Dataset.from_list([{"prompt": "x"}] * 2),
                                         reward_funcs=[lambda completions, **kw: [0.0] * len(completions)])
     load_chain_weights(trainer, state)
@@ -153,12 +162,10 @@ def test_the_chain_schedule_never_ends_before_the_trainer_does(tiny_lm_path: Pat
     """Planned from record counts, the chain's length can fall short of the steps the trainer
     counts: the cosine then still ends at the last step instead of rising again."""
     from datasets import Dataset
-    from trl import GRPOConfig
 
     from embodied_r.training.chain import trainer_class
 
-    args = GRPOConfig(output_dir="/tmp/unused", use_cpu=True, per_device_train_batch_size=2, num_generations=2,
-                      max_completion_length=4, report_to=[], bf16=False, lr_scheduler_type="cosine", warmup_steps=0)
+    args = tiny_grpo_args("/tmp/unused", lr_scheduler_type="cosine", warmup_steps=0)
     trainer = trainer_class(None, 4, 3)(model=str(tiny_lm_path), args=args,
                                         train_dataset=Dataset.from_list([{"prompt": "x"}] * 2),
                                         reward_funcs=[lambda completions, **kw: [0.0] * len(completions)])

@@ -374,6 +374,22 @@ def test_checker_sees_a_wrong_keyword_and_bf16_weights_under_adamw(tmp_path: Pat
     assert paper["built"] == [] and all("bf16 weights under a plain AdamW" in p for p in paper["problems"])
 
 
+def test_checker_sees_a_name_the_library_deprecated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Gradient checkpointing passed under its name before transformers 5.23: the configs
+    still build, with a FutureWarning each (TRL's default for the old name warns unless the
+    new one is passed, so it must be passed by the new name), and the checker refuses them."""
+    from transformers import TrainingArguments
+
+    from embodied_r.training import trl_args
+
+    if field_name(TrainingArguments, "gradient_checkpointing") == "gradient_checkpointing":
+        pytest.skip("the installed transformers knows only the old name")
+    monkeypatch.setitem(trl_args.RENAMED, "gradient_checkpointing", ("gradient_checkpointing",))
+    planted = _child().run_case(_case("smoke"), tmp_path)
+    assert planted["built"] == [] and planted["problems"], planted
+    assert all("FutureWarning: `gradient_checkpointing` is deprecated" in p for p in planted["problems"]), planted
+
+
 def test_checker_sees_a_pad_guard_that_lets_a_chat_token_through(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     child = _child()

@@ -15,6 +15,9 @@ each argument means there what the project meant:
   whole groups of ``num_generations``;
 - gradient checkpointing and the warm-up share as configured;
 - bf16 weights only where an fp32 master copy exists (DeepSpeed or LoRA);
+- no deprecation warning while a config is built: each name is the one the installed
+  library asks for now (transformers 5.23 renamed ``gradient_checkpointing``, and TRL's
+  own default for the old name warns unless the new one is passed);
 - the launch: ``accelerate launch`` parses the command line the project builds, picks the
   launcher the config asks for (DeepSpeed, multi-GPU) with that many processes, and the
   DeepSpeed JSON's ``auto`` values resolve against the trainer's arguments; over several
@@ -36,6 +39,7 @@ import os
 import sys
 import time
 import traceback
+import warnings
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Iterator
@@ -175,6 +179,17 @@ def accumulation_of(cfg: Any, world: int) -> int:
     return derive(world) if derive is not None else cfg.gradient_accumulation_steps
 
 
+@contextlib.contextmanager
+def deprecations() -> Iterator[list[str]]:
+    """The deprecation warnings given inside the block, each as one line (filled at its end)."""
+    found: list[str] = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        yield found
+    found += [f"{w.category.__name__}: {w.message}" for w in caught
+              if issubclass(w.category, (DeprecationWarning, FutureWarning))]
+
+
 def check_args(args: Any, kwargs: dict[str, Any], cfg: Any, world: int, deepspeed: bool) -> list[str]:
     """What in built ``args`` differs from what the project meant."""
     problems = [f"{k}: passed {v!r}, reads back {_plain(getattr(args, k, None))!r}"
@@ -242,6 +257,10 @@ def _flat(data: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
 
 
 def run_case(case: dict[str, Any], work: Path) -> dict[str, Any]:
+    # The config classes imported before any build: a library's warnings at import are not
+    # about the arguments the project passes.
+    from trl import GRPOConfig, SFTConfig as TRLSFTConfig  # noqa: F401
+
     from embodied_r.training import grpo, sft_child
     from embodied_r.training.config import SFTConfig, TrainingConfig
 
@@ -296,8 +315,9 @@ def run_case(case: dict[str, Any], work: Path) -> dict[str, Any]:
             try:
                 # A GPU recipe is built as on its GPUs (bf16 left to the default turns on there).
                 with faked(world, launch["env"], gpus=0 if owner.use_cpu else max(gpus, world)):
-                    args = build()
-                    problems = check_args(args, dict(recorded), owner, world, deepspeed)
+                    with deprecations() as deprecated:
+                        args = build()
+                    problems = check_args(args, dict(recorded), owner, world, deepspeed) + deprecated
                     if deepspeed:
                         problems += check_deepspeed(args, launch, world, owner)
             except Exception as exc:  # noqa: BLE001 - every failure is a finding
