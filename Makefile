@@ -23,8 +23,11 @@ demo: env
 demo-reasoner: env
 	$(VENV)/bin/embodied-r reasoner --recipe reasoner-demo
 
+# Two test processes (pytest-xdist), each test file whole to one of them, so a file's module
+# fixtures are built once; the longest files first (tests/conftest.py, LONGEST_FIRST).
+TEST_WORKERS ?= 2
 test: env
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # Unit tests only: no flows, no servers.
 test-fast: env

@@ -28,6 +28,16 @@ os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "300")
 os.environ["PREFECT_HOME"] = tempfile.mkdtemp(prefix=f"prefect-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}-")
 atexit.register(shutil.rmtree, os.environ["PREFECT_HOME"], ignore_errors=True)
 
+# Each test process's share of the cores for torch's OpenMP thread pool (and the trainer
+# children's, which inherit it): with two processes each spreading over both cores of a
+# 2-core machine the learning demo's setup took 800 s, with one thread each 414 s. Set before
+# anything imports torch.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
+if _WORKERS > 1:
+    _SHARE = str(max(1, len(os.sched_getaffinity(0)) // _WORKERS))
+    for _name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(_name, _SHARE)
+
 
 def _prefect_logging_on_the_process_stderr() -> None:
     """Configure Prefect's logging now, its console handler on the process's own stderr.
@@ -76,7 +86,34 @@ def _shared_dir() -> Path | None:
 SHARED = _shared_dir()
 
 
+# The files that take half a minute or more, longest first (their tests' times summed from
+# `--durations=0`). Under pytest-xdist
+# (`make test`, files whole to a worker, in this order) each worker starts one of the longest
+# at once, and the short files fill in beside them to the end; left in name order, a long file
+# reached late runs on alone.
+LONGEST_FIRST = (
+    "test_learning_demo.py",
+    "test_e2e_deployments.py",
+    "test_interrupts.py",
+    "test_fault_losses.py",
+    "test_interactive_pipeline.py",
+    "test_flow_demo.py",
+    "test_fault_disk.py",
+    "test_learning.py",
+    "test_e2e_shards.py",
+    "test_gpu_check.py",
+    "test_sft.py",
+    "test_mlflow_ui_links.py",
+    "test_training.py",
+    "test_fault_secrets.py",
+    "test_fault_exit.py",
+)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if _WORKERS > 1:
+        rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+        items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
     gpu_items = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu_items:
         return
