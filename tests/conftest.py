@@ -93,6 +93,7 @@ SHARED = _shared_dir()
 # reached late runs on alone.
 LONGEST_FIRST = (
     "test_learning_demo.py",
+    "test_experiment_run.py",
     "test_e2e_deployments.py",
     "test_interrupts.py",
     "test_fault_losses.py",
