@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow
+# A whole experiment (three variants, in and out of distribution) is minutes of training on
+# two busy cores: the learning demo's limit, not the per-test default.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 EXPERIMENT = """\
 baseline: grpo
