@@ -141,9 +141,10 @@ def experiment(name: str, recipe: str = "demo", seeds: list[int] | None = None,
                 folders = result["stages"]
                 model = str(stages["evaluate"].inputs["model"])
                 run_id = result.get("mlflow_run_id") or ""
+                completions = completions_of(stages)
                 if variant == spec.baseline:
-                    budget = completions_of(stages)
-                extra = {"completions": float(completions_of(stages))}
+                    budget = completions
+                extra = {"completions": float(completions)}
             else:
                 from embodied_r.lifecycle.sft_baseline import sft_baseline
 

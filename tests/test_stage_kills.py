@@ -109,7 +109,8 @@ def database(path: Path) -> dict[str, Any]:
 
 # After train and val are written; after every table, before the summary.
 @pytest.mark.parametrize("n, written", [(2, ["train.parquet", "val.parquet"]),
-                                        (4, ["failures.parquet", "test.parquet", "train.parquet", "val.parquet"])])
+                                        (5, ["failures.parquet", "ood.parquet", "test.parquet", "train.parquet",
+                                             "val.parquet"])])
 def test_killed_convert_resumes_to_the_uninterrupted_result(tmp_path: Path, n: int, written: list[str]) -> None:
     rows = [catalog_row(f"urbanvideo:{i}", split=("train", "train", "val", "test")[i % 4]) for i in range(12)]
     texts = {r["uid"]: VIDEO for r in rows[:-1]}  # the last question has no perception text: a failure
