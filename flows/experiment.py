@@ -58,6 +58,21 @@ def plans(experiment: Experiment, recipe: str, seeds: list[int | None], override
     return out
 
 
+def plans_to_json(planned: dict[tuple[str, int | None], tuple[Recipe, Plan]]) -> list[dict[str, Any]]:
+    """The plans as the flow's parameter: made once, where the experiment starts."""
+    return [{"variant": v, "seed": s, "plan": stages.to_json()} for (v, s), (_, stages) in planned.items()]
+
+
+def plans_from_json(given: list[dict[str, Any]]) -> dict[tuple[str, int | None], tuple[Recipe, Plan]]:
+    from flows.runner import recipe_of
+
+    out = {}
+    for item in given:
+        stages = Plan.from_json(item["plan"])
+        out[(item["variant"], item["seed"])] = (recipe_of(stages), stages)
+    return out
+
+
 def has_warmstart(recipe: str, overrides: dict[str, Any] | None) -> bool:
     return load_recipe(recipe, overrides or None).warmstart is not None
 
@@ -117,15 +132,18 @@ def _run_pipeline(recipe: str, overrides: dict[str, Any], stages: Plan) -> dict[
 
 @flow(name="embodied-r-experiment", log_prints=True)
 def experiment(name: str, recipe: str = "demo", seeds: list[int] | None = None,
-               overrides: dict[str, Any] | None = None, home: str | None = None) -> dict[str, Any]:
+               overrides: dict[str, Any] | None = None, home: str | None = None,
+               planned: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """Run experiment ``name`` (a packaged experiment or a YAML path) with ``recipe`` at each of
-    ``seeds`` (None: the recipe's own seed) and compare its variants with the baseline."""
+    ``seeds`` (None: the recipe's own seed) and compare its variants with the baseline.
+    ``planned`` (``plans_to_json``) hands down the plans the caller made; without it, as a
+    deployment run starts, they are made here."""
     from embodied_r import paths
 
     spec = load_experiment(name)
     root = paths.claim_home(Path(home).expanduser().resolve() if home else paths.home())
     runs = [None] if not seeds else list(dict.fromkeys(seeds))
-    planned = plans(spec, recipe, runs, overrides, root)
+    planned = plans_from_json(planned) if planned else plans(spec, recipe, runs, overrides, root)
     warm = has_warmstart(recipe, overrides)
     cells: list[Cell] = []
     started: dict[tuple[str, int | None], dict[str, Any]] = {}
