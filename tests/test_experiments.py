@@ -159,6 +159,9 @@ def test_the_mean_over_seeds_has_a_t_interval() -> None:
     # sd 0.05, t(2) 4.303: half-width 0.1242.
     assert interval == pytest.approx((0.55 - 0.12422, 0.55 + 0.12422), abs=1e-4)
     assert mean_interval([0.4]) == (0.4, None)
+    # A share's interval stays inside [0, 1]; other figures' do not.
+    assert mean_interval([0.77, 0.93, 0.85], share=True)[1] == pytest.approx((0.6513, 1.0), abs=1e-4)
+    assert mean_interval([0.77, 0.93, 0.85])[1][1] == pytest.approx(1.0487, abs=1e-4)
 
 
 def test_the_table_has_a_row_per_variant_and_seed_and_a_mean() -> None:

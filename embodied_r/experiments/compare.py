@@ -45,15 +45,18 @@ def t95(df: int) -> float:
     return _T95[max(known)] if df <= 30 else 1.96
 
 
-def mean_interval(values: Sequence[float]) -> tuple[float, tuple[float, float] | None]:
-    """The mean and its 95 % t-interval over seeds; no interval from one seed."""
+def mean_interval(values: Sequence[float], share: bool = False) -> tuple[float, tuple[float, float] | None]:
+    """The mean and its 95 % t-interval over seeds; no interval from one seed. A ``share`` (an
+    accuracy, a ratio) cannot leave [0, 1], and with three seeds the t-interval often would:
+    it is cut there."""
     n = len(values)
     mean = sum(values) / n
     if n < 2:
         return mean, None
     sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
     half = t95(n - 1) * sd / math.sqrt(n)
-    return mean, (mean - half, mean + half)
+    low, high = mean - half, mean + half
+    return mean, (max(low, 0.0), min(high, 1.0)) if share else (low, high)
 
 
 def paired(base: Cell, other: Cell) -> PairedResult:
@@ -137,11 +140,11 @@ def table(cells: Sequence[Cell], measures: Sequence[str] = ()) -> list[str]:
                              f"{_fmt(c.accuracy, c.interval):28s}" + "".join(
                                  f"  {_fmt(c.figures.get(m), None, is_share(m)):>24s}" for m in names))
             if len(mine) > 1:
-                mean, interval = mean_interval([c.accuracy for c in mine])
+                mean, interval = mean_interval([c.accuracy for c in mine], share=True)
                 row = f"  {variant:18s} {'mean':>5s}  {_fmt(mean, interval):28s}"
                 for m in names:
                     values = [c.figures[m] for c in mine if isinstance(c.figures.get(m), (int, float))]
-                    row += f"  {_fmt(*mean_interval(values), is_share(m)) if values else '-':>24s}"
+                    row += f"  {_fmt(*mean_interval(values, is_share(m)), is_share(m)) if values else '-':>24s}"
                 lines.append(row)
     return lines
 
@@ -181,7 +184,7 @@ def summary_metrics(cells: Sequence[Cell], comparisons: Sequence[Comparison]) ->
         for variant in dict.fromkeys(c.variant for c in cells):
             values = [c.accuracy for c in cells if c.evaluation == evaluation and c.variant == variant]
             if values:
-                mean, interval = mean_interval(values)
+                mean, interval = mean_interval(values, share=True)
                 out[f"{evaluation}/{variant}/accuracy_mean"] = mean
                 if interval:
                     out[f"{evaluation}/{variant}/accuracy_mean_ci_low"], \
