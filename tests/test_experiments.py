@@ -3,6 +3,8 @@ comparison of variants on the same questions (table, paired tests by seed and po
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import random
 
 import pytest
@@ -187,6 +189,22 @@ def test_sft_takes_as_many_examples_as_grpo_made_completions() -> None:
     per_step = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps
     assert cfg.max_steps * per_step >= 7_200 > (cfg.max_steps - 1) * per_step
     assert cfg.epochs * 1_000 >= 7_200
+
+
+def test_the_sft_model_is_judged_by_the_judge_the_grpo_model_is(tmp_path: Path) -> None:
+    """The demo's judge is its warm-started model (``warmstart``, resolved by the plan): the
+    SFT baseline's evaluation takes the plan's settings, not the recipe's unresolved name."""
+    from embodied_r.lifecycle.sft_baseline import evaluation_of
+    from embodied_r.pipeline import plan
+
+    demo = load_recipe("demo")
+    stages = plan(demo, tmp_path)
+    judge = evaluation_of(demo, stages).consistency_judge
+    assert judge.model == str(Path(stages["warmstart"].out) / "model") == \
+        stages["evaluate"].config["consistency_judge"]["model"]
+    # Without a judge to resolve, the settings are the recipe's evaluation settings.
+    smoke = load_recipe("smoke")
+    assert evaluation_of(smoke, plan(smoke, tmp_path)) == smoke.evaluation_settings()
 
 
 def test_the_experiment_names_each_failure_signature_it_shows() -> None:
