@@ -17,6 +17,7 @@ from embodied_r.config import Recipe, deep_merge, load_recipe
 from embodied_r.experiments.compare import (
     IN_DISTRIBUTION,
     Cell,
+    chance_of,
     compare,
     comparison_lines,
     measure_figures,
@@ -40,6 +41,7 @@ from embodied_r.tracking import Tracker, tracking_uri
 from flows import mlflow_runs
 
 EXPERIMENT_TAG = "experiment"
+CHANCE = "chance"  # a column of every table: what a uniform guess scores on the same questions
 
 
 def plans(experiment: Experiment, recipe: str, seeds: list[int | None], overrides: dict[str, Any] | None,
@@ -119,9 +121,12 @@ def _cell(experiment: Experiment, variant: str, seed: int | None, evaluation: st
     summaries = {name: read_summary(Path(out)) for name, out in folders.items() if Path(out, "summary.json").is_file()}
     final = summaries["evaluate"]
     measures = [(m.name, m.stage, m.key) for m in experiment.measures]
+    metrics = Path(folders["evaluate"]) / "metrics.json"
+    chance = chance_of(read_json(metrics)) if metrics.is_file() else None
+    extra = {**({} if chance is None else {CHANCE: chance}), **(extra or {})}
     return Cell(variant, seed, evaluation, float(final[ACCURACY.split(":", 1)[1]]),
                 summary_interval(final, "accuracy/overall"), _scores(Path(folders["evaluate"])),
-                {**measure_figures(summaries, measures), **(extra or {})}, run_id)
+                {**measure_figures(summaries, measures), **extra}, run_id)
 
 
 def _run_pipeline(recipe: str, overrides: dict[str, Any], stages: Plan) -> dict[str, Any]:
@@ -189,7 +194,7 @@ def experiment(name: str, recipe: str = "demo", seeds: list[int] | None = None,
                     result = _run_pipeline(recipe, ood_ov, _plan(recipe, ood_ov, root))
                     cells.append(_cell(spec, variant, seed, ood, result["stages"], result.get("mlflow_run_id") or ""))
     comparisons = compare(cells, spec.baseline)
-    measures = [m.name for m in spec.measures] + (["completions"] if any(
+    measures = [CHANCE] + [m.name for m in spec.measures] + (["completions"] if any(
         v.train == "sft" for v in spec.variants.values()) else [])
     head = (f"Experiment {spec.name}, recipe {planned[(spec.baseline, runs[0])][0].name}, "
             f"seeds {', '.join(str(s) for s in runs)}:")

@@ -68,6 +68,8 @@ def test_every_variant_is_evaluated_in_and_out_of_distribution(ran) -> None:
     got = {(c["variant"], c["evaluation"]) for c in result["cells"]}
     assert got == {(v, e) for v in ("grpo", "official-parser", "sft") for e in ("test", "recall")}
     assert all(c["seed"] == 3 for c in result["cells"])
+    # Each set read against a guess on its own questions.
+    assert all(0 < c["figures"]["chance"] < 1 for c in result["cells"])
     lines = "\n".join(result["lines"])
     assert "in distribution (the recipe's test split):" in lines and "out of distribution: recall:" in lines
     assert "Paired against grpo on the same questions" in lines

@@ -147,6 +147,17 @@ def test_a_better_variant_is_found_seed_by_seed_and_pooled() -> None:
     assert comp.pooled.ci_low > 0.06
     lines = comparison_lines([comp], "base")
     assert "other (test): pooled +8.0 points" in lines[1] and "differs" in lines[1]
+    # An experiment of one variant has nothing to pair.
+    assert comparison_lines(compare([c for c in cells if c.variant == "base"], "base"), "base") == []
+
+
+def test_chance_is_each_tasks_guess_weighted_by_its_questions() -> None:
+    from embodied_r.experiments.compare import chance_of
+
+    metrics = {"chance": {"Object Recall": 0.25, "Counting": 0.5},
+               "categories": [{"category": "Object Recall", "count": 30}, {"category": "Counting", "count": 10}]}
+    assert chance_of(metrics) == pytest.approx((30 * 0.25 + 10 * 0.5) / 40)
+    assert chance_of({"chance": {}, "categories": [{"category": "Counting", "count": 10}]}) is None
 
 
 def test_the_pairing_is_by_question_not_by_position() -> None:

@@ -117,8 +117,18 @@ def _fmt(value: float | None, interval: tuple[float, float] | None = None, perce
 
 
 def is_share(name: str) -> bool:
-    """Figures shown in percent: accuracies, ratios and shares."""
-    return name.startswith(("accuracy", "consistency/ratio")) or name.endswith(("ratio", "share"))
+    """Figures shown in percent: accuracies, ratios, shares and chance."""
+    return name.startswith(("accuracy", "consistency/ratio")) or name.endswith(("ratio", "share", "chance"))
+
+
+def chance_of(metrics: Mapping[str, Any]) -> float | None:
+    """What a uniform guess scores on an evaluation's questions, from its ``metrics.json``:
+    each task's chance weighted by its questions. A held-out set is read against it."""
+    levels = metrics.get("chance") or {}
+    counted = [(c["count"], levels[c["category"]]) for c in metrics.get("categories") or []
+               if isinstance(levels.get(c.get("category")), (int, float))]
+    total = sum(n for n, _ in counted)
+    return sum(n * level for n, level in counted) / total if total else None
 
 
 def table(cells: Sequence[Cell], measures: Sequence[str] = ()) -> list[str]:
@@ -151,7 +161,10 @@ def table(cells: Sequence[Cell], measures: Sequence[str] = ()) -> list[str]:
 
 def comparison_lines(comparisons: Sequence[Comparison], baseline: str) -> list[str]:
     """One line per variant and evaluation set: the paired difference in points of accuracy
-    against the baseline on the same questions, its interval and p-value, per seed and pooled."""
+    against the baseline on the same questions, its interval and p-value, per seed and pooled;
+    none for an experiment of one variant."""
+    if not comparisons:
+        return []
     lines = [f"Paired against {baseline} on the same questions (McNemar's exact test; interval by paired bootstrap):"]
     for comp in comparisons:
         seeds = "; ".join(f"seed {s}: {format_paired(r)}" for s, r in comp.by_seed.items())
