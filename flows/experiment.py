@@ -116,9 +116,28 @@ def _scores(folder: Path) -> dict[str, float]:
     return dict(zip(table["uid"], (float(s) for s in table["score"])))
 
 
+def stage_seconds(experiment: Experiment, recipe: Recipe, stages: Plan) -> dict[str, float]:
+    """Wall seconds of the stage run that computed each stage a measure asks ``seconds`` of,
+    found in MLflow by the stage's key: a stage's summary does not hold its own time, and a
+    stage found done took none in this run."""
+    wanted = {m.stage for m in experiment.measures if m.key == "seconds"} & set(stages)
+    if not wanted:
+        return {}
+    tracker = Tracker.open(recipe.tracking.experiment, tracking_uri(recipe.tracking.tracking_uri, stages.root),
+                           stages.root)
+    out = {}
+    for name in wanted:
+        run = mlflow_runs.source_run(tracker, stages[name])
+        if run is not None and run.info.end_time:
+            out[name] = (run.info.end_time - run.info.start_time) / 1000
+    return out
+
+
 def _cell(experiment: Experiment, variant: str, seed: int | None, evaluation: str, folders: dict[str, str],
-          run_id: str, extra: dict[str, float] | None = None) -> Cell:
+          run_id: str, extra: dict[str, float] | None = None, seconds: dict[str, float] | None = None) -> Cell:
     summaries = {name: read_summary(Path(out)) for name, out in folders.items() if Path(out, "summary.json").is_file()}
+    for name, value in (seconds or {}).items():
+        summaries[name] = {"seconds": value, **summaries.get(name, {})}
     final = summaries["evaluate"]
     measures = [(m.name, m.stage, m.key) for m in experiment.measures]
     metrics = Path(folders["evaluate"]) / "metrics.json"
@@ -184,15 +203,18 @@ def experiment(name: str, recipe: str = "demo", seeds: list[int] | None = None,
                 model = str(Path(done["stages"]["sft"]) / "model")
                 run_id = done.get("mlflow_run_id") or ""
                 extra = {"completions": float(budget)}
-            cells.append(_cell(spec, variant, seed, IN_DISTRIBUTION, folders, run_id, extra))
+            cells.append(_cell(spec, variant, seed, IN_DISTRIBUTION, folders, run_id, extra,
+                               stage_seconds(spec, loaded, stages)))
             started[(variant, seed)] = {"run_id": run_id, "overrides": ov, "model": model}
             if spec.out_of_distribution:
                 for ood in loaded.out_of_distribution:
                     judge = (stages["evaluate"].config.get("consistency_judge") or {}).get("model")
                     ood_ov = deep_merge(ov, ood_overrides(loaded, ood, model, judge))
                     print(f"experiment {spec.name}: {label} on {ood} (out of distribution)")
-                    result = _run_pipeline(recipe, ood_ov, _plan(recipe, ood_ov, root))
-                    cells.append(_cell(spec, variant, seed, ood, result["stages"], result.get("mlflow_run_id") or ""))
+                    ood_stages = _plan(recipe, ood_ov, root)
+                    result = _run_pipeline(recipe, ood_ov, ood_stages)
+                    cells.append(_cell(spec, variant, seed, ood, result["stages"], result.get("mlflow_run_id") or "",
+                                       seconds=stage_seconds(spec, loaded, ood_stages)))
     comparisons = compare(cells, spec.baseline)
     measures = [CHANCE] + [m.name for m in spec.measures] + (["completions"] if any(
         v.train == "sft" for v in spec.variants.values()) else [])

@@ -24,6 +24,7 @@ variants:
     train: sft
 measures:
   - {source: "perception:calls", label: perceiver/calls}
+  - {source: "perception:seconds", label: perceiver/seconds}
 """
 
 
@@ -70,6 +71,8 @@ def test_every_variant_is_evaluated_in_and_out_of_distribution(ran) -> None:
     assert all(c["seed"] == 3 for c in result["cells"])
     # Each set read against a guess on its own questions.
     assert all(0 < c["figures"]["chance"] < 1 for c in result["cells"])
+    # The perceiver's time, from the stage run that perceived (found done for later variants).
+    assert all(c["figures"]["perceiver/seconds"] > 0 for c in result["cells"])
     lines = "\n".join(result["lines"])
     assert "in distribution (the recipe's test split):" in lines and "out of distribution: recall:" in lines
     assert "Paired against grpo on the same questions" in lines

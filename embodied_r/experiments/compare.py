@@ -112,8 +112,12 @@ def _fmt(value: float | None, interval: tuple[float, float] | None = None, perce
         return "-"
     if percent:
         return format_accuracy(value, interval)
-    text = f"{value:,.4g}" if abs(value) < 1e4 else f"{value:,.0f}"
-    return text + (f" [{interval[0]:,.4g}, {interval[1]:,.4g}]" if interval else "")
+    def num(v: float) -> str:
+        return f"{v:,.4g}" if abs(v) < 1e4 else f"{v:,.0f}"
+
+    # The same at every seed (a count of shared perception): no interval to show.
+    spread = interval is not None and num(interval[0]) != num(interval[1])
+    return num(value) + (f" [{num(interval[0])}, {num(interval[1])}]" if spread else "")
 
 
 def is_share(name: str) -> bool:
