@@ -17,6 +17,7 @@ from embodied_r.config import Recipe, deep_merge, load_recipe
 from embodied_r.experiments.compare import (
     IN_DISTRIBUTION,
     Cell,
+    chance_of,
     compare,
     comparison_lines,
     measure_figures,
@@ -40,6 +41,7 @@ from embodied_r.tracking import Tracker, tracking_uri
 from flows import mlflow_runs
 
 EXPERIMENT_TAG = "experiment"
+CHANCE = "chance"  # a column of every table: what a uniform guess scores on the same questions
 
 
 def plans(experiment: Experiment, recipe: str, seeds: list[int | None], overrides: dict[str, Any] | None,
@@ -55,6 +57,21 @@ def plans(experiment: Experiment, recipe: str, seeds: list[int | None], override
             loaded = load_recipe(recipe, variant_overrides(experiment, variant, seed, overrides, warm) or None)
             check_requirements(experiment, loaded)
             out[(variant, seed)] = (loaded, plan(loaded, root))
+    return out
+
+
+def plans_to_json(planned: dict[tuple[str, int | None], tuple[Recipe, Plan]]) -> list[dict[str, Any]]:
+    """The plans as the flow's parameter: made once, where the experiment starts."""
+    return [{"variant": v, "seed": s, "plan": stages.to_json()} for (v, s), (_, stages) in planned.items()]
+
+
+def plans_from_json(given: list[dict[str, Any]]) -> dict[tuple[str, int | None], tuple[Recipe, Plan]]:
+    from flows.runner import recipe_of
+
+    out = {}
+    for item in given:
+        stages = Plan.from_json(item["plan"])
+        out[(item["variant"], item["seed"])] = (recipe_of(stages), stages)
     return out
 
 
@@ -99,14 +116,36 @@ def _scores(folder: Path) -> dict[str, float]:
     return dict(zip(table["uid"], (float(s) for s in table["score"])))
 
 
+def stage_seconds(experiment: Experiment, recipe: Recipe, stages: Plan) -> dict[str, float]:
+    """Wall seconds of the stage run that computed each stage a measure asks ``seconds`` of,
+    found in MLflow by the stage's key: a stage's summary does not hold its own time, and a
+    stage found done took none in this run."""
+    wanted = {m.stage for m in experiment.measures if m.key == "seconds"} & set(stages)
+    if not wanted:
+        return {}
+    tracker = Tracker.open(recipe.tracking.experiment, tracking_uri(recipe.tracking.tracking_uri, stages.root),
+                           stages.root)
+    out = {}
+    for name in wanted:
+        run = mlflow_runs.source_run(tracker, stages[name])
+        if run is not None and run.info.end_time:
+            out[name] = (run.info.end_time - run.info.start_time) / 1000
+    return out
+
+
 def _cell(experiment: Experiment, variant: str, seed: int | None, evaluation: str, folders: dict[str, str],
-          run_id: str, extra: dict[str, float] | None = None) -> Cell:
+          run_id: str, extra: dict[str, float] | None = None, seconds: dict[str, float] | None = None) -> Cell:
     summaries = {name: read_summary(Path(out)) for name, out in folders.items() if Path(out, "summary.json").is_file()}
+    for name, value in (seconds or {}).items():
+        summaries[name] = {"seconds": value, **summaries.get(name, {})}
     final = summaries["evaluate"]
     measures = [(m.name, m.stage, m.key) for m in experiment.measures]
+    metrics = Path(folders["evaluate"]) / "metrics.json"
+    chance = chance_of(read_json(metrics)) if metrics.is_file() else None
+    extra = {**({} if chance is None else {CHANCE: chance}), **(extra or {})}
     return Cell(variant, seed, evaluation, float(final[ACCURACY.split(":", 1)[1]]),
                 summary_interval(final, "accuracy/overall"), _scores(Path(folders["evaluate"])),
-                {**measure_figures(summaries, measures), **(extra or {})}, run_id)
+                {**measure_figures(summaries, measures), **extra}, run_id)
 
 
 def _run_pipeline(recipe: str, overrides: dict[str, Any], stages: Plan) -> dict[str, Any]:
@@ -117,15 +156,18 @@ def _run_pipeline(recipe: str, overrides: dict[str, Any], stages: Plan) -> dict[
 
 @flow(name="embodied-r-experiment", log_prints=True)
 def experiment(name: str, recipe: str = "demo", seeds: list[int] | None = None,
-               overrides: dict[str, Any] | None = None, home: str | None = None) -> dict[str, Any]:
+               overrides: dict[str, Any] | None = None, home: str | None = None,
+               planned: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """Run experiment ``name`` (a packaged experiment or a YAML path) with ``recipe`` at each of
-    ``seeds`` (None: the recipe's own seed) and compare its variants with the baseline."""
+    ``seeds`` (None: the recipe's own seed) and compare its variants with the baseline.
+    ``planned`` (``plans_to_json``) hands down the plans the caller made; without it, as a
+    deployment run starts, they are made here."""
     from embodied_r import paths
 
     spec = load_experiment(name)
     root = paths.claim_home(Path(home).expanduser().resolve() if home else paths.home())
     runs = [None] if not seeds else list(dict.fromkeys(seeds))
-    planned = plans(spec, recipe, runs, overrides, root)
+    planned = plans_from_json(planned) if planned else plans(spec, recipe, runs, overrides, root)
     warm = has_warmstart(recipe, overrides)
     cells: list[Cell] = []
     started: dict[tuple[str, int | None], dict[str, Any]] = {}
@@ -161,17 +203,20 @@ def experiment(name: str, recipe: str = "demo", seeds: list[int] | None = None,
                 model = str(Path(done["stages"]["sft"]) / "model")
                 run_id = done.get("mlflow_run_id") or ""
                 extra = {"completions": float(budget)}
-            cells.append(_cell(spec, variant, seed, IN_DISTRIBUTION, folders, run_id, extra))
+            cells.append(_cell(spec, variant, seed, IN_DISTRIBUTION, folders, run_id, extra,
+                               stage_seconds(spec, loaded, stages)))
             started[(variant, seed)] = {"run_id": run_id, "overrides": ov, "model": model}
             if spec.out_of_distribution:
                 for ood in loaded.out_of_distribution:
                     judge = (stages["evaluate"].config.get("consistency_judge") or {}).get("model")
                     ood_ov = deep_merge(ov, ood_overrides(loaded, ood, model, judge))
                     print(f"experiment {spec.name}: {label} on {ood} (out of distribution)")
-                    result = _run_pipeline(recipe, ood_ov, _plan(recipe, ood_ov, root))
-                    cells.append(_cell(spec, variant, seed, ood, result["stages"], result.get("mlflow_run_id") or ""))
+                    ood_stages = _plan(recipe, ood_ov, root)
+                    result = _run_pipeline(recipe, ood_ov, ood_stages)
+                    cells.append(_cell(spec, variant, seed, ood, result["stages"], result.get("mlflow_run_id") or "",
+                                       seconds=stage_seconds(spec, loaded, ood_stages)))
     comparisons = compare(cells, spec.baseline)
-    measures = [m.name for m in spec.measures] + (["completions"] if any(
+    measures = [CHANCE] + [m.name for m in spec.measures] + (["completions"] if any(
         v.train == "sft" for v in spec.variants.values()) else [])
     head = (f"Experiment {spec.name}, recipe {planned[(spec.baseline, runs[0])][0].name}, "
             f"seeds {', '.join(str(s) for s in runs)}:")

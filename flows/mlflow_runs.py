@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from embodied_r.evaluation.learning import PAIRED, PHASES
+from embodied_r.evaluation.learning import PAIRED, PHASES, SIGNATURES_TAG, training_signatures
 from embodied_r.pipeline import StagePlan
 from embodied_r.tracking import (RUN_LIST_VIEW, STAGE_ARTIFACTS, STAGE_TABLES, Tracker, headline_metrics,
                                  numeric_metrics, record_stage)
@@ -158,6 +158,8 @@ def log_cached_stage(tracker: Tracker, sp: StagePlan, summary: dict[str, Any]) -
             f"Served from the cache: the output was computed by run [{source.info.run_name}]"
             f"({run_path(tracker.experiment_id, source_id)}); its metrics, params and files are copied here.")})
     record_stage(tracker, run_id, Path(sp.out), summary, sp.kind)
+    if signatures := training_signatures(sp.name, summary):
+        tracker.set_tags(run_id, {SIGNATURES_TAG: "\n".join(signatures)})
     if source is not None:
         copy_extra_artifacts(tracker, source_id, run_id)
     tracker.finish(run_id)

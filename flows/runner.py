@@ -21,7 +21,7 @@ from prefect.context import get_run_context
 
 from embodied_r import progress
 from embodied_r.io import DamagedOutput, damaged_outputs, partial_path, read_summary
-from embodied_r.evaluation.learning import failure_signatures
+from embodied_r.evaluation.learning import SIGNATURES_TAG, failure_signatures, training_signatures
 from embodied_r.shards import shard_paths
 from embodied_r.stage_kinds import kind_of
 from embodied_r.stage_plan import Plan, StagePlan, downstream
@@ -29,7 +29,7 @@ from embodied_r.tracking import CACHE_TAG, Tracker, numeric_metrics, tracking_ur
 from embodied_r.tracking_store import TrackingUnavailable, ensure_answers, lost_line, mark_lost, unanswered
 from flows import mlflow_runs
 from flows.waiting import wait_for_runs
-from tasks.stages import STAGE_TASKS
+from tasks.stages import STAGE_TASKS, say_signatures
 
 
 def discard(out: Path) -> None:
@@ -193,6 +193,7 @@ def log_cached_stage(tracker: Tracker, sp: StagePlan, summary: dict[str, Any], d
         get_run_logger().info("%s: served from the cache (%s): %s", sp.name, note, sp.out)
     except Exception:  # noqa: BLE001 - outside a flow run
         pass
+    say_signatures(training_signatures(sp.name, summary))
 
 
 def registered_label(stages: dict[str, StagePlan]) -> str:
@@ -254,8 +255,7 @@ def finish_parent(tracker: Tracker, stages: dict[str, StagePlan], cached: list[s
     signatures = failure_signatures(final)
     tracker.set_tags(parent, {
         "cached_stages": ",".join(cached), CACHE_TAG: status.split(" (")[0],
-        # Searchable in the run list (tags.failure_signatures LIKE '%'): each signature's line.
-        **({"failure_signatures": "\n".join(signatures)} if signatures else {}),
+        **({SIGNATURES_TAG: "\n".join(signatures)} if signatures else {}),
         "mlflow.note.content": mlflow_runs.parent_note(
             recipe=recipe_name, status=status, final=final, split=str(final.get("split", "")),
             experiment_id=tracker.experiment_id, children=children, run_id=parent or "",

@@ -24,6 +24,7 @@ from embodied_r.faults import DiskFull, disk_full, disk_full_line, full_path, tr
 from embodied_r.io import partial_path, read_summary
 from embodied_r.pipeline import StagePlan, execute
 from embodied_r.stage_kinds import KINDS, kind_of
+from embodied_r.evaluation.learning import SIGNATURES_TAG, training_signatures
 from embodied_r.tracking import Tracker, record_stage
 
 
@@ -114,12 +115,16 @@ def run_stage(stage: dict[str, Any], tracker: Tracker | None = None) -> dict[str
         if full and not isinstance(exc, DiskFull):
             raise DiskFull(_disk_full_line(sp, exc)) from exc
         raise
+    signatures = training_signatures(sp.name, summary)
     if run_id:
         with tracker.guard(sp.name):
             record_stage(tracker, run_id, Path(sp.out), summary, sp.kind)
+            if signatures:
+                tracker.set_tags(run_id, {SIGNATURES_TAG: "\n".join(signatures)})
             tracker.finish(run_id)
     _announce(sp, "done", time.monotonic() - started,
               "; ".join(part for part in (_headline(sp.kind, summary), _left_out(sp, summary)) if part))
+    say_signatures(signatures)
     try:
         create_markdown_artifact(_markdown(sp, summary), key=f"{sp.name.replace('_', '-')}-summary",
                                  description=f"{sp.name} summary")
@@ -131,6 +136,18 @@ def run_stage(stage: dict[str, Any], tracker: Tracker | None = None) -> dict[str
     except Exception:  # noqa: BLE001 - artifacts are a convenience, not part of the result
         pass
     return _payload(sp, run_id, summary)
+
+
+def say_signatures(lines: list[str]) -> None:
+    """Each failure signature on the terminal and, as a warning, in Prefect's log of the run: a
+    training stage says its own as it ends, so that a run going wrong is seen after its first
+    stage, not after its last."""
+    for line in lines:
+        progress.say(line)
+        try:
+            get_run_logger().warning(line)
+        except Exception:  # noqa: BLE001 - outside a flow run
+            pass
 
 
 def _disk_full_line(sp: StagePlan, exc: BaseException) -> str:

@@ -24,6 +24,7 @@ variants:
     train: sft
 measures:
   - {source: "perception:calls", label: perceiver/calls}
+  - {source: "perception:seconds", label: perceiver/seconds}
 """
 
 
@@ -38,14 +39,29 @@ def ran(tmp_path_factory):
         mp.setenv("EMBODIED_R_HOME", str(home))
         mp.delenv("MLFLOW_TRACKING_URI", raising=False)
         with prefect_test_harness(server_startup_timeout=120):
-            from flows.experiment import experiment
+            import embodied_r.pipeline
+            from embodied_r.experiments.spec import load_experiment
+            from flows.experiment import experiment, plans, plans_to_json
 
             # The paper's tasks only, so that Object Recall is a family no variant trained on,
             # as in the demo.
-            result = experiment(name=str(spec), recipe="smoke", seeds=[3], overrides={
-                "catalog": {"tasks": "paper"}, "training": {"max_steps_per_stage": 2},
-                "out_of_distribution": {"recall": {"catalog": {"tasks": ["Object Recall"]}}}})
-    return home, result
+            overrides = {"catalog": {"tasks": "paper"}, "training": {"max_steps_per_stage": 2},
+                         "out_of_distribution": {"recall": {"catalog": {"tasks": ["Object Recall"]}}}}
+            # As the command line starts it: every variant planned once, the plans handed down.
+            planned = plans(load_experiment(str(spec)), "smoke", [3], overrides, home)
+            made = []
+            plan = embodied_r.pipeline.plan
+            mp.setattr(embodied_r.pipeline, "plan", lambda *a, **k: made.append(1) or plan(*a, **k))
+            result = experiment(name=str(spec), recipe="smoke", seeds=[3], overrides=overrides,
+                                planned=plans_to_json(planned))
+    return home, {**result, "plans_made_in_flow": len(made)}
+
+
+def test_the_flow_plans_only_what_the_caller_could_not(ran) -> None:
+    """The variants' plans come from the caller; the flow plans each out-of-distribution run
+    (three models on one set), as it learns each model, and nothing again."""
+    _, result = ran
+    assert result["plans_made_in_flow"] == 3
 
 
 def test_every_variant_is_evaluated_in_and_out_of_distribution(ran) -> None:
@@ -53,6 +69,10 @@ def test_every_variant_is_evaluated_in_and_out_of_distribution(ran) -> None:
     got = {(c["variant"], c["evaluation"]) for c in result["cells"]}
     assert got == {(v, e) for v in ("grpo", "official-parser", "sft") for e in ("test", "recall")}
     assert all(c["seed"] == 3 for c in result["cells"])
+    # Each set read against a guess on its own questions.
+    assert all(0 < c["figures"]["chance"] < 1 for c in result["cells"])
+    # The perceiver's time, from the stage run that perceived (found done for later variants).
+    assert all(c["figures"]["perceiver/seconds"] > 0 for c in result["cells"])
     lines = "\n".join(result["lines"])
     assert "in distribution (the recipe's test split):" in lines and "out of distribution: recall:" in lines
     assert "Paired against grpo on the same questions" in lines

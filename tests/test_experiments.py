@@ -3,6 +3,8 @@ comparison of variants on the same questions (table, paired tests by seed and po
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import random
 
 import pytest
@@ -145,6 +147,17 @@ def test_a_better_variant_is_found_seed_by_seed_and_pooled() -> None:
     assert comp.pooled.ci_low > 0.06
     lines = comparison_lines([comp], "base")
     assert "other (test): pooled +8.0 points" in lines[1] and "differs" in lines[1]
+    # An experiment of one variant has nothing to pair.
+    assert comparison_lines(compare([c for c in cells if c.variant == "base"], "base"), "base") == []
+
+
+def test_chance_is_each_tasks_guess_weighted_by_its_questions() -> None:
+    from embodied_r.experiments.compare import chance_of
+
+    metrics = {"chance": {"Object Recall": 0.25, "Counting": 0.5},
+               "categories": [{"category": "Object Recall", "count": 30}, {"category": "Counting", "count": 10}]}
+    assert chance_of(metrics) == pytest.approx((30 * 0.25 + 10 * 0.5) / 40)
+    assert chance_of({"chance": {}, "categories": [{"category": "Counting", "count": 10}]}) is None
 
 
 def test_the_pairing_is_by_question_not_by_position() -> None:
@@ -159,6 +172,9 @@ def test_the_mean_over_seeds_has_a_t_interval() -> None:
     # sd 0.05, t(2) 4.303: half-width 0.1242.
     assert interval == pytest.approx((0.55 - 0.12422, 0.55 + 0.12422), abs=1e-4)
     assert mean_interval([0.4]) == (0.4, None)
+    # A share's interval stays inside [0, 1]; other figures' do not.
+    assert mean_interval([0.77, 0.93, 0.85], share=True)[1] == pytest.approx((0.6513, 1.0), abs=1e-4)
+    assert mean_interval([0.77, 0.93, 0.85])[1][1] == pytest.approx(1.0487, abs=1e-4)
 
 
 def test_the_table_has_a_row_per_variant_and_seed_and_a_mean() -> None:
@@ -184,6 +200,22 @@ def test_sft_takes_as_many_examples_as_grpo_made_completions() -> None:
     per_step = cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps
     assert cfg.max_steps * per_step >= 7_200 > (cfg.max_steps - 1) * per_step
     assert cfg.epochs * 1_000 >= 7_200
+
+
+def test_the_sft_model_is_judged_by_the_judge_the_grpo_model_is(tmp_path: Path) -> None:
+    """The demo's judge is its warm-started model (``warmstart``, resolved by the plan): the
+    SFT baseline's evaluation takes the plan's settings, not the recipe's unresolved name."""
+    from embodied_r.lifecycle.sft_baseline import evaluation_of
+    from embodied_r.pipeline import plan
+
+    demo = load_recipe("demo")
+    stages = plan(demo, tmp_path)
+    judge = evaluation_of(demo, stages).consistency_judge
+    assert judge.model == str(Path(stages["warmstart"].out) / "model") == \
+        stages["evaluate"].config["consistency_judge"]["model"]
+    # Without a judge to resolve, the settings are the recipe's evaluation settings.
+    smoke = load_recipe("smoke")
+    assert evaluation_of(smoke, plan(smoke, tmp_path)) == smoke.evaluation_settings()
 
 
 def test_the_experiment_names_each_failure_signature_it_shows() -> None:
@@ -241,3 +273,10 @@ def test_the_command_lists_the_experiments_and_refuses_a_bad_seed_list(capsys) -
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: experiment consistency with recipe smoke: evaluation.consistency_judge:")
     assert "\n" not in err
+
+
+def test_a_count_the_same_at_every_seed_has_no_interval_and_one_that_moves_has() -> None:
+    cells = [_cell("base", s, [1.0, 0.0] * 5, **{"calls": 35_946.0, "tokens": 500.0 + s}) for s in (1, 2, 3)]
+    mean_row = next(line for line in table(cells, ["calls", "tokens"]) if " mean " in line)
+    assert "35,946  " in mean_row + "  " and "[35" not in mean_row
+    assert "502 [499.5, 504.5]" in mean_row

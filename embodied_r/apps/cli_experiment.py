@@ -38,16 +38,17 @@ def cmd_experiment(args: argparse.Namespace) -> int:
             spec = load_experiment(name)
             print(f"{name:12s} {spec.description}")
         return 0
-    from flows.experiment import experiment, plans
     from embodied_r import paths
+    from flows.experiment import experiment, plans, plans_to_json
 
     overrides = _all_overrides(args)
     spec = load_experiment(args.name)
-    seeds = args.seeds or [None]
-    # Every variant's recipe checked before anything runs.
-    plans(spec, args.recipe, seeds, overrides, paths.home())
+    seeds = list(dict.fromkeys(args.seeds)) if args.seeds else [None]
+    # Every variant's recipe checked and planned before anything runs, once: the flow takes these.
+    planned = plans(spec, args.recipe, seeds, overrides, paths.home())
     start = time.time()
-    result = experiment(name=args.name, recipe=args.recipe, seeds=args.seeds, overrides=overrides or None)
+    result = experiment(name=args.name, recipe=args.recipe, seeds=args.seeds, overrides=overrides or None,
+                        planned=plans_to_json(planned))
     print(f"\nDone in {time.time() - start:.1f} s.\n")
     for line in result["lines"]:
         print(line)

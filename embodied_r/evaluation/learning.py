@@ -227,6 +227,9 @@ def learning_table(figures: Mapping[str, Any]) -> list[str]:
 # "rising" and "falling" are read from first- and last-quarter means, which single noisy
 # steps do not move.
 CONSISTENCY_FLOOR = 0.80
+# The MLflow tag of a run (parent or training stage) that shows any, one line each: searchable
+# in the run list with tags.failure_signatures LIKE '%'.
+SIGNATURES_TAG = "failure_signatures"
 HACKING_ADVICE = "raise the consistency reward's weight or inspect the cases (reward hacking)"
 MEMORISING_ADVICE = "strengthen the process reward (memorising)"
 
@@ -242,33 +245,49 @@ def _consistent_share(quarter: Mapping[str, Any], which: str) -> tuple[float, fl
     return float(acc), min(1.0, float(cons) / float(acc))
 
 
+def stage_signatures(stage: str, quarters: Mapping[str, Any]) -> list[str]:
+    """One line per failure signature a training stage shows, from its reward quarters (the
+    stage summary's ``quarters``: per reward ``first`` and ``last``): the consistent share of
+    right answers under 80 % in the last quarter; the accuracy reward rising while that share
+    falls. A stage without a consistency reward shows neither."""
+    first, last = _consistent_share(quarters, "first"), _consistent_share(quarters, "last")
+    if last is None:
+        return []
+    lines = []
+    if last[1] < CONSISTENCY_FLOOR:
+        lines.append(f"Failure signature, {stage}: the reference reaches {_pct(last[1])} of the right answers "
+                     f"from their reasoning in the last quarter, under {_pct(CONSISTENCY_FLOOR)}: "
+                     f"{HACKING_ADVICE}.")
+    if first is not None and last[0] > first[0] and last[1] < first[1]:
+        lines.append(f"Failure signature, {stage}: the accuracy reward rose ({_pct(first[0])} -> {_pct(last[0])}) "
+                     f"while the consistent share of right answers fell ({_pct(first[1])} -> {_pct(last[1])}): "
+                     f"{MEMORISING_ADVICE}.")
+    return lines
+
+
+def training_signatures(stage_name: str, summary: Mapping[str, Any]) -> list[str]:
+    """``stage_signatures`` of a training stage (``train_stage2``) from its ``summary.json``;
+    none for a stage without reward quarters."""
+    quarters = summary.get("quarters")
+    return stage_signatures(stage_name.removeprefix("train_"), quarters) if isinstance(quarters, Mapping) else []
+
+
 def failure_signatures(figures: Mapping[str, Any]) -> list[str]:
     """One line per failure signature the figures show, each naming it, the figures and the
-    advice: the judged logical-consistency ratio of the evaluation (``consistency/ratio``) or
-    the consistent share of a stage's last quarter under 80 %; a stage whose accuracy reward
-    rose while that share fell."""
+    advice: the judged logical-consistency ratio of the evaluation (``consistency/ratio``)
+    under 80 %, then each training stage's (``stage_signatures``)."""
     lines = []
     ratio = figures.get("consistency/ratio")
     if isinstance(ratio, (int, float)) and ratio < CONSISTENCY_FLOOR:
         lines.append(f"Failure signature, evaluation: the judge reaches {_pct(ratio)} of the answers from their "
                      f"reasoning, under {_pct(CONSISTENCY_FLOOR)}: {HACKING_ADVICE}.")
     for stage in learning_stages(figures):
-        quarter = {}
+        quarters: dict[str, dict[str, Any]] = {}
         for key in figures:
             parts = key.split("/")
             if len(parts) == 4 and parts[:2] == [PREFIX, stage] and parts[3] in ("first_quarter", "last_quarter"):
-                quarter.setdefault(parts[2], {})[parts[3].removesuffix("_quarter")] = figures[key]
-        first, last = _consistent_share(quarter, "first"), _consistent_share(quarter, "last")
-        if last is None:
-            continue
-        if last[1] < CONSISTENCY_FLOOR:
-            lines.append(f"Failure signature, {stage}: the reference reaches {_pct(last[1])} of the right answers "
-                         f"from their reasoning in the last quarter, under {_pct(CONSISTENCY_FLOOR)}: "
-                         f"{HACKING_ADVICE}.")
-        if first is not None and last[0] > first[0] and last[1] < first[1]:
-            lines.append(f"Failure signature, {stage}: the accuracy reward rose ({_pct(first[0])} -> {_pct(last[0])}) "
-                         f"while the consistent share of right answers fell ({_pct(first[1])} -> {_pct(last[1])}): "
-                         f"{MEMORISING_ADVICE}.")
+                quarters.setdefault(parts[2], {})[parts[3].removesuffix("_quarter")] = figures[key]
+        lines += stage_signatures(stage, quarters)
     return lines
 
 

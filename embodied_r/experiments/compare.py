@@ -45,15 +45,18 @@ def t95(df: int) -> float:
     return _T95[max(known)] if df <= 30 else 1.96
 
 
-def mean_interval(values: Sequence[float]) -> tuple[float, tuple[float, float] | None]:
-    """The mean and its 95 % t-interval over seeds; no interval from one seed."""
+def mean_interval(values: Sequence[float], share: bool = False) -> tuple[float, tuple[float, float] | None]:
+    """The mean and its 95 % t-interval over seeds; no interval from one seed. A ``share`` (an
+    accuracy, a ratio) cannot leave [0, 1], and with three seeds the t-interval often would:
+    it is cut there."""
     n = len(values)
     mean = sum(values) / n
     if n < 2:
         return mean, None
     sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
     half = t95(n - 1) * sd / math.sqrt(n)
-    return mean, (mean - half, mean + half)
+    low, high = mean - half, mean + half
+    return mean, (max(low, 0.0), min(high, 1.0)) if share else (low, high)
 
 
 def paired(base: Cell, other: Cell) -> PairedResult:
@@ -109,13 +112,27 @@ def _fmt(value: float | None, interval: tuple[float, float] | None = None, perce
         return "-"
     if percent:
         return format_accuracy(value, interval)
-    text = f"{value:,.4g}" if abs(value) < 1e4 else f"{value:,.0f}"
-    return text + (f" [{interval[0]:,.4g}, {interval[1]:,.4g}]" if interval else "")
+    def num(v: float) -> str:
+        return f"{v:,.4g}" if abs(v) < 1e4 else f"{v:,.0f}"
+
+    # The same at every seed (a count of shared perception): no interval to show.
+    spread = interval is not None and num(interval[0]) != num(interval[1])
+    return num(value) + (f" [{num(interval[0])}, {num(interval[1])}]" if spread else "")
 
 
 def is_share(name: str) -> bool:
-    """Figures shown in percent: accuracies, ratios and shares."""
-    return name.startswith(("accuracy", "consistency/ratio")) or name.endswith(("ratio", "share"))
+    """Figures shown in percent: accuracies, ratios, shares and chance."""
+    return name.startswith(("accuracy", "consistency/ratio")) or name.endswith(("ratio", "share", "chance"))
+
+
+def chance_of(metrics: Mapping[str, Any]) -> float | None:
+    """What a uniform guess scores on an evaluation's questions, from its ``metrics.json``:
+    each task's chance weighted by its questions. A held-out set is read against it."""
+    levels = metrics.get("chance") or {}
+    counted = [(c["count"], levels[c["category"]]) for c in metrics.get("categories") or []
+               if isinstance(levels.get(c.get("category")), (int, float))]
+    total = sum(n for n, _ in counted)
+    return sum(n * level for n, level in counted) / total if total else None
 
 
 def table(cells: Sequence[Cell], measures: Sequence[str] = ()) -> list[str]:
@@ -137,18 +154,21 @@ def table(cells: Sequence[Cell], measures: Sequence[str] = ()) -> list[str]:
                              f"{_fmt(c.accuracy, c.interval):28s}" + "".join(
                                  f"  {_fmt(c.figures.get(m), None, is_share(m)):>24s}" for m in names))
             if len(mine) > 1:
-                mean, interval = mean_interval([c.accuracy for c in mine])
+                mean, interval = mean_interval([c.accuracy for c in mine], share=True)
                 row = f"  {variant:18s} {'mean':>5s}  {_fmt(mean, interval):28s}"
                 for m in names:
                     values = [c.figures[m] for c in mine if isinstance(c.figures.get(m), (int, float))]
-                    row += f"  {_fmt(*mean_interval(values), is_share(m)) if values else '-':>24s}"
+                    row += f"  {_fmt(*mean_interval(values, is_share(m)), is_share(m)) if values else '-':>24s}"
                 lines.append(row)
     return lines
 
 
 def comparison_lines(comparisons: Sequence[Comparison], baseline: str) -> list[str]:
     """One line per variant and evaluation set: the paired difference in points of accuracy
-    against the baseline on the same questions, its interval and p-value, per seed and pooled."""
+    against the baseline on the same questions, its interval and p-value, per seed and pooled;
+    none for an experiment of one variant."""
+    if not comparisons:
+        return []
     lines = [f"Paired against {baseline} on the same questions (McNemar's exact test; interval by paired bootstrap):"]
     for comp in comparisons:
         seeds = "; ".join(f"seed {s}: {format_paired(r)}" for s, r in comp.by_seed.items())
@@ -181,7 +201,7 @@ def summary_metrics(cells: Sequence[Cell], comparisons: Sequence[Comparison]) ->
         for variant in dict.fromkeys(c.variant for c in cells):
             values = [c.accuracy for c in cells if c.evaluation == evaluation and c.variant == variant]
             if values:
-                mean, interval = mean_interval(values)
+                mean, interval = mean_interval(values, share=True)
                 out[f"{evaluation}/{variant}/accuracy_mean"] = mean
                 if interval:
                     out[f"{evaluation}/{variant}/accuracy_mean_ci_low"], \

@@ -57,6 +57,7 @@ class Measure(BaseModel):
 
     # ``stage:key``: the key of that stage's summary.json (``evaluate:accuracy/overall``,
     # ``perception:calls``); the evaluate stage's own figures are read for every variant.
+    # ``stage:seconds`` is the wall time of the stage run that computed it, read from MLflow.
     source: str = Field(pattern=r"^[a-z_]+:.+$")
     label: str = ""
 

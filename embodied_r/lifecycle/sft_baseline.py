@@ -31,6 +31,13 @@ def sft_config_for(recipe: Any, **updates: Any) -> SFTConfig:
     return SFTConfig.from_training(recipe.training, **updates)
 
 
+def evaluation_of(recipe: Any, stages: Plan) -> Any:
+    """The SFT model's evaluation settings: the plan's, with its consistency judge resolved
+    (``warmstart`` is the warm start's folder), so it is judged as the GRPO-trained model is."""
+    planned = stages.get("evaluate")
+    return type(recipe.evaluation).model_validate(planned.config) if planned else recipe.evaluation_settings()
+
+
 def sft_baseline(recipe: Any, stages: Plan, cfg: SFTConfig | None = None, init_model: str | None = None,
                  refresh: bool = False) -> dict[str, Any]:
     """Train the SFT baseline on the recipe's converted records and evaluate it.
@@ -52,7 +59,7 @@ def sft_baseline(recipe: Any, stages: Plan, cfg: SFTConfig | None = None, init_m
     sft_key = _digest({"sft": cfg.model_dump(mode="json"), "init_model": init_model,
                        "records": convert.key, "code": code})
     sft_out = root / "stages" / "sft" / sft_key
-    eval_cfg = recipe.evaluation_settings()
+    eval_cfg = evaluation_of(recipe, stages)
     eval_key = _digest({"evaluation": eval_cfg.model_dump(mode="json"), "sft": sft_key,
                         "code": code_version("evaluate")})
     eval_out = root / "stages" / "sft_evaluate" / eval_key
