@@ -276,7 +276,9 @@ def test_the_command_lists_the_experiments_and_refuses_a_bad_seed_list(capsys) -
 
 
 def test_a_count_the_same_at_every_seed_has_no_interval_and_one_that_moves_has() -> None:
-    cells = [_cell("base", s, [1.0, 0.0] * 5, **{"calls": 35_946.0, "tokens": 500.0 + s}) for s in (1, 2, 3)]
-    mean_row = next(line for line in table(cells, ["calls", "tokens"]) if " mean " in line)
+    cells = [_cell("base", s, [1.0, 0.0] * 5, **{"calls": 35_946.0, "tokens": 500.0 + s, "chance": 0.24})
+             for s in (1, 2, 3)]
+    mean_row = next(line for line in table(cells, ["calls", "tokens", "chance"]) if " mean " in line)
     assert "35,946  " in mean_row + "  " and "[35" not in mean_row
+    assert mean_row.rstrip().endswith(" 24.0 %"), mean_row
     assert "502 [499.5, 504.5]" in mean_row

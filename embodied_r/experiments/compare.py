@@ -108,14 +108,16 @@ def compare(cells: Sequence[Cell], baseline: str) -> list[Comparison]:
 
 
 def _fmt(value: float | None, interval: tuple[float, float] | None = None, percent: bool = True) -> str:
+    """A figure, and its interval unless the figure is the same at every seed (chance on the
+    same questions, a count of shared perception)."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
     if percent:
-        return format_accuracy(value, interval)
+        same = interval is not None and f"{interval[0]:.3f}" == f"{interval[1]:.3f}"
+        return format_accuracy(value, None if same else interval)
     def num(v: float) -> str:
         return f"{v:,.4g}" if abs(v) < 1e4 else f"{v:,.0f}"
 
-    # The same at every seed (a count of shared perception): no interval to show.
     spread = interval is not None and num(interval[0]) != num(interval[1])
     return num(value) + (f" [{num(interval[0])}, {num(interval[1])}]" if spread else "")
 
