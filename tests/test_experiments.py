@@ -157,7 +157,11 @@ def test_chance_is_each_tasks_guess_weighted_by_its_questions() -> None:
     metrics = {"chance": {"Object Recall": 0.25, "Counting": 0.5},
                "categories": [{"category": "Object Recall", "count": 30}, {"category": "Counting", "count": 10}]}
     assert chance_of(metrics) == pytest.approx((30 * 0.25 + 10 * 0.5) / 40)
-    assert chance_of({"chance": {}, "categories": [{"category": "Counting", "count": 10}]}) is None
+    # A numeric task (no options, no level) is a guess that scores 0, counted as accuracy counts it.
+    numeric = {**metrics, "categories": [*metrics["categories"], {"category": "Object Count", "count": 20}]}
+    assert chance_of(numeric) == pytest.approx((30 * 0.25 + 10 * 0.5) / 60)
+    assert chance_of({"chance": {}, "categories": [{"category": "Object Count", "count": 10}]}) == 0.0
+    assert chance_of({"categories": [{"category": "Counting", "count": 10}]}) is None
 
 
 def test_the_pairing_is_by_question_not_by_position() -> None:

@@ -129,10 +129,13 @@ def is_share(name: str) -> bool:
 
 def chance_of(metrics: Mapping[str, Any]) -> float | None:
     """What a uniform guess scores on an evaluation's questions, from its ``metrics.json``:
-    each task's chance weighted by its questions. A held-out set is read against it."""
-    levels = metrics.get("chance") or {}
-    counted = [(c["count"], levels[c["category"]]) for c in metrics.get("categories") or []
-               if isinstance(levels.get(c.get("category")), (int, float))]
+    each task's chance weighted by its questions, a task without options (a number to
+    guess) at 0, as ``scoring.metrics.chance_accuracy`` counts it against ``accuracy/overall``.
+    None for an evaluation that wrote no chance levels. A held-out set is read against it."""
+    if "chance" not in metrics:
+        return None
+    levels = metrics["chance"] or {}
+    counted = [(c["count"], float(levels.get(c["category"]) or 0.0)) for c in metrics.get("categories") or []]
     total = sum(n for n, _ in counted)
     return sum(n * level for n, level in counted) / total if total else None
 
