@@ -116,17 +116,19 @@ def _scores(folder: Path) -> dict[str, float]:
     return dict(zip(table["uid"], (float(s) for s in table["score"])))
 
 
-def stage_seconds(experiment: Experiment, recipe: Recipe, stages: Plan) -> dict[str, float]:
-    """Wall seconds of the stage run that computed each stage a measure asks ``seconds`` of,
-    found in MLflow by the stage's key: a stage's summary does not hold its own time, and a
-    stage found done took none in this run."""
-    wanted = {m.stage for m in experiment.measures if m.key == "seconds"} & set(stages)
-    if not wanted:
+def timed_stages(experiment: Experiment) -> set[str]:
+    """The stages a measure asks ``seconds`` of."""
+    return {m.stage for m in experiment.measures if m.key == "seconds"}
+
+
+def stage_seconds(tracker: Tracker | None, timed: set[str], stages: Plan) -> dict[str, float]:
+    """Wall seconds of the stage run that computed each timed stage, found in MLflow by the
+    stage's key: a stage's summary does not hold its own time, and a stage found done took
+    none in this run."""
+    if tracker is None:
         return {}
-    tracker = Tracker.open(recipe.tracking.experiment, tracking_uri(recipe.tracking.tracking_uri, stages.root),
-                           stages.root)
     out = {}
-    for name in wanted:
+    for name in timed & set(stages):
         run = mlflow_runs.source_run(tracker, stages[name])
         if run is not None and run.info.end_time:
             out[name] = (run.info.end_time - run.info.start_time) / 1000
@@ -169,6 +171,11 @@ def experiment(name: str, recipe: str = "demo", seeds: list[int] | None = None,
     runs = [None] if not seeds else list(dict.fromkeys(seeds))
     planned = plans_from_json(planned) if planned else plans(spec, recipe, runs, overrides, root)
     warm = has_warmstart(recipe, overrides)
+    timed = timed_stages(spec)
+    base = planned[(spec.baseline, runs[0])][0]
+    # One store for every variant's stage times, opened only when a measure asks for them.
+    clock = Tracker.open(base.tracking.experiment, tracking_uri(base.tracking.tracking_uri, root), root) \
+        if timed else None
     cells: list[Cell] = []
     started: dict[tuple[str, int | None], dict[str, Any]] = {}
     for seed in runs:
@@ -204,7 +211,7 @@ def experiment(name: str, recipe: str = "demo", seeds: list[int] | None = None,
                 run_id = done.get("mlflow_run_id") or ""
                 extra = {"completions": float(budget)}
             cells.append(_cell(spec, variant, seed, IN_DISTRIBUTION, folders, run_id, extra,
-                               stage_seconds(spec, loaded, stages)))
+                               stage_seconds(clock, timed, stages)))
             started[(variant, seed)] = {"run_id": run_id, "overrides": ov, "model": model}
             if spec.out_of_distribution:
                 for ood in loaded.out_of_distribution:
@@ -214,17 +221,17 @@ def experiment(name: str, recipe: str = "demo", seeds: list[int] | None = None,
                     ood_stages = _plan(recipe, ood_ov, root)
                     result = _run_pipeline(recipe, ood_ov, ood_stages)
                     cells.append(_cell(spec, variant, seed, ood, result["stages"], result.get("mlflow_run_id") or "",
-                                       seconds=stage_seconds(spec, loaded, ood_stages)))
+                                       seconds=stage_seconds(clock, timed, ood_stages)))
     comparisons = compare(cells, spec.baseline)
     measures = [CHANCE] + [m.name for m in spec.measures] + (["completions"] if any(
         v.train == "sft" for v in spec.variants.values()) else [])
-    head = (f"Experiment {spec.name}, recipe {planned[(spec.baseline, runs[0])][0].name}, "
+    head = (f"Experiment {spec.name}, recipe {base.name}, "
             f"seeds {', '.join(str(s) for s in runs)}:")
     lines = [head, *table(cells, measures), "",
              *comparison_lines(comparisons, spec.baseline)]
     if found := signatures(cells, comparisons):
         lines += ["", *found]
-    logged = _track(spec, planned[(spec.baseline, runs[0])][0], root, runs, cells, comparisons, started, lines)
+    logged = _track(spec, base, root, runs, cells, comparisons, started, lines)
     return {"lines": lines, **logged,
             "cells": [{"variant": c.variant, "seed": c.seed, "evaluation": c.evaluation, "accuracy": c.accuracy,
                        "interval": c.interval, "figures": c.figures, "run_id": c.run_id} for c in cells],

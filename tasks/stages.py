@@ -20,11 +20,11 @@ from prefect.cache_policies import NO_CACHE
 from prefect.states import Completed, State
 
 from embodied_r import progress
+from embodied_r.evaluation.learning import SIGNATURES_TAG, training_signatures
 from embodied_r.faults import DiskFull, disk_full, disk_full_line, full_path, transient
 from embodied_r.io import partial_path, read_summary
 from embodied_r.pipeline import StagePlan, execute
 from embodied_r.stage_kinds import KINDS, kind_of
-from embodied_r.evaluation.learning import SIGNATURES_TAG, training_signatures
 from embodied_r.tracking import Tracker, record_stage
 
 

@@ -34,8 +34,7 @@ def sft_config_for(recipe: Any, **updates: Any) -> SFTConfig:
 def evaluation_of(recipe: Any, stages: Plan) -> Any:
     """The SFT model's evaluation settings: the plan's, with its consistency judge resolved
     (``warmstart`` is the warm start's folder), so it is judged as the GRPO-trained model is."""
-    planned = stages.get("evaluate")
-    return type(recipe.evaluation).model_validate(planned.config) if planned else recipe.evaluation_settings()
+    return type(recipe.evaluation).model_validate(stages["evaluate"].config)
 
 
 def sft_baseline(recipe: Any, stages: Plan, cfg: SFTConfig | None = None, init_model: str | None = None,
