@@ -14,6 +14,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable
 
+from embodied_r.backends.cpu_adapters import trainer_overrides
 from embodied_r.backends.devices import Precision, training_precision
 from embodied_r.training.environment import ADAPTER, CHECKPOINTS, LoraSettings, TrainerEnvironment
 from embodied_r.training.trl_args import field_name
@@ -55,6 +56,8 @@ def common_args(env: TrainerEnvironment, work: Path, run_name: str, report_to: l
         # bf16 weights where an fp32 master copy lives elsewhere (DeepSpeed, LoRA); else TRL
         # loads fp32 and bf16 is mixed precision (TrainerEnvironment.bf16_weights).
         kwargs["model_init_kwargs"] = {"dtype": "bfloat16"}
+    # Several processes without CUDA (a rehearsal on a CPU) name their backend; on a GPU, nothing.
+    kwargs.update(trainer_overrides(int(os.environ.get("WORLD_SIZE", "1"))))
     return kwargs
 
 
