@@ -3,7 +3,7 @@ with vLLM, LoRA, and the SFT baseline's settings."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
@@ -30,15 +30,34 @@ class VLLMRollouts(BaseModel):
     # Frees vLLM's weights and cache while the optimizer step runs (colocate only).
     enable_sleep_mode: bool = operational(False)
     server_base_url: str | None = operational(None)
+    # After each weight sync (colocate), the engine and the policy score one fixed completion
+    # and the stage stops when their log-probabilities differ by more than sync_tolerance
+    # (training.vllm_colocate). In fp32 both agree to about 1e-5; in bf16 set the tolerance from
+    # the gap the first syncs log (their kernels differ).
+    sync_check: bool = operational(False)
+    sync_tolerance: float = operational(1e-3, gt=0)
+    # The colocated engine's dtype; None: TRL's (none given, so vLLM's auto, which runs a float32
+    # checkpoint in bfloat16) (training.vllm_colocate.engine_dtype).
+    dtype: Literal["bfloat16", "float16", "float32"] | None = None
+
+    # The project's own fields, which are not GRPOConfig's.
+    OWN: ClassVar[frozenset[str]] = frozenset({"sync_check", "sync_tolerance", "dtype"})
 
     def grpo_kwargs(self) -> dict[str, Any]:
-        # Each field is GRPOConfig's ``vllm_<field>``; an unset optional one is left to TRL.
+        # Each other field is GRPOConfig's ``vllm_<field>``; an unset optional one is left to TRL.
         kwargs: dict[str, Any] = {"use_vllm": True}
         for name in type(self).model_fields:
             value = getattr(self, name)
-            if value is not None:
+            if value is not None and name not in self.OWN:
                 kwargs[f"vllm_{name}"] = value
         return kwargs
+
+    @model_validator(mode="after")
+    def _check_sync(self) -> "VLLMRollouts":
+        if (self.sync_check or self.dtype) and self.mode != "colocate":
+            raise ValueError("training.vllm.sync_check and dtype concern the colocated engine: set mode: "
+                             "colocate, or leave them out")
+        return self
 
 
 class GRPOStageConfig(BaseModel):
@@ -253,5 +272,5 @@ OWNED_GRPO_ARGS = owned_names(
     {"output_dir", "run_name", "num_train_epochs", "max_steps", "reward_weights", "report_to", "use_cpu",
      "use_vllm", "eval_strategy", "eval_steps", "per_device_eval_batch_size", "metric_for_best_model",
      "greater_is_better"},
-    set(VLLMRollouts.model_fields),
+    set(VLLMRollouts.model_fields) - VLLMRollouts.OWN,
 )

@@ -194,6 +194,10 @@ def main(spec_path: str) -> int:
     # reference (adapters off) is the base, as ms-swift's LoRA resume has it.
     adapter_chain = bool(chain.get("state")) and cfg.lora is not None
     model = chain["initial_model"] if adapter_chain else spec["init_model"]
+    if cfg.vllm is not None and cfg.vllm.dtype is not None:
+        from embodied_r.training.vllm_colocate import engine_dtype
+
+        engine_dtype(cfg.vllm.dtype)
     trainer = cls(model=model, reward_funcs=funcs, args=args, train_dataset=dataset, eval_dataset=evaluation,
                   peft_config=peft_config(cfg.lora), callbacks=[progress_callback(), reporting, chained])
     holder["trainer"] = trainer
@@ -201,6 +205,11 @@ def main(spec_path: str) -> int:
     reporting.trainer = trainer
     timer = PhaseTimer(trainer)
     trainer.add_callback(timer.callback())
+    sync_check = None
+    if cfg.vllm is not None and cfg.vllm.sync_check:
+        from embodied_r.training.vllm_colocate import SyncCheck
+
+        sync_check = SyncCheck(trainer, dataset[0]["prompt"], cfg.vllm.sync_tolerance, work)
 
     resume, start_step = last_checkpoint(work)
     if resume:
@@ -228,6 +237,7 @@ def main(spec_path: str) -> int:
         "reward_weights": weights,
         "lora": cfg.lora is not None,
         "vllm_rollouts": cfg.vllm is not None,
+        **(sync_check.summary() if sync_check is not None else {}),
         "processes": int(trainer.accelerator.num_processes),
         "completion_tables": reporting.tables,
         # The stage chain: where the schedule started and left off, and what carried over.
@@ -250,6 +260,10 @@ def main(spec_path: str) -> int:
         write_json_atomic(work / HISTORY_FILE, {"reward_funcs": reward_names, "weights": weights,
                                                 "history": trainer.state.log_history})
         write_json_atomic(work / RESULT_NAME, result)
+    if cfg.vllm is not None and cfg.vllm.mode == "colocate":
+        from embodied_r.training.vllm_colocate import shut_down
+
+        shut_down(trainer)
     return 0
 
 
