@@ -109,9 +109,10 @@ def chain_callback(trainer_ref: dict[str, Any], state: str | None) -> Any:
             if trainer.is_deepspeed_enabled:
                 from transformers.integrations.deepspeed import deepspeed_load_checkpoint
 
+                # DeepSpeed's checkpoint holds the weights and Adam's state; the schedule is the
+                # trainer's own (scheduler.pt), which this loads under DeepSpeed and nothing else.
                 deepspeed_load_checkpoint(trainer.model_wrapped, state, load_module_strict=True)
-            else:
-                trainer._load_optimizer_and_scheduler(state)
+            trainer._load_optimizer_and_scheduler(state)
             self.loaded = True
             log.info("stage chain: optimizer and schedule carried on from %s", state)
 
