@@ -266,7 +266,7 @@ def load_as(schema: type[Schema], name_or_path: str | Path, overrides: dict[str,
     (``prompts``), validated as ``schema`` with one line naming every wrong entry."""
     data = _raw(name_or_path, folder)
     if overrides:
-        data = deep_merge(data, overrides)
+        data = deep_merge(data, nested(overrides))
     try:
         data = apply_prompts(data, deep_merge, reasoner=reasoner)
     except PromptsError as exc:
@@ -287,6 +287,18 @@ def validated(schema: type[Schema], data: Any, what: str) -> Schema:
 
 def load_recipe(name_or_path: str | Path, overrides: dict[str, Any] | None = None) -> Recipe:
     return load_as(Recipe, name_or_path, overrides)
+
+
+def nested(overrides: dict[str, Any]) -> dict[str, Any]:
+    """Overrides whose keys may be dotted paths, as ``--set`` writes them and a deployment's
+    ``overrides`` parameter takes them (``{"training.learning_rate": 1e-6}``), as one nested
+    dict; a key without a dot stays as it is."""
+    merged: dict[str, Any] = {}
+    for key, value in overrides.items():
+        for part in reversed(str(key).split(".")[1:]):
+            value = {part: value}
+        merged = deep_merge(merged, {str(key).split(".")[0]: value})
+    return merged
 
 
 def parse_override(text: str) -> dict[str, Any]:
