@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: env demo demo-reasoner test test-fast gpu-check lint clean-home mutation
+.PHONY: env demo demo-reasoner test test-fast rehearse gpu-check lint clean-home mutation
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -32,6 +32,12 @@ test: env
 # Unit tests only: no flows, no servers.
 test-fast: env
 	$(PY) -m pytest -q -m "not slow"
+
+# The GPU recipes rehearsed on this CPU with their real engines (vLLM's CPU build, DeepSpeed
+# ZeRO-3 over 2 processes, two nodes on 127.0.0.1, the gpu-train pool), one line per item, in the
+# CPU replica of the GPU training environment (built once per pins, about 3 minutes cold).
+rehearse: env
+	bash infra/training/rehearse.sh
 
 # What to run first on a GPU machine: the GPU-marked tests, then each GPU check in its own
 # process (backend in bf16, a GRPO step per reward schedule, SFT, accelerate launch, and the

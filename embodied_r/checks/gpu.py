@@ -37,6 +37,7 @@ CHECKS: dict[str, str] = {
     "grpo-stage3": f"GRPO stage 3 ({SCHEDULES['stage3']}), tiny reference asked",
     "sft": "SFT, tiny LM, 1 step",
     "accelerate": "GRPO stage 1 under accelerate launch, 1 process",
+    "colocate": "GRPO stage 1, colocated vLLM rollouts, weights checked after each sync",
     "policy": "GRPO steps of the recipe's policy at its settings",
 }
 TIMEOUTS = {"policy": 1800}

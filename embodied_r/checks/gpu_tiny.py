@@ -1,6 +1,6 @@
 """The tiny models' checks of ``embodied-r check gpu`` (``gpu`` runs each in a process of its
-own): the transformers backend, one GRPO step per reward schedule, one SFT step, and one step
-under ``accelerate launch``. Each takes the check's spec (its device: ``cuda``, or ``cpu`` to
+own): the transformers backend, one GRPO step per reward schedule, one SFT step, one step
+under ``accelerate launch``, and three steps with colocated vLLM rollouts and their sync check. Each takes the check's spec (its device: ``cuda``, or ``cpu`` to
 check the checks themselves; its work folder) and returns ``{"ok", "detail", "figures"}``.
 """
 
@@ -93,6 +93,29 @@ def check_accelerate(spec: dict[str, Any]) -> dict[str, Any]:
             "figures": {"seconds_per_step": summary.get("seconds_per_step")}}
 
 
+def check_colocate(spec: dict[str, Any]) -> dict[str, Any]:
+    """GRPO stage 1 with rollouts from a colocated vLLM engine (tiny:lm-vllm, tied embeddings),
+    its weights checked against the policy's after every sync (``training.vllm.sync_check``),
+    policy and engine in float32 so that a stale engine stands out of their kernels' noise
+    (about 1e-5 on a CPU). Where vLLM is not installed (the base environment), skipped."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is None:
+        return {"skipped": "vllm is not installed in this environment (the training environment has it: "
+                           "infra/install-env.sh train)"}
+    work = Path(spec["work"])
+    cfg = tiny_training(spec["device"], policy="tiny:lm-vllm", use_cpu=False, bf16=False, learning_rate=1e-2,
+                        max_steps_per_stage=3, vllm={"mode": "colocate", "gpu_memory_utilization": 0.2,
+                                                     "max_model_length": 2048, "dtype": "float32",
+                                                     "sync_check": True, "sync_tolerance": 1e-3})
+    summary = grpo_step(write_records(work / "records"), cfg, "stage1", work / "colocate")[0]
+    problems = [] if summary.get("vllm_sync_checks") == summary.get("steps") == 3 else [
+        f"{summary.get('vllm_sync_checks')} syncs checked over {summary.get('steps')} steps"]
+    detail = f"3 syncs, largest log-prob gap {summary.get('vllm_sync_max_gap')}, {summary.get('seconds_per_step')} s/step"
+    return {"ok": not problems, "detail": "; ".join(problems) or detail,
+            "figures": {k: summary.get(k) for k in ("vllm_sync_max_gap", "seconds_per_step", "peak_gpu_memory_gib")}}
+
+
 CHECKS: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
     "backend": check_backend, **{f"grpo-{name}": partial(check_grpo, stage_name=name) for name in SCHEDULES},
-    "sft": check_sft, "accelerate": check_accelerate}
+    "sft": check_sft, "accelerate": check_accelerate, "colocate": check_colocate}

@@ -17,6 +17,9 @@ BY_NAME = {
     # Random weights: the plumbing (the smoke recipe, the tests).
     "tiny:lm": "embodied_r.demo.tiny_models:ensure_tiny_lm",
     "tiny:vlm": "embodied_r.demo.tiny_models:ensure_tiny_vlm",
+    # The same in a shape vLLM's CPU build serves (head dim 64): the GPU recipes' rehearsal.
+    "tiny:lm-vllm": "embodied_r.demo.tiny_engine_models:ensure_tiny_lm_vllm",
+    "tiny:vlm-vllm": "embodied_r.demo.tiny_engine_models:ensure_tiny_vlm_vllm",
     # The demo's reasoner: a tiny Qwen2 whose tokenizer keeps the prompts' fixed texts whole.
     "tiny:lm-reasoner": "embodied_r.demo.tiny_reasoner:ensure_reasoner",
     # The same with the synthetic world's names kept whole, for reading traces.

