@@ -5,7 +5,8 @@ examples (``sft``) and the SFT child both pipelines start (``sft_child``); what 
 settles before a trainer starts: the policy as a causal LM (``policy``) and room for its
 checkpoints (``disk``); TRL configs built from the installed library's own names (``trl_args``); the
 policy's prompt texts (``prompts``); where a step's time and GPU memory go (``timing``) and
-what a recipe needs per GPU (``memory``).
+what a recipe needs per GPU (``memory``); the colocated vLLM engine's dtype and the check of its
+weight sync (``vllm_colocate``).
 
 May import: the core, ``backends`` and ``scoring``.
 """
