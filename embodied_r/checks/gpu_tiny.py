@@ -105,13 +105,14 @@ def check_colocate(spec: dict[str, Any]) -> dict[str, Any]:
                            "infra/install-env.sh train)"}
     work = Path(spec["work"])
     cfg = tiny_training(spec["device"], policy="tiny:lm-vllm", use_cpu=False, bf16=False, learning_rate=1e-2,
-                        max_steps_per_stage=3, vllm={"mode": "colocate", "gpu_memory_utilization": 0.2,
-                                                     "max_model_length": 2048, "dtype": "float32",
+                        max_prompt_length=1024, max_steps_per_stage=3, vllm={"mode": "colocate", "gpu_memory_utilization": 0.2,
+                                                     "max_model_length": 1536, "dtype": "float32",
                                                      "sync_check": True, "sync_tolerance": 1e-3})
     summary = grpo_step(write_records(work / "records"), cfg, "stage1", work / "colocate")[0]
     problems = [] if summary.get("vllm_sync_checks") == summary.get("steps") == 3 else [
         f"{summary.get('vllm_sync_checks')} syncs checked over {summary.get('steps')} steps"]
-    detail = f"3 syncs, largest log-prob gap {summary.get('vllm_sync_max_gap')}, {summary.get('seconds_per_step')} s/step"
+    gap = summary.get("vllm_sync_max_gap")
+    detail = f"3 syncs, largest log-prob gap {gap:.1e}, {summary.get('seconds_per_step')} s/step"
     return {"ok": not problems, "detail": "; ".join(problems) or detail,
             "figures": {k: summary.get(k) for k in ("vllm_sync_max_gap", "seconds_per_step", "peak_gpu_memory_gib")}}
 
