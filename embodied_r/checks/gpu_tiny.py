@@ -112,7 +112,7 @@ def check_colocate(spec: dict[str, Any]) -> dict[str, Any]:
     problems = [] if summary.get("vllm_sync_checks") == summary.get("steps") == 3 else [
         f"{summary.get('vllm_sync_checks')} syncs checked over {summary.get('steps')} steps"]
     gap = summary.get("vllm_sync_max_gap")
-    detail = f"3 syncs, largest log-prob gap {gap:.1e}, {summary.get('seconds_per_step')} s/step"
+    detail = f"3 syncs, largest log-prob gap {gap if gap is None else f'{gap:.1e}'}, {summary.get('seconds_per_step')} s/step"
     return {"ok": not problems, "detail": "; ".join(problems) or detail,
             "figures": {k: summary.get(k) for k in ("vllm_sync_max_gap", "seconds_per_step", "peak_gpu_memory_gib")}}
 
