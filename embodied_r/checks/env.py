@@ -30,7 +30,6 @@ import argparse
 import contextlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -38,7 +37,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from embodied_r.checks.steps import SCHEDULES, grpo_step, one_step_problems, timed_row, tiny_training, write_records
+from embodied_r.checks.steps import (SCHEDULES, finish_check, grpo_step, one_step_problems, timed_row, tiny_training,
+                                     write_records)
 from embodied_r.config import available_recipes, load_recipe
 from embodied_r.lifecycle.sft_baseline import sft_config_for
 from embodied_r.training.config import TrainingConfig
@@ -262,12 +262,8 @@ def main() -> int:
         for problem in step["problems"]:
             print(f"  PROBLEM {step['recipe']} {step['what']}: {problem}")
     (work / "check.json").write_text(json.dumps({"configs": configs, "steps": steps}, indent=2))
-    print(f"train-env: check took {time.monotonic() - started:.0f} s; details in {work / 'check.json'}"
-          + ("" if args.work or failed else " (removed)"))
-    print(f"trainenv: {passed} passed, {failed} failed")
-    if not args.work and not failed:
-        shutil.rmtree(work, ignore_errors=True)
-    return 1 if failed else 0
+    return finish_check("train-env", "trainenv", time.monotonic() - started, work / "check.json", work,
+                        bool(args.work), passed, failed)
 
 
 if __name__ == "__main__":

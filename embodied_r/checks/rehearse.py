@@ -33,7 +33,6 @@ Ends with ``rehearse: N passed, M failed`` and exits 1 when anything failed.
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
 import tempfile
 import time
@@ -42,6 +41,7 @@ from typing import Any, Callable
 
 from embodied_r.checks import rehearse_launches
 from embodied_r.checks.rehearse_run import Rehearsal
+from embodied_r.checks.steps import finish_check
 from embodied_r.checks.rehearse_verdicts import Failed
 from embodied_r.training.environment import PROJECT_ROOT
 
@@ -100,12 +100,8 @@ def main() -> int:
         say("serve", False, lines["serve"][1])
     passed = sum(ok for name, (ok, _) in lines.items() if name in ITEMS)
     failed = len(ITEMS) - passed
-    print(f"rehearse: took {time.monotonic() - started:.0f} s; logs in {work / 'logs'}"
-          + ("" if args.work or failed else " (removed)"))
-    print(f"rehearse: {passed} passed, {failed} failed")
-    if not args.work and not failed:
-        shutil.rmtree(work, ignore_errors=True)
-    return 1 if failed else 0
+    return finish_check("rehearse", "rehearse", time.monotonic() - started, work / "logs", work, bool(args.work),
+                        passed, failed)
 
 
 if __name__ == "__main__":

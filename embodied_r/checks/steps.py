@@ -132,3 +132,17 @@ def timed_row(recipe: str, what: str, world: int, check: Callable[[], list[str]]
         problems = [f"{type(exc).__name__}: {exc}", traceback.format_exc(limit=4), *after_failure()]
     row.update(ok=not problems, problems=problems, seconds=round(time.monotonic() - started, 1))
     return row
+
+
+def finish_check(label: str, tally: str, seconds: float, where: Path, work: Path, keep: bool, passed: int,
+                 failed: int) -> int:
+    """A CI check's last two lines (its time and where its details are; its work folder removed when
+    it passed and was not asked to keep it) and its exit code: 1 when anything failed."""
+    import shutil
+
+    remove = not keep and not failed
+    print(f"{label}: took {seconds:.0f} s; details in {where}" + (" (removed)" if remove else ""))
+    print(f"{tally}: {passed} passed, {failed} failed")
+    if remove:
+        shutil.rmtree(work, ignore_errors=True)
+    return 1 if failed else 0
