@@ -23,7 +23,8 @@ import os
 import sys
 from typing import Any, Callable
 
-# Set in every process of the rehearsal environment by ``install()``; the rehearsal checks it.
+# Set to 1 in every process of the rehearsal environment by ``install()`` (the rehearsal refuses
+# to start without it); set to "off" beforehand, the adapters stay out.
 INSTALLED_ENV = "EMBODIED_R_CPU_ADAPTERS"
 # vLLM's KV cache on the CPU backend, in GiB (see ``install``).
 KV_CACHE_GIB = "1"

@@ -33,12 +33,14 @@ Ends with ``rehearse: N passed, M failed`` and exits 1 when anything failed.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable
 
+from embodied_r.backends.cpu_adapters import INSTALLED_ENV
 from embodied_r.checks import rehearse_launches
 from embodied_r.checks.rehearse_run import Rehearsal
 from embodied_r.checks.steps import finish_check
@@ -57,6 +59,9 @@ def main() -> int:
     parser.add_argument("--base-python", default=str(PROJECT_ROOT / ".venv" / "bin" / "python"),
                         help="the project's environment (the Prefect server of the pool item)")
     args = parser.parse_args()
+    if os.environ.get(INSTALLED_ENV) != "1":
+        parser.exit(2, f"rehearse: {sys.executable} is not the training environment's CPU replica (its CPU adapters are "
+                       "not installed): run `make rehearse` or `bash infra/training/rehearse.sh`\n")
     started = time.monotonic()
     work = Path(args.work) if args.work else Path(tempfile.mkdtemp(prefix="rehearse-"))
     work.mkdir(parents=True, exist_ok=True)
