@@ -79,15 +79,21 @@ class Rehearsal:
         return json.loads((self.stage_dir(name) / "summary.json").read_text())
 
     def leftovers(self, *marks: str) -> list[str]:
-        """Processes still running whose command line holds one of ``marks`` (this run's home,
-        a port): what a stop or a kill must not leave behind."""
+        """Processes still running that belong to this rehearsal's home (its environment names the
+        home: every child of a command inherits it) or whose command line holds one of ``marks``,
+        the reference server's aside: what a stop or a kill must not leave behind."""
         import psutil
 
-        me = os.getpid()
+        keep = {os.getpid()}
+        if self.reference_pid is not None and psutil.pid_exists(self.reference_pid):
+            server = psutil.Process(self.reference_pid)
+            keep |= {server.pid, *(c.pid for c in server.children(recursive=True))}
         found = []
-        for proc in psutil.process_iter(["pid", "cmdline"]):
+        for proc in psutil.process_iter(["pid", "cmdline", "environ", "status"]):
             line = " ".join(proc.info["cmdline"] or [])
-            if proc.info["pid"] != me and any(m in line for m in marks):
+            ours = (proc.info["environ"] or {}).get("EMBODIED_R_HOME") == str(self.home)
+            if proc.info["pid"] not in keep and proc.info["status"] != psutil.STATUS_ZOMBIE and \
+                    (ours or any(m in line for m in marks)):
                 found.append(f"{proc.info['pid']}: {line[:120]}")
         return found
 
@@ -104,9 +110,9 @@ class Rehearsal:
         text = (self.logs / "serve-reference.log").read_text()
         self.reference_pid = int(text.split("reference server pid ")[1].split()[0])
         self.facts["reference_start_s"] = seconds
-        return f"up in {seconds:.0f} s, {self.ask_reference()}"
+        return f"up in {seconds:.0f} s, {self.ask_served_reference()}"
 
-    def ask_reference(self) -> str:
+    def ask_served_reference(self) -> str:
         """The served reference asked through the recipe's own backend configs: by the consistency
         reward as the trainer builds it, and by the evaluation's judge. (A random tiny policy
         seldom writes a correct answer in the format, so training alone would never ask it.)"""
@@ -172,7 +178,7 @@ class Rehearsal:
         seconds = time.monotonic() - started
         if rc != 0:
             raise Failed(f"the pipeline did not finish after the kill (exit {rc}): {last_error(log)} (see {log})")
-        left = self.leftovers(str(self.home / "stages"))
+        left = self.leftovers()
         if left:
             raise Failed(f"after the pipeline, still running: {left}")
         events = [line.split()[1:3] for line in log.read_text(errors="replace").splitlines()
