@@ -37,6 +37,7 @@ import os
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
 
@@ -83,8 +84,11 @@ def main() -> int:
         print(f"rehearse: {name:<10} {'ok  ' if ok else 'FAIL'} {text}", flush=True)
 
     print(f"rehearse: {sys.executable} ({work})", flush=True)
-    serve_up = item("serve", r.start_reference)
-    triple = item("zero3", r.pipeline) if serve_up else None
+    # The reference server starts beside the pipeline's first stages (it is first asked in stage 3).
+    with ThreadPoolExecutor(1) as pool:
+        serving = pool.submit(item, "serve", r.start_reference)
+        triple = item("zero3", r.pipeline)
+        serve_up = serving.result()
     if triple:
         say("perception", True, triple[0])
         say("zero3", True, triple[1])
