@@ -35,7 +35,7 @@ HEALTHY = [
      "first_learning_rate": 0.0050, "last_learning_rate": 0.0002, "vllm_sync_checks": 4, "vllm_sync_max_gap": 2.4e-5,
      "vllm_sync_tolerance": 1e-3},
 ]
-CHECKPOINT_2 = {"adam_step": 6, "next_lr": 0.0075, "global_step": 2}
+CHECKPOINT_2 = {"adam_step": 6, "next_lr": 0.0075, "schedule_step": 6, "global_step": 2}
 
 
 def planted(**changes: dict) -> list[dict]:
@@ -62,6 +62,14 @@ def test_a_schedule_not_carried_into_the_next_stage_fails():
     # DeepSpeed's checkpoint restores Adam but not the trainer's scheduler: stage 3 restarts warm-up.
     problems = zero3_problems(planted(s3={"first_learning_rate": 0.0}), 2, CHECKPOINT_2)
     assert problems == ["stage3 started at lr 0.0, where the chain's schedule left off at 0.005"]
+
+
+def test_a_stage_that_restarts_the_chains_schedule_fails():
+    # Stage 2 began its own schedule (its checkpoint-2 stands at step 2 of it, not at 4 + 2): Adam
+    # carried on, and the retry resumed that restarted schedule faithfully.
+    problems = zero3_problems(HEALTHY, 2, {**CHECKPOINT_2, "schedule_step": 2})
+    assert problems == ["checkpoint-2 of stage2 holds the schedule at step 2, the chain's is 6: stage 2 did not "
+                        "carry on stage 1's schedule"]
 
 
 def test_a_resume_that_loses_the_schedule_or_adam_fails():

@@ -96,6 +96,12 @@ def zero3_problems(stages: list[dict[str, Any]], killed_step: int, resumed: dict
     if second.get("first_adam_step") != resumed["adam_step"]:
         problems.append(f"stage2's Adam step after the resume {second.get('first_adam_step')}, "
                         f"checkpoint-{killed_step}'s {resumed['adam_step']}")
+    # Where the chain's one schedule stood at that checkpoint: after all of stage 1's steps and
+    # stage 2's first ones (a stage that restarted the schedule stands at its own step count).
+    position = stages[0].get("steps", 0) + killed_step
+    if resumed["schedule_step"] != position:
+        problems.append(f"checkpoint-{killed_step} of stage2 holds the schedule at step {resumed['schedule_step']}, "
+                        f"the chain's is {position}: stage 2 did not carry on stage 1's schedule")
     if not close(second.get("first_learning_rate"), resumed["next_lr"]):
         problems.append(f"stage2's learning rate after the resume {second.get('first_learning_rate')}, "
                         f"checkpoint-{killed_step}'s schedule gives {resumed['next_lr']}")
@@ -122,17 +128,19 @@ def agreement(ours: dict[str, dict[str, Any]], theirs: dict[str, dict[str, Any]]
 
 def checkpoint_figures(folder: Path) -> dict[str, Any]:
     """What a trainer's ``checkpoint-N`` holds for its resume: Adam's step count (ZeRO-3's
-    optimizer shard of rank 0) and the learning rate its schedule gives the next step."""
+    optimizer shard of rank 0), the schedule's step and the learning rate it gives the next step."""
     import torch
 
     state = json.loads((folder / "trainer_state.json").read_text())
     # The rate the schedule gives the step after the checkpoint's.
-    next_lr = torch.load(folder / "scheduler.pt", map_location="cpu", weights_only=False)["_last_lr"][0]
+    schedule = torch.load(folder / "scheduler.pt", map_location="cpu", weights_only=False)
+    next_lr = schedule["_last_lr"][0]
     shard = next(folder.glob("global_step*/*optim_states.pt"))
     optim = torch.load(shard, map_location="cpu", weights_only=False)["optimizer_state_dict"]
     inner = optim.get("optimizer_state_dict", optim)
     steps = [v["step"] for v in inner["state"].values() if "step" in v]
-    return {"adam_step": int(float(steps[0])), "next_lr": next_lr, "global_step": state["global_step"]}
+    return {"adam_step": int(float(steps[0])), "next_lr": next_lr, "schedule_step": int(schedule["last_epoch"]),
+            "global_step": state["global_step"]}
 
 
 def same_text(a: str, b: str) -> bool:
