@@ -78,10 +78,20 @@ class Rehearsal:
     def summary(self, name: str) -> dict[str, Any]:
         return json.loads((self.stage_dir(name) / "summary.json").read_text())
 
-    def leftovers(self, *marks: str) -> list[str]:
-        """Processes still running that belong to this rehearsal's home (its environment names the
-        home: every child of a command inherits it) or whose command line holds one of ``marks``,
-        the reference server's aside: what a stop or a kill must not leave behind."""
+    def leftovers(self, *marks: str, grace_s: float = 20.0) -> list[str]:
+        """Processes still running ``grace_s`` after a command ended that belong to this
+        rehearsal's home (its environment names the home: every child of a command inherits it)
+        or whose command line holds one of ``marks``, the reference server's aside: what a stop
+        or a kill must not leave behind. (The grace: a watcher such as ``apps.reaper`` notices
+        its parent's end at its next poll.)"""
+        deadline = time.monotonic() + grace_s
+        while True:
+            found = self._running(marks)
+            if not found or time.monotonic() > deadline:
+                return found
+            time.sleep(1)
+
+    def _running(self, marks: tuple[str, ...]) -> list[str]:
         import psutil
 
         keep = {os.getpid()}
