@@ -21,18 +21,22 @@ if TYPE_CHECKING:  # the orchestrator hands itself in
 
 
 def peer_sft(r: Rehearsal) -> str:
+    """Embodied-Reasoner's first SFT stage as its GPU recipe runs it (accelerate, ZeRO-3), on 2
+    processes, on a small synthetic sample."""
     sets = ["--set", "sft.launcher=accelerate", "--set", "sft.accelerate_config=infra/training/accelerate-zero3-rehearsal.yaml",
             "--set", "sft.use_cpu=false", "--set", "sft.bf16=false", "--set", "sft.max_steps=2",
             "--set", "sft.save_steps=1", "--set", "data.synthetic_train=30", "--set", "data.synthetic_test=11"]
-    _, seconds = r.cli("peer-sft", "reasoner", "--recipe", "reasoner-demo", "--only", "data", "sft_imitation",
-                          *sets)
+    _, seconds = r.cli("peer-sft", "reasoner", "--recipe", "reasoner-demo", "--only", "data", "sft_imitation", *sets)
     summary = r.summary("reasoner_sft_imitation")
     if summary.get("processes") != 2 or summary.get("steps") != 2:
         raise Failed(f"peer SFT: {summary.get('steps')} steps on {summary.get('processes')} processes")
     return (f"Embodied-Reasoner's imitation SFT, tiny Qwen2.5-VL with the PIL image processor, ZeRO-3 on "
             f"2 processes: {summary['steps']} steps, model saved, {seconds:.0f} s")
 
+
 def two_nodes(r: Rehearsal) -> str:
+    """One GRPO stage across two nodes as docs/running.md tells a user with two machines: node 1's
+    follower started first, then the main node's `train`, both on 127.0.0.1."""
     env = dict(r.env, EMBODIED_R_BASE_PYTHON=r.python)
     follow = subprocess.Popen(["bash", "infra/training/launch-multinode.sh", "follow", "1", "--once"],
                               cwd=PROJECT_ROOT, env=env, stdout=open(r.logs / "node-1.log", "w"),
@@ -41,10 +45,10 @@ def two_nodes(r: Rehearsal) -> str:
         time.sleep(3)  # the follower notes what exists before it watches for new launches
         main_env = dict(env, EMBODIED_R_MAIN_ADDR="127.0.0.1")
         _, seconds = r.run("node-0", ["bash", "infra/training/launch-multinode.sh", "main", "train",
-                                         "--recipe", RECIPE, *r.sets,
-                                         "--set", f"training.accelerate_config={TWO_NODES}",
-                                         "--set", f"training.stages={ONE_STAGE % 'nodes'}",
-                                         "--set", "training.max_steps_per_stage=1"], env=main_env)
+                                      "--recipe", RECIPE, *r.sets,
+                                      "--set", f"training.accelerate_config={TWO_NODES}",
+                                      "--set", f"training.stages={ONE_STAGE % 'nodes'}",
+                                      "--set", "training.max_steps_per_stage=1"], env=main_env)
         rc = follow.wait(timeout=120)
     finally:
         if follow.poll() is None:
@@ -55,7 +59,11 @@ def two_nodes(r: Rehearsal) -> str:
     return (f"stage `nodes` across 2 nodes (1 process each, one launcher per node meeting at 127.0.0.1): "
             f"{summary['steps']} steps, {summary.get('vllm_sync_checks')} syncs checked, {seconds:.0f} s")
 
+
 def pool(r: Rehearsal) -> str:
+    """A train stage sent to the gpu-train pool as docs/running.md's walk-through does it: a Prefect
+    server from the project's environment, every deployment, and the pool's worker started in the
+    rehearsal environment; its trainer must run with that environment's interpreter."""
     base_bin = Path(r.base_python).parent
     port = free_port()
     api = f"http://127.0.0.1:{port}/api"
@@ -75,8 +83,8 @@ def pool(r: Rehearsal) -> str:
         overrides = {"training.stages": json.loads(ONE_STAGE % "pool"), "training.max_steps_per_stage": 1,
                      "training.reference.base_url": f"http://127.0.0.1:{r.port}/v1"}
         _, seconds = r.run("pool-run", [str(base_bin / "prefect"), "deployment", "run", "embodied-r-train/train",
-                                           "--param", f"recipe={RECIPE}", "--param",
-                                           f"overrides={json.dumps(overrides)}", "--watch"], env=server_env)
+                                        "--param", f"recipe={RECIPE}", "--param",
+                                        f"overrides={json.dumps(overrides)}", "--watch"], env=server_env)
         worker.wait(timeout=120)
     finally:
         for proc in (worker, server):
