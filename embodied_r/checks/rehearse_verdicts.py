@@ -24,9 +24,10 @@ class Failed(Exception):
 # start (a folder put first on its PYTHONPATH). Each registers one more hook with the adapters'
 # import finder. skip-sync: TRL's sync writes nothing into the engine. stale-head: the tied head
 # computes from a copy of the embeddings taken when the engine loaded, as vLLM's CPU build does
-# where it packs that matrix (sgl-kernel's and oneDNN's packed bf16 layouts are copies; in fp32
-# oneDNN reads the parameter in place), while every other layer keeps the adapter. restart-at-zero (the zero3 item, with
-# --plant): a resumed trainer finds no checkpoint and starts its stage again at step 0.
+# where its packing copies that matrix into a layout of its own (the engine in bfloat16; in
+# float32 its oneDNN path read the parameter in place here), every other layer as the adapter
+# keeps it. restart-at-zero (the zero3 item, with --plant): a resumed trainer finds no
+# checkpoint and starts its stage again at step 0.
 PLANT = '''
 import os
 import embodied_r_cpu_adapters as adapters
