@@ -78,7 +78,8 @@ def _flow_run_pages(links: dict[str, str], name: str, flow: str, shots: Path) ->
             state = browser.wait_for_texts(".page-heading .state-badge", 1, timeout=60)
             assert crumbs[-1] == name, (link, crumbs)
             assert state == ["Completed"], (link, state)
-            assert browser.texts(".page-heading .flow-run-flow a") == [flow], link
+            # The flow's name comes from a query of its own, after the run's: waited for, not read at once.
+            assert browser.wait_for_texts(".page-heading .flow-run-flow a", 1, timeout=60) == [flow], link
             browser.screenshot(shots / shot)
     finally:
         browser.close()
