@@ -77,10 +77,13 @@ def _guard(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.N
         from embodied_r.pipeline import StageError
         from embodied_r.keyframes.video import VideoError
 
+        from embodied_r.explain import explain
+
         try:
             return handler(args)
         except (FileNotFoundError, RecipeError, StageError, VideoError, ValueError) as exc:
-            print(f"error: {exc}", file=sys.stderr)
+            # Ours name what to fix; a library's (a missing file, JSON that does not parse) is said as ours.
+            print(f"error: {explain(exc, args.command) or exc}", file=sys.stderr)
             return 2
 
     return run
