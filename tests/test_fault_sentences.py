@@ -16,6 +16,7 @@ import re
 import sqlite3
 import threading
 import urllib.request
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Callable, Iterator
@@ -45,13 +46,21 @@ class _Unavailable(BaseHTTPRequestHandler):
         pass
 
 
-@pytest.fixture
-def busy_server() -> Iterator[str]:
+@contextmanager
+def serving_503() -> Iterator[str]:
     """A real server on 127.0.0.1 that answers every request with 503."""
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Unavailable)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/v1/models"
-    server.shutdown()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/v1/models"
+    finally:
+        server.shutdown()
+
+
+@pytest.fixture
+def busy_server() -> Iterator[str]:
+    with serving_503() as url:
+        yield url
 
 
 def _walk(call: Callable[[], object], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
