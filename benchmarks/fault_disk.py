@@ -1,4 +1,4 @@
-"""A full disk, an unusable home and refused or damaged inputs, for ``benchmarks/faults.py``.
+"""A full disk, an unusable or read-only home and refused or damaged inputs, for ``benchmarks/faults.py``.
 
 Each case runs the test of the same fault (``tests/test_fault_disk.py`` and its neighbours), on
 real small tmpfs file systems; where none can be mounted (not root) the case says so.
@@ -60,6 +60,33 @@ def _home(tmp: Path) -> tuple[str, str]:
         with _disks(tmp / str(i)) as disk:
             t(disk, tmp / str(i), where)
     return "one line naming the project home (EMBODIED_R_HOME) and the fix, exit 2", OK_ERROR
+
+
+@case("finished home on a read-only mount, then writable again")
+def _home_read_only(tmp: Path) -> tuple[str, str]:
+    from tests.test_fault_disk import test_a_home_with_finished_work_on_a_read_only_mount_is_named_and_kept as t
+
+    t(tmp)
+    return "one line naming the home (EMBODIED_R_HOME, --home), the folder and the fix; rerun: cached", RECOVERED
+
+
+@case("home read-only mid perception (after its 5th item), rerun")
+def _home_read_only_mid_run(tmp: Path) -> tuple[str, str]:
+    from tests.test_fault_disk import (
+        test_a_home_that_becomes_read_only_mid_stage_fails_it_once_and_the_rerun_resumes as t)
+
+    t(tmp)
+    return ("failed once (not retried), one line naming the home, the folder, the fix and the .partial kept; "
+            "store lost once; rerun resumed from the kept items"), RECOVERED
+
+
+@case("home marker damaged")
+def _home_marker(tmp: Path) -> tuple[str, str]:
+    from benchmarks.fault_sentences import _run
+    from tests.test_fault_disk import test_a_damaged_home_marker_is_named_with_both_fixes as t
+
+    _run(t, tmp)
+    return "one line: delete it if made here, or write its path and relocate", OK_ERROR
 
 
 @case("stage retries: full disk, refused input, config error")

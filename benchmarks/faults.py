@@ -33,6 +33,7 @@ from benchmarks.fault_kills import CASES, OK_ERROR, RECOVERED, case, kill_cases 
 import benchmarks.fault_disk  # noqa: E402,F401 - registers its cases
 import benchmarks.fault_losses  # noqa: E402,F401 - registers its cases
 import benchmarks.fault_replies  # noqa: E402,F401 - registers its cases
+import benchmarks.fault_sentences  # noqa: E402,F401 - registers its cases
 from tests.servers import ChatStub, StubReply, completion, free_port  # noqa: E402
 
 

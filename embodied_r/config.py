@@ -17,6 +17,7 @@ from embodied_r.benchmark_rules import EVALUATION_BENCHMARKS, OOD, evaluation_on
 from embodied_r.data.catalog import CatalogConfig
 from embodied_r.data.download import DownloadConfig
 from embodied_r.evaluation.config import EvaluationConfig
+from embodied_r.explain import yaml_words
 from embodied_r.evaluation.registry import MODEL_NAME
 from embodied_r.keyframes.extract import KeyframeConfig
 from embodied_r.perception.stage import PerceptionConfig
@@ -242,7 +243,7 @@ def _raw(name_or_path: str | Path, folder: Path, seen: tuple[str, ...] = ()) -> 
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
-        raise RecipeError(f"recipe {path} is not valid YAML: {exc}") from exc
+        raise RecipeError(f"recipe {path} is not valid YAML at {yaml_words(exc)}: fix it there") from exc
     if data is None or data == {}:
         # Nothing set would silently run the paper's whole setup (hub download, a 72B VLM).
         raise RecipeError(f"recipe {path} is empty: write the settings you mean, or `extends: paper` "

@@ -71,7 +71,7 @@ _NO_ROOM = {28, 122}
 _SQLITE_FULL = "database or disk is full"
 
 
-def _chain(exc: BaseException | None) -> Iterator[BaseException]:
+def causes(exc: BaseException | None) -> Iterator[BaseException]:
     """``exc`` and the errors it was raised from or during, each once."""
     seen: set[int] = set()
     while exc is not None and id(exc) not in seen:
@@ -82,7 +82,7 @@ def _chain(exc: BaseException | None) -> Iterator[BaseException]:
 
 def disk_full(exc: BaseException | None) -> bool:
     """Whether ``exc``, or an error it came from, is a full disk (or quota)."""
-    for e in _chain(exc):
+    for e in causes(exc):
         if isinstance(e, DiskFull) or (isinstance(e, OSError) and e.errno in _NO_ROOM):
             return True
         if _SQLITE_FULL in str(e):
@@ -95,7 +95,7 @@ def full_path(exc: BaseException | None) -> str:
     "" otherwise (SQLite's error names no file: the store's own folder is the caller's to say).
     The first, not any: a store's error raised while a stage's full disk was being handled
     carries the stage's error as its context."""
-    for e in _chain(exc):
+    for e in causes(exc):
         if isinstance(e, OSError) and e.errno in _NO_ROOM:
             return str(e.filename or "")
         if isinstance(e, DiskFull) or _SQLITE_FULL in str(e):
@@ -155,9 +155,9 @@ NOT_TRANSIENT: tuple[tuple[str, str, str], ...] = (
 
 
 def transient(exc: BaseException) -> bool:
-    """Whether a retry of the stage that raised ``exc`` may succeed: not for a full disk, nor for
-    anything in :data:`NOT_TRANSIENT`; yes for everything else."""
-    if disk_full(exc):
+    """Whether a retry of the stage that raised ``exc`` may succeed: not for a full disk or a
+    read-only file system (errno 30, a plain OSError), nor for anything in :data:`NOT_TRANSIENT`."""
+    if disk_full(exc) or any(isinstance(e, OSError) and e.errno == 30 for e in causes(exc)):
         return False
     names = {f"{cls.__module__}.{cls.__qualname__}" for cls in type(exc).__mro__}
     return not any(f"{module}.{name}" in names for module, name, _ in NOT_TRANSIENT)

@@ -302,7 +302,7 @@ class ItemLog:
                 # A torn line is dropped on reading, so every item logged before is kept.
                 raise WriteFailure(
                     f"cannot write {self.path} ({exc.strerror or exc}): free space on that disk (or make "
-                    "it writable) and run again; every item finished before is kept") from None
+                    "it writable) and run again; every item finished before is kept") from exc
 
     def _repair_tail(self) -> None:
         """Drop a torn last line so the next record starts on a line of its own."""

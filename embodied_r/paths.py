@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import sys
 import uuid
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Iterator
 
@@ -27,16 +28,74 @@ class HomeUnusable(RuntimeError):
     """The project home cannot be created or written; the message names it as the home."""
 
 
-def _unusable(root: Path, doing: str, exc: OSError) -> HomeUnusable:
+# errno values that say a folder cannot take what is written into it, whoever writes (root
+# included): a read-only file system, no permission, a file where a folder belongs (EEXIST when
+# that file is the folder being made).
+_REFUSED = {errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.EEXIST}
+
+
+FILE_IN_THE_WAY = "is a file where a folder belongs"
+
+
+def fs_fault(exc: OSError) -> tuple[Path | None, str]:
+    """What is wrong, in words, and the path it is wrong with: the file that stands where a
+    folder belongs (not the path below it the call named), the folder that cannot be written
+    (not a file that was never made in it)."""
+    named = exc.filename if isinstance(exc.filename, (str, os.PathLike)) else None
+    path = Path(named) if named else None
+    code = exc.errno
+    if path is not None and code in (errno.ENOTDIR, errno.EEXIST):
+        blocking = next((p for p in (*reversed(path.parents), path) if p.exists() and not p.is_dir()), None)
+        if blocking is not None:
+            return blocking, FILE_IN_THE_WAY
+    if path is not None and (code in (errno.EACCES, errno.EPERM) and not path.exists()
+                             or code == errno.EROFS and not path.is_dir()):
+        path = path.parent  # what cannot be written is the folder (a whole read-only file system)
+    why = {errno.EROFS: "is on a read-only file system", errno.EACCES: "is refused to this user by its permissions",
+           errno.EPERM: "is refused to this user by its permissions", errno.EISDIR: "is a folder where a file belongs",
+           errno.ENOENT: "does not exist", errno.ENOSPC: "is on a full disk", errno.EDQUOT: "is over its disk quota",
+           }.get(code or 0, (exc.strerror or str(exc) or type(exc).__name__).lower())
+    return path, why
+
+
+def refused(exc: BaseException | None) -> OSError | None:
+    """The first error along ``exc``'s chain that says a path cannot be used as asked
+    (``_REFUSED``), or None."""
+    from embodied_r.faults import causes
+
+    def says(e: BaseException) -> bool:
+        if not isinstance(e, OSError) or e.errno not in _REFUSED:
+            return False
+        # A folder that already exists (mkdir without exist_ok) is no refusal, a file in its place is.
+        return e.errno != errno.EEXIST or (e.filename is not None and not Path(e.filename).is_dir())
+
+    return next((e for e in causes(exc) if says(e)), None)
+
+
+def in_home(path: str | os.PathLike[str] | None, root: Path | None = None) -> bool:
+    if not path:
+        return False
+    root = Path(root or home())
+    target = Path(os.path.abspath(path))
+    return target == root or root in target.parents
+
+
+def home_line(root: Path, exc: OSError, doing: str = "written") -> str:
+    """The one line for a project home (or a folder under it) that cannot be used: the home as
+    the home, the path and what is wrong with it, and the fix."""
     from embodied_r.faults import disk_full, disk_full_line
 
     if disk_full(exc):
-        return HomeUnusable(disk_full_line(f"the project home {root}", root))
-    why = exc.strerror or type(exc).__name__
-    where = f" at {exc.filename}" if exc.filename and str(exc.filename) != str(root) else ""
-    return HomeUnusable(
-        f"the project home {root} (EMBODIED_R_HOME) cannot be {doing} ({why}{where}): set EMBODIED_R_HOME, or "
-        "pass --home, to a folder you can write (it is made when missing), or make that one writable")
+        return disk_full_line(f"the project home {root}", root)
+    path, why = fs_fault(exc)
+    fix = "Move that file away" if why == FILE_IN_THE_WAY else "Make it writable"
+    return (f"the project home {root} (EMBODIED_R_HOME) cannot be {doing}: {path or root} {why}. {fix}, or set "
+            "EMBODIED_R_HOME, or pass --home, to a folder you can write (it is made when missing; to keep this "
+            "home's finished work there, copy it and run `embodied-r relocate --home <the copy>`)")
+
+
+def _unusable(root: Path, doing: str, exc: OSError) -> HomeUnusable:
+    return HomeUnusable(home_line(root, exc, doing))
 
 
 def home() -> Path:
@@ -62,18 +121,29 @@ def claim_home(root: Path | None = None) -> Path:
     root = Path(root or home())
     marker = root / HOME_MARKER
     try:
-        recorded = json.loads(marker.read_text())["path"]
+        text = marker.read_text()
     except FileNotFoundError:
         try:
             root.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise _unusable(root, "created", exc) from None
+            raise _unusable(root, "created", exc) from exc
         _write_marker(root, marker)
         return root
     except NotADirectoryError as exc:  # a file where the home or a folder above it should be
-        raise _unusable(root, "created", exc) from None
+        raise _unusable(root, "created", exc) from exc
     except OSError as exc:  # a folder we may not read
-        raise _unusable(root, "read", exc) from None
+        raise _unusable(root, "read", exc) from exc
+    try:
+        recorded = json.loads(text)["path"]
+        if not isinstance(recorded, str):
+            raise TypeError("path is not text")
+    except (ValueError, KeyError, TypeError) as exc:
+        # Where the home was made is unknown: only the user knows whether it moved since.
+        raise HomeUnusable(
+            f"the project home {root} (EMBODIED_R_HOME) has a damaged {marker} (not the JSON it writes, "
+            '{"path": "<where the home was made>"}): if the home was made here, delete that file (the next '
+            f"command writes it again); if it was copied from elsewhere, write that path into it and run "
+            f"`embodied-r relocate --home {root}`") from exc
     # Every stage writes under the home: a read-only one is said now, as the home, not as
     # the first stage's failure to write some file deep inside it.
     _write_marker(root, marker, probe=True)
@@ -94,8 +164,10 @@ def _write_marker(root: Path, marker: Path, probe: bool = False) -> None:
         else:
             os.replace(tmp, marker)
     except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise _unusable(root, "written", exc) from None
+        # On a read-only file system even removing a file that is not there fails (EROFS).
+        with suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise _unusable(root, "written", exc) from exc
 
 
 @contextmanager

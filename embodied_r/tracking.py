@@ -17,7 +17,8 @@ from typing import Any, Iterable
 
 from embodied_r.io import OUTPUTS_KEY
 from embodied_r.paths import artifacts_root, default_tracking_uri, home_lock
-from embodied_r.tracking_store import check_store, guard, guarded
+from embodied_r.store_open import ENVIRONMENT, HOME, RECIPE, note_origin
+from embodied_r.tracking_store import check_store, guard, guarded, opening
 
 # Keys that could hold a secret are never logged, whatever section they sit in.
 _SECRET_WORDS = ("api_key", "token", "secret", "password")
@@ -25,7 +26,12 @@ _PARAM_MAX = 6000  # MLflow's limit on a param value
 
 
 def tracking_uri(configured: str | None = None, root: Path | None = None) -> str:
-    return configured or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri(root)
+    """The recipe's store, else MLFLOW_TRACKING_URI's, else the home's; noted whence (``store_open``)."""
+    if configured:
+        return note_origin(configured, RECIPE)
+    if env := os.environ.get("MLFLOW_TRACKING_URI"):
+        return note_origin(env, HOME if env == default_tracking_uri(root) else ENVIRONMENT)
+    return note_origin(default_tracking_uri(root), HOME)
 
 
 def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
@@ -243,10 +249,11 @@ class Tracker:
         server that does not answer is named in one line (``check_store``), not after minutes
         of the client's retries."""
         check_store(uri)
-        if uri.startswith("sqlite:"):
-            with home_lock(root, "create the MLflow store"):
-                return cls._open(experiment, uri, root)
-        return cls._open(experiment, uri, root)
+        with opening(uri):
+            if uri.startswith("sqlite:"):
+                with home_lock(root, "create the MLflow store"):
+                    return cls._open(experiment, uri, root)
+            return cls._open(experiment, uri, root)
 
     @classmethod
     def _open(cls, experiment: str, uri: str, root: Path | None = None) -> "Tracker":

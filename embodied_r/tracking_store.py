@@ -13,6 +13,10 @@ A local store (SQLite, files) has no server and is never checked; its client is 
 the same, for a full disk: the first call that fails on one marks the store lost, in one line
 naming the folder and the fix, and every later call is skipped as for a server gone. Going on
 matters more than the record: the stages' work is on disk, and the rerun logs what is missing.
+A store that becomes read-only mid-run is lost the same way.
+
+A local store that cannot be opened at all is named before anything runs (``check_store``,
+``store_open``); what only opening it finds is said the same way (``store_error``).
 """
 
 from __future__ import annotations
@@ -23,11 +27,14 @@ import threading
 import urllib.error
 import urllib.request
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Iterator
 from urllib.parse import urlsplit
 
 from embodied_r import progress
-from embodied_r.faults import disk_full, disk_full_line, full_path
+from embodied_r.faults import causes, disk_full, disk_full_line, full_path
+from embodied_r.paths import fs_fault, refused
+from embodied_r.store_open import is_remote, opening_line, or_the_local_store, unwritable_why
 
 # Long enough for a busy server to answer its health check, short enough to say at once
 # that nothing does.
@@ -49,10 +56,6 @@ _lock = threading.Lock()
 _lost: dict[str, dict[str, str]] = {}  # uri -> {"why", "where", "said", "full"}, once found gone
 
 
-def is_remote(uri: str) -> bool:
-    return uri.startswith(("http://", "https://"))
-
-
 def unanswered(uri: str, timeout_s: float = CHECK_TIMEOUT_S) -> str | None:
     """Why the server of ``uri`` does not answer, or None when it does (any HTTP answer but a
     proxy's "gone" is the server's own)."""
@@ -70,24 +73,39 @@ def unanswered(uri: str, timeout_s: float = CHECK_TIMEOUT_S) -> str | None:
         return " ".join(str(reason).split()) or type(reason).__name__
 
 
-def _fixes(uri: str) -> str:
+def fixes(uri: str) -> str:
     """How to get a store that answers: start the server, or use the local one."""
     parts = urlsplit(uri)
     port = f"MLFLOW_PORT={parts.port} " if parts.hostname in ("127.0.0.1", "localhost") and parts.port not in (
         None, 5000) else ""
-    setting = ("leave MLFLOW_TRACKING_URI unset" if os.environ.get("MLFLOW_TRACKING_URI") == uri
-               else "remove tracking.tracking_uri from the recipe")
-    return f"start it ({port}{START_SCRIPT}) or {setting} to use the local SQLite store in the project home"
+    return f"start it ({port}{START_SCRIPT}){or_the_local_store(uri)}"
+
+
+@contextmanager
+def opening(uri: str) -> Iterator[None]:
+    """A block that opens the store ``uri``: what only opening finds (a damaged database, a
+    driver's refusal) is raised as :class:`TrackingUnavailable` in one line naming the store
+    (``store_open``), not in SQLAlchemy's words. A full disk stays the full disk it is, and an
+    error that is not the store's (a bug of ours) goes on as it is."""
+    try:
+        yield
+    except Exception as exc:
+        if isinstance(exc, TrackingUnavailable) or disk_full(exc) or (line := opening_line(uri, exc)) is None:
+            raise
+        raise TrackingUnavailable(line) from exc
 
 
 def check_store(uri: str, timeout_s: float = CHECK_TIMEOUT_S) -> None:
-    """Raise :class:`TrackingUnavailable`, in one line naming the fixes, when the HTTP store
-    ``uri`` does not answer within ``timeout_s``; a store that answers is no longer lost."""
+    """Raise :class:`TrackingUnavailable`, in one line naming the fixes, when the store ``uri``
+    cannot be used: a local one that cannot be opened (``store_problem``), an HTTP one that does
+    not answer within ``timeout_s``; a store that answers is no longer lost."""
     if not is_remote(uri):
+        if (line := opening_line(uri)) is not None:
+            raise TrackingUnavailable(line)
         return
     why = unanswered(uri, timeout_s)
     if why is not None:
-        raise TrackingUnavailable(f"the MLflow tracking server at {uri} does not answer ({why}): {_fixes(uri)}")
+        raise TrackingUnavailable(f"the MLflow tracking server at {uri} does not answer ({why}): {fixes(uri)}")
     with _lock:
         _lost.pop(uri, None)
 
@@ -97,10 +115,11 @@ def tracking_lost(uri: str) -> bool:
         return uri in _lost
 
 
-def mark_lost(uri: str, why: str, where: str = "", full: str = "") -> None:
-    """``full``: the folder whose disk filled, when that is why the store is lost."""
+def mark_lost(uri: str, why: str, where: str = "", full: str = "", unwritable: str = "") -> None:
+    """``full``: the folder whose disk filled, ``unwritable``: the path that cannot be written,
+    when that is why a local store is lost."""
     with _lock:
-        _lost.setdefault(uri, {"why": why, "where": where, "said": "", "full": full})
+        _lost.setdefault(uri, {"why": why, "where": where, "said": "", "full": full, "unwritable": unwritable})
 
 
 def store_folder(uri: str) -> str:
@@ -112,24 +131,49 @@ def store_folder(uri: str) -> str:
     return uri if "://" not in uri else ""
 
 
-def _full_text(uri: str, state: dict[str, str]) -> str:
-    return disk_full_line(f"the MLflow store {uri}", state["full"], store=True)
+def _local(state: dict[str, str]) -> bool:
+    return bool(state.get("full") or state.get("unwritable"))
+
+
+def _local_text(uri: str, state: dict[str, str]) -> str:
+    """Why a local store was lost, with the fix: its disk filled, or it became read-only."""
+    if state.get("full"):
+        return disk_full_line(f"the MLflow store {uri}", state["full"], store=True)
+    return f"the MLflow store {uri} cannot be written ({state['why']}): make {state['unwritable']} writable" \
+           f"{or_the_local_store(uri)}"
 
 
 def _lost_error(uri: str) -> TrackingLost:
     with _lock:
         state = dict(_lost.get(uri, {}))
-    if state.get("full"):
-        return TrackingLost(f"tracking lost: {_full_text(uri, state)}")
+    if _local(state):
+        return TrackingLost(f"tracking lost: {_local_text(uri, state)}")
     return TrackingLost(f"tracking lost: the MLflow server at {uri} stopped answering ({state.get('why', '')})")
 
 
-def lost_to_full_disk(uri: str, exc: BaseException) -> bool:
+# SQLite's words for a database it may read but not write (its file or folder read-only).
+_READ_ONLY = ("attempt to write a readonly database", "unable to open database file")
+
+
+def lost_to_its_disk(uri: str, exc: BaseException) -> bool:
     """Mark the store of ``uri`` lost when ``exc`` is a full disk under it (its database or
-    its artifacts); whether it was."""
-    if not disk_full(exc):
+    its artifacts), or a local store's file or folder that became read-only; whether it was."""
+    if disk_full(exc):
+        mark_lost(uri, "its disk is full", full=os.path.dirname(full_path(exc)) or store_folder(uri) or uri)
+        return True
+    if is_remote(uri):
         return False
-    mark_lost(uri, "its disk is full", full=os.path.dirname(full_path(exc)) or store_folder(uri) or uri)
+    # The store's own error comes first along the chain; a stage's, being handled when the
+    # store's call failed, comes after it and is not the store's to report.
+    own = next((e for e in causes(exc) if refused(e) is e or any(words in str(e) for words in _READ_ONLY)), None)
+    if own is None:
+        return False
+    if isinstance(own, OSError):
+        path, why = fs_fault(own)
+    else:
+        path = Path(store_folder(uri))
+        why = unwritable_why(path) or "is read-only to SQLite"
+    mark_lost(uri, f"{path} {why}", unwritable=str(path))
     return True
 
 
@@ -168,7 +212,7 @@ class GuardedClient:
             try:
                 return attr(*args, **kwargs)
             except Exception as exc:
-                if lost_to_full_disk(self._uri, exc):
+                if lost_to_its_disk(self._uri, exc):
                     raise _lost_error(self._uri) from exc
                 if not is_remote(self._uri):
                     raise
@@ -183,7 +227,7 @@ class GuardedClient:
 
 
 def guarded(client: Any, uri: str) -> Any:
-    """``client`` guarded: against a server gone, and against a full disk under any store."""
+    """``client`` guarded: against a server gone, and against a full or read-only disk under a store."""
     return GuardedClient(client, uri)
 
 
@@ -199,22 +243,22 @@ def guard(uri: str, where: str) -> Iterator[None]:
         _say_lost(uri, where)
     except Exception as exc:
         # A block's own MLflow call outside the client (mlflow's fluent API, an artifact
-        # written by hand) that hit a full disk loses the store as the client's would.
-        if not lost_to_full_disk(uri, exc):
+        # written by hand) that hit a full or read-only disk loses the store as the client's would.
+        if not lost_to_its_disk(uri, exc):
             raise
         _say_lost(uri, where)
 
 
 def _say_lost(uri: str, where: str) -> None:
     with _lock:
-        state = _lost.setdefault(uri, {"why": "", "where": where, "said": "", "full": ""})
+        state = _lost.setdefault(uri, {"why": "", "where": where, "said": "", "full": "", "unwritable": ""})
         state["where"] = state["where"] or where
         if state["said"]:
             return
         state["said"] = "yes"
         why, first, snapshot = state["why"], state["where"], dict(state)
-    if snapshot.get("full"):
-        progress.say(f"tracking lost at {first}: {_full_text(uri, snapshot)}; the run goes on without tracking, "
+    if _local(snapshot):
+        progress.say(f"tracking lost at {first}: {_local_text(uri, snapshot)}; the run goes on without tracking, "
                      "every stage's work is kept on disk")
         return
     progress.say(f"tracking lost at {first}: the MLflow server at {uri} stopped answering ({why}); the run goes on "
@@ -228,8 +272,8 @@ def lost_line(uri: str) -> str:
     if state is None:
         return ""
     where = f" at {state['where']}" if state["where"] else ""
-    if state.get("full"):
-        return (f"tracking lost{where}: {_full_text(uri, state)}; every stage's work is kept on disk and the rerun "
+    if _local(state):
+        return (f"tracking lost{where}: {_local_text(uri, state)}; every stage's work is kept on disk and the rerun "
                 "logs what is missing")
     return (f"tracking lost{where}: the MLflow server at {uri} stopped answering ({state['why']}); every stage's "
             f"work is kept on disk: start the server again ({START_SCRIPT}) and rerun the same command to log "

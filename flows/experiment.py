@@ -38,6 +38,7 @@ from embodied_r.io import read_json, read_summary
 from embodied_r.scoring.metrics import summary_interval
 from embodied_r.stage_plan import Plan
 from embodied_r.tracking import Tracker, tracking_uri
+from embodied_r.tracking_store import check_store
 from flows import mlflow_runs
 
 EXPERIMENT_TAG = "experiment"
@@ -57,6 +58,9 @@ def plans(experiment: Experiment, recipe: str, seeds: list[int | None], override
             loaded = load_recipe(recipe, variant_overrides(experiment, variant, seed, overrides, warm) or None)
             check_requirements(experiment, loaded)
             out[(variant, seed)] = (loaded, plan(loaded, root))
+    # The store takes the comparison at the end: one that cannot be opened is said now.
+    for uri in dict.fromkeys(tracking_uri(r.tracking.tracking_uri, root) for r, _ in out.values()):
+        check_store(uri)
     return out
 
 

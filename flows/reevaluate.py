@@ -10,6 +10,7 @@ from prefect.states import Completed, State
 
 from embodied_r.evaluation.registry import CHAMPION, alias_version, parse_model_uri
 from embodied_r.tracking import Tracker, record_stage, tracking_uri
+from embodied_r.tracking_store import check_store
 from flows.runner import flow_run_id, plan_of, recipe_of, scoped_env
 
 # A model given as ``@alias`` names that alias of the recipe's own registered model, so a
@@ -50,6 +51,7 @@ def reevaluate(model: str = DEFAULT_MODEL, recipe: str = "demo", split: str = "t
     uri = tracking_uri(rec.tracking.tracking_uri, root)
     ref = model_uri(model, rec.tracking.registered_model)
     with scoped_env(EMBODIED_R_HOME=str(root), MLFLOW_TRACKING_URI=uri):
+        check_store(uri)  # the score is logged there: a store that cannot take it is said first
         skipped = no_alias_line(ref, uri, rec.name)
         if skipped:
             get_run_logger().warning(skipped)

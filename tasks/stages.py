@@ -21,8 +21,9 @@ from prefect.states import Completed, State
 
 from embodied_r import progress
 from embodied_r.evaluation.learning import SIGNATURES_TAG, training_signatures
-from embodied_r.faults import DiskFull, disk_full, disk_full_line, full_path, transient
+from embodied_r.faults import DiskFull, WriteFailure, disk_full, disk_full_line, full_path, transient
 from embodied_r.io import partial_path, read_summary
+from embodied_r.paths import home, home_line, in_home, refused
 from embodied_r.pipeline import StagePlan, execute
 from embodied_r.stage_kinds import KINDS, kind_of
 from embodied_r.tracking import Tracker, record_stage
@@ -108,12 +109,21 @@ def run_stage(stage: dict[str, Any], tracker: Tracker | None = None) -> dict[str
             summary = execute(sp, mlflow_run_id=run_id)
     except BaseException as exc:
         full = disk_full(exc)
-        _announce(sp, "failed", time.monotonic() - started, "disk full" if full else type(exc).__name__)
+        unwritable = None if full else refused(exc)
+        if unwritable is not None and not in_home(unwritable.filename):
+            unwritable = None
+        _announce(sp, "failed", time.monotonic() - started,
+                  "disk full" if full else "home not writable" if unwritable else type(exc).__name__)
         if run_id:
             with tracker.guard(sp.name):
                 tracker.finish(run_id, "FAILED")
         if full and not isinstance(exc, DiskFull):
             raise DiskFull(_disk_full_line(sp, exc)) from exc
+        if unwritable is not None:
+            # A StageFault: not retried (the home stays read-only a moment later) and the
+            # folder stays .partial, so the rerun resumes it.
+            raise WriteFailure(f"{sp.name}: {home_line(home(), unwritable)}; the stage's work so far is kept "
+                               f"in {partial_path(Path(sp.out)).name} and the rerun resumes it") from exc
         raise
     signatures = training_signatures(sp.name, summary)
     if run_id:

@@ -9,10 +9,13 @@ a known moment of the run (the moment is arranged, the full disk is real).
 from __future__ import annotations
 
 import errno
+import json
 import os
+import re
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -20,6 +23,39 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 NO_MOUNT = "mounting a tmpfs needs root (or CAP_SYS_ADMIN) here; a full disk cannot be made for real otherwise"
+NO_READ_ONLY = "a read-only bind mount needs root (or CAP_SYS_ADMIN) here; chmod alone does not stop root"
+
+
+# A class name as Python prints one ("OSError", "JSONDecodeError"): no error line of ours holds one.
+CLASS_NAME = re.compile(r"\b[A-Z][A-Za-z0-9]*(Error|Exception|Exit|Warning)\b")
+
+
+def read_only(folder: Path) -> bool:
+    """Make ``folder`` read-only for everyone, root included: a read-only bind mount of itself
+    (``chmod`` does not stop root). False where mounting is not allowed."""
+    folder.mkdir(parents=True, exist_ok=True)
+    if subprocess.run(["mount", "--bind", str(folder), str(folder)], capture_output=True).returncode:
+        return False
+    if subprocess.run(["mount", "-o", "remount,bind,ro", str(folder)], capture_output=True).returncode:
+        subprocess.run(["umount", str(folder)], capture_output=True)
+        return False
+    return True
+
+
+@pytest.fixture
+def ro_folder() -> Iterator[Callable[[Path], Path]]:
+    """``ro_folder(path)``: ``path`` made read-only (``read_only``), made writable again after the test."""
+    made: list[Path] = []
+
+    def make(folder: Path) -> Path:
+        if not read_only(folder):
+            pytest.skip(NO_READ_ONLY)
+        made.append(folder)
+        return folder
+
+    yield make
+    for folder in reversed(made):
+        subprocess.run(["umount", "-l", str(folder)], capture_output=True)
 
 
 def _mount(point: Path, options: str) -> bool:
@@ -169,6 +205,104 @@ def test_an_unusable_home_is_named_as_the_project_home_with_its_fix(small_disk, 
         assert "is full" in text and "move the project home (EMBODIED_R_HOME)" in text
     else:
         assert "(EMBODIED_R_HOME) cannot be" in text and "--home" in text
+
+
+@contextmanager
+def _read_only(folder: Path) -> Iterator[None]:
+    """``folder`` read-only for everyone, root included, for the block: a read-only bind mount of
+    itself (``chmod`` does not stop root)."""
+    if not read_only(folder):
+        pytest.skip(NO_READ_ONLY)
+    try:
+        yield
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], capture_output=True)
+
+
+def test_a_home_with_finished_work_on_a_read_only_mount_is_named_and_kept(tmp_path) -> None:
+    home = tmp_path / "home"
+    first = _cli(["download", "--recipe", "smoke"], _env(home))
+    assert first.returncode == 0, (first.stdout + first.stderr)[-3000:]
+    with _read_only(home):
+        again = _cli(["download", "--recipe", "smoke"], _env(home))
+    text = (again.stdout + again.stderr).strip()
+    assert again.returncode == 2 and "\n" not in text and "Traceback" not in text and ".tmp" not in text, text
+    assert text.startswith(f"error: the project home {home} (EMBODIED_R_HOME) cannot be written: {home} is on a "
+                           "read-only file system. Make it writable, or set EMBODIED_R_HOME, or pass --home"), text
+    assert "relocate --home" in text, text
+    rerun = _cli(["download", "--recipe", "smoke"], _env(home))  # writable again: nothing redone
+    assert rerun.returncode == 0 and "[stage] download      cached" in rerun.stdout, rerun.stdout[-3000:]
+
+
+# Makes the home read-only after perception's fifth item, the way a file system that fails is
+# remounted read-only under a running process: files already open stay writable, every new
+# write fails (a read-only bind mount of the home over itself; remounting the home's own file
+# system would be refused while the run holds files open on it).
+READ_ONLY_AT_ITEM = """
+import os, subprocess, sys
+import embodied_r.perception.stage as stage
+done, count, home = stage.item_done, [0], os.environ["EMBODIED_R_HOME"]
+def at(name):
+    done(name)
+    if name == "perception":
+        count[0] += 1
+        if count[0] == 5:
+            subprocess.run(["mount", "--bind", home, home], check=True)
+            subprocess.run(["mount", "-o", "remount,bind,ro", home], check=True)
+stage.item_done = at
+from embodied_r.apps.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_home_that_becomes_read_only_mid_stage_fails_it_once_and_the_rerun_resumes(tmp_path) -> None:
+    home = tmp_path / "home"
+    probe = tmp_path / "probe"
+    if not read_only(probe):
+        pytest.skip(NO_READ_ONLY)
+    subprocess.run(["umount", str(probe)], check=True)
+    for stage in ("download", "preprocess", "keyframes"):
+        done = _cli([stage, "--recipe", "smoke"], _env(home))
+        assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    try:
+        failed = _cli(["perception", "--recipe", "smoke"], _env(home, PREFECT_LOGGING_LEVEL="CRITICAL"),
+                      READ_ONLY_AT_ITEM)
+    finally:
+        subprocess.run(["umount", "-l", str(home)], capture_output=True)
+    text = failed.stdout + failed.stderr
+    assert failed.returncode == 1, text[-3000:]
+    assert "Traceback" not in text and "[SQL" not in text and "Errno" not in text, text[-3000:]
+    assert text.count("[stage] perception    started") == 1, text[-3000:]  # failed once, not retried
+    assert "[stage] perception    failed" in text and "home not writable" in text, text[-3000:]
+    assert len(_after_stage_lines(text)) <= 3, text[-3000:]
+    (error,) = [t for t in failed.stderr.splitlines() if t.startswith("error:")]
+    (partial,) = (home / "stages" / "perception").glob("*.partial")
+    assert error.startswith(f"error: perception: the project home {home} (EMBODIED_R_HOME) cannot be written: "
+                            f"{partial} is on a read-only file system"), error
+    assert error.endswith(f"the stage's work so far is kept in {partial.name} and the rerun resumes it"), error
+    kept = (partial / "items.jsonl").read_text().splitlines()
+    assert len(kept) >= 5 and not [p for p in partial.parent.iterdir() if p.is_dir() and p.suffix == ""]
+
+    rerun = _cli(["perception", "--recipe", "smoke"], _env(home))
+    assert rerun.returncode == 0, (rerun.stdout + rerun.stderr)[-3000:]
+    final = partial.with_suffix("")
+    items = (final / "items.jsonl").read_text().splitlines()
+    # Resumed: what was kept comes first, as it was, and no call was made twice.
+    assert items[:len(kept)] == kept and len({json.loads(t)["key"] for t in items}) == len(items)
+
+
+def test_a_damaged_home_marker_is_named_with_both_fixes(tmp_path, monkeypatch, capsys) -> None:
+    from embodied_r.apps.cli import main
+    from embodied_r.paths import HOME_MARKER
+
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / HOME_MARKER).write_text('{"path": ')  # cut short
+    monkeypatch.setenv("EMBODIED_R_HOME", str(home))
+    assert main(["plan", "--recipe", "smoke"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: the project home {home} (EMBODIED_R_HOME) has a damaged {home / HOME_MARKER}"), err
+    assert "delete that file" in err and f"embodied-r relocate --home {home}" in err and "\n" not in err, err
 
 
 def test_only_a_failure_that_may_pass_is_retried() -> None:

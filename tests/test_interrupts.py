@@ -215,7 +215,10 @@ def test_a_full_disk_during_perception_stops_it_in_one_line(home: Path, tmp_path
     text = done.stdout + done.stderr
     errors = [line for line in text.splitlines() if line.startswith("error:")]
     assert done.returncode == 1 and len(errors) == 1, text[-3000:]
-    assert "No space left on device" in errors[0] and "items.jsonl" in errors[0] and "run again" in errors[0]
+    # The item log keeps the disk's error on its chain, so the stage says it as every full disk is said.
+    (partial,) = (home / "stages" / "perception").glob("*.partial")
+    assert errors[0].startswith(f"error: perception: the disk under {partial} is full"), errors[0]
+    assert f"kept in {partial.name} and the rerun resumes it" in errors[0], errors[0]
     assert "Traceback" not in text and len(text.strip().splitlines()) <= 4, text[-3000:]
     assert time.monotonic() - started < 120  # no retries of a stage that cannot write
     assert _logged(home) == 5  # every call logged before the disk filled is kept

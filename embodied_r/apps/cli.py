@@ -324,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
     from embodied_r.benchmark_rules import DataSourceError
     from embodied_r.paths import HomeMovedError, HomeUnusable, claim_home
     from embodied_r.pipeline import StageError
-    from embodied_r.faults import StageFault, disk_full, disk_full_line, full_path, redact
+    from embodied_r.faults import StageFault, redact
     from embodied_r.io import StageBusy
     from embodied_r.tracking_store import TrackingUnavailable
 
@@ -354,15 +354,15 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # noqa: BLE001 - one line for the user; --debug shows the traceback
         if args.debug:
             raise
-        if disk_full(exc):
-            # Outside a stage (a stage names its own folder): the file's folder, else the home.
-            from embodied_r.paths import home
+        # The file system, a database, a server, a YAML or JSON file: said as the project's own
+        # sentence. Anything else is most likely a bug of ours, shown as it is.
+        from embodied_r.explain import explain
 
-            folder = Path(full_path(exc)).parent if full_path(exc) else home()
-            print(f"error: {disk_full_line(f'embodied-r {args.command}', folder)}", file=sys.stderr)
-            return 1
-        text = " ".join(str(exc).split())[:1500]
-        print(f"error: {type(exc).__name__}: {redact(text)} (run with --debug for the traceback)", file=sys.stderr)
+        said = explain(exc, args.command)
+        if said is None:
+            text = " ".join(str(exc).split())[:1500]
+            said = f"{type(exc).__name__}: {text} (run with --debug for the traceback)"
+        print(f"error: {redact(said)}", file=sys.stderr)
         return 1
 
 

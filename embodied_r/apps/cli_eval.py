@@ -40,6 +40,15 @@ def _store(recipe: Any) -> str:
     return tracking_uri(recipe.tracking.tracking_uri, _root())
 
 
+def _checked_store(recipe: Any) -> str:
+    """The recipe's tracking store, checked before the command's work rather than after it."""
+    from embodied_r.tracking_store import check_store
+
+    uri = _store(recipe)
+    check_store(uri)
+    return uri
+
+
 def _stages(recipe: Any) -> Any:
     """The recipe's plan: made once per command and handed to what it calls."""
     from embodied_r.pipeline import plan
@@ -68,10 +77,13 @@ def _guard(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.N
         from embodied_r.pipeline import StageError
         from embodied_r.keyframes.video import VideoError
 
+        from embodied_r.explain import explain
+
         try:
             return handler(args)
         except (FileNotFoundError, RecipeError, StageError, VideoError, ValueError) as exc:
-            print(f"error: {exc}", file=sys.stderr)
+            # Ours name what to fix; a library's (a missing file, JSON that does not parse) is said as ours.
+            print(f"error: {explain(exc, args.command) or exc}", file=sys.stderr)
             return 2
 
     return run
@@ -139,6 +151,8 @@ def cmd_eval_model(args: argparse.Namespace) -> int:
     from embodied_r.lifecycle.models import evaluate_model
 
     recipe = _recipe(args)
+    if not args.no_track:
+        _checked_store(recipe)
     out, summary = evaluate_model(recipe, args.model, args.split, _stages(recipe), Path(args.out) if args.out else None)
     print(f"{args.model} on the {args.split} split: overall {_accuracy(summary, 'accuracy/overall')}, "
           f"macro {_accuracy(summary, 'accuracy/macro')} ({summary['done']} answered, {summary['failed']} failed)")
@@ -154,6 +168,8 @@ def cmd_baselines(args: argparse.Namespace) -> int:
     from embodied_r.evaluation.report import render_comparison
 
     recipe = _recipe(args)
+    if not args.no_track:
+        _checked_store(recipe)
     stages = _stages(recipe)
     results = run_baselines(recipe, stages, only=args.only or None)
     runs: dict[str, dict[str, float]] = {}
@@ -176,6 +192,7 @@ def cmd_register(args: argparse.Namespace) -> int:
     from embodied_r.evaluation.registry import register_model_folder, set_alias
 
     recipe = _recipe(args)
+    _checked_store(recipe)
     folder = Path(args.folder or trained_model(_stages(recipe)))
     version = register_model_folder(folder, args.name or recipe.tracking.registered_model,
                                     tracking_uri=_store(recipe), experiment=recipe.tracking.experiment,
@@ -191,6 +208,7 @@ def cmd_promote(args: argparse.Namespace) -> int:
     from embodied_r.lifecycle.promote import register_and_promote
 
     recipe = _recipe(args)
+    _checked_store(recipe)
     if args.name:
         recipe = recipe.model_copy(update={"tracking": recipe.tracking.model_copy(
             update={"registered_model": args.name})})

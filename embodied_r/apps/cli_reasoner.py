@@ -46,7 +46,10 @@ def is_reasoner_recipe(name_or_path: str) -> bool:
     path = Path(name_or_path)
     if not path.is_file():
         return (RECIPES / f"{name_or_path}.yaml").is_file()
-    data = yaml.safe_load(path.read_text()) or {}
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError:
+        return False  # the recipe loader says where it stops parsing, in its one line
     return isinstance(data, dict) and bool({"sft", "explore", "sft_stages"} & set(data))
 
 

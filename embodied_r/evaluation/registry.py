@@ -60,10 +60,15 @@ def _uri(tracking_uri: str | None) -> str:
 
 
 def client(tracking_uri: str | None = None) -> Any:
+    """The registry's client; a store that cannot be opened is said in one line naming it."""
     from mlflow import MlflowClient
 
+    from embodied_r.tracking_store import check_store, opening
+
     uri = _uri(tracking_uri)
-    return MlflowClient(tracking_uri=uri, registry_uri=uri)
+    check_store(uri)
+    with opening(uri):
+        return MlflowClient(tracking_uri=uri, registry_uri=uri)
 
 
 def _not_found(exc: Exception) -> bool:

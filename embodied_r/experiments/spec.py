@@ -17,6 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from embodied_r.config import RECIPES_DIR, Recipe, RecipeError, deep_merge, validated
+from embodied_r.explain import yaml_words
 
 EXPERIMENTS_DIR = RECIPES_DIR / "experiments"
 ACCURACY = "evaluate:accuracy/overall"
@@ -118,7 +119,7 @@ def load_experiment(name_or_path: str | Path, folder: Path = EXPERIMENTS_DIR) ->
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
-        raise RecipeError(f"experiment {path} is not valid YAML: {exc}") from None
+        raise RecipeError(f"experiment {path} is not valid YAML at {yaml_words(exc)}: fix it there") from exc
     if not isinstance(data, dict):
         raise RecipeError(f"experiment {path} must be a mapping with variants and a baseline")
     data.setdefault("name", path.stem)

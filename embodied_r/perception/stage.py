@@ -279,7 +279,7 @@ class _Runner:
                 if i not in reported:
                     self._record(chunk[i], gen)
             if self.unwritable is not None:
-                raise WriteFailure(f"perception stopped: {self.unwritable}")
+                raise WriteFailure(f"perception stopped: {self.unwritable}") from self.unwritable
             if self.outage is not None:
                 raise InfraFailure(
                     f"perception stopped: the perceiver failed ({self.outage[:400]}). Finished calls are "
