@@ -23,7 +23,8 @@ calls (no sampling profiler, no change to the code measured):
   waiting for worker processes is its own row (their own CPU time is in the part's CPU line).
 
 A time is exclusive: a timed call's seconds less those of the timed calls inside it, so the
-rows of a part add up to its wall time. The stages the parts read (download to warm start)
+rows of a part add up to its wall time. Beside each trainer phase's wall time is its CPU time
+(every thread of the process), which a busy machine inflates less. The stages the parts read (download to warm start)
 are made in ``--home`` with the library first when missing (the demo's home by default, so a
 home where ``embodied-r demo`` ran is reused as it is); what the parts write goes to a scratch
 folder that is removed at the end. Figures are this machine's at this moment: compare two
@@ -64,24 +65,30 @@ def cpu_seconds() -> float:
 
 
 class Phases:
-    """Exclusive seconds per phase of the calls patched in with ``timed``."""
+    """Exclusive wall and CPU seconds per phase of the calls patched in with ``timed``. CPU is
+    the process's, every thread's (torch's pool included): on a machine shared with other work
+    it says what a phase costs better than the wall time, which waits for the cores too."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = defaultdict(float)
-        self._inner: list[float] = []  # per open timed call: seconds of the timed calls inside it
+        self.cpu: dict[str, float] = defaultdict(float)
+        self._inner: list[list[float]] = []  # per open timed call: wall and CPU of the timed calls inside it
 
     def wrap(self, func: Callable[..., Any], phase: str | Callable[[], str]) -> Callable[..., Any]:
         def timed_call(*args: Any, **kwargs: Any) -> Any:
             name = phase() if callable(phase) else phase
-            self._inner.append(0.0)
-            started = time.perf_counter()
+            self._inner.append([0.0, 0.0])
+            started, cpu = time.perf_counter(), time.process_time()
             try:
                 return func(*args, **kwargs)
             finally:
-                elapsed = time.perf_counter() - started
-                self.seconds[name] += elapsed - self._inner.pop()
+                elapsed, used = time.perf_counter() - started, time.process_time() - cpu
+                inner_wall, inner_cpu = self._inner.pop()
+                self.seconds[name] += elapsed - inner_wall
+                self.cpu[name] += used - inner_cpu
                 if self._inner:
-                    self._inner[-1] += elapsed
+                    self._inner[-1][0] += elapsed
+                    self._inner[-1][1] += used
 
         return timed_call
 
@@ -206,7 +213,8 @@ def run_child_main(main: Callable[[str], int], spec: dict[str, Any], work: Path,
     setup = {k[len(SETUP):]: v for k, v in phases.seconds.items() if k.startswith(SETUP)}
     # Loading the model, building the trainer, saving the model and the result.
     setup["the rest"] = wall - sum(phases.seconds.values())
-    return {"steps": trained_steps(work), "wall": wall, "cpu": cpu, "phases": in_steps, "setup_and_save": setup}
+    return {"steps": trained_steps(work), "wall": wall, "cpu": cpu, "phases": in_steps, "setup_and_save": setup,
+            "phases_cpu": {k: v for k, v in phases.cpu.items() if not k.startswith(SETUP)}}
 
 
 def grpo_part(home_stages: dict[str, Any], scratch: Path, steps: int, store: Path) -> dict[str, Any]:
@@ -331,10 +339,12 @@ def table(results: dict[str, dict[str, Any]]) -> str:
                      + (f"; before and after the steps {sum(setup.values()):.1f} s ("
                         + ", ".join(f"{k} {v:.1f} s" for k, v in setup.items()) + ")" if setup else ""))
         total = sum(r["phases"].values()) or 1.0
-        lines.append(f"  {'phase':<52} {unit:>26} {'share':>6}")
+        cpu = r.get("phases_cpu") or {}
+        lines.append(f"  {'phase':<52} {unit:>26} {'share':>6}" + (f" {'CPU':>9}" if cpu else ""))
         for name, seconds in sorted(r["phases"].items(), key=lambda kv: -kv[1]):
-            value = 1000 * seconds / steps if steps else seconds
-            lines.append(f"  {name:<52} {value:>26.1f} {100 * seconds / total:>5.1f}%")
+            scale = 1000 / steps if steps else 1.0
+            lines.append(f"  {name:<52} {seconds * scale:>26.1f} {100 * seconds / total:>5.1f}%"
+                         + (f" {cpu.get(name, 0.0) * scale:>9.1f}" if cpu else ""))
     return "\n".join(lines)
 
 
