@@ -106,11 +106,15 @@ def limit_prompts(rows: list[dict[str, Any]], model: str | Any, max_prompt_lengt
         return PromptCut(max_prompt_length, len(rows))
     cut = tokens = past_system = 0
     lost = dict.fromkeys(parts or {}, 0)
+    system_tokens: dict[str, int] = {}  # by the system turn's text: most rows share one
     for row, (text, n) in zip(rows, done):
         if n > max_prompt_length:
             cut, tokens = cut + 1, tokens + n
-            system = _tokens(processing_class, tokenizer, [m for m in row["prompt"] if m.get("role") == "system"])
-            past_system += n - max_prompt_length > system
+            system = [m for m in row["prompt"] if m.get("role") == "system"]
+            key = repr(system)
+            if key not in system_tokens:
+                system_tokens[key] = _tokens(processing_class, tokenizer, system)
+            past_system += n - max_prompt_length > system_tokens[key]
             for name, texts_of in (parts or {}).items():
                 lost[name] += any(str(part) not in text for part in texts_of(row))
         row["prompt"] = text
