@@ -118,8 +118,10 @@ def test_cpu_rollouts_draw_the_same_tokens_without_autograd_and_train_after(tiny
 
     prompt = [{"role": "user", "content": "Where is the red cube? " * 3}]
     args = tiny_grpo_args(str(tmp_path), max_steps=2, logging_steps=1, save_strategy="no")
-    trainer = trainer_class(None, None)(model=str(tiny_lm_path), args=args,
-                                        reward_funcs=[lambda completions, **kw: [float(len(str(c))) for c in completions]],
+    def longer_is_better(completions: list[Any], **kw: Any) -> list[float]:
+        return [float(len(str(c))) for c in completions]
+
+    trainer = trainer_class(None, None)(model=str(tiny_lm_path), args=args, reward_funcs=[longer_is_better],
                                         train_dataset=Dataset.from_list([{"prompt": prompt}] * 4))
     prompt_ids = [trainer.processing_class.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True,
                                                                return_dict=True)["input_ids"]] * 4

@@ -5,8 +5,9 @@ Painting the worlds, rendering and encoding the frames are most of the benchmark
 a video needs nothing of the planning that follows it. What a video shows is settled before it
 is filmed: its backdrop's random draws (``world.backdrop``), objects and camera path come from
 the world's own seeded generator here, and the questions read the objects' visibility from the
-camera path alone (``world.visibility``), never from the pixels. A video's bytes depend on its ``Shot`` only, so the files are the same
-whichever worker writes them and however many there are.
+camera path alone (``world.visibility``), never from the pixels. A video's bytes depend on its
+``Shot`` only, so the files are the same whichever worker writes them and however many there
+are.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from embodied_r.faults import children_deaf_to_ctrl_c
-from embodied_r.synthetic.world import HFOV, Backdrop, Pose, Segment, Thing, draw_thing, paint, pose_at, write_frames
+from embodied_r.synthetic.world import (HFOV, Backdrop, Pose, Segment, Thing, draw_thing, paint, pose_at,
+                                         write_frames)
 
 
 @dataclass(frozen=True)
