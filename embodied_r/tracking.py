@@ -301,10 +301,13 @@ class Tracker:
             self.client.log_batch(run_id, params=items[i : i + 100])
 
     def log_metrics(self, run_id: str, metrics: dict[str, float], step: int = 0) -> None:
+        self.log_steps(run_id, [(metrics, step, time.time())])
+
+    def log_steps(self, run_id: str, points: Iterable[tuple[dict[str, float], int, float]]) -> None:
+        """Several steps' metrics at once: ``(metrics, step, time.time() of the step)``."""
         from mlflow.entities import Metric
 
-        now = int(time.time() * 1000)
-        items = [Metric(k, v, now, step) for k, v in metrics.items()]
+        items = [Metric(k, v, int(when * 1000), step) for metrics, step, when in points for k, v in metrics.items()]
         for i in range(0, len(items), 500):
             self.client.log_batch(run_id, metrics=items[i : i + 500])
 

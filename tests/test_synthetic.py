@@ -17,7 +17,8 @@ from embodied_r.synthetic.config import SyntheticConfig
 from embodied_r.synthetic.generate import make_synthetic_benchmark
 from embodied_r.synthetic.urban import PAPER_URBAN_TASKS
 from embodied_r.synthetic.vsi import VSI_THINGS
-from embodied_r.synthetic.world import BGR, Pose, Thing, in_view, pose_at, segments_from
+from embodied_r.synthetic.filming import Crew, Shot
+from embodied_r.synthetic.world import BGR, Pose, Thing, backdrop, in_view, pose_at, segments_from
 
 REAL_MCQ = (SHARED or Path("/nonexistent")) / "benchmarks" / "urbanvideo-bench" / "MCQ.parquet"
 SMALL = dict(urban_videos=5, clips_per_scene=2, vsi_scenes=3, seconds=6.0, width=320, height=180, fps=15.0)
@@ -101,8 +102,9 @@ def test_same_seed_same_benchmark_other_seed_differs(tmp_path):
     cfg = SyntheticConfig(seed=11, urban_videos=2, clips_per_scene=2, vsi_scenes=1, seconds=4.0,
                           width=160, height=90, fps=10.0)
     a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
-    make_synthetic_benchmark(a, cfg)
-    make_synthetic_benchmark(b, cfg)
+    # Filmed by two worker processes, then all in this process: the same files.
+    make_synthetic_benchmark(a, cfg, workers=2)
+    make_synthetic_benchmark(b, cfg, workers=1)
     make_synthetic_benchmark(c, cfg.model_copy(update={"seed": 12}))
     for rel in ("UrbanVideo-Bench/MCQ.parquet", "VSI-Bench/test-00000-of-00001.parquet"):
         assert pq.read_table(a / rel).equals(pq.read_table(b / rel))
@@ -119,6 +121,25 @@ def test_same_seed_same_benchmark_other_seed_differs(tmp_path):
         cap = cv2.VideoCapture(str(root / "UrbanVideo-Bench" / "videos" / vid))
         frames.append([cap.read()[1] for _ in range(5)])
     assert all((x == y).all() for x, y in zip(*frames))
+
+
+def _shot(path: Path, seed: int = 0) -> Shot:
+    drawn = backdrop(np.random.default_rng(seed), 64, indoor=False)
+    segs = tuple(segments_from([("turn right", 1.0, 30.0)]))
+    return Shot(drawn, (), segs, Pose(0.0, 0.0, 1.0), ((path, 3),), 3.0, 64, 36)
+
+
+def test_a_crew_hands_shots_back_in_order_and_raises_a_workers_error(tmp_path):
+    done: list[int] = []
+    with Crew(2) as crew:
+        for i in range(5):
+            crew.submit(_shot(tmp_path / f"{i}.mp4", i), then=lambda i=i: done.append(i))
+    assert done == [0, 1, 2, 3, 4] and all((tmp_path / f"{i}.mp4").is_file() for i in range(5))
+    (tmp_path / "taken").write_text("a file where the video's folder should be")
+    with pytest.raises(Exception, match="taken"):
+        with Crew(2) as crew:
+            crew.submit(_shot(tmp_path / "taken" / "x.mp4"), then=lambda: done.append(-1))
+    assert -1 not in done
 
 
 def test_camera_path_and_visibility_geometry():

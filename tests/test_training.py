@@ -317,11 +317,34 @@ def test_long_prompts_lose_their_beginning(tiny_lm_path: Path) -> None:
     conversations = [[{"role": "system", "content": "SYSTEM"}, {"role": "user", "content": "x " * n + "QUESTION?"}]
                      for n in (5, 400)]
     short = [{"prompt": conversations[0]}]
-    assert limit_prompts(short, str(tiny_lm_path), 64) == 0 and short[0]["prompt"] is conversations[0]
-    rows = [{"prompt": c} for c in conversations]
-    assert limit_prompts(rows, str(tiny_lm_path), 64) == 1
+    assert limit_prompts(short, str(tiny_lm_path), 64).cut == 0 and short[0]["prompt"] is conversations[0]
+    rows = [{"prompt": c, "question": "QUESTION?"} for c in conversations]
+    cut = limit_prompts(rows, str(tiny_lm_path), 64, parts={"question": lambda r: [r["question"]]})
+    assert (cut.cut, cut.prompts, cut.past_system, cut.lost) == (1, 2, 1, {"question": 0})
+    assert cut.removed == cut.tokens - 64 > 0
+    assert cut.describe().startswith("prompts read from their end, max_prompt_length=64 tokens: 1 of 2 are cut")
+    assert "every prompt keeps its question whole" in cut.describe()
     processing = load_processing_class(str(tiny_lm_path))
     tokenizer = getattr(processing, "tokenizer", processing)
     assert rows[0]["prompt"] == templated(processing, conversations[0])  # short: whole, as text
     long_ids = tokenizer(rows[1]["prompt"], add_special_tokens=False)["input_ids"]
     assert len(long_ids) <= 64 and "QUESTION?" in rows[1]["prompt"] and "SYSTEM" not in rows[1]["prompt"]
+
+
+def test_a_prompt_cut_says_what_it_removes(tiny_lm_path: Path) -> None:
+    """The line a cut prints counts the prompts that lost the start of a part that should reach
+    the model whole, and names a part no prompt lost as kept."""
+    from embodied_r.backends.truncation import limit_prompts
+
+    def row(question: str) -> dict:
+        return {"prompt": [{"role": "system", "content": "SYSTEM"},
+                           {"role": "user", "content": "x " * 200 + question + " A. yes B. no"}],
+                "question": question, "options": ["A. yes", "B. no"]}
+
+    rows = [row("Which way?"), row("Which " + "very " * 100 + "long way?")]
+    cut = limit_prompts(rows, str(tiny_lm_path), 64, parts={"question": lambda r: [r["question"]],
+                                                            "options": lambda r: r["options"]})
+    assert (cut.cut, cut.lost) == (2, {"question": 1, "options": 0})
+    line = cut.describe()
+    assert "1 of them also lose the start of their question" in line
+    assert "every prompt keeps its options whole" in line and "the video text" in line

@@ -99,6 +99,43 @@ def test_rollout_only_cuts_the_generation_prompt_and_not_the_loss(tiny_lm_path: 
     assert seen and max(seen) == 64  # ... generation its last 64 tokens
 
 
+def test_cpu_rollouts_draw_the_same_tokens_without_autograd_and_train_after(tiny_lm_path: Path, tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a CPU the trainer samples under inference mode: the same tokens as TRL's own no_grad
+    rollout at the same seed, and nothing of it reaches the backward pass."""
+    import torch
+    from datasets import Dataset
+    from trl import GRPOTrainer
+
+    from embodied_r.training.chain import trainer_class
+
+    modes: list[bool] = []
+    original = GRPOTrainer._generate_single_turn
+
+    def recording(self: Any, *args: Any, **kwargs: Any) -> Any:
+        modes.append(torch.is_inference_mode_enabled())
+        return original(self, *args, **kwargs)
+
+    prompt = [{"role": "user", "content": "Where is the red cube? " * 3}]
+    args = tiny_grpo_args(str(tmp_path), max_steps=2, logging_steps=1, save_strategy="no")
+    def longer_is_better(completions: list[Any], **kw: Any) -> list[float]:
+        return [float(len(str(c))) for c in completions]
+
+    trainer = trainer_class(None, None)(model=str(tiny_lm_path), args=args, reward_funcs=[longer_is_better],
+                                        train_dataset=Dataset.from_list([{"prompt": prompt}] * 4))
+    prompt_ids = [trainer.processing_class.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True,
+                                                               return_dict=True)["input_ids"]] * 4
+    torch.manual_seed(0)
+    theirs = original(trainer, prompt_ids, None, {}, 2)[0]
+    monkeypatch.setattr(GRPOTrainer, "_generate_single_turn", recording)
+    torch.manual_seed(0)
+    ours = trainer._generate_single_turn(prompt_ids, None, {}, 2)[0]
+    assert modes == [True] and ours == theirs and any(ours)
+    before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    trainer.train()
+    assert any(not torch.equal(before[k], v) for k, v in trainer.model.state_dict().items())
+
+
 def chained_policy(initial: str, state: str, tmp_path: Path) -> dict[str, Any]:
     """The policy's weights of a trainer built from ``initial`` once the chain state is loaded."""
     from datasets import Dataset

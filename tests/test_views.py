@@ -104,6 +104,32 @@ def test_experiment_opens_on_the_run_list(tracker: Tracker, tmp_path: Path) -> N
     assert again.client.get_experiment(again.experiment_id).tags[RUN_LIST_VIEW_TAG] == "{}"
 
 
+def test_step_figures_reach_mlflow_in_batches_each_at_its_step(tracker: Tracker, monkeypatch, caplog) -> None:
+    from embodied_r.training.callbacks import StepMetrics
+
+    run = tracker.client.create_run(tracker.experiment_id).info.run_id
+    writes: list[int] = []
+    send = Tracker.log_steps
+    monkeypatch.setattr(Tracker, "log_steps", lambda self, run_id, points: (writes.append(len(points)),
+                                                                             send(self, run_id, points)))
+    figures = StepMetrics(tracker, run, every_s=3600.0)
+    for step in range(1, 6):
+        figures.add({"train/loss": float(step)}, step)
+    assert writes == []  # held until the interval has passed or training ends
+    figures.flush()
+    assert writes == [5]
+    history = tracker.client.get_metric_history(run, "train/loss")
+    assert sorted((m.step, m.value) for m in history) == [(s, float(s)) for s in range(1, 6)]
+    StepMetrics(tracker, run, every_s=0.0).add({"train/loss": 9.0}, 9)  # no interval: sent at once
+    assert writes == [5, 1]
+    # A store that fails loses the batch with a warning; training goes on.
+    monkeypatch.setattr(Tracker, "log_steps", lambda self, run_id, points: 1 / 0)
+    lost = StepMetrics(tracker, run, every_s=3600.0)
+    lost.add({"train/loss": 1.0}, 10)
+    lost.flush()
+    assert "could not log metrics of steps 10-10" in caplog.text
+
+
 def test_a_cached_stage_links_to_and_copies_its_source_run(tracker: Tracker, tmp_path: Path) -> None:
     from embodied_r.pipeline import StagePlan
     from flows.mlflow_runs import log_cached_stage

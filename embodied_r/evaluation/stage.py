@@ -269,11 +269,14 @@ def _finish(work: Path, all_records: list[dict[str, Any]], cfg: EvaluationConfig
         **(extra_summary or {}),
         **metrics,
     }
-    if summary["prompts_truncated"] or summary["replies_truncated"]:
-        logging.getLogger(__name__).warning(
-            "evaluation: %d of %d prompts were longer than max_prompt_length and lost their beginning; "
-            "%d replies were cut to max_new_tokens", summary["prompts_truncated"], len(all_records),
-            summary["replies_truncated"])
+    log = logging.getLogger(__name__)
+    if summary["prompts_truncated"]:
+        # The limit the recipe sets, as training cut the same prompts: said, not warned of.
+        log.info("evaluation: %d of %d prompts read from their end (max_prompt_length=%s, as in training)",
+                 summary["prompts_truncated"], len(all_records), cfg.max_prompt_length)
+    if summary["replies_truncated"]:
+        log.warning("evaluation: %d of %d replies were cut to max_new_tokens", summary["replies_truncated"],
+                    len(all_records))
     return summary
 
 

@@ -15,14 +15,18 @@ import time
 from pathlib import Path
 
 from embodied_r.synthetic.config import SyntheticConfig
+from embodied_r.synthetic.filming import Crew
 from embodied_r.synthetic.urban import write_urban_bench
 from embodied_r.synthetic.vsi import write_vsi_bench
 
 
-def make_synthetic_benchmark(root: Path, cfg: SyntheticConfig | None = None) -> dict:
-    """Write ``root/UrbanVideo-Bench`` and ``root/VSI-Bench`` as the hub repos lay them out."""
+def make_synthetic_benchmark(root: Path, cfg: SyntheticConfig | None = None, workers: int | None = None) -> dict:
+    """Write ``root/UrbanVideo-Bench`` and ``root/VSI-Bench`` as the hub repos lay them out, the
+    videos filmed by ``workers`` processes (default: one per core; 1: in this process). The
+    files are the same whatever the number."""
     cfg = cfg or SyntheticConfig()
     start = time.perf_counter()
     root = Path(root)
-    counts = {**write_urban_bench(root, cfg), **write_vsi_bench(root, cfg)}
-    return {**counts, "seconds": round(time.perf_counter() - start, 3)}
+    with Crew(workers) as crew:
+        counts = {**write_urban_bench(root, cfg, crew), **write_vsi_bench(root, cfg, crew)}
+    return {**counts, "seconds": round(time.perf_counter() - start, 3), "workers": crew.workers}

@@ -7,6 +7,7 @@ from per-frame visibility, and questions are written in the real ``MCQ.parquet``
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -16,18 +17,18 @@ import numpy as np
 from embodied_r import schemas
 from embodied_r.io import table_from_records, write_parquet_atomic
 from embodied_r.synthetic.config import SyntheticConfig
+from embodied_r.synthetic.filming import Crew, Shot
 from embodied_r.synthetic.truth import fact, side, video_truth, write_facts, write_truth
 from embodied_r.synthetic.world import (
-    HFOV,
     LETTERS,
     Balancer,
+    Pose,
     Segment,
     Thing,
-    draw_thing,
+    backdrop,
     options,
-    panorama,
     pose_at,
-    render,
+    visibility,
     wrap180,
 )
 
@@ -158,8 +159,8 @@ SIDE_MOVE = {"left": "I turn left.", "ahead": "I fly forward.", "right": "I turn
 
 
 def _urban_scene(rng: np.random.Generator, cfg: "SyntheticConfig", prefix: str, clips: int,
-                 root: Path, qid: int, truth: list[dict], facts: list[dict], balance: Balancer | None
-                 ) -> list[dict]:
+                 root: Path, qid: int, truth: list[dict], facts: list[dict], balance: Balancer | None,
+                 crew: Crew) -> list[dict]:
     segs = _flight_plan(rng, cfg.seconds, clips, cfg.balanced)
     pose = lambda t: pose_at(segs, t)  # noqa: E731
     things, landmark = place_urban_things(rng, segs, cfg.balanced)
@@ -167,11 +168,10 @@ def _urban_scene(rng: np.random.Generator, cfg: "SyntheticConfig", prefix: str, 
     ends = _clip_ends(segs, cfg.seconds, clips)
     vids = [f"{prefix}.mp4"] if clips == 1 else [f"{prefix}_{k}.mp4" for k in range(clips)]
     n_frames = [max(2, round(segs[e].end * cfg.fps)) for e in ends]
-    pano = panorama(rng, cfg.width, indoor=False)
-    for t in things:
-        draw_thing(pano, t, cfg.width / HFOV)
-    seen_at, glimpsed_at = render(pano, things, pose, [(root / "videos" / v, n) for v, n in zip(vids, n_frames)],
-                                  cfg.fps, cfg.width, cfg.height)
+    clips_out = tuple((root / "videos" / v, n) for v, n in zip(vids, n_frames))
+    crew.submit(Shot(backdrop(rng, cfg.width, indoor=False), tuple(things), tuple(segs), Pose(0.0, 0.0, 1.0),
+                     clips_out, cfg.fps, cfg.width, cfg.height))
+    seen_at, glimpsed_at = visibility(things, pose, max(n_frames), cfg.fps, cfg.height / cfg.width)
     steps = _step_phrases(segs, landmark)
     rows: list[dict] = []
     for vid, end, n in zip(vids, ends, n_frames):
@@ -297,8 +297,14 @@ def _urban_questions(rng: np.random.Generator, cfg: "SyntheticConfig", segs: lis
                ("actions", []))
 
 
-def write_urban_bench(root: Path, cfg: "SyntheticConfig") -> dict:
-    """Write ``root/UrbanVideo-Bench`` (``videos/`` and ``MCQ.parquet``) as the hub repo lays it out."""
+def write_urban_bench(root: Path, cfg: "SyntheticConfig", crew: Crew | None = None) -> dict:
+    """Write ``root/UrbanVideo-Bench`` (``videos/`` and ``MCQ.parquet``) as the hub repo lays it out;
+    ``crew`` films the videos (default: here, one after another)."""
+    with Crew(1) if crew is None else contextlib.nullcontext(crew) as crew:
+        return _write_urban_bench(root, cfg, crew)
+
+
+def _write_urban_bench(root: Path, cfg: "SyntheticConfig", crew: Crew) -> dict:
     top = np.random.default_rng([cfg.seed, 7])
     rows: list[dict] = []
     truth: list[dict] = []
@@ -314,7 +320,7 @@ def write_urban_bench(root: Path, cfg: "SyntheticConfig") -> dict:
         if family == "AerialVLN":
             prefix += "_" + "".join(top.choice(list("ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"), 30))
         rng = np.random.default_rng([cfg.seed, 1, scene])
-        rows += _urban_scene(rng, cfg, prefix, clips, root / URBAN_DIR, len(rows), truth, facts, balance)
+        rows += _urban_scene(rng, cfg, prefix, clips, root / URBAN_DIR, len(rows), truth, facts, balance, crew)
         left -= clips
         scene += 1
     write_truth(truth, root / URBAN_DIR)

@@ -7,6 +7,8 @@ which objects first show are computed from the layout and from per-frame visibil
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import itertools
 import math
 import os
@@ -20,21 +22,20 @@ import numpy as np
 from embodied_r import schemas
 from embodied_r.io import table_from_records, write_parquet_atomic
 from embodied_r.synthetic.config import SyntheticConfig
+from embodied_r.synthetic.filming import Crew, Shot
 from embodied_r.synthetic.truth import fact, video_truth, write_facts, write_truth
 from embodied_r.synthetic.world import (
     EXTENT,
-    HFOV,
     LETTERS,
     Balancer,
     Pose,
     Segment,
     Thing,
-    draw_thing,
-    panorama,
-    pose_at,
-    render,
+    backdrop,
     options,
+    pose_at,
     segments_from,
+    visibility,
     wrap180,
 )
 
@@ -242,8 +243,19 @@ def _zip_add(zf: zipfile.ZipFile, path: Path, arcname: str) -> None:
         shutil.copyfileobj(src, dst, 1 << 20)
 
 
-def write_vsi_bench(root: Path, cfg: "SyntheticConfig") -> dict:
-    """Write ``root/VSI-Bench``: the three video zips and the questions Parquet, as on the hub."""
+def _zip_and_remove(zf: zipfile.ZipFile, path: Path, arcname: str) -> None:
+    _zip_add(zf, path, arcname)
+    path.unlink()
+
+
+def write_vsi_bench(root: Path, cfg: "SyntheticConfig", crew: Crew | None = None) -> dict:
+    """Write ``root/VSI-Bench``: the three video zips and the questions Parquet, as on the hub;
+    ``crew`` films the videos (default: here, one after another)."""
+    with Crew(1) if crew is None else contextlib.nullcontext(crew) as crew:
+        return _write_vsi_bench(root, cfg, crew)
+
+
+def _write_vsi_bench(root: Path, cfg: "SyntheticConfig", crew: Crew) -> dict:
     rows: list[dict] = []
     facts: list[dict] = []
     balance = Balancer() if cfg.balanced else None
@@ -264,24 +276,26 @@ def write_vsi_bench(root: Path, cfg: "SyntheticConfig") -> dict:
             length, width, cam, things = _room(rng)
             segs = _room_scan(rng, cfg.seconds)
             start_pose = Pose(float(rng.uniform(0, 360)), 0.0, 1.0)
-            pano = panorama(rng, cfg.width, indoor=True)
-            for t in things:
-                draw_thing(pano, t, cfg.width / HFOV)
+            drawn = backdrop(rng, cfg.width, indoor=True)
             video = tmp / f"{dataset}_{name}.mp4"
             pose_fn = lambda t: pose_at(segs, t, start_pose)  # noqa: E731
             n_frames = round(cfg.seconds * cfg.fps)
-            seen_at, _ = render(pano, things, pose_fn, [(video, n_frames)], cfg.fps, cfg.width, cfg.height)
+            # Into its zip once filmed, in the scenes' order, as the hub's archives list them.
+            crew.submit(Shot(drawn, tuple(things), tuple(segs), start_pose, ((video, n_frames),), cfg.fps,
+                             cfg.width, cfg.height),
+                        then=functools.partial(_zip_and_remove, zips[dataset], video, f"{dataset}/{name}.mp4"))
+            seen_at, _ = visibility(things, pose_fn, n_frames, cfg.fps, cfg.height / cfg.width)
             world += video_truth(f"{dataset}/{name}", things, segs, pose_fn, n_frames, cfg.fps,
                                  cfg.height / cfg.width, camera=cam)
-            _zip_add(zips[dataset], video, f"{dataset}/{name}.mp4")
-            video.unlink()
             for qtype, question, opts, truth, (kind, about) in _vsi_questions(
                     rng, cfg, (length, width), things, seen_at, balance):
                 facts.append(fact(len(rows), kind, about))
                 rows.append({"id": len(rows), "dataset": dataset, "scene_name": name,
                              "question_type": qtype, "question": question, "options": opts,
                              "ground_truth": truth})
+        crew.wait()
     finally:
+        crew.abandon()  # after an error, no worker still writes into the folder cleaned below
         for z in zips.values():
             z.close()
         if tmp.exists():

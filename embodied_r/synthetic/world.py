@@ -96,25 +96,47 @@ def wrap180(angle: float) -> float:
     return (angle + 180.0) % 360.0 - 180.0
 
 
-def panorama(rng: np.random.Generator, width: int, indoor: bool) -> np.ndarray:
+@dataclass(frozen=True)
+class Backdrop:
+    """The random draws a world's panorama is painted from (``paint``): drawn from the world's
+    generator in one place, so the painting can happen anywhere (a filming worker) and the
+    generator's later draws do not depend on it."""
+
+    width: int
+    indoor: bool
+    low: np.ndarray  # a coarse random image, upscaled into the background's texture
+    patches: np.ndarray  # one row per patch: x, y, w, h, b, g, r
+
+
+def backdrop(rng: np.random.Generator, width: int, indoor: bool) -> Backdrop:
     ppd = width / HFOV
     pw, ph = round(360 * ppd), round(VSPAN * ppd)
     low = rng.integers(0, 256, (ph // 24 + 2, pw // 24 + 2, 3), dtype=np.uint8)
-    pano = cv2.resize(low, (pw, ph), interpolation=cv2.INTER_CUBIC)
-    top, bottom = ((190, 200, 215), (100, 110, 115)) if indoor else ((230, 190, 150), (110, 110, 110))
-    ramp = np.linspace(0.0, 1.0, ph, dtype=np.float32)[:, None, None]
-    base = (1 - ramp) * np.float32(top) + ramp * np.float32(bottom)
-    pano = (0.25 * pano + 0.75 * base).astype(np.uint8)
-    # Many small sharp-edged patches: corners everywhere so ORB finds features at any view.
     scale = width / 640
     n = pw * ph // 1100
     xs, ys = rng.integers(0, pw, n), rng.integers(0, ph, n)
     ws, hs = rng.integers(3, int(40 * scale) + 4, n), rng.integers(3, int(40 * scale) + 4, n)
     # Muted patches (grey plus a small tint) keep the coloured objects easy to tell apart.
     cols = np.clip(rng.integers(50, 210, (n, 1)) + rng.integers(-25, 26, (n, 3)), 0, 255)
-    for x, y, w, h, c in zip(xs.tolist(), ys.tolist(), ws.tolist(), hs.tolist(), cols.tolist()):
+    return Backdrop(width, indoor, low, np.column_stack([xs, ys, ws, hs, cols]))
+
+
+def paint(drawn: Backdrop) -> np.ndarray:
+    ppd = drawn.width / HFOV
+    pw, ph = round(360 * ppd), round(VSPAN * ppd)
+    pano = cv2.resize(drawn.low, (pw, ph), interpolation=cv2.INTER_CUBIC)
+    top, bottom = ((190, 200, 215), (100, 110, 115)) if drawn.indoor else ((230, 190, 150), (110, 110, 110))
+    ramp = np.linspace(0.0, 1.0, ph, dtype=np.float32)[:, None, None]
+    base = (1 - ramp) * np.float32(top) + ramp * np.float32(bottom)
+    pano = (0.25 * pano + 0.75 * base).astype(np.uint8)
+    # Many small sharp-edged patches: corners everywhere so ORB finds features at any view.
+    for x, y, w, h, *c in drawn.patches.tolist():
         cv2.rectangle(pano, (x, y), (x + w, y + h), c, -1)
     return pano
+
+
+def panorama(rng: np.random.Generator, width: int, indoor: bool) -> np.ndarray:
+    return paint(backdrop(rng, width, indoor))
 
 
 def draw_thing(pano: np.ndarray, thing: Thing, ppd: float) -> None:
@@ -192,14 +214,26 @@ def camera_view(pano: np.ndarray, pose: Pose, width: int, height: int) -> np.nda
     return cv2.warpAffine(pano, m, (width, height), flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_WRAP)
 
 
-def render(pano: np.ndarray, things: Sequence[Thing], pose_fn: Callable[[float], Pose],
-           outputs: Sequence[tuple[Path, int]], fps: float, width: int, height: int
-           ) -> tuple[list[int | None], list[int | None]]:
-    """Render ``max(n)`` frames, writing the first ``n`` to each output (prefix clips).
+def visibility(things: Sequence[Thing], pose_fn: Callable[[float], Pose], n: int, fps: float,
+               aspect: float) -> tuple[list[int | None], list[int | None]]:
+    """Per object, the first of ``n`` frames its centre is in view ("seen") and the first any
+    part of it is ("glimpsed"): from the camera's path alone, without drawing a pixel."""
+    first_seen: list[int | None] = [None] * len(things)
+    first_glimpse: list[int | None] = [None] * len(things)
+    for f in range(n):
+        pose = inside(pose_fn(f / fps), aspect)
+        for i, thing in enumerate(things):
+            if first_seen[i] is None and in_view(thing, pose, aspect):
+                first_seen[i] = f
+            if first_glimpse[i] is None and glimpsed(thing, pose, aspect):
+                first_glimpse[i] = f
+    return first_seen, first_glimpse
 
-    Frames are written as they are rendered. Returns, per object, the first frame its centre is
-    in view ("seen") and the first frame any part of it is ("glimpsed").
-    """
+
+def write_frames(pano: np.ndarray, pose_fn: Callable[[float], Pose], outputs: Sequence[tuple[Path, int]],
+                 fps: float, width: int, height: int) -> None:
+    """Render ``max(n)`` frames, writing the first ``n`` to each output (prefix clips), each
+    frame written as it is rendered; every output is then read back (``_check_written``)."""
     writers = []
     for path, n in outputs:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -208,26 +242,25 @@ def render(pano: np.ndarray, things: Sequence[Thing], pose_fn: Callable[[float],
             _no_room(path)
             raise RuntimeError(f"OpenCV cannot write {path}: its FFmpeg build lacks the mp4v encoder")
         writers.append((w, n))
-    first_seen: list[int | None] = [None] * len(things)
-    first_glimpse: list[int | None] = [None] * len(things)
     try:
         for f in range(max(n for _, n in outputs)):
-            pose = inside(pose_fn(f / fps), height / width)
-            frame = camera_view(pano, pose, width, height)
+            frame = camera_view(pano, inside(pose_fn(f / fps), height / width), width, height)
             for w, n in writers:
                 if f < n:
                     w.write(frame)
-            for i, thing in enumerate(things):
-                if first_seen[i] is None and in_view(thing, pose, height / width):
-                    first_seen[i] = f
-                if first_glimpse[i] is None and glimpsed(thing, pose, height / width):
-                    first_glimpse[i] = f
     finally:
         for w, _ in writers:
             w.release()
     for path, n in outputs:
         _check_written(path, n)
-    return first_seen, first_glimpse
+
+
+def render(pano: np.ndarray, things: Sequence[Thing], pose_fn: Callable[[float], Pose],
+           outputs: Sequence[tuple[Path, int]], fps: float, width: int, height: int
+           ) -> tuple[list[int | None], list[int | None]]:
+    """``write_frames`` here and now; returns the objects' ``visibility`` over the frames."""
+    write_frames(pano, pose_fn, outputs, fps, width, height)
+    return visibility(things, pose_fn, max(n for _, n in outputs), fps, height / width)
 
 
 # Below this much free space a writer that failed is taken to have met a full disk.

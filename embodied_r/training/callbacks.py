@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import time
 from pathlib import Path
 from typing import Any
 
@@ -113,15 +114,39 @@ def trainer_params(arguments: dict[str, Any]) -> dict[str, Any]:
     return {f"{TRAINER_PARAMS}.{k}": v for k, v in arguments.items()}
 
 
-def log_step_metrics(tracker: Tracker, run_id: str, metrics: dict[str, float], step: int) -> None:
-    """Log one step's figures; a point lost to the tracking server is a warning, never a stop.
-    A server gone is said by the parent once the stage ends: the steps are in history.json."""
-    try:
-        tracker.log_metrics(run_id, metrics, step=step)
-    except TrackingLost:
-        pass
-    except Exception as exc:  # noqa: BLE001 - a lost point must not stop training
-        log.warning("could not log metrics at step %d: %s", step, exc)
+# Step figures reach MLflow in one write per this many seconds (and at the end of training): a
+# write per step costs a store transaction, about what the tiny demo reasoner's whole step
+# costs beside its arithmetic.
+FLUSH_SECONDS = 5.0
+
+
+class StepMetrics:
+    """A trainer's step figures on their way into an MLflow run, sent together every
+    ``every_s`` seconds and when training ends (``flush``). A batch lost to the tracking server
+    is a warning, never a stop; a server gone is said by the parent once the stage ends: the
+    steps are in history.json. A trainer killed loses at most the last ``every_s`` seconds."""
+
+    def __init__(self, tracker: Tracker, run_id: str, every_s: float = FLUSH_SECONDS):
+        self.tracker, self.run_id, self.every_s = tracker, run_id, every_s
+        self.points: list[tuple[dict[str, float], int, float]] = []
+        self.sent_at = time.monotonic()
+
+    def add(self, metrics: dict[str, float], step: int) -> None:
+        if metrics:
+            self.points.append((metrics, step, time.time()))
+        if time.monotonic() - self.sent_at >= self.every_s:
+            self.flush()
+
+    def flush(self) -> None:
+        points, self.points, self.sent_at = self.points, [], time.monotonic()
+        if not points:
+            return
+        try:
+            self.tracker.log_steps(self.run_id, points)
+        except TrackingLost:
+            pass
+        except Exception as exc:  # noqa: BLE001 - lost points must not stop training
+            log.warning("could not log metrics of steps %d-%d: %s", points[0][1], points[-1][1], exc)
 
 
 def sft_step_callback(stage: str, run_id: str | None = None, uri: str | None = None) -> Any:
@@ -132,6 +157,7 @@ def sft_step_callback(stage: str, run_id: str | None = None, uri: str | None = N
     from transformers import TrainerCallback
 
     tracker = Tracker(uri, "") if run_id and uri else None
+    figures = StepMetrics(tracker, run_id) if tracker is not None and run_id else None
 
     class SFTSteps(TrainerCallback):
         def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -148,13 +174,17 @@ def sft_step_callback(stage: str, run_id: str | None = None, uri: str | None = N
                    **kwargs: Any) -> None:
             if not state.is_world_process_zero or not logs:
                 return
-            if tracker is not None:
-                log_step_metrics(tracker, run_id, metric_batch(logs), int(state.global_step))
+            if figures is not None:
+                figures.add(metric_batch(logs), int(state.global_step))
             # The end-of-training entry (train_runtime, train_loss) is no step of its own.
             if "loss" not in logs or "train_runtime" in logs:
                 return
             record = sft_step_record(logs, stage, int(state.global_step), int(state.max_steps))
             print(STEP_MARK, json.dumps(record), flush=True)
+
+        def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if figures is not None:
+                figures.flush()
 
     return SFTSteps()
 
@@ -175,6 +205,7 @@ def reporting_callback(stage: str, stage_index: int, offset: int, run_id: str | 
     from transformers import TrainerCallback
 
     tracker = Tracker(uri, "") if run_id and uri else None
+    figures = StepMetrics(tracker, run_id) if tracker is not None and run_id else None
 
     class Reporting(TrainerCallback):
         def __init__(self) -> None:
@@ -192,11 +223,15 @@ def reporting_callback(stage: str, stage_index: int, offset: int, run_id: str | 
             is_step = "reward/total" in metrics or "train/loss" in metrics
             if is_step:
                 metrics["train/stage"] = float(stage_index)
-            if tracker is not None and metrics:
-                log_step_metrics(tracker, run_id, metrics, offset + step)
+            if figures is not None:
+                figures.add(metrics, offset + step)
             if is_step and "train_runtime" not in logs:
                 print(STEP_MARK, json.dumps(step_record(metrics, stage, step, total, offset + step)), flush=True)
                 self._sample(step, total)
+
+        def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if figures is not None:
+                figures.flush()
 
         def _sample(self, step: int, total: int) -> None:
             if self.trainer is None or not table_rows or step in self.table_steps:

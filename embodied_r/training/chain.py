@@ -74,7 +74,16 @@ def trainer_class(limit: int | None, schedule_steps: int | None, steps_before: i
             if limit is not None:
                 # The beginning goes, as ms-swift's left truncation cut it.
                 prompt_ids = [ids[-limit:] if len(ids) > limit else ids for ids in prompt_ids]
-            return super()._generate_single_turn(prompt_ids, *args, **kwargs)
+            if (self.use_vllm or getattr(self, "use_transformers_continuous_batching", False)
+                    or self.accelerator.device.type != "cpu"):
+                return super()._generate_single_turn(prompt_ids, *args, **kwargs)
+            import torch
+
+            # Rollouts on a CPU: transformers' generate token by token, where autograd's
+            # bookkeeping for every small op costs more than the op. Inference mode skips it;
+            # the arithmetic, and so every sampled token, is the same as under no_grad.
+            with torch.inference_mode():
+                return super()._generate_single_turn(prompt_ids, *args, **kwargs)
 
         def create_scheduler(self, num_training_steps: int, optimizer: Any = None) -> Any:
             # The chain's length is planned from record counts; should the trainer count more

@@ -59,17 +59,18 @@ def load_dataset(records: Path, max_prompt_length: int | None = None, model: str
                  split: str = "train") -> Any:
     """``<split>.parquet`` as a conversational dataset: prompt = system + user turns. With
     ``max_prompt_length`` and any prompt longer, every prompt becomes its chat-templated
-    text, the long ones cut from the left (``truncation.limit_prompts``)."""
+    text, the long ones cut from the left (``truncation.limit_prompts``), and one line says
+    what the cut removes: a warning only where it takes a question's options."""
     from datasets import Dataset
 
     data = [{"prompt": conversation(r), **{c: r[c] for c in REWARD_COLUMNS}} for r in read_records(records, split)]
     if max_prompt_length is not None and model is not None:
         from embodied_r.backends.truncation import limit_prompts
 
-        truncated = limit_prompts(data, model, max_prompt_length)
-        if truncated:
-            log.warning("%d of %d prompts are longer than max_prompt_length=%d tokens: their beginning is cut",
-                        truncated, len(data), max_prompt_length)
+        cut = limit_prompts(data, model, max_prompt_length,
+                            parts={"question": lambda r: [r["question"]], "options": lambda r: r["options"] or []})
+        if cut.cut:
+            (log.warning if cut.lost.get("options") else log.info)("%s", cut.describe())
     return Dataset.from_list(data)
 
 

@@ -52,7 +52,7 @@ def cut_prompts(examples: list[dict[str, Any]], tokenizer: Any, max_prompt_lengt
     from embodied_r.backends.truncation import limit_prompts
 
     cut = [dict(e) for e in examples]  # limit_prompts rewrites rows in place
-    if not limit_prompts(cut, tokenizer, max_prompt_length):
+    if not limit_prompts(cut, tokenizer, max_prompt_length).cut:
         return examples
     return [{**e, "completion": e["completion"][0]["content"]} for e in cut]
 
