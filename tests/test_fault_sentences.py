@@ -24,17 +24,10 @@ from typing import Callable, Iterator
 import pytest
 
 from embodied_r.apps import cli
+from embodied_r.faults import causes
 from tests.servers import free_port
 from tests.test_fault_disk import CLASS_NAME, _cli, _env, ro_folder  # noqa: F401 - a fixture
 
-
-
-def causes(exc: BaseException | None) -> Iterator[BaseException]:
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        yield exc
-        exc = exc.__cause__ or exc.__context__
 
 
 class _Unavailable(BaseHTTPRequestHandler):
