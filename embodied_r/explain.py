@@ -260,7 +260,7 @@ _FIXES = {errno.ENOENT: "check the path", errno.EROFS: "make it writable or writ
 
 def _os(exc: BaseException, command: str) -> str | None:
     from embodied_r.faults import disk_full, disk_full_line, full_path
-    from embodied_r.paths import home, home_line, in_home, refused
+    from embodied_r.paths import fs_fault, home, home_line, in_home, refused
 
     if disk_full(exc):
         # Outside a stage (a stage names its own folder): the file's folder, else the home.
@@ -272,8 +272,6 @@ def _os(exc: BaseException, command: str) -> str | None:
     e = _first(exc, lambda x: isinstance(x, OSError) and x.filename is not None)
     if e is None:
         return None
-    from embodied_r.paths import fs_fault
-
     path, why = fs_fault(e)
     return f"embodied-r {command}: {path} {why}: {_FIXES.get(e.errno or 0, 'check it')} {AGAIN}"
 

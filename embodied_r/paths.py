@@ -35,6 +35,9 @@ _REFUSED = {errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.EEXIST}
 
 
 FILE_IN_THE_WAY = "is a file where a folder belongs"
+# What a path that cannot be written is, in the words every such line uses (also ``store_open``).
+READ_ONLY = "is on a read-only file system"
+NOT_PERMITTED = "is refused to this user by its permissions"
 
 
 def fs_fault(exc: OSError) -> tuple[Path | None, str]:
@@ -51,8 +54,8 @@ def fs_fault(exc: OSError) -> tuple[Path | None, str]:
     if path is not None and (code in (errno.EACCES, errno.EPERM) and not path.exists()
                              or code == errno.EROFS and not path.is_dir()):
         path = path.parent  # what cannot be written is the folder (a whole read-only file system)
-    why = {errno.EROFS: "is on a read-only file system", errno.EACCES: "is refused to this user by its permissions",
-           errno.EPERM: "is refused to this user by its permissions", errno.EISDIR: "is a folder where a file belongs",
+    why = {errno.EROFS: READ_ONLY, errno.EACCES: NOT_PERMITTED,
+           errno.EPERM: NOT_PERMITTED, errno.EISDIR: "is a folder where a file belongs",
            errno.ENOENT: "does not exist", errno.ENOSPC: "is on a full disk", errno.EDQUOT: "is over its disk quota",
            }.get(code or 0, (exc.strerror or str(exc) or type(exc).__name__).lower())
     return path, why

@@ -17,6 +17,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from embodied_r.faults import causes
+from embodied_r.paths import NOT_PERMITTED, READ_ONLY
 
 _lock = threading.Lock()
 
@@ -94,7 +95,7 @@ def unwritable_why(folder: Path) -> str:
         read_only = bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
     except OSError:
         read_only = False
-    return "is on a read-only file system" if read_only else "is refused to this user by its permissions"
+    return READ_ONLY if read_only else NOT_PERMITTED
 
 
 def _sqlite_problem(uri: str) -> str | None:
@@ -115,7 +116,7 @@ def _sqlite_problem(uri: str) -> str | None:
         if head and head != _SQLITE_HEADER:
             return f"{path} is not a database (a file of something else): {moved}{or_the_local_store(uri)}"
         if not os.access(path, os.W_OK):
-            return f"{path} {unwritable_why(path.parent) or 'is refused to this user by its permissions'}: make it " \
+            return f"{path} {unwritable_why(path.parent) or NOT_PERMITTED}: make it " \
                    f"writable{or_the_local_store(uri)}"
     folder = next((p for p in path.parents if p.exists()), Path("/"))
     if not folder.is_dir():

@@ -157,7 +157,7 @@ def sft_step_callback(stage: str, run_id: str | None = None, uri: str | None = N
     from transformers import TrainerCallback
 
     tracker = Tracker(uri, "") if run_id and uri else None
-    figures = StepMetrics(tracker, run_id) if tracker is not None and run_id else None
+    figures = StepMetrics(tracker, run_id) if tracker is not None else None
 
     class SFTSteps(TrainerCallback):
         def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -205,7 +205,7 @@ def reporting_callback(stage: str, stage_index: int, offset: int, run_id: str | 
     from transformers import TrainerCallback
 
     tracker = Tracker(uri, "") if run_id and uri else None
-    figures = StepMetrics(tracker, run_id) if tracker is not None and run_id else None
+    figures = StepMetrics(tracker, run_id) if tracker is not None else None
 
     class Reporting(TrainerCallback):
         def __init__(self) -> None:
