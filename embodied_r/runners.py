@@ -162,9 +162,14 @@ def tables_of(module: str) -> tuple[tuple[str, str], ...]:
     entries = []
     for key, value in zip(table.keys, table.values):
         word = constants.get(key.id) if isinstance(key, ast.Name) else getattr(key, "value", None)
+        # An entry is the "module:attribute" string, or a call whose first argument is that
+        # string (a registry row that also says what the thing is).
+        if isinstance(value, ast.Call) and value.args:
+            value = value.args[0]
         target = named_module(value.value) if isinstance(value, ast.Constant) and isinstance(value.value, str) else None
         if not isinstance(word, str) or target is None:
-            raise ValueError(f"{module}.{TABLE}: each entry must map a word to a 'module:attribute' string")
+            raise ValueError(f"{module}.{TABLE}: each entry must map a word to a 'module:attribute' string, "
+                             "or to a call whose first argument is one")
         entries.append((word, target))
     return tuple(entries)
 
