@@ -246,7 +246,8 @@ def warmstart_part(home_stages: dict[str, Any], scratch: Path, steps: int, store
     from embodied_r.training import sft_child
     from embodied_r.training.config import SFTConfig
     from embodied_r.training.stage import local_model
-    from embodied_r.training.warmstart import WarmstartConfig, traces
+    from embodied_r.training.warmstart import traces
+    from embodied_r.training.config import WarmstartConfig
 
     sp = home_stages["warmstart"]
     cfg = WarmstartConfig.model_validate({**sp.config, "max_steps": steps})
@@ -289,13 +290,14 @@ def _group(label: str) -> str | None:
 
 def download_part(home_stages: dict[str, Any], scratch: Path) -> dict[str, Any]:
     from embodied_r.runners import runner
+    from embodied_r.stage_kinds import kind_of
 
     sp = home_stages["download"]
     out = scratch / "download"
     profile = cProfile.Profile()
     cpu, started = cpu_seconds(), time.perf_counter()
     profile.enable()
-    runner(sp.kind)(out, sp.config, {**sp.inputs, "sources_root": str(scratch / "sources")}, None)
+    runner(kind_of(sp.kind).runner)(out, sp.config, {**sp.inputs, "sources_root": str(scratch / "sources")}, None)
     profile.disable()
     wall, cpu = time.perf_counter() - started, cpu_seconds() - cpu
     stats = pstats.Stats(profile)

@@ -111,7 +111,8 @@ def _long_prompts(tmp: Path) -> tuple[str, str]:
     from embodied_r.demo.tiny_models import ensure_tiny_lm
     from embodied_r.evaluation.config import EvaluationConfig
     from embodied_r.evaluation.stage import run_evaluation
-    from embodied_r.training.records import RecordsConfig, run_records
+    from embodied_r.training.records import run_records
+    from embodied_r.training.records_config import RecordsConfig
     from tests.test_records import VIDEO, catalog_row, write_inputs
 
     rows = [catalog_row(f"urbanvideo:{i}", "test") for i in range(4)]

@@ -114,7 +114,8 @@ def _half_failing(tmp: Path) -> tuple[str, str]:
     from embodied_r.evaluation.stage import run_evaluation
     from embodied_r.faults import TooManyFailures
     from tests.test_records import VIDEO, catalog_row, write_inputs
-    from embodied_r.training.records import RecordsConfig, run_records
+    from embodied_r.training.records import run_records
+    from embodied_r.training.records_config import RecordsConfig
 
     rows = [catalog_row(f"urbanvideo:{i}", "test") for i in range(10)]
     catalog, perception = write_inputs(tmp, rows, {r["uid"]: VIDEO for r in rows})

@@ -28,7 +28,8 @@ from pathlib import Path
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from embodied_r.keyframes.extract import KeyframeConfig, extract_keyframes  # noqa: E402
+from embodied_r.keyframes.extract import extract_keyframes
+from embodied_r.keyframes.config import KeyframeConfig
 from embodied_r.synthetic.config import SyntheticConfig  # noqa: E402
 from embodied_r.synthetic.generate import make_synthetic_benchmark  # noqa: E402
 from embodied_r.synthetic.world import write_motion_video  # noqa: E402

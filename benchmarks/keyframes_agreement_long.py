@@ -37,7 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from keyframes_agreement import PATTERNS, jaccard  # noqa: E402
 
-from embodied_r.keyframes.extract import KeyframeConfig, extract_keyframes  # noqa: E402
+from embodied_r.keyframes.extract import extract_keyframes
+from embodied_r.keyframes.config import KeyframeConfig
 from embodied_r.keyframes.official import constrained_sampling  # noqa: E402
 from embodied_r.synthetic.world import panorama, pose_at, render, segments_from  # noqa: E402
 

@@ -53,7 +53,8 @@ import numpy as np
 # KF_BENCH_CODE: run another revision's package (see measure_reference).
 sys.path.insert(0, os.environ.get("KF_BENCH_CODE") or str(Path(__file__).resolve().parents[1]))
 from embodied_r.io import sha256_file  # noqa: E402
-from embodied_r.keyframes.extract import KeyframeConfig, extract_keyframes  # noqa: E402
+from embodied_r.keyframes.extract import extract_keyframes
+from embodied_r.keyframes.config import KeyframeConfig
 from embodied_r.synthetic.world import write_motion_video  # noqa: E402
 
 # Slow pans, fast turns, flights and still spells: a varied number of key frames per minute.

@@ -216,7 +216,8 @@ def warm_start(v: Variant, seed: int, paths: dict[str, Path], model: str, work: 
 
     from embodied_r.training.policy import load_tokenizer
     from embodied_r.training.sft_child import sft_args, sft_examples
-    from embodied_r.training.warmstart import WarmstartConfig, traces
+    from embodied_r.training.warmstart import traces
+    from embodied_r.training.config import WarmstartConfig
 
     cfg = WarmstartConfig(use_cpu=True, gradient_checkpointing=False, epochs=v.sft_epochs, learning_rate=v.sft_lr,
                           warmup_ratio=0.1, per_device_train_batch_size=4, gradient_accumulation_steps=1,

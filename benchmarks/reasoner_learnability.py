@@ -30,9 +30,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from embodied_r.config import deep_merge, parse_overrides  # noqa: E402
+from embodied_r.config import parse_overrides
+from embodied_r.merge import deep_merge
 from embodied_r.interactive.catalog import build, read_test_cases, read_trajectories  # noqa: E402
-from embodied_r.interactive.recipe import SFT_STAGES, load  # noqa: E402
+from embodied_r.interactive.config import SFT_STAGES  # noqa: E402
+from embodied_r.config import load_reasoner as load  # noqa: E402
 from embodied_r.interactive.reference import references  # noqa: E402
 from embodied_r.interactive.synthetic import write_dataset  # noqa: E402
 

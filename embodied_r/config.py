@@ -1,86 +1,43 @@
-"""Typed recipes: one YAML file configures every stage.
-
-Recipes ship inside the package (``embodied_r/recipes/*.yaml``); a recipe may
-``extends: <name>`` another and override only what differs.
-"""
+"""Typed recipes: one YAML file configures every stage; the model is assembled from the
+stage kinds' declared sections (``stage_kinds``). Recipes ship in ``recipes/`` and may ``extends``."""
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Iterator, Literal, TypeVar
+from typing import Any, Iterator, TypeVar
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
 from embodied_r.benchmark_rules import EVALUATION_BENCHMARKS, OOD, evaluation_only
-from embodied_r.data.catalog import CatalogConfig
-from embodied_r.data.download import DownloadConfig
-from embodied_r.evaluation.config import EvaluationConfig
 from embodied_r.explain import yaml_words
-from embodied_r.evaluation.registry import MODEL_NAME
-from embodied_r.keyframes.extract import KeyframeConfig
-from embodied_r.perception.stage import PerceptionConfig
-from embodied_r.prompts.store import PromptsConfig, apply_prompts
+from embodied_r.merge import RecipeError, deep_merge
 from embodied_r.prompts.locate import PromptsError
-from embodied_r.training.records import RecordsConfig, for_policy
-from embodied_r.training.config import SFTConfig
-from embodied_r.training.config import TrainingConfig
+from embodied_r.prompts.store import PromptsConfig, apply_prompts
+from embodied_r.stage_kinds import kinds
 from embodied_r.training.chain import BEST_MODEL
-from embodied_r.training.warmstart import WarmstartConfig
+from embodied_r.training.config import SFTConfig
+from embodied_r.training.records_config import for_policy
 
 RECIPES_DIR = Path(__file__).parent / "recipes"
+REASONER_RECIPES = RECIPES_DIR / "reasoner"  # apart from Embodied-R's, whose schema differs
 
 
-class TrackingConfig(BaseModel):
+class RecipeRules(BaseModel):
+    """What holds across sections; the sections themselves are the stage kinds' (``Recipe``)."""
+
     model_config = ConfigDict(extra="forbid")
-
-    experiment: str = "embodied-r"
-    # None: $MLFLOW_TRACKING_URI, else a SQLite store under the project home.
-    tracking_uri: str | None = None
-    registered_model: str = MODEL_NAME
-    # After evaluation, register the trained reasoner (once per model) and give it the
-    # champion alias when it beats chance, the warm-started policy (recipes with a warm
-    # start) and the current champion on ``promote_split``.
-    promote: bool = False
-    promote_split: Literal["train", "val", "test"] = "val"
-    promote_metric: str = "accuracy/overall"
-
-
-class Recipe(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    name: str
-    description: str = ""
-    download: DownloadConfig = Field(default_factory=DownloadConfig)
-    catalog: CatalogConfig = Field(default_factory=CatalogConfig)
-    keyframes: KeyframeConfig = Field(default_factory=KeyframeConfig)
-    perception: PerceptionConfig = Field(default_factory=PerceptionConfig)
-    records: RecordsConfig = Field(default_factory=RecordsConfig)
-    # A short SFT on reasoning traces before the GRPO stages (None: GRPO from the policy as it is).
-    warmstart: WarmstartConfig | None = None
-    training: TrainingConfig = Field(default_factory=TrainingConfig)
-    evaluation: EvaluationConfig = Field(default_factory=EvaluationConfig)
-    # The SFT baseline (`embodied-r sft`); None takes the training environment and step cap.
-    sft: SFTConfig | None = None
-    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
-    # The original texts from the user's checkout (``prompts.file``), or this project's own.
-    prompts: PromptsConfig = Field(default_factory=PromptsConfig)
-    # Evaluation sets a trained model never trained on, each the overrides (dotted keys as
-    # ``--set`` writes them) that make an evaluation-only run of it: another benchmark, or a
-    # task family the catalog leaves out of training. Experiments evaluate on them
-    # (``out_of_distribution: true``); the pipeline itself does not.
-    out_of_distribution: dict[str, dict[str, Any]] = Field(default_factory=dict)
 
     @model_validator(mode="after")
-    def _records_for_policy(self) -> "Recipe":
+    def _records_for_policy(self) -> Any:
         # The convert stage measures prompts with the policy's tokenizer against the prompt
         # length its rollouts take, unless the records section names its own.
         self.records = for_policy(self.records, self.training)
         return self
 
     @model_validator(mode="after")
-    def _promotion_has_a_split(self) -> "Recipe":
+    def _promotion_has_a_split(self) -> Any:
         # Promotion compares models on this split: without questions there it would fail
         # only after every stage had run.
         if self.tracking.promote and getattr(self.catalog.split, self.tracking.promote_split) == 0:
@@ -91,7 +48,7 @@ class Recipe(BaseModel):
         return self
 
     @model_validator(mode="after")
-    def _ood_has_a_benchmark(self) -> "Recipe":
+    def _ood_has_a_benchmark(self) -> Any:
         # The ood split holds the evaluation-only benchmarks' questions and nothing else.
         if self.evaluation.split == OOD and not any(evaluation_only(b) for b in self.download.benchmarks):
             raise ValueError(f"evaluation.split is {OOD!r}, which holds the questions of "
@@ -101,7 +58,7 @@ class Recipe(BaseModel):
         return self
 
     @model_validator(mode="after")
-    def _best_checkpoint_is_kept(self) -> "Recipe":
+    def _best_checkpoint_is_kept(self) -> Any:
         if self.evaluation.checkpoint == "best_val" and not self.training.keep_best:
             raise ValueError("evaluation.checkpoint: best_val evaluates the checkpoint kept by validation: "
                              "set training.keep_best: true (with training.eval_steps), or checkpoint: last")
@@ -120,7 +77,7 @@ class Recipe(BaseModel):
         return BEST_MODEL if self.evaluation.checkpoint == "best_val" else "model"
 
     @model_validator(mode="after")
-    def _finite_numbers(self) -> "Recipe":
+    def _finite_numbers(self) -> Any:
         # NaN passes every "> 0" check as False only by luck and inf passes them all: no
         # recipe number may be either, whichever package's model holds it.
         bad = [path for path, value in _numbers(self.model_dump()) if not math.isfinite(value)]
@@ -129,7 +86,7 @@ class Recipe(BaseModel):
         return self
 
     @model_validator(mode="after")
-    def _given_models_are_not_promoted(self) -> "Recipe":
+    def _given_models_are_not_promoted(self) -> Any:
         # Promotion registers the last training stage's model; a recipe that evaluates a
         # given model (evaluation.model) trains none.
         if self.evaluation.model is not None and self.tracking.promote:
@@ -138,25 +95,54 @@ class Recipe(BaseModel):
         return self
 
 
-def backend_problems(recipe: Recipe, kinds: set[str] | None = None) -> list[str]:
-    """``section: what it lacks`` for each backend the stages of ``kinds`` (None: all) would
-    start and could not, in this environment (a server's URL, an API key)."""
-    used = [("perception", "perception.backend", recipe.perception.backend, True),
-            ("train", "training.reference", recipe.training.reference, True),
-            # The evaluated model is the trained one: its name is filled in by the pipeline.
-            ("evaluate", "evaluation.backend", recipe.evaluation.backend, False),
-            ("evaluate", "evaluation.consistency_judge", recipe.evaluation.consistency_judge, True)]
-    found = []
-    for kind, where, backend, needs_model in used:
-        if backend is not None and (kinds is None or kind in kinds):
-            if problem := backend.unready(needs_model):
+_MODELS: dict[tuple[int, ...], type[RecipeRules]] = {}
+
+
+def recipe_model(declared: tuple[Any, ...]) -> type[RecipeRules]:
+    """The Embodied-R recipe model of these stage kinds: each kind's section, in run order."""
+    if (made := _MODELS.get(tuple(map(id, declared)))) is not None:
+        return made
+    sections: dict[str, Any] = {}
+    for kind in declared:
+        if kind.section is not None and kind.section not in sections:
+            sections[kind.section] = ((kind.config | None, None) if kind.optional
+                                      else (kind.config, Field(default_factory=kind.config)))
+    made = _MODELS[tuple(map(id, declared))] = create_model(
+        "Recipe", __base__=RecipeRules, name=(str, ...), description=(str, ""), **sections,
+        # The SFT baseline (`embodied-r sft`); None takes the training environment and step cap.
+        sft=(SFTConfig | None, None),
+        # The original texts from the user's checkout (``prompts.file``), or this project's own.
+        prompts=(PromptsConfig, Field(default_factory=PromptsConfig)),
+        # Evaluation sets a trained model never trained on, each the overrides (dotted keys as
+        # ``--set`` writes them) that make an evaluation-only run of it: another benchmark, or a
+        # task family the catalog leaves out of training (``experiment --out-of-distribution``).
+        out_of_distribution=(dict[str, dict[str, Any]], Field(default_factory=dict)))
+    return made
+
+
+Recipe = recipe_model(kinds("embodied-r"))
+
+
+def backend_problems(recipe: Any, kinds_run: set[str] | None = None) -> list[str]:
+    """``section: what it lacks`` for each backend the stages of ``kinds_run`` (None: all) would
+    start and could not, in this environment (a server's URL, an API key). Before a run only
+    (``kinds_run`` given), what a section needs besides (``missing_before_run``)."""
+    found, besides = [], []
+    for kind in kinds(recipe_pipeline(recipe)):
+        section = getattr(recipe, kind.section, None) if kind.section else None
+        if section is None or (kinds_run is not None and kind.name not in kinds_run):
+            continue
+        for name, backend, needs_model in getattr(section, "backends", lambda: [])():
+            where = f"{kind.section}.{name}"
+            if backend is not None and (problem := backend.unready(needs_model)):
                 found.append(f"{where}: {problem}; set it in the recipe or with --set {where}.base_url=URL")
-    # Before a run only (``kinds`` given): a recipe that needs the user's own prompts file
-    # still validates, and its run stops now rather than after the key frames.
-    if kinds is not None and "perception" in kinds and recipe.perception.texts_required and recipe.perception.texts is None:
-        found.append("prompts.file: this recipe needs the original texts; write them with `embodied-r prompts "
-                     "import-official PATH` (your clone of EmbodiedCity/Embodied-R.code) and add --set prompts.file=FILE")
-    return found
+        if kinds_run is not None:
+            besides += getattr(section, "missing_before_run", lambda: [])()
+    return found + besides
+
+
+def recipe_pipeline(recipe: Any) -> str:
+    return "embodied-r" if isinstance(recipe, RecipeRules) else "embodied-reasoner"
 
 
 def _numbers(node: Any, path: str = "") -> Iterator[tuple[str, float]]:
@@ -170,46 +156,8 @@ def _numbers(node: Any, path: str = "") -> Iterator[tuple[str, float]]:
         yield path, node
 
 
-class RecipeError(ValueError):
-    """A recipe that cannot be found or does not validate; the message names the fix."""
-
-
 def available_recipes(folder: Path = RECIPES_DIR) -> list[str]:
     return sorted(p.stem for p in folder.glob("*.yaml"))
-
-
-def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    """``over`` merged into ``base``, mappings key by key. A mapping over a list changes items
-    of that list: by position (``"2"``), by the item's ``name`` (``stage3``), or every item
-    (``"*"``), so ``--set training.stages.stage3.rewards.consistency=0`` changes one stage and
-    keeps the others; any other value replaces what it lands on."""
-    out = dict(base)
-    for key, value in over.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = deep_merge(out[key], value)
-        elif isinstance(value, dict) and isinstance(out.get(key), list) and value:
-            out[key] = _merge_items(out[key], value, key)
-        else:
-            out[key] = value
-    return out
-
-
-def _merge_items(items: list[Any], over: dict[str, Any], where: str) -> list[Any]:
-    out = list(items)
-    names = {item.get("name"): i for i, item in enumerate(out) if isinstance(item, dict) and "name" in item}
-    for selector, value in over.items():
-        if selector == "*":
-            picked = range(len(out))
-        elif str(selector).isdigit() and int(selector) < len(out):
-            picked = [int(selector)]
-        elif selector in names:
-            picked = [names[selector]]
-        else:
-            known = ", ".join(str(n) for n in names) or f"0..{len(out) - 1}"
-            raise RecipeError(f"{where}.{selector}: no such item in {where}; name one of {known}, a position, or *")
-        for i in picked:
-            out[i] = deep_merge(out[i], value) if isinstance(value, dict) and isinstance(out[i], dict) else value
-    return out
 
 
 def _locate(name_or_path: str | Path, folder: Path) -> Path:
@@ -286,8 +234,15 @@ def validated(schema: type[Schema], data: Any, what: str) -> Schema:
         raise RecipeError(f"{what} does not validate: {wrong}") from None
 
 
-def load_recipe(name_or_path: str | Path, overrides: dict[str, Any] | None = None) -> Recipe:
-    return load_as(Recipe, name_or_path, overrides)
+def load_recipe(name_or_path: str | Path, overrides: dict[str, Any] | None = None) -> Any:
+    return load_as(recipe_model(kinds("embodied-r")), name_or_path, overrides)
+
+
+def load_reasoner(name_or_path: str | Path, overrides: dict[str, Any] | None = None) -> Any:
+    """An ``embodied-reasoner`` recipe."""
+    from embodied_r.interactive.config import ReasonerRecipe
+
+    return load_as(ReasonerRecipe, name_or_path, overrides, folder=REASONER_RECIPES, reasoner=True)
 
 
 def nested(overrides: dict[str, Any]) -> dict[str, Any]:

@@ -28,31 +28,32 @@ from __future__ import annotations
 import ast
 import hashlib
 import importlib
+import importlib.util
 import threading
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable
 
-from embodied_r.stage_kinds import kind_of
-
 PACKAGE = "embodied_r"
-STAGE_TABLE = "embodied_r.stage_kinds"
+# A stage kind's declaration: how it is scheduled and described, not what it computes.
+DECLARATION = "StageKind"
 TABLE = "BY_NAME"
 
 Runner = Callable[[Path, dict[str, Any], dict[str, str], "str | None"], dict[str, Any]]
 
 
-def runner(kind: str) -> Runner:
-    module, function = kind_of(kind).runner.split(":")
+def runner(named: str) -> Runner:
+    """The function a stage kind names as its runner (``module:function``), imported now."""
+    module, function = named.split(":")
     return getattr(importlib.import_module(module), function)
 
 
 ROOT = Path(__file__).resolve().parent
 
 
-def extra_key(kind: str, config: dict[str, Any]) -> str:
-    """What keys a stage beyond its config and code ("" for most stages)."""
-    named = kind_of(kind).extra_key
+def extra_key(named: str | None, config: dict[str, Any]) -> str:
+    """What keys a stage beyond its config and code: ``named`` ("module:function" of its
+    config) called, or "" (most stages)."""
     if named is None:
         return ""
     module, function = named.split(":")
@@ -61,9 +62,16 @@ def extra_key(kind: str, config: dict[str, Any]) -> str:
 
 @lru_cache(maxsize=None)
 def _source(module: str) -> Path | None:
-    """The file of a library module, found on disk: nothing is imported to hash a stage."""
+    """The file of a library module, found on disk: nothing is imported to hash a stage. A
+    module outside the library (a stage a user declares in a package of their own) is found
+    where Python would import it from."""
     if module != PACKAGE and not module.startswith(PACKAGE + "."):
-        return None
+        try:
+            spec = importlib.util.find_spec(module)
+        except (ImportError, ValueError):
+            return None
+        origin = Path(spec.origin) if spec is not None and spec.origin else None
+        return origin if origin is not None and origin.suffix == ".py" and origin.is_file() else None
     base = ROOT.joinpath(*module.split(".")[1:])
     for candidate in (base.with_suffix(".py"), base / "__init__.py"):
         if candidate.is_file():
@@ -122,7 +130,7 @@ def imports_of(module: str) -> frozenset[str]:
                 found.add(name)
     # Importing a module runs its packages' __init__ files too.
     parts = module.split(".")
-    found.update(".".join(parts[:i]) for i in range(1, len(parts)))
+    found.update(p for p in (".".join(parts[:i]) for i in range(1, len(parts))) if _is_module(p))
     found.discard(module)
     return frozenset(found)
 
@@ -182,10 +190,10 @@ def launches_of(module: str) -> frozenset[str]:
     them: those run only where a recipe says their word (``closure``). Nor are the stage
     table's: each stage runs its own kind's runner, from which its key starts."""
     tree = _tree(module)
-    if tree is None or module == STAGE_TABLE:
+    if tree is None:
         return frozenset()
     table = _table(tree)
-    skipped = _docstrings(tree) | ({id(node) for node in ast.walk(table)} if table else set())
+    skipped = _docstrings(tree) | {id(n) for top in [table, *_declarations(tree)] if top for n in ast.walk(top)}
     named = (named_module(node.value) for node in ast.walk(tree)
              if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skipped)
     return frozenset(name for name in named if name and name != module and _is_module(name))
@@ -233,8 +241,17 @@ def _canonical(node: Any, docstrings: set[int]) -> str:
     return f"{type(node).__name__}({','.join(fields)})"
 
 
+def _declarations(tree: ast.Module) -> list[ast.stmt]:
+    """The module's ``NAME = StageKind(...)`` statements: a stage kind's declaration names its
+    runner and sets its pool, retries and help, none of which changes what a stage computes, so
+    neither its strings nor its edits join a key (what it reads keys the stage as its inputs)."""
+    return [node for node in tree.body if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
+            and getattr(node.value.func, "id", getattr(node.value.func, "attr", "")) == DECLARATION]
+
+
 def _digest(tree: ast.Module) -> str:
-    return hashlib.sha256(_canonical(tree, _docstrings(tree)).encode()).hexdigest()
+    kept = ast.Module(body=[n for n in tree.body if n not in _declarations(tree)], type_ignores=[])
+    return hashlib.sha256(_canonical(kept, _docstrings(tree)).encode()).hexdigest()
 
 
 def source_version(source: str) -> str:
@@ -246,7 +263,7 @@ def source_version(source: str) -> str:
 def module_version(module: str) -> str:
     """sha256 of one module's code (``module`` dotted, with or without the package); a module
     that does not exist is an error, never a constant hash."""
-    name = module if module.startswith(PACKAGE) else f"{PACKAGE}.{module}"
+    name = module if module.startswith(PACKAGE) or _source(module) else f"{PACKAGE}.{module}"
     tree = _tree(name)
     if tree is None:
         raise ValueError(f"no library module {name!r} to hash (moved or renamed? its name is kept "
@@ -261,10 +278,11 @@ def modules_version(modules: tuple[str, ...] | list[str]) -> str:
     return h.hexdigest()
 
 
-def stage_modules(kind: str, config: Any = None, inputs: Any = None) -> tuple[str, ...]:
-    """The library modules a stage of ``kind`` runs with this config and these inputs."""
-    return closure(kind_of(kind).runner.split(":")[0], said(config) | said(inputs))
+def stage_modules(runner: str, config: Any = None, inputs: Any = None) -> tuple[str, ...]:
+    """The library modules a stage whose runner is ``runner`` ("module:function" or a module)
+    runs with this config and these inputs."""
+    return closure(runner.split(":")[0], said(config) | said(inputs))
 
 
-def code_version(kind: str, config: Any = None, inputs: Any = None) -> str:
-    return modules_version(stage_modules(kind, config, inputs))
+def code_version(runner: str, config: Any = None, inputs: Any = None) -> str:
+    return modules_version(stage_modules(runner, config, inputs))

@@ -1,14 +1,7 @@
-"""A planned stage, its cache key, the plan of a run and the builder both pipelines plan with.
+"""A stage kind's declaration, a planned stage and its key, a run's plan, and the builder.
 
-A stage's key hashes its own config (less its operational settings), the keys of the stages
-it reads and the source of the library modules it runs (``runners.code_version``), so editing
-a stage's config or code recomputes that stage and everything after it, and nothing before.
-
-What a stage reads is declared once, by its kind (``StageKind.inputs``): the builder turns
-those declarations into the stage's input paths and the stages it depends on, so no list of
-dependencies is written anywhere else. A run builds its ``Plan`` once, where it starts, and
-hands it to everything after it (the loop, the pools' flow runs, their shards, promotion and
-the lifecycle commands) as JSON; nothing downstream plans again.
+A key hashes a stage's config less its operational settings, the keys of the stages it reads
+and the code it runs, so an edit recomputes that stage and what reads it, nothing before.
 """
 
 from __future__ import annotations
@@ -16,11 +9,93 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Literal, Mapping
 
 from embodied_r.io import is_complete, payload_key
+from embodied_r.settings import result_settings
 from embodied_r.runners import code_version, extra_key
-from embodied_r.stage_kinds import MODEL, Pipeline, kind_of
+
+Pool = Literal["cpu", "gpu-infer", "gpu-train"]
+# Which figure a stage's done line leads with: an evaluation's accuracy, a trainer's steps
+# and why it stopped, or items done and failed.
+Headline = Literal["items", "training", "accuracy"]
+Pipeline = Literal["embodied-r", "embodied-reasoner"]
+REFRESH_NOTE = "Set refresh=true to recompute it and discard what depends on it."
+# An input that is the model the stages before have reached: the ``model/`` of the last stage
+# of a kind that ``makes_model``, else the model the pipeline starts from.
+MODEL = "model"
+# A backend's ``model`` naming the warm start's model (frozen): the consistency reference of
+# training and evaluation's judge, taught the reference's task beside the policy's.
+WARMSTART = "warmstart"
+# The figures a stage's Prefect summary shows first (``StageKind.figures``), by what it makes.
+TIMING = ("split", "seconds", "seconds_per_step")
+ITEMS = ("items", "videos", "done", "failed", "keyframes_mean", "questions", "records") + TIMING
+TRAINING = ("steps", "epochs_reached", "stopped_by", "final_reward", "final_rewards_format_reward_mean",
+            "final_rewards_accuracy_reward_mean", "final_kl", "done", "failed") + TIMING
+ACCURACY = ("accuracy/overall", "accuracy/macro", "accuracy/paper_tasks", "count/overall", "done", "failed") + TIMING
+
+
+@dataclass(frozen=True)
+class StageKind:
+    """One kind of stage, declared once beside its config model in the package that runs it."""
+
+    name: str
+    runner: str  # "module:function", called as (out, config, inputs, mlflow_run_id) -> summary
+    pool: Pool
+    help: str  # the CLI's help line; the deployment's description starts with it
+    # The recipe section it is configured by (None: none of its own), with that section's model.
+    section: str | None = None
+    config: Any = None
+    optional: bool = False  # the section may be null: the recipe leaves the stage out
+    # How a recipe becomes this kind's stages: ``expand(recipe, builder, kind)`` adds them. None:
+    # one stage named after the kind, configured by its section.
+    expand: Callable[..., None] | None = None
+    # What it reads, by input name: "<kind>" the folder of that kind's last stage planned before
+    # it, "<kind>/<path>" a path inside that folder, MODEL the model reached so far. An input
+    # whose kind has no stage in a plan (an optional stage) is left out.
+    inputs: Mapping[str, str] = field(default_factory=dict)
+    makes_model: bool = False  # its folder's model/ is what the stages after it start from
+    retries: int = 0  # whole-stage retries: each resumes per item, so one is cheap
+    retry_delay_s: int = 0
+    unit: str = "items"  # what its progress counts, as an interrupted run says it
+    headline: Headline = "items"
+    pipeline: Pipeline = "embodied-r"
+    # What keys it beyond its config and code, as "module:function" of its config dict (the
+    # download stage's local mirror).
+    extra_key: str | None = None
+    figures: tuple[str, ...] = ()  # its Prefect summary's first figures, in order
+    # Its trainer child logs its own arguments into the stage's MLflow run (under ``trainer.``),
+    # so the recipe's settings go under the kind's name, to read apart.
+    self_reporting: bool = False
+    # Its runs chart per-step curves: its summary's single figures are params, not one-point charts.
+    summary_as_params: bool = False
+    command: bool = True  # a CLI command of its own (``embodied-r <kind>``)
+    # Its result lives in the MLflow store (the registry): with the store lost the run leaves it
+    # to the rerun instead of failing on it.
+    needs_tracking: bool = False
+
+    @property
+    def flow_name(self) -> str:
+        return f"embodied-r-{self.name}" if self.pipeline == "embodied-r" else "embodied-reasoner-stage"
+
+    @property
+    def deployment_name(self) -> str:
+        return self.name if self.pipeline == "embodied-r" else self.name.removeprefix("reasoner_")
+
+    @property
+    def deployment(self) -> str:
+        """``<flow>/<deployment>`` as ``run_deployment`` and ``prefect deployment run`` take it."""
+        return f"{self.flow_name}/{self.deployment_name}"
+
+    @property
+    def entrypoint(self) -> str:
+        return (f"flows/stages.py:{self.name}_flow" if self.pipeline == "embodied-r"
+                else "flows/reasoner.py:reasoner_stage")
+
+    @property
+    def description(self) -> str:
+        return f"{self.help[0].upper()}{self.help[1:]}. {REFRESH_NOTE}"
+
 
 PLAN_FILE = "plan.json"
 
@@ -49,15 +124,6 @@ class StagePlan:
     @property
     def complete(self) -> bool:
         return is_complete(Path(self.out))
-
-    @property
-    def params(self) -> dict[str, Any]:
-        """What its MLflow run records as params. A stage whose trainer reports its own
-        arguments into the same run (under ``trainer.``) keeps its recipe settings under the
-        stage's kind (``warmstart.learning_rate`` beside ``trainer.learning_rate``), so the two
-        read apart."""
-        return {self.kind: self.config} if kind_of(self.kind).self_reporting else self.config
-
 
 class Plan(dict[str, StagePlan]):
     """A run's stages in run order (a dict of name to ``StagePlan``), with the recipe they were
@@ -141,20 +207,25 @@ def downstream(stages: Mapping[str, StagePlan], names: list[str]) -> list[str]:
     return [s for s in stages if s in hit]
 
 
-def stage_key(kind: str, keyed: dict[str, Any], upstream: list[str], extra: str = "",
+def stage_key(kind: StageKind, keyed: dict[str, Any], upstream: list[str], extra: str = "",
               config: dict[str, Any] | None = None, inputs: dict[str, str] | None = None) -> str:
     """The 16-hex name of a stage's folder. ``config`` and ``inputs``, what the runner gets,
     pick the code it runs by name (a backend ``kind: world``, a model ``tiny:lm``)."""
-    return payload_key({"kind": kind, "config": keyed, "upstream": upstream,
-                        "code": code_version(kind, config, inputs), "extra": extra})
+    return payload_key({"kind": kind.name, "config": keyed, "upstream": upstream,
+                        "code": code_version(kind.runner, config, inputs), "extra": extra})
 
 
 @dataclass(frozen=True)
 class Ref:
-    """One planned stage's folder (or a path inside it) as an input: the stage becomes a dependency."""
+    """A planned stage's folder (or a path inside it), in a stage's inputs or anywhere in its
+    config: the stage becomes a dependency, the runner gets the path and the key the reference."""
 
     stage: str
     path: str = ""
+
+    @property
+    def named(self) -> str:
+        return f"{self.stage}/{self.path}" if self.path else self.stage
 
 
 # What a stage's input may be given as: a literal (a path, a model reference), a planned
@@ -164,9 +235,7 @@ Input = str | Ref | Mapping[str, "str | Ref"]
 
 class PlanBuilder:
     """Stages added in run order under ``root/stages``, each reading what its kind declares
-    (``StageKind.inputs``): a kind's last stage planned so far, a file in its folder, or the
-    model the stages so far have reached (``model``: the last model-making stage's ``model/``,
-    else what the pipeline starts from)."""
+    (``StageKind.inputs``) and what its config references (``Ref``)."""
 
     def __init__(self, root: Path, model: str = ""):
         self.root = Path(root)
@@ -177,49 +246,87 @@ class PlanBuilder:
         return next((n for n in reversed(self.stages) if self.stages[n].kind == kind), None)
 
     def _declared(self, value: str) -> Input | None:
-        """What a kind's declaration names (``MODEL``, ``<kind>`` or ``<kind>/<path>``), as
-        this plan has it so far; None when the plan has no stage of that kind."""
+        """What a declaration names (``MODEL``, ``<kind>`` or ``<kind>/<path>``) as this plan
+        has it so far; None when the plan has no stage of that kind."""
         if value == MODEL:
             return self.model
         kind, _, sub = value.partition("/")
         stage = self.last(kind)
         return None if stage is None else Ref(stage, sub)
 
+    def warm_model(self, where: str) -> Ref:
+        """The warm start's model, for a backend at ``where`` whose ``model`` says ``warmstart``."""
+        if WARMSTART not in self.stages:
+            raise StageError(f"{where}.model is {WARMSTART!r} but the recipe has no warmstart section")
+        return Ref(WARMSTART, "model")
+
+    def path(self, ref: Ref, where: str) -> str:
+        if ref.stage not in self.stages:
+            raise StageError(f"{where} reads stage {ref.stage!r}, which is not planned before it")
+        out = Path(self.stages[ref.stage].out)
+        return str(out / ref.path if ref.path else out)
+
     def _resolve(self, name: str, value: Input) -> tuple[str, set[str]]:
-        """An input's value and the stages it comes from. A mapping of labels to inputs is
-        one JSON text of their values."""
+        """An input's value and the stages it comes from; labels mapped to inputs are one JSON text."""
         if isinstance(value, Mapping):
             found = {label: self._resolve(f"{name}.{label}", v) for label, v in value.items()}
             return json.dumps({label: f[0] for label, f in found.items()}), set().union(*(f[1] for f in found.values()))
         if isinstance(value, Ref):
-            if value.stage not in self.stages:
-                raise StageError(f"input {name!r} reads stage {value.stage!r}, which is not planned before it")
-            out = Path(self.stages[value.stage].out)
-            return str(out / value.path if value.path else out), {value.stage}
+            return self.path(value, f"input {name!r}"), {value.stage}
         return str(value), set()
 
-    def add(self, name: str, kind: str, config: dict[str, Any], *, keyed: dict[str, Any],
+    def _bind(self, value: Any, deps: set[str], where: str, keyed: bool) -> Any:
+        """``value`` with each ``Ref`` in it made the runner's path (or, for the key, the
+        reference itself: a moved home keeps its keys); its stages join ``deps``."""
+        if isinstance(value, Ref):
+            deps.add(value.stage)
+            return {"stage_output": value.named} if keyed else self.path(value, where)
+        if isinstance(value, dict):
+            return {k: self._bind(v, deps, f"{where}.{k}", keyed) for k, v in value.items()}
+        if isinstance(value, list):
+            return [self._bind(v, deps, where, keyed) for v in value]
+        return value
+
+    def add(self, kind: StageKind, name: str, config: dict[str, Any], *, keyed: dict[str, Any],
             inputs: Mapping[str, Input] | None = None) -> StagePlan:
-        """Plan stage ``name``: its kind's declared inputs, with ``inputs`` adding to or
-        replacing them (a literal, a ``Ref`` to a planned stage, or a mapping of such as one
-        JSON input). ``config`` is what the runner gets; ``keyed`` is it less its operational
-        settings (``settings.result_settings``), so raising a limit or moving a server resumes
-        the same folder; a kind with an ``extra_key`` is keyed by it too."""
+        """Plan stage ``name``: its kind's declared inputs, with ``inputs`` adding to or replacing
+        them. ``config`` is what the runner gets; ``keyed`` is it less its operational settings
+        (``settings.result_settings``); a kind with an ``extra_key`` is keyed by it too."""
         resolved: dict[str, str] = {}
         deps: set[str] = set()
-        declared = {n: self._declared(v) for n, v in kind_of(kind).inputs.items()}
+        declared = {n: self._declared(v) for n, v in kind.inputs.items()}
         given = {**{n: v for n, v in declared.items() if v is not None}, **(inputs or {})}
         for input_name, value in given.items():
             resolved[input_name], found = self._resolve(input_name, value)
             deps |= found
+        config = self._bind(config, deps, name, keyed=False)
+        keyed = self._bind(keyed, deps, name, keyed=True)
         ordered = [d for d in self.stages if d in deps]
-        key = stage_key(kind, keyed, [self.stages[d].key for d in ordered], extra_key(kind, config), config, resolved)
-        sp = StagePlan(name=name, kind=kind, key=key, out=str(self.root / "stages" / name / key),
+        key = stage_key(kind, keyed, [self.stages[d].key for d in ordered], extra_key(kind.extra_key, config),
+                        config, resolved)
+        sp = StagePlan(name=name, kind=kind.name, key=key, out=str(self.root / "stages" / name / key),
                        deps=tuple(ordered), inputs=resolved, config=config)
         self.stages[name] = sp
-        if kind_of(kind).makes_model:
+        if kind.makes_model:
             self.model = Ref(name, "model")
         return sp
 
     def plan(self, pipeline: Pipeline, recipe: dict[str, Any]) -> Plan:
         return Plan(self.stages, pipeline=pipeline, recipe=recipe, root=self.root)
+
+
+def plan_stages(declared: tuple[StageKind, ...], recipe: Any, root: Path, model: str) -> Plan:
+    """A recipe's stages in run order: each kind's expansion in turn, or, for a kind without one,
+    one stage named after it, configured by its section (left out where an optional section is
+    null; a kind without a section gets an empty config)."""
+    builder = PlanBuilder(root, model=model)
+    for kind in declared:
+        if kind.expand is not None:
+            kind.expand(recipe, builder, kind)
+            continue
+        section = getattr(recipe, kind.section) if kind.section else None
+        if section is None and kind.optional:
+            continue
+        config, keyed = ({}, {}) if section is None else (section.model_dump(mode="json"), result_settings(section))
+        builder.add(kind, kind.name, config, keyed=keyed)
+    return builder.plan(declared[0].pipeline, recipe.model_dump(mode="json"))

@@ -13,12 +13,31 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Literal
+
+from pydantic import BaseModel, ConfigDict
 
 from embodied_r.io import OUTPUTS_KEY
 from embodied_r.paths import artifacts_root, default_tracking_uri, home_lock
 from embodied_r.store_open import ENVIRONMENT, HOME, RECIPE, note_origin
 from embodied_r.tracking_store import check_store, guard, guarded, opening
+
+MODEL_NAME = "embodied-r-reasoner"  # the registered model's name unless a recipe names another
+
+
+class TrackingConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    experiment: str = "embodied-r"
+    # None: $MLFLOW_TRACKING_URI, else a SQLite store under the project home.
+    tracking_uri: str | None = None
+    registered_model: str = MODEL_NAME
+    # After evaluation, register the trained reasoner (once per model) and give it the
+    # champion alias when it beats chance, the warm-started policy (recipes with a warm
+    # start) and the current champion on ``promote_split``.
+    promote: bool = False
+    promote_split: Literal["train", "val", "test"] = "val"
+    promote_metric: str = "accuracy/overall"
 
 # Keys that could hold a secret are never logged, whatever section they sit in.
 _SECRET_WORDS = ("api_key", "token", "secret", "password")

@@ -13,7 +13,8 @@ from typing import Any
 
 from prefect import flow
 
-from embodied_r.config import Recipe, deep_merge, load_recipe
+from embodied_r.config import Recipe, load_recipe
+from embodied_r.merge import deep_merge
 from embodied_r.experiments.compare import (
     IN_DISTRIBUTION,
     Cell,

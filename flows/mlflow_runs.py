@@ -15,6 +15,7 @@ from typing import Any
 
 from embodied_r.evaluation.learning import PAIRED, PHASES, SIGNATURES_TAG, training_signatures
 from embodied_r.pipeline import StagePlan
+from embodied_r.stage_kinds import params
 from embodied_r.tracking import (RUN_LIST_VIEW, STAGE_ARTIFACTS, STAGE_TABLES, Tracker, headline_metrics,
                                  numeric_metrics, record_stage)
 
@@ -147,7 +148,7 @@ def log_cached_stage(tracker: Tracker, sp: StagePlan, summary: dict[str, Any]) -
     run. Returns the source run's id ("" when no run of this store made it)."""
     source = source_run(tracker, sp)
     source_id = source.info.run_id if source is not None else ""
-    run_id = tracker.start_stage(sp.name, sp.params, tags={
+    run_id = tracker.start_stage(sp.name, params(sp), tags={
         "stage_key": sp.key, "output": sp.out, "cache_hit": "true", "source_run_id": source_id})
     if source is not None:
         copy_history(tracker, source_id, run_id)

@@ -119,7 +119,7 @@ def scoped_env(**values: str) -> Iterator[None]:
 def recipe_of(stages: Plan) -> Any:
     """The validated recipe a plan was made from."""
     if stages.pipeline == "embodied-reasoner":
-        from embodied_r.interactive.recipe import ReasonerRecipe
+        from embodied_r.interactive.config import ReasonerRecipe
 
         return ReasonerRecipe.model_validate(stages.recipe)
     from embodied_r.config import Recipe
@@ -133,14 +133,10 @@ def plan_of(pipeline: str, recipe: str, overrides: dict[str, Any] | None, home: 
     from embodied_r import paths
 
     root = paths.claim_home(Path(home).expanduser().resolve() if home else paths.home())
-    if pipeline == "embodied-reasoner":
-        from embodied_r.interactive.recipe import load, plan
-
-        return plan(load(recipe, overrides), root)
-    from embodied_r.config import load_recipe
+    from embodied_r.config import load_reasoner, load_recipe
     from embodied_r.pipeline import plan
 
-    return plan(load_recipe(recipe, overrides), root)
+    return plan((load_reasoner if pipeline == "embodied-reasoner" else load_recipe)(recipe, overrides), root)
 
 
 def given_plan(plan: dict[str, Any] | None, pipeline: str, recipe: str, overrides: dict[str, Any] | None,

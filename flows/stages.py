@@ -49,5 +49,20 @@ def _make(kind: str) -> Callable[..., dict[str, Any]]:
     return flow(name=kind_of(kind).flow_name, log_prints=True, flow_run_name=flow_run_name)(stage_flow)
 
 
-STAGE_FLOWS: dict[str, Callable[..., dict[str, Any]]] = {k.name: _make(k.name) for k in kinds("embodied-r")}
-globals().update({f"{kind}_flow": stage_flow for kind, stage_flow in STAGE_FLOWS.items()})
+class _Flows(dict[str, Callable[..., dict[str, Any]]]):
+    """One flow per Embodied-R stage kind, made when first asked for."""
+
+    def __missing__(self, name: str) -> Callable[..., dict[str, Any]]:
+        kind_of(name)  # an unknown kind is refused by name
+        made = self[name] = _make(name)
+        return made
+
+
+STAGE_FLOWS = _Flows({k.name: _make(k.name) for k in kinds("embodied-r")})
+
+
+def __getattr__(name: str) -> Any:
+    """``<kind>_flow``, as ``prefect.yaml``'s entrypoints name each stage's flow."""
+    if name.endswith("_flow"):
+        return STAGE_FLOWS[name.removesuffix("_flow")]
+    raise AttributeError(name)

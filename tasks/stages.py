@@ -25,7 +25,7 @@ from embodied_r.faults import DiskFull, WriteFailure, disk_full, disk_full_line,
 from embodied_r.io import partial_path, read_summary
 from embodied_r.paths import home, home_line, in_home, refused
 from embodied_r.pipeline import StagePlan, execute
-from embodied_r.stage_kinds import KINDS, kind_of
+from embodied_r.stage_kinds import KINDS, kind_of, params
 from embodied_r.tracking import Tracker, record_stage
 
 
@@ -100,7 +100,7 @@ def run_stage(stage: dict[str, Any], tracker: Tracker | None = None) -> dict[str
     if tracker is not None:
         # A tracking store that stopped answering costs no work: the stage runs untracked.
         with tracker.guard(sp.name):
-            run_id = tracker.start_stage(sp.name, sp.params, tags={"stage_key": sp.key, "output": sp.out})
+            run_id = tracker.start_stage(sp.name, params(sp), tags={"stage_key": sp.key, "output": sp.out})
     _announce(sp, "started")
     progress.begin(sp.name)
     started = time.monotonic()
@@ -217,4 +217,13 @@ def _task(name: str, retries: int, retry_delay_s: int) -> Task:
                 retry_condition_fn=_worth_retrying, cache_policy=NO_CACHE, persist_result=False)
 
 
-STAGE_TASKS: dict[str, Task] = {k.name: _task(k.name, k.retries, k.retry_delay_s) for k in KINDS}
+class _Tasks(dict[str, Task]):
+    """One Prefect task per stage kind, made when first asked for."""
+
+    def __missing__(self, name: str) -> Task:
+        kind = kind_of(name)
+        made = self[name] = _task(kind.name, kind.retries, kind.retry_delay_s)
+        return made
+
+
+STAGE_TASKS = _Tasks({k.name: _task(k.name, k.retries, k.retry_delay_s) for k in KINDS})

@@ -3,6 +3,7 @@ no import circles, and each sub-package imports only what its ``__init__`` says 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ from embodied_r.stage_kinds import KINDS
 
 # Modules at the top of the package that every stage may use.
 FOUNDATION = {"io", "paths", "progress", "schemas", "benchmark_rules", "tracking", "runners", "faults", "settings",
-              "stage_kinds", "stage_plan", "shards", "tracking_store", "store_open", "explain"}
+              "stage_plan", "merge", "shards", "tracking_store", "store_open", "explain"}
 # What each sub-package (or top-level module) may import besides itself and the foundation.
 ALLOWED: dict[str, set[str]] = {
     "backends": set(),
@@ -25,10 +26,12 @@ ALLOWED: dict[str, set[str]] = {
     "evaluation": {"backends", "scoring"},
     # Embodied-Reasoner: its plan is stage_plan's (foundation), its recipe merge config's, its
     # trainer child training's (``embodied_r/interactive/__init__.py`` says which parts).
-    "interactive": {"config", "backends", "training", "prompts"},
+    "interactive": {"backends", "training", "prompts"},
     "prompts": set(),
-    "config": {"data", "synthetic", "keyframes", "perception", "backends", "training", "evaluation", "prompts"},
-    "pipeline": {"config"},
+    # The stage kinds' list: each kind's declaration, in the package that runs it.
+    "stage_kinds": {"data", "keyframes", "perception", "training", "evaluation", "interactive"},
+    "config": {"stage_kinds", "interactive", "training", "prompts"},
+    "pipeline": {"config", "stage_kinds"},
     "lifecycle": {"config", "pipeline", "data", "synthetic", "keyframes", "perception", "backends", "scoring",
                   "training", "evaluation"},
     # The checks before training: they train and score with the tiny models and read the recipes.
@@ -257,7 +260,7 @@ def test_every_stage_kind_is_a_flow_a_task_and_a_command():
     Embodied-R kind, each kind's runner importable."""
     import importlib
 
-    from embodied_r.apps.cli import STAGE_COMMANDS
+    from embodied_r.apps.cli import stage_commands
     from flows import stages as stage_flows
     from tasks.stages import STAGE_TASKS
 
@@ -267,7 +270,7 @@ def test_every_stage_kind_is_a_flow_a_task_and_a_command():
         assert callable(getattr(importlib.import_module(module), function)), kind.runner
         assert STAGE_TASKS[kind.name].retries == kind.retries, kind.name
         if kind.pipeline == "embodied-r":
-            assert STAGE_COMMANDS.get(kind.name) == (kind.help if kind.command else None)
+            assert stage_commands().get(kind.name) == (kind.help if kind.command else None)
             assert getattr(stage_flows, f"{kind.name}_flow").name == kind.flow_name
 
 
@@ -277,33 +280,65 @@ def test_each_stage_depends_on_exactly_the_stages_its_inputs_read(tmp_path: Path
     from embodied_r.config import load_recipe
     from embodied_r.pipeline import plan
 
-    from embodied_r.interactive import recipe as reasoner
+    from embodied_r.config import load_reasoner
 
     plans = [plan(load_recipe(name), tmp_path) for name in ("demo", "paper", "released", "official-script")]
-    plans.append(reasoner.plan(reasoner.load("reasoner-demo"), tmp_path))
+    plans.append(plan(load_reasoner("reasoner-demo"), tmp_path))
     for stages in plans:
         for sp in stages.values():
-            named = {n for n, other in stages.items() if n != sp.name and any(other.out in v for v in sp.inputs.values())}
+            said = [*sp.inputs.values(), json.dumps(sp.config)]
+            named = {n for n, other in stages.items() if n != sp.name and any(other.out in v for v in said)}
             assert set(sp.deps) == named, (stages.recipe_name, sp.name, sp.deps, named)
             assert list(sp.deps) == [n for n in stages if n in named]  # in run order
 
 
-def test_a_kind_the_plan_does_not_place_runs_after_what_it_reads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    """Adding a stage is one entry of the table and its module: the plan places it."""
-    from embodied_r import pipeline
+def test_a_declared_kind_is_planned_where_the_list_puts_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """Adding a stage is its declaration and its line in the list: the plan places it there,
+    reading what it declares, keyed by it (its run, listing and deployment: test_flow_demo)."""
+    from embodied_r import stage_kinds
     from embodied_r.config import load_recipe
-    from embodied_r.stage_kinds import STAGE_KINDS, StageKind, kinds
+    from embodied_r.pipeline import plan
+    from embodied_r.runners import stage_modules
+    from embodied_r.stage_plan import StageKind
 
     extra = StageKind("planted", "embodied_r.data.catalog:run_stage", "cpu", "a planted stage",
                       inputs={"records": "convert", "catalog": "preprocess/catalog.parquet"})
-    monkeypatch.setitem(STAGE_KINDS, "planted", extra)
-    monkeypatch.setattr(pipeline, "kinds", lambda name: (*kinds(name), extra))
-    stages = pipeline.plan(load_recipe("demo"), tmp_path)
-    assert list(stages)[-1] == "planted"
+    at = [k.name for k in stage_kinds.KINDS].index("convert") + 1
+    monkeypatch.setattr(stage_kinds, "KINDS", [*stage_kinds.KINDS[:at], extra, *stage_kinds.KINDS[at:]])
+    stages = plan(load_recipe("demo"), tmp_path)
+    assert list(stages)[list(stages).index("convert"):][:3] == ["convert", "planted", "warmstart"]
     planted = stages["planted"]
     assert planted.deps == ("preprocess", "convert") and planted.config == {}
     assert planted.inputs == {"records": stages["convert"].out,
                               "catalog": str(Path(stages["preprocess"].out) / "catalog.parquet")}
-    # Its key follows what it reads.
-    changed = pipeline.plan(load_recipe("demo", {"records": {"system_prompt": "Another prompt."}}), tmp_path)
+    assert "embodied_r.data.catalog" in stage_modules(extra.runner)
+    # Its key follows what it reads; nothing after it reads it, so no other key moves.
+    changed = plan(load_recipe("demo", {"records": {"system_prompt": "Another prompt."}}), tmp_path)
     assert changed["planted"].key != planted.key
+    monkeypatch.undo()
+    assert {n: sp.key for n, sp in plan(load_recipe("demo"), tmp_path).items()} == {
+        n: sp.key for n, sp in stages.items() if n != "planted"}
+
+
+def test_the_warm_model_a_backend_names_is_an_edge(tmp_path: Path):
+    """A backend whose model is the warm start's depends on it: refreshing the warm start
+    recomputes the untrained baseline its judge is, and no key holds the home's path."""
+    from embodied_r.config import load_recipe
+    from embodied_r.pipeline import plan
+
+    stages = plan(load_recipe("demo"), tmp_path / "a")
+    for name in ("train_stage2", "train_stage3", "evaluate_untrained", "evaluate", "promote"):
+        assert "warmstart" in stages[name].deps, name
+    assert "evaluate_untrained" in stages.downstream(["warmstart"])
+    judge = stages["evaluate_untrained"].config["consistency_judge"]["model"]
+    assert judge == str(Path(stages["warmstart"].out) / "model")
+    with pytest.raises(Exception, match="reads the output of convert, warmstart"):
+        stages.select(["evaluate_untrained"])
+    moved = plan(load_recipe("demo"), tmp_path / "b")
+    assert {n: sp.key for n, sp in moved.items()} == {n: sp.key for n, sp in stages.items()}
+
+
+def test_prefect_yaml_is_made_from_the_declarations():
+    from flows.deployments import PREFECT_YAML, render
+
+    assert PREFECT_YAML.read_text() == render(), "prefect.yaml is made by `python -m flows.deployments`: run it"

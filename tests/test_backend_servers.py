@@ -18,7 +18,8 @@ from pydantic import ValidationError
 from embodied_r.backends.base import BackendConfig
 from embodied_r.backends.openai_compat import OpenAIBackend
 from embodied_r.faults import InfraFailure
-from embodied_r.perception.stage import PerceptionConfig, run_perception
+from embodied_r.perception.stage import run_perception
+from embodied_r.perception.config import PerceptionConfig
 from embodied_r.settings import result_settings
 from test_perception import make_inputs
 from test_perception_http import RecordingServer

@@ -25,7 +25,8 @@ from embodied_r.config import load_recipe
 from embodied_r.evaluation.config import EvaluationConfig
 from embodied_r.io import table_from_records, write_parquet_atomic
 from embodied_r.pipeline import StageError, plan
-from embodied_r.training.records import RecordsConfig, run_records
+from embodied_r.training.records import run_records
+from embodied_r.training.records_config import RecordsConfig
 from test_evaluation import ScriptedModels
 from test_records import VIDEO, catalog_row, write_inputs
 

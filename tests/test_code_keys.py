@@ -14,14 +14,14 @@ import pytest
 
 from embodied_r import runners
 from embodied_r.config import available_recipes, load_recipe
-from embodied_r.interactive import recipe as reasoner
+from embodied_r.config import REASONER_RECIPES, load_reasoner
 from embodied_r.pipeline import plan
 from embodied_r.runners import PACKAGE, ROOT, source_version, stage_modules
 from embodied_r.stage_kinds import kind_of
 from tests.test_architecture import library_modules
 
 EMBODIED_R = {name: load_recipe(name) for name in available_recipes()}
-REASONER = {p.stem: reasoner.load(p.stem) for p in sorted(reasoner.RECIPES.glob("*.yaml"))}
+REASONER = {p.stem: load_reasoner(p.stem) for p in sorted(REASONER_RECIPES.glob("*.yaml"))}
 # The trainer machinery Embodied-Reasoner shares with Embodied-R (``interactive/__init__.py``):
 # the child process, its entry and arguments, step lines and the figures of a run.
 SHARED_TRAINER = {f"{PACKAGE}.training{m}" for m in ("", ".environment", ".multinode", ".child", ".callbacks",
@@ -37,7 +37,7 @@ def package_of(module: str) -> str:
 def all_plans(home: Path, recipes: set[str] | None = None) -> dict[str, dict]:
     """Every shipped recipe's plan (or those named)."""
     plans = {name: plan(r, home) for name, r in EMBODIED_R.items() if recipes is None or name in recipes}
-    plans.update({name: reasoner.plan(r, home) for name, r in REASONER.items() if recipes is None or name in recipes})
+    plans.update({name: plan(r, home) for name, r in REASONER.items() if recipes is None or name in recipes})
     return plans
 
 
@@ -198,7 +198,7 @@ def test_the_demo_code_keys_only_the_recipes_that_name_it(moved):
 
     def demo_modules(recipe: str, stage: str) -> set[str]:
         sp = plans[recipe][stage]
-        return {m for m in stage_modules(sp.kind, sp.config, sp.inputs) if package_of(m) == "demo"}
+        return {m for m in stage_modules(kind_of(sp.kind).runner, sp.config, sp.inputs) if package_of(m) == "demo"}
 
     assert all(not demo_modules("paper", s) for s in plans["paper"])
     assert all(not demo_modules("reasoner-paper", s) for s in plans["reasoner-paper"])
@@ -290,7 +290,7 @@ def test_plan_lists_the_modules_in_a_stage_key(capsys):
     assert main(["plan", "--recipe", "paper", "--modules", "perception"]) == 0
     lines = capsys.readouterr().out.splitlines()
     sp = plan(EMBODIED_R["paper"])["perception"]
-    assert lines == [f"perception     to do    {sp.out}"] + [f"    {m}" for m in stage_modules(sp.kind, sp.config, sp.inputs)]
+    assert lines == [f"perception     to do    {sp.out}"] + [f"    {m}" for m in stage_modules(kind_of(sp.kind).runner, sp.config, sp.inputs)]
     listed = {line.strip() for line in lines[1:]}
     assert f"{PACKAGE}.perception.parse" in listed
     assert not {m for m in listed if package_of(m) in ("interactive", "demo", "training")}

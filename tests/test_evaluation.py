@@ -16,7 +16,8 @@ from embodied_r.backends.base import BackendConfig
 from embodied_r.evaluation.config import EvaluationConfig
 from embodied_r.evaluation.stage import run_evaluation
 from embodied_r.io import ItemLog, partial_path
-from embodied_r.training.records import RecordsConfig, run_records
+from embodied_r.training.records import run_records
+from embodied_r.training.records_config import RecordsConfig
 from embodied_r.evaluation.report import REPORT_FILES, table_rows_from_folder
 from test_records import VIDEO, catalog_row, write_inputs
 from tests.servers import ChatStub, StubReply, completion

@@ -323,7 +323,7 @@ def test_only_a_failure_that_may_pass_is_retried() -> None:
     from pydantic import BaseModel
 
     from embodied_r.benchmark_rules import DataSourceError
-    from embodied_r.config import RecipeError
+    from embodied_r.merge import RecipeError
     from embodied_r.faults import DiskFull, InfraFailure
     from embodied_r.io import StageBusy
     from embodied_r.keyframes.video import VideoError

@@ -23,7 +23,8 @@ from embodied_r.evaluation.stage import run_evaluation
 from embodied_r.faults import StageFault, TooManyFailures
 from embodied_r.perception.stage import run_perception
 from embodied_r.pipeline import plan
-from embodied_r.training.records import RecordsConfig, run_records
+from embodied_r.training.records import run_records
+from embodied_r.training.records_config import RecordsConfig
 from tests.servers import ChatStub, StubReply, completion
 from tests.test_perception import make_inputs
 from tests.test_perception_http import reply_for, stage_cfg

@@ -166,7 +166,8 @@ def test_truncated_video_is_recorded_with_both_counts(tmp_path: Path) -> None:
     import cv2
     import numpy as np
 
-    from embodied_r.keyframes.extract import KeyframeConfig, extract_keyframes
+    from embodied_r.keyframes.extract import extract_keyframes
+    from embodied_r.keyframes.config import KeyframeConfig
     from embodied_r.keyframes.video import VideoError
 
     path = tmp_path / "v.avi"
@@ -194,7 +195,8 @@ def test_truncated_video_is_recorded_with_both_counts(tmp_path: Path) -> None:
     {"perception": {"max_failed_fraction": 1.5}},
 ])
 def test_recipes_refuse_nonsense(override: dict) -> None:
-    from embodied_r.config import RecipeError, load_recipe
+    from embodied_r.config import load_recipe
+    from embodied_r.merge import RecipeError
 
     with pytest.raises(RecipeError):
         load_recipe("smoke", override)
@@ -202,7 +204,8 @@ def test_recipes_refuse_nonsense(override: dict) -> None:
 
 def test_extends_resolves_beside_the_recipe_and_set_errors_are_one_line(tmp_path: Path,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    from embodied_r.config import RecipeError, load_recipe, parse_override
+    from embodied_r.config import load_recipe, parse_override
+    from embodied_r.merge import RecipeError
 
     (tmp_path / "r").mkdir()
     (tmp_path / "r" / "base.yaml").write_text("extends: demo\ndescription: the right base\n")
@@ -372,7 +375,8 @@ def test_runs_of_a_dead_process_are_marked_killed(tmp_path: Path) -> None:
 def test_evaluation_counts_failed_calls_as_wrong(tmp_path: Path) -> None:
     from embodied_r.evaluation.config import EvaluationConfig
     from embodied_r.evaluation.stage import run_evaluation
-    from embodied_r.training.records import RecordsConfig, run_records
+    from embodied_r.training.records import run_records
+    from embodied_r.training.records_config import RecordsConfig
     from tests.test_records import VIDEO, catalog_row, write_inputs
 
     rows = [catalog_row(f"urbanvideo:{i}", "test", answer="A") for i in range(6)]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -215,3 +217,74 @@ def check_mlflow_ui(binary, harness, tmp_path):
             browser.screenshot(shots / "mlflow-evaluate-report.png")
         finally:
             browser.close()
+
+
+def test_a_copied_and_relocated_home_plans_every_stage_done(harness, tmp_path):
+    """No key holds the home's path: a finished home moved elsewhere and relocated, as the
+    project's own error message advises, keeps every stage it finished."""
+    import shutil
+
+    from embodied_r.config import load_recipe
+    from embodied_r.lifecycle.relocate import relocate_home
+    from embodied_r.pipeline import plan
+
+    before = plan(load_recipe("smoke"), harness)
+    assert all(sp.complete for sp in before.values())
+    moved = tmp_path / "moved-home"
+    shutil.copytree(harness, moved)
+    relocate_home(moved)
+    after = plan(load_recipe("smoke"), moved)
+    assert [n for n, sp in after.items() if not sp.complete] == []
+    assert {n: sp.key for n, sp in after.items()} == {n: sp.key for n, sp in before.items()}
+
+
+def run_audit(out, config, inputs, mlflow_run_id):
+    """A stage declared by this test alone: it counts the records of each split convert wrote."""
+    from pathlib import Path
+
+    import pyarrow.parquet as pq
+
+    from embodied_r.io import stage_folder, write_summary
+
+    counts = {p.stem: pq.read_metadata(p).num_rows for p in sorted(Path(inputs["records"]).glob("*.parquet"))}
+    summary = {"done": sum(counts.values()), "failed": 0, **{f"records/{k}": v for k, v in counts.items()}}
+    with stage_folder(Path(out)) as work:
+        write_summary(work, summary)
+    return summary
+
+
+def test_a_stage_declared_once_is_planned_keyed_run_listed_and_deployed(harness, monkeypatch, capsys):
+    """Adding a stage is its declaration and its line in the list, and nothing else: a stage
+    declared here, between convert and warmstart, reading convert's records."""
+    import yaml
+
+    from embodied_r import stage_kinds
+    from embodied_r.apps.cli import build_parser, main
+    from embodied_r.config import load_recipe
+    from embodied_r.pipeline import plan
+    from embodied_r.stage_plan import StageKind
+    from flows import deployments, stages
+
+    audit = StageKind("audit", f"{__name__}:run_audit", "cpu", "count the GRPO records of each split",
+                      inputs={"records": "convert"})
+    at = [k.name for k in stage_kinds.KINDS].index("convert") + 1
+    monkeypatch.setattr(stage_kinds, "KINDS", [*stage_kinds.KINDS[:at], audit, *stage_kinds.KINDS[at:]])
+
+    # Listed by the CLI, with a deployment and a flow of its own.
+    assert "count the GRPO records of each split" in build_parser().format_help()
+    deployed = {d["name"]: d for d in yaml.safe_load(deployments.render())["deployments"]}
+    assert deployed["audit"]["entrypoint"] == "flows/stages.py:audit_flow"
+    assert deployed["audit"]["work_pool"]["name"] == "cpu"
+    assert stages.audit_flow.name == "embodied-r-audit"
+
+    # Run by `embodied-r run` on the finished smoke home: it alone runs, the rest is served.
+    capsys.readouterr()
+    assert main(["run", "--recipe", "smoke"]) == 0
+    said = capsys.readouterr().out
+    smoke = plan(load_recipe("smoke"), harness)
+    assert smoke["audit"].complete
+    assert json.loads((Path(smoke["audit"].out) / "summary.json").read_text())["records/train"] > 0
+    served = said.split("Served from cache: ", 1)[1].splitlines()[0].split(", ")
+    assert "audit" not in served and set(served) == set(smoke) - {"audit"}
+    assert main(["plan", "--recipe", "smoke"]) == 0
+    assert f"audit          done     {smoke['audit'].out}" in capsys.readouterr().out

@@ -18,9 +18,9 @@ from embodied_r.apps.inference import (
     reasoning_conversation,
     run_inference,
 )
-from embodied_r.keyframes.extract import KeyframeConfig
-from embodied_r.perception.stage import PerceptionConfig
-from embodied_r.training.records import RecordsConfig
+from embodied_r.keyframes.config import KeyframeConfig
+from embodied_r.perception.config import PerceptionConfig
+from embodied_r.training.records_config import RecordsConfig
 from embodied_r.synthetic.world import write_motion_video
 from test_evaluation import ScriptedModels, text_of
 

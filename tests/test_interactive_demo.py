@@ -10,7 +10,8 @@ import random
 import pytest
 
 from embodied_r.interactive.prompts import FEEDBACK
-from embodied_r.interactive.recipe import load, plan
+from embodied_r.config import load_reasoner as load
+from embodied_r.pipeline import plan
 from embodied_r.interactive.reference import references, verdict
 from embodied_r.interactive.synthetic import (
     EXPERT_TEXTS,

@@ -7,7 +7,9 @@ import json
 
 import pytest
 
-from embodied_r.interactive.recipe import SFT_STAGES, load, plan
+from embodied_r.interactive.config import SFT_STAGES
+from embodied_r.config import load_reasoner as load
+from embodied_r.pipeline import plan
 from embodied_r.interactive.sft_data import assistant_spans, labels_for, supervised_turns
 from embodied_r.interactive.prompts import FEEDBACK
 

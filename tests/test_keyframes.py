@@ -18,7 +18,8 @@ import pytest
 
 from embodied_r import schemas
 from embodied_r.io import table_from_records, write_parquet_atomic
-from embodied_r.keyframes.extract import KeyframeConfig, _jpeg, extract_keyframes, fill_indices, thin_evenly
+from embodied_r.keyframes.extract import _jpeg, extract_keyframes, fill_indices, thin_evenly
+from embodied_r.keyframes.config import KeyframeConfig
 from embodied_r.keyframes.stage import run_keyframes
 from embodied_r.keyframes.stage import safe_name
 from embodied_r.synthetic.world import write_motion_video
@@ -235,7 +236,7 @@ def test_killed_run_resumes_without_repeats_or_losses(tmp_path):
     cfg = {"workers": 2}
     script = textwrap.dedent(f"""
         from pathlib import Path
-        from embodied_r.keyframes.extract import KeyframeConfig
+        from embodied_r.keyframes.config import KeyframeConfig
         from embodied_r.keyframes.stage import run_keyframes
         run_keyframes(Path({str(catalog)!r}), Path({str(out)!r}), KeyframeConfig(**{cfg!r}))
     """)

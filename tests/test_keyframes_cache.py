@@ -13,7 +13,7 @@ import pytest
 
 from embodied_r import schemas
 from embodied_r.io import table_from_records, write_parquet_atomic
-from embodied_r.keyframes.extract import KeyframeConfig
+from embodied_r.keyframes.config import KeyframeConfig
 from embodied_r.keyframes.stage import run_keyframes
 from embodied_r.keyframes.cache import ENTRY_FILE, cached_keyframes, params_hash
 from embodied_r.synthetic.world import write_motion_video

@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from embodied_r.keyframes import extract
-from embodied_r.keyframes.extract import KeyframeConfig, extract_keyframes, nearest_two
+from embodied_r.keyframes.extract import extract_keyframes, nearest_two
+from embodied_r.keyframes.config import KeyframeConfig
 from embodied_r.keyframes.stage import opencv_threads
 from embodied_r.keyframes.video import FrameSampler, auto_decode_threads
 from embodied_r.synthetic.world import write_motion_video

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from embodied_r.keyframes.cache import params_hash
-from embodied_r.keyframes.extract import KeyframeConfig, extract_keyframes
+from embodied_r.keyframes.extract import extract_keyframes
+from embodied_r.keyframes.config import KeyframeConfig
 from embodied_r.keyframes.official import constrained_sampling, mask_overlap, official_step, sample_positions
 from embodied_r.synthetic.world import write_motion_video
 

@@ -12,7 +12,8 @@ import pytest
 from embodied_r.backends.base import BackendConfig
 from embodied_r.io import partial_path
 from embodied_r.training.config import GRPOStageConfig, SFTConfig, TrainingConfig
-from embodied_r.training.records import RecordsConfig, run_records
+from embodied_r.training.records import run_records
+from embodied_r.training.records_config import RecordsConfig
 from test_records import VIDEO, catalog_row, write_inputs
 from tests.killing import kill_at_item
 

@@ -29,7 +29,8 @@ import pytest
 
 from embodied_r.config import load_recipe
 from embodied_r.demo.ceiling import ceiling
-from embodied_r.perception.stage import PerceptionConfig, run_perception
+from embodied_r.perception.stage import run_perception
+from embodied_r.perception.config import PerceptionConfig
 from embodied_r.pipeline import execute, plan
 
 # The whole demo runs in the first test's setup: several minutes on two cores.

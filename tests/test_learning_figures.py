@@ -16,7 +16,8 @@ from embodied_r.evaluation.learning import (
 )
 from embodied_r.scoring.metrics import chance_accuracy, chance_levels
 from embodied_r.training.learning import quarter_stats, reward_series
-from embodied_r.training.warmstart import WarmstartConfig, frames, think_text, trace, traces
+from embodied_r.training.warmstart import frames, think_text, trace, traces
+from embodied_r.training.config import WarmstartConfig
 from embodied_r.scoring.rewards import format_reward, accuracy_reward
 
 

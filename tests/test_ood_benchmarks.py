@@ -280,7 +280,8 @@ def test_no_split_rule_puts_an_evaluation_benchmark_in_training(rule: str) -> No
 
 def test_the_convert_stage_keeps_held_out_questions_out_of_training(tmp_path: Path) -> None:
     from test_records import VIDEO, catalog_row, write_inputs
-    from embodied_r.training.records import RecordsConfig, run_records
+    from embodied_r.training.records import run_records
+    from embodied_r.training.records_config import RecordsConfig
 
     rows = [catalog_row("urbanvideo:1", "train"), catalog_row("egoschema:q1", bm.OOD, benchmark=bm.EGOSCHEMA),
             # A catalog made elsewhere that put held-out questions in training, or ours in ood.
@@ -296,7 +297,8 @@ def test_the_convert_stage_keeps_held_out_questions_out_of_training(tmp_path: Pa
 
 def test_a_recipe_names_them_for_evaluation(tmp_path: Path) -> None:
     from embodied_r.apps.cli_eval import register
-    from embodied_r.config import RecipeError, load_recipe
+    from embodied_r.config import load_recipe
+    from embodied_r.merge import RecipeError
     from embodied_r.pipeline import plan
 
     both = {"download": {"benchmarks": list(bm.BENCHMARKS)}, "evaluation": {"split": "ood"}}
@@ -337,10 +339,12 @@ def scripted() -> Iterator[ScriptedModels]:
 def test_key_frames_perception_and_scoring_with_letters(raw: Path, scripted: ScriptedModels, tmp_path: Path) -> None:
     from embodied_r.evaluation.config import EvaluationConfig
     from embodied_r.evaluation.stage import run_evaluation
-    from embodied_r.keyframes.extract import KeyframeConfig
+    from embodied_r.keyframes.config import KeyframeConfig
     from embodied_r.keyframes.stage import run_keyframes
-    from embodied_r.perception.stage import PerceptionConfig, run_perception
-    from embodied_r.training.records import RecordsConfig, run_records
+    from embodied_r.perception.stage import run_perception
+    from embodied_r.perception.config import PerceptionConfig
+    from embodied_r.training.records import run_records
+    from embodied_r.training.records_config import RecordsConfig
 
     run_catalog(raw, tmp_path / "catalog", CatalogConfig())
     catalog = tmp_path / "catalog" / "catalog.parquet"

@@ -118,6 +118,7 @@ def test_a_training_stage_summary_goes_to_params_not_one_chart_per_figure() -> N
 
 def test_the_cached_warm_start_copies_the_trainers_params(tmp_path: Path) -> None:
     from embodied_r.pipeline import StagePlan
+    from embodied_r.stage_kinds import params
     from embodied_r.tracking import Tracker
     from flows.mlflow_runs import log_cached_stage
 
@@ -127,7 +128,7 @@ def test_the_cached_warm_start_copies_the_trainers_params(tmp_path: Path) -> Non
     sp = StagePlan("warmstart", "warmstart", "kw", str(out), (), config={"epochs": 2})
     tracker = Tracker.open("warm", f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path)
     first = tracker.start_parent("p1", {}, {})
-    source = first.start_stage("warmstart", sp.params, tags={"stage_key": "kw"})
+    source = first.start_stage("warmstart", params(sp), tags={"stage_key": "kw"})
     first.log_params(source, {"trainer.learning_rate": "0.003", "summary.steps": "3"})
     first.finish(source)
     second = tracker.start_parent("p2", {}, {})

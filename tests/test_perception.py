@@ -18,7 +18,8 @@ from pydantic import ValidationError
 from embodied_r import schemas
 from embodied_r.backends.base import BackendConfig
 from embodied_r.io import table_from_records, write_parquet_atomic
-from embodied_r.perception.stage import PerceptionConfig, run_perception
+from embodied_r.perception.stage import run_perception
+from embodied_r.perception.config import PerceptionConfig
 from embodied_r.perception.parse import FrameInfo, normalize_action, parse_frame_response, video_text
 from embodied_r.perception.prompts import ACTIONS, PromptStyle, first_frame_conversation, pair_conversation
 from tests.killing import kill_at_item
@@ -345,7 +346,8 @@ RUNNER = textwrap.dedent(
     import sys
     from pathlib import Path
     from embodied_r.backends.base import BackendConfig
-    from embodied_r.perception.stage import PerceptionConfig, run_perception
+    from embodied_r.perception.stage import run_perception
+    from embodied_r.perception.config import PerceptionConfig
 
     catalog, kf, out, model, mode = sys.argv[1:6]
     cfg = PerceptionConfig(

@@ -81,7 +81,7 @@ def test_the_recipes_treat_failed_calls_as_their_source() -> None:
 
 @pytest.mark.parametrize("value", ["keep", ""])
 def test_an_unknown_value_is_refused(value: str) -> None:
-    from embodied_r.perception.stage import PerceptionConfig
+    from embodied_r.perception.config import PerceptionConfig
 
     with pytest.raises(ValueError, match="on_failure"):
         PerceptionConfig(on_failure=value)
@@ -94,7 +94,7 @@ def test_perception_stopped_by_videos_without_key_frames_names_them_and_their_li
     from embodied_r import schemas
     from embodied_r.faults import TooManyFailures
     from embodied_r.io import table_from_records, write_parquet_atomic
-    from embodied_r.keyframes.extract import KeyframeConfig
+    from embodied_r.keyframes.config import KeyframeConfig
     from embodied_r.keyframes.stage import run_keyframes
     from embodied_r.synthetic.world import write_motion_video
 

@@ -21,7 +21,8 @@ from embodied_r.perception import prompts
 from embodied_r.backends.images import image_data_url
 from embodied_r.backends.openai_compat import OpenAIBackend
 from embodied_r.backends.base import BackendConfig
-from embodied_r.perception.stage import PerceptionConfig, run_perception
+from embodied_r.perception.stage import run_perception
+from embodied_r.perception.config import PerceptionConfig
 from test_perception import make_inputs
 from tests.servers import ChatStub, StubReply, completion
 

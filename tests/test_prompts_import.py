@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 from embodied_r.apps.cli import main
-from embodied_r.config import RecipeError, load_recipe
+from embodied_r.config import load_recipe
+from embodied_r.merge import RecipeError
 from embodied_r.pipeline import plan
 from embodied_r.prompts.locate import PromptsError
 from embodied_r.prompts.official import import_checkout
@@ -255,7 +256,8 @@ def test_a_recipe_run_sends_the_files_texts_to_the_perceiver(
 
 def test_a_reasoner_recipe_with_the_file_converses_in_the_originals_texts(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from embodied_r.interactive import recipe as reasoner_recipe
+    from embodied_r.config import load_reasoner
+    from embodied_r.pipeline import plan
     from embodied_r.interactive.episode import run_episodes
     from embodied_r.interactive.household import HouseholdEnvironment
     from test_interactive_episode import TASK, scripted
@@ -263,7 +265,7 @@ def test_a_reasoner_recipe_with_the_file_converses_in_the_originals_texts(
     home = tmp_path / "home"
     assert main(["--home", str(home), "prompts", "import-official", str(checkout(tmp_path, "embodied_reasoner"))]) == 0
     path = home / "prompts" / f"embodied-reasoner-{COMMIT[:12]}.json"
-    rec = reasoner_recipe.load("reasoner-paper", {"prompts": {"file": str(path)}})
+    rec = load_reasoner("reasoner-paper", {"prompts": {"file": str(path)}})
     assert rec.prompts.source == "official@0123456789ab"
     with pytest.raises(ValueError, match="holds embodied-reasoner texts"):
         load_recipe("paper", {"prompts": {"file": str(path)}})
@@ -280,8 +282,8 @@ def test_a_reasoner_recipe_with_the_file_converses_in_the_originals_texts(
     assert users[3].endswith('REASONER-AFTER: you did "navigate to Fridge" (invented).')
     assert users[4].endswith('REASONER-FORWARD: you did "move forward" (invented).')
     # The texts are part of the evaluation stage's key.
-    plain = reasoner_recipe.plan(reasoner_recipe.load("reasoner-paper"), tmp_path / "stages")
-    official = reasoner_recipe.plan(rec, tmp_path / "stages")
+    plain = plan(load_reasoner("reasoner-paper"), tmp_path / "stages")
+    official = plan(rec, tmp_path / "stages")
     assert plain["reasoner_evaluate"].key != official["reasoner_evaluate"].key
     # The rollouts of the exploration stage converse in the same texts.
     assert official["reasoner_explore"].config["episode"]["texts"]["source"] == "official@0123456789ab"

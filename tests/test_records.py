@@ -12,7 +12,8 @@ import pytest
 
 from embodied_r import schemas
 from embodied_r.io import table_from_records, write_parquet_atomic
-from embodied_r.training.records import RecordsConfig, build_record, run_records
+from embodied_r.training.records import build_record, run_records
+from embodied_r.training.records_config import RecordsConfig
 
 OPTIONS = ["A. left", "B. right", "C. ahead", "D. behind"]
 
@@ -140,8 +141,8 @@ def test_solution_problems_are_named() -> None:
 
 
 def test_records_carry_the_right_instruction_preamble_and_solution() -> None:
-    from embodied_r.training.records import DEFAULT_CHOICE_INSTRUCTION, DEFAULT_NUMBER_INSTRUCTION, \
-        DEFAULT_VIDEO_PREAMBLE, conversation
+    from embodied_r.training.prompts import DEFAULT_CHOICE_INSTRUCTION, DEFAULT_NUMBER_INSTRUCTION, DEFAULT_VIDEO_PREAMBLE
+    from embodied_r.training.records import conversation
 
     choice = build_record(catalog_row("u:1", answer=" c "), VIDEO, RecordsConfig())
     assert choice["solution"] == "C"
@@ -194,7 +195,7 @@ def test_missing_tables_and_bad_templates_name_the_fix(tmp_path: Path) -> None:
 def test_prompt_token_limit_is_what_vllm_leaves_for_the_prompt() -> None:
     from types import SimpleNamespace
 
-    from embodied_r.training.records import prompt_token_limit
+    from embodied_r.training.records_config import prompt_token_limit
 
     assert prompt_token_limit(SimpleNamespace(max_completion_length=10)) is None  # no vLLM section at all
     assert prompt_token_limit(SimpleNamespace(vllm=SimpleNamespace(max_model_length=11),

@@ -146,7 +146,8 @@ def demo_home(tmp_path: Path, embodied_r_home: Path, tiny_lm_path: Path,
               monkeypatch: pytest.MonkeyPatch) -> Path:
     from embodied_r.config import load_recipe
     from embodied_r.pipeline import plan
-    from embodied_r.training.records import RecordsConfig, run_records
+    from embodied_r.training.records import run_records
+    from embodied_r.training.records_config import RecordsConfig
     from test_records import VIDEO, catalog_row, write_inputs
 
     home = tmp_path / "home"

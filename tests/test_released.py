@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from embodied_r.apps.cli import main
-from embodied_r.config import RecipeError, backend_problems, load_recipe
+from embodied_r.config import backend_problems, load_recipe
+from embodied_r.merge import RecipeError
 from embodied_r.evaluation.released import HubFolder, parse_hub_folder
 from embodied_r.pipeline import plan
 from tests.test_prompts_import import imported

@@ -14,7 +14,8 @@ from embodied_r.scoring.answers import FORMAT_RE, extract_answer
 from embodied_r.config import load_recipe
 from embodied_r.io import partial_path
 from embodied_r.pipeline import StageError, plan
-from embodied_r.training.records import RecordsConfig, run_records
+from embodied_r.training.records import run_records
+from embodied_r.training.records_config import RecordsConfig
 from embodied_r.lifecycle.sft_baseline import sft_config_for
 from embodied_r.training.config import DEFAULT_THINK, SFTConfig
 from embodied_r.training.sft import run_sft, sft_target
@@ -103,7 +104,8 @@ def test_run_sft_trains_saves_and_lists_too_long_records(tmp_path: Path, capsys:
 
 
 def test_warm_start_prints_its_own_step_lines(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    from embodied_r.training.warmstart import WarmstartConfig, run_warmstart
+    from embodied_r.training.warmstart import run_warmstart
+    from embodied_r.training.config import WarmstartConfig
 
     records = _records(tmp_path / "records", tmp_path)
     cfg = WarmstartConfig(**tiny_sft(max_steps=2).model_dump(include=set(SFTConfig.model_fields)))
@@ -194,7 +196,7 @@ def test_warm_start_stage_run_keeps_its_config_and_the_trainers_own_params(tmp_p
 
     from embodied_r.pipeline import StagePlan
     from embodied_r.tracking import Tracker
-    from embodied_r.training.warmstart import WarmstartConfig
+    from embodied_r.training.config import WarmstartConfig
     from tasks.stages import run_stage
 
     records = _records(tmp_path / "records", tmp_path)

@@ -15,9 +15,10 @@ from embodied_r.backends.base import BackendConfig
 from embodied_r.evaluation.stage import run_evaluation
 from embodied_r.faults import InfraFailure, TooManyFailures
 from embodied_r.io import is_complete, partial_path
-from embodied_r.keyframes.extract import KeyframeConfig
+from embodied_r.keyframes.config import KeyframeConfig
 from embodied_r.keyframes.stage import run_keyframes
-from embodied_r.perception.stage import PerceptionConfig, run_perception
+from embodied_r.perception.stage import run_perception
+from embodied_r.perception.config import PerceptionConfig
 from embodied_r.shards import LOG_NAME, members, parse_selection, shard_folder, shard_of, shard_paths
 from embodied_r.tracking import stage_metrics
 from test_evaluation import _mixed_cfg, mixed  # noqa: F401 - a fixture

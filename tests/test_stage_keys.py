@@ -16,7 +16,7 @@ from embodied_r.evaluation.stage import question_set
 from embodied_r.interactive.download import fingerprint
 from embodied_r.io import KEY_HEX, keyed_folder, payload_key, text_key
 from embodied_r.runners import PACKAGE, ROOT
-from embodied_r.stage_kinds import KINDS, STAGE_KINDS
+from embodied_r.stage_kinds import KINDS, kind_of
 
 # -- the helper keeps the keys the pipeline and the side caches had ------------------------
 
@@ -25,7 +25,7 @@ def test_a_stage_key_is_the_value_the_pipeline_computed_before(monkeypatch):
     # Computed by the stage key's own json.dumps + sha256 code before the helper existed.
     monkeypatch.setattr(stage_plan, "code_version", lambda kind, config, inputs: "c" * 64)
     config = {"fps": 1.0, "max": 32, "nested": {"b": [1, 2], "a": None}}
-    assert stage_plan.stage_key("keyframes", config, ["0123456789abcdef"], "x") == "b1080c2ad3a35d15"
+    assert stage_plan.stage_key(kind_of("keyframes"), config, ["0123456789abcdef"], "x") == "b1080c2ad3a35d15"
 
 
 def test_side_cache_keys_are_the_values_they_were():
@@ -48,7 +48,7 @@ def test_a_local_mirror_keys_the_reasoner_data_stage_as_before(tmp_path):
 
 # -- every module name hashed by string exists ---------------------------------------------
 
-# Functions that hash modules given by name, and those that hash a stage kind's modules.
+# Functions that hash modules given by name, and those that hash a stage runner's modules.
 MODULE_HASHERS = {"module_version", "modules_version", "closure"}
 KIND_HASHERS = {"code_version", "stage_modules"}
 
@@ -69,13 +69,13 @@ def _strings(node: ast.AST, constants: dict[str, ast.AST]) -> list[str]:
         if isinstance(sub, ast.Name) and isinstance(constants.get(sub.id), (ast.Tuple, ast.List)):
             out += _strings(constants[sub.id], {})
         elif isinstance(sub, ast.Constant) and isinstance(sub.value, str) and sub.value and all(
-                part.isidentifier() for part in sub.value.split(".")):
+                part.isidentifier() for part in sub.value.replace(":", ".").split(".")):
             out.append(sub.value)
     return out
 
 
 def hashed_names() -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
-    """``(where, module)`` and ``(where, stage kind)`` for every string the code hashes."""
+    """``(where, module)`` and ``(where, runner)`` for every string the code hashes."""
     modules, kinds = [], []
     sources = sorted(ROOT.rglob("*.py")) + sorted((ROOT.parent / "tasks").glob("*.py")) + sorted(
         (ROOT.parent / "flows").glob("*.py"))
@@ -102,7 +102,11 @@ def test_every_module_the_code_hashes_by_name_imports():
             importlib.import_module(module if module.startswith(PACKAGE + ".") else f"{PACKAGE}.{module}")
         except ModuleNotFoundError as exc:
             missing.append(f"{where}: {module!r} ({exc})")
-    missing += [f"{where}: stage kind {kind!r}" for where, kind in kinds if kind not in STAGE_KINDS]
+    for where, runner in kinds:
+        try:
+            importlib.import_module(runner.split(":")[0])
+        except ModuleNotFoundError as exc:
+            missing.append(f"{where}: runner {runner!r} ({exc})")
     assert not missing, "hashed names that do not exist:\n" + "\n".join(missing)
 
 

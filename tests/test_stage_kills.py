@@ -16,7 +16,8 @@ from embodied_r import benchmark_rules as bm
 from embodied_r.data.catalog import CatalogConfig, run_catalog
 from embodied_r.data.download import DownloadConfig, run_download
 from embodied_r.io import OUTPUTS_KEY, partial_path
-from embodied_r.training.records import RecordsConfig, run_records
+from embodied_r.training.records import run_records
+from embodied_r.training.records_config import RecordsConfig
 from tests.killing import assert_clean_finish, files, kill_at_item, lock_is_free
 from tests.test_download_catalog import _mirror
 from tests.test_records import VIDEO, catalog_row, write_inputs
@@ -120,7 +121,7 @@ def test_killed_convert_resumes_to_the_uninterrupted_result(tmp_path: Path, n: i
     out = tmp_path / "records"
     code = (
         "from pathlib import Path\n"
-        "from embodied_r.training.records import RecordsConfig, run_records\n"
+        "from embodied_r.training.config import RecordsConfig\nfrom embodied_r.training.records import run_records\n"
         f"run_records(Path({str(catalog)!r}), Path({str(perception)!r}), Path({str(out)!r}), RecordsConfig())\n"
     )
     kill_at_item(code, "convert", n, tmp_path)

@@ -8,7 +8,9 @@ import pytest
 
 from embodied_r.backends.models import resolve_model
 from embodied_r.scoring.rewards import REFERENCE_SYSTEM, REFERENCE_TEMPLATE_CHOICE
-from embodied_r.training.records import DEFAULT_SYSTEM, RecordsConfig, conversation
+from embodied_r.training.prompts import DEFAULT_SYSTEM
+from embodied_r.training.records import conversation
+from embodied_r.training.records_config import RecordsConfig
 from embodied_r.demo.tiny_reasoner import TAGS, fixed_parts
 
 

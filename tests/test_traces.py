@@ -8,7 +8,8 @@ import json
 import pytest
 
 from embodied_r.training.traces import clause, fact_think, option_text, quote
-from embodied_r.training.warmstart import WarmstartConfig, traces
+from embodied_r.training.warmstart import traces
+from embodied_r.training.config import WarmstartConfig
 
 PROMPT = """Video content:
 <

@@ -12,7 +12,8 @@ import pytest
 from embodied_r.backends.base import BackendConfig
 from embodied_r.io import partial_path
 from embodied_r.tracking import stage_metrics
-from embodied_r.training.records import RecordsConfig, run_records
+from embodied_r.training.records import run_records
+from embodied_r.training.records_config import RecordsConfig
 from embodied_r.training.config import GRPOStageConfig, TrainingConfig, VLLMRollouts
 from embodied_r.training.environment import PROJECT_ROOT, LoraSettings
 from embodied_r.training.stage import run_training_stage
@@ -157,7 +158,8 @@ def test_a_reward_is_one_table_entry_named_by_the_stage(monkeypatch: pytest.Monk
     ({"name": "s"}, "training.stages.0.rewards: Field required"),
 ])
 def test_a_wrong_reward_is_one_line_naming_it_and_the_fix(stage: dict, says: str) -> None:
-    from embodied_r.config import RecipeError, load_recipe
+    from embodied_r.config import load_recipe
+    from embodied_r.merge import RecipeError
 
     with pytest.raises(RecipeError) as err:
         load_recipe("smoke", {"training": {"stages": [stage]}})

@@ -14,7 +14,8 @@ from safetensors.torch import load_file
 
 from embodied_r.backends.base import BackendConfig
 from embodied_r.training.config import GRPOStageConfig, TrainingConfig
-from embodied_r.training.records import RecordsConfig, run_records
+from embodied_r.training.records import run_records
+from embodied_r.training.records_config import RecordsConfig
 from embodied_r.training.stage import run_training_stage
 from test_records import VIDEO, catalog_row, write_inputs
 

@@ -21,7 +21,8 @@ from embodied_r.config import load_recipe
 from embodied_r.training import disk
 from embodied_r.training.config import GRPOStageConfig
 from embodied_r.training.environment import PROJECT_ROOT, LoraSettings
-from embodied_r.training.records import RecordsConfig, run_records
+from embodied_r.training.records import run_records
+from embodied_r.training.records_config import RecordsConfig
 from embodied_r.training.trl_args import build_config, field_name
 from test_records import VIDEO, catalog_row, write_inputs
 from test_training import records, tiny_cfg  # noqa: F401 - the records fixture is shared

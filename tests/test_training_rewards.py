@@ -9,7 +9,8 @@ from typing import Iterator
 import pytest
 
 from embodied_r.training.config import GRPOStageConfig
-from embodied_r.training.records import RecordsConfig, run_records
+from embodied_r.training.records import run_records
+from embodied_r.training.records_config import RecordsConfig
 from test_records import VIDEO, catalog_row, write_inputs
 from test_training import tiny_cfg
 from tests.servers import ScriptedReference as Reference

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from embodied_r.config import RecipeError, load_recipe
+from embodied_r.config import load_recipe
+from embodied_r.merge import RecipeError
 from embodied_r.training.config import OWNED_GRPO_ARGS, TrainingConfig
 from embodied_r.training.grpo import grpo_kwargs, stage_seed
 

@@ -30,10 +30,10 @@ from embodied_r.apps.inference import (
     reasoning_conversation,
 )
 from embodied_r.io import write_json_atomic
-from embodied_r.keyframes.extract import KeyframeConfig
-from embodied_r.perception.stage import PerceptionConfig
+from embodied_r.keyframes.config import KeyframeConfig
+from embodied_r.perception.config import PerceptionConfig
 from embodied_r.perception.modes import Question
-from embodied_r.training.records import RecordsConfig
+from embodied_r.training.records_config import RecordsConfig
 
 QUIT = {"/quit", "/exit", "/q"}
 HELP = ("Commands: /video shows the text the reasoner reads, /history the turns so far, "

@@ -10,10 +10,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from embodied_r.stage_kinds import kinds
 
-# One command per Embodied-R stage kind, with its help line.
-STAGE_COMMANDS = {k.name: k.help for k in kinds("embodied-r") if k.command}
+
+def stage_commands() -> dict[str, str]:
+    """One command per Embodied-R stage kind, with its help line."""
+    from embodied_r.stage_kinds import kinds
+
+    return {k.name: k.help for k in kinds("embodied-r") if k.command}
 
 
 def _setup_env(home: str | None) -> None:
@@ -37,7 +40,8 @@ def _setup_env(home: str | None) -> None:
 
 def _all_overrides(args: argparse.Namespace) -> dict[str, Any]:
     """``--set`` pairs, plus ``--source DIR`` as a local mirror of the benchmarks."""
-    from embodied_r.config import deep_merge, parse_overrides
+    from embodied_r.config import parse_overrides
+    from embodied_r.merge import deep_merge
     from embodied_r.experiments.spec import seed_overrides
 
     merged = parse_overrides(args.set)
@@ -140,7 +144,8 @@ def _print_learning(evaluation: dict[str, Any]) -> None:
 def _precheck(args: argparse.Namespace, stage: str | None, overrides: dict[str, Any]) -> Any:
     """Catch a bad recipe or a missing input before Prefect starts, with a short message;
     returns the run's plan, made here once and handed to the flow."""
-    from embodied_r.config import RecipeError, backend_problems, load_recipe
+    from embodied_r.config import backend_problems, load_recipe
+    from embodied_r.merge import RecipeError
     from embodied_r.pipeline import plan
     from embodied_r.tracking import tracking_uri
     from embodied_r.tracking_store import check_store
@@ -192,6 +197,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     from embodied_r.io import damaged_outputs
     from embodied_r.pipeline import plan
     from embodied_r.runners import stage_modules
+    from embodied_r.stage_kinds import kind_of
 
     stages = plan(load_recipe(args.recipe, _all_overrides(args) or None))
     only = stages.resolve(args.modules) if args.modules else None
@@ -203,13 +209,14 @@ def _cmd_plan(args: argparse.Namespace) -> int:
             state = "damaged"  # lost a file since it finished: the next run does it again or names --refresh
         print(f"{name:14s} {state:8s} {sp.out}")
         if args.modules is not None:
-            print("".join(f"    {m}\n" for m in stage_modules(sp.kind, sp.config, sp.inputs)), end="")
+            print("".join(f"    {m}\n" for m in stage_modules(kind_of(sp.kind).runner, sp.config, sp.inputs)), end="")
     return 0
 
 
 def _cmd_validate(args: argparse.Namespace) -> int:
     from embodied_r.apps.cli_reasoner import is_reasoner_recipe, validate_reasoner
-    from embodied_r.config import RecipeError, backend_problems, load_recipe
+    from embodied_r.config import backend_problems, load_recipe
+    from embodied_r.merge import RecipeError
     from embodied_r.tracking import tracking_uri
     from embodied_r.tracking_store import check_store
 
@@ -263,7 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
     recipe_args(run)
     run.add_argument("--refresh", action="append", default=[], metavar="STAGE",
                      help="recompute STAGE and every stage after it (repeatable)")
-    for name, text in STAGE_COMMANDS.items():
+    for name, text in stage_commands().items():
         p = sub.add_parser(name, help=text)
         recipe_args(p)
         p.add_argument("--refresh", dest="refresh_stage", action="store_true",
@@ -311,7 +318,7 @@ def main(argv: list[str] | None = None) -> int:
         from embodied_r.apps.interrupt import install
 
         install()
-    if argv is None and args.command in ("demo", "run", *STAGE_COMMANDS):
+    if argv is None and args.command in ("demo", "run", *stage_commands()):
         # A real command line: whatever it starts (Prefect's server included) ends with it.
         from embodied_r.apps.prefect_watch import start_watch
         from embodied_r.apps.reaper import start_reaper
@@ -320,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
         # And a Prefect API that goes away stops it in one line, not minutes of retries.
         start_watch()
     from embodied_r.data.catalog import CatalogError
-    from embodied_r.config import RecipeError
+    from embodied_r.merge import RecipeError
     from embodied_r.benchmark_rules import DataSourceError
     from embodied_r.paths import HomeMovedError, HomeUnusable, claim_home
     from embodied_r.pipeline import StageError
@@ -337,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
             return args.handler(args)
         if args.command in ("demo", "run"):
             return _cmd_run(args)
-        if args.command in STAGE_COMMANDS:
+        if args.command in stage_commands():
             return _cmd_run(args, stage=args.stage)
         return {"plan": _cmd_plan, "validate": _cmd_validate, "recipes": _cmd_recipes}[args.command](args)
     except (RecipeError, DataSourceError, CatalogError, StageError, HomeMovedError, HomeUnusable,

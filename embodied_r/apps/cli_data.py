@@ -65,7 +65,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _recipe(args: argparse.Namespace, download: dict[str, Any], catalog: dict[str, Any] | None = None):
     """The recipe with ``--set`` pairs applied, then this command's own options."""
-    from embodied_r.config import deep_merge, load_recipe, parse_overrides
+    from embodied_r.config import load_recipe, parse_overrides
+    from embodied_r.merge import deep_merge
 
     over = parse_overrides(args.set)
     if args.benchmarks:
@@ -91,9 +92,10 @@ def _catalog_overrides(args: argparse.Namespace) -> dict[str, Any]:
 def _raw_key(raw: Path, catalog_cfg: Any) -> str:
     from embodied_r import benchmark_rules as bm
     from embodied_r.io import text_key
+    from embodied_r.data.config import PREPROCESS
     from embodied_r.runners import code_version
 
-    lines = [f"{raw}\n{catalog_cfg.model_dump_json()}\n{code_version('preprocess')}\n"]
+    lines = [f"{raw}\n{catalog_cfg.model_dump_json()}\n{code_version(PREPROCESS.runner)}\n"]
     for benchmark in bm.BENCHMARKS:
         sub, name = bm.BENCHMARK_DIRS[benchmark], bm.QUESTION_FILES[benchmark]
         f = raw / sub / name
@@ -210,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     """These commands alone (``python -m embodied_r.apps.cli_data``), with the CLI's error handling."""
     from embodied_r.benchmark_rules import DataSourceError
     from embodied_r.data.catalog import CatalogError
-    from embodied_r.config import RecipeError
+    from embodied_r.merge import RecipeError
     from embodied_r.pipeline import StageError
 
     parser = argparse.ArgumentParser(prog="embodied-r")

@@ -73,7 +73,7 @@ def _guard(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.N
     """Expected failures (a missing input, a bad file, an unknown model) as one line, exit 2."""
 
     def run(args: argparse.Namespace) -> int:
-        from embodied_r.config import RecipeError
+        from embodied_r.merge import RecipeError
         from embodied_r.pipeline import StageError
         from embodied_r.keyframes.video import VideoError
 

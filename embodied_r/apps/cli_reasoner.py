@@ -41,7 +41,7 @@ def is_reasoner_recipe(name_or_path: str) -> bool:
     """A shipped reasoner recipe's name, or a YAML file with the reasoner's sections."""
     import yaml
 
-    from embodied_r.interactive.recipe import RECIPES
+    from embodied_r.config import REASONER_RECIPES as RECIPES
 
     path = Path(name_or_path)
     if not path.is_file():
@@ -58,8 +58,9 @@ def validate_reasoner(args: argparse.Namespace) -> int:
     (``prompts.source``) are in what ``--show`` prints."""
     from pydantic import ValidationError
 
-    from embodied_r.config import RecipeError, parse_overrides
-    from embodied_r.interactive.recipe import load
+    from embodied_r.config import parse_overrides
+    from embodied_r.merge import RecipeError
+    from embodied_r.config import load_reasoner as load
 
     try:
         recipe = load(args.recipe, parse_overrides(args.set))
@@ -76,7 +77,7 @@ def validate_reasoner(args: argparse.Namespace) -> int:
 
 def _check_matcher(recipe: Any) -> None:
     """An embedding matcher whose model is not here stops the run before its first stage."""
-    from embodied_r.config import RecipeError
+    from embodied_r.merge import RecipeError
     from embodied_r.interactive.matching import embedding_model_problem
 
     episode = recipe.evaluate.episode
@@ -153,8 +154,10 @@ def _print_metrics(summary: dict[str, Any]) -> None:
 
 def cmd_reasoner(args: argparse.Namespace) -> int:
     from embodied_r import paths
-    from embodied_r.config import deep_merge, parse_overrides
-    from embodied_r.interactive.recipe import load, plan
+    from embodied_r.config import parse_overrides
+    from embodied_r.merge import deep_merge
+    from embodied_r.config import load_reasoner as load
+    from embodied_r.pipeline import plan
     from flows.reasoner import embodied_reasoner
 
     # A bad recipe fails before Prefect starts; planning here also hashes the code once,
@@ -184,7 +187,7 @@ def cmd_reasoner(args: argparse.Namespace) -> int:
 def cmd_reasoner_eval(args: argparse.Namespace) -> int:
     from embodied_r import paths
     from embodied_r.config import parse_overrides
-    from embodied_r.interactive.recipe import load
+    from embodied_r.config import load_reasoner as load
     from embodied_r.interactive.stages import run_evaluate_stage
     from embodied_r.interactive.tasks import load_test_cases
 
@@ -205,7 +208,7 @@ def cmd_reasoner_eval(args: argparse.Namespace) -> int:
                 for c in load_test_cases(Path(args.tests))]
         write_parquet_atomic(pa.Table.from_pylist(rows, TEST_CASES), catalog / "test_cases.parquet")
     else:
-        from embodied_r.interactive.recipe import plan
+        from embodied_r.pipeline import plan
         from embodied_r.pipeline import execute
 
         data = plan(recipe)["reasoner_data"]

@@ -28,10 +28,12 @@ from embodied_r.backends.base import Backend, BackendConfig, Conversation
 from embodied_r.backends.factory import make_backend
 from embodied_r.benchmark_rules import VSIBENCH_NUMERIC, split_urbanvideo_question
 from embodied_r.io import KEY_HEX, ItemLog, keyed_folder, sha256_file, text_key, write_json_atomic
-from embodied_r.keyframes.extract import KeyframeConfig, extract_keyframes
-from embodied_r.perception.stage import PerceptionConfig
+from embodied_r.keyframes.extract import extract_keyframes
+from embodied_r.keyframes.config import KeyframeConfig
+from embodied_r.perception.config import PerceptionConfig
 from embodied_r.perception.modes import QUESTION_PHASE, Question
-from embodied_r.training.records import RecordsConfig, build_record
+from embodied_r.training.records import build_record
+from embodied_r.training.records_config import RecordsConfig
 
 VIDEO_TAG = "<video>"
 # The original's video questions open with an agent role sentence and one sentence on the

@@ -82,7 +82,8 @@ def prompt_frames(tokenizer_folder: str, target: int) -> tuple[int, int]:
     """(perception lines per record, prompt tokens) for prompts of about ``target`` tokens."""
     from transformers import AutoTokenizer
 
-    from embodied_r.training.records import RecordsConfig, build_record, conversation
+    from embodied_r.training.records import build_record, conversation
+    from embodied_r.training.records_config import RecordsConfig
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_folder)
     row = {"uid": "x", "benchmark": "urbanvideo", "category": "c", "split": "train", "question": "Which direction?",

@@ -34,7 +34,8 @@ def write_records(folder: Path, n: int = 8, frames: int = 2) -> Path:
     ``frames`` lines of perception text (the prompt's length)."""
     from embodied_r import schemas
     from embodied_r.io import table_from_records, write_parquet_atomic
-    from embodied_r.training.records import RecordsConfig, build_record
+    from embodied_r.training.records import build_record
+    from embodied_r.training.records_config import RecordsConfig
 
     video = "\n".join(VIDEO_LINE.format(i=i) for i in range(frames))
     rows = [{"uid": f"check:{i}", "benchmark": "urbanvideo", "category": "landmark_position", "split": "train",

@@ -1,4 +1,4 @@
-"""The evaluation stage's configuration."""
+"""The evaluation and promotion stages' configs and declarations."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ from embodied_r.benchmark_rules import Split
 from embodied_r.faults import DEFAULT_MAX_FAILED_FRACTION
 from embodied_r.scoring.answers import AnswerParser, ChoiceParser
 from embodied_r.scoring.metrics import NumberParsing
-from embodied_r.settings import operational
+from embodied_r.settings import operational, result_settings
+from embodied_r.stage_plan import ACCURACY, MODEL, WARMSTART, Ref, StageKind
+from embodied_r.tracking import TrackingConfig
 
 
 def _greedy_backend() -> BackendConfig:
@@ -76,5 +78,77 @@ class EvaluationConfig(BaseModel):
         update.update({k: v for k, v in overrides.items() if v is not None})
         return self.backend.model_copy(update=update)
 
+    def backends(self) -> list[tuple[str, BackendConfig | None, bool]]:
+        # The evaluated model is the trained one: its name is filled in by the pipeline.
+        return [("backend", self.backend, False), ("consistency_judge", self.consistency_judge, True)]
+
     def choice_parser(self) -> ChoiceParser:
         return "official_eval" if self.answer_parser == "official" else "strict"
+
+
+def _settings(recipe: Any, builder: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The evaluation's config and keyed config, its judge the warm start's model where it says so."""
+    evaluation = recipe.evaluation_settings()
+    cfg, keyed = evaluation.model_dump(mode="json"), result_settings(evaluation)
+    if cfg["consistency_judge"] is not None and cfg["consistency_judge"]["model"] == WARMSTART:
+        cfg["consistency_judge"]["model"] = keyed["consistency_judge"]["model"] = builder.warm_model(
+            "evaluation.consistency_judge")
+    return cfg, keyed
+
+
+def _evaluations(recipe: Any, builder: Any, kind: StageKind) -> None:
+    if recipe.evaluation.model is not None:
+        # A given model (the authors' released weights): no warm start, no training.
+        evaluation = recipe.evaluation_settings()
+        builder.add(kind, "evaluate", evaluation.model_dump(mode="json"), keyed=result_settings(evaluation),
+                    inputs={"model": str(recipe.evaluation.model)})
+        return
+    cfg, keyed = _settings(recipe, builder)
+    baselines: dict[str, str | Ref] = {}
+    if recipe.evaluation.compare_baselines:
+        # The same questions answered before any training and after the warm start, so the
+        # report shows what each phase added.
+        baselines["untrained"] = recipe.training.policy
+        if WARMSTART in builder.stages:
+            baselines["warmstart"] = Ref(WARMSTART, "model")
+    for label, model in baselines.items():
+        builder.add(kind, f"evaluate_{label}", cfg, keyed=keyed, inputs={"model": model})
+    model = builder.model
+    final: dict[str, Any] = {"model": Ref(model.stage, recipe.evaluated_checkpoint()) if isinstance(model, Ref)
+                             else model}
+    if baselines:
+        # The learning figures: what each phase added, and each training stage's rewards.
+        final["baselines"] = {b: Ref(f"evaluate_{b}") for b in baselines}
+        final["training"] = {n: Ref(n) for n, sp in builder.stages.items() if sp.kind == "train"}
+    builder.add(kind, "evaluate", cfg, keyed=keyed, inputs=final)
+
+
+def _promotion(recipe: Any, builder: Any, kind: StageKind) -> None:
+    if not recipe.tracking.promote:
+        return
+    from embodied_r.paths import default_tracking_uri
+    from embodied_r.tracking import tracking_uri
+
+    cfg, keyed = _settings(recipe, builder)
+    bars = recipe.tracking.model_dump(mode="json", include={"registered_model", "promote_split", "promote_metric"})
+    # The registry it promotes in: another store is another promotion; the home's own store
+    # is keyed as such, so a moved home keeps its promotion.
+    store = tracking_uri(recipe.tracking.tracking_uri, builder.root)
+    store_key = "the home's store" if store == default_tracking_uri(builder.root) else store
+    builder.add(kind, "promote", {**bars, "store": store, "evaluation": cfg, "recipe": recipe.name,
+                                  "experiment": recipe.tracking.experiment},
+                keyed={**bars, "store": store_key, "evaluation": keyed},
+                inputs={"home": str(builder.root)})
+
+
+EVALUATE = StageKind("evaluate", "embodied_r.evaluation.stage:run_stage", "gpu-infer",
+                     "evaluate the trained reasoner on the test split", section="evaluation", config=EvaluationConfig,
+                     expand=_evaluations, inputs={"records": "convert", "model": MODEL}, retries=1, retry_delay_s=30,
+                     unit="questions", headline="accuracy", figures=ACCURACY)
+PROMOTE = StageKind("promote", "embodied_r.evaluation.promotion:run_stage", "gpu-infer",
+                    "register the trained reasoner and give it @champion when it beats the bars", section="tracking",
+                    config=TrackingConfig, expand=_promotion,
+                    inputs={"records": "convert", "evaluation": "evaluate", "model": MODEL,
+                            "warm_model": "warmstart/model"},
+                    unit="models", figures=("registered_version", "promoted", "score"), command=False,
+                    needs_tracking=True)

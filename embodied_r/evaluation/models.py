@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from embodied_r.benchmark_rules import EVALUATION_BENCHMARKS, OOD
-from embodied_r.evaluation.config import EvaluationConfig
+from embodied_r.evaluation.config import EVALUATE, EvaluationConfig
 from embodied_r.evaluation.stage import read_split, resolve_model_ref, run_evaluation
 from embodied_r.io import keyed_folder
 from embodied_r.runners import code_version, module_version
@@ -24,7 +24,7 @@ def evaluation_folder(root: Path, kind: str, identity: dict[str, Any], cfg: Base
 
     config = cfg.model_dump(mode="json")
     return keyed_folder(Path(root) / "evaluations" / kind, {
-        "kind": kind, "identity": identity, "config": config, "code": code_version("evaluate", config, identity),
+        "kind": kind, "identity": identity, "config": config, "code": code_version(EVALUATE.runner, config, identity),
         "report": module_version("evaluation.report"), "baselines": module_version("lifecycle.baselines")})
 
 

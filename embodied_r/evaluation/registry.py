@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-MODEL_NAME = "embodied-r-reasoner"
+from embodied_r.tracking import MODEL_NAME
 CHAMPION = "champion"
 CHAMPION_URI = f"models:/{MODEL_NAME}@{CHAMPION}"
 _URI_RE = re.compile(r"^models:/(?P<name>[^/@]+)(?:@(?P<alias>[^/]+)|/(?P<version>\d+))/?$")

@@ -16,7 +16,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from embodied_r.config import RECIPES_DIR, Recipe, RecipeError, deep_merge, validated
+from embodied_r.config import RECIPES_DIR, Recipe, validated
+from embodied_r.merge import RecipeError, deep_merge
 from embodied_r.explain import yaml_words
 
 EXPERIMENTS_DIR = RECIPES_DIR / "experiments"

@@ -13,31 +13,14 @@ the network at test time: the tests use the synthetic sample and a local mirror.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
 
 from embodied_r.io import (is_complete, read_summary, safe_extract, sha256_file, stage_folder, text_key,
                           write_json_atomic, write_summary)
-from embodied_r.settings import operational
+from embodied_r.interactive.config import HUB_REPO, ReasonerDataConfig
 
-HUB_REPO = "zwq2018/embodied_reasoner"
 ALLOW_PATTERNS = ["*.json", "*.zip", "**/*.zip"]
-
-
-class ReasonerDataConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    source: Literal["synthetic", "hub", "local"] = "synthetic"
-    repo: str = HUB_REPO
-    # Resolved to a commit and recorded; pin a commit hash in a recipe to freeze the data.
-    revision: str = "main"
-    endpoint: str | None = None
-    source_dir: str | None = None  # local: a folder laid out like the hub repo
-    synthetic_train: int = Field(33, ge=3)
-    synthetic_test: int = Field(22, ge=1)
-    seed: int = 0
-    max_zip_bytes: int = operational(200 * 1024**3, ge=1)  # refuse image zips that would expand past this
 
 
 def file_manifest(root: Path) -> dict[str, dict[str, Any]]:

@@ -22,36 +22,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Callable
 
-from pydantic import BaseModel, ConfigDict, Field
 
 from embodied_r.interactive import prompts
 from embodied_r.interactive.actions import Decision, Matcher, parse_decision
 from embodied_r.interactive.environment import Environment
 from embodied_r.interactive.metrics import all_metrics
+from embodied_r.interactive.config import EpisodeConfig
 from embodied_r.interactive.tasks import key_actions, step_limit
-
-
-class EpisodeConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    max_same_action: int = Field(3, ge=1)  # executions of one (verb, object) in a row
-    max_idle_calls: int = Field(3, ge=1)  # replies in a row that did not act
-    always_append_end: bool = True  # the original's behaviour
-    # string: the local rule (``actions.match_object``, offline); embedding: the original's
-    # sentence-embedding match (``matching.EmbeddingMatcher``) with its model and threshold.
-    matcher: Literal["string", "embedding"] = "string"
-    match_threshold: float = Field(0.6, ge=0, le=1)  # the string rule's
-    embedding_model: str = "BAAI/bge-small-en-v1.5"  # a local folder, or a hub id already in the cache
-    embedding_threshold: float = Field(0.2, ge=-1, le=1)  # cosine; the original's
-    failed_generation: Literal["drop", "score_as_failure"] = "score_as_failure"
-    # Retry a failed call with its images halved one by one, then a shorter history
-    # (``retry.retry_variants``), as the original's inference server does.
-    retry_long_context: bool = False
-    step_limit: int | None = None  # None: the task type's limit (22/24/30/36)
-    # The original's texts, set from the recipe's prompts file; None: this project's wording.
-    texts: prompts.ReasonerTexts | None = None
 
 
 @dataclass

@@ -28,62 +28,15 @@ import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Sequence
+from typing import Sequence
 
 import cv2
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from embodied_r.keyframes.config import KeyframeConfig
 from embodied_r.keyframes.video import FrameSampler, JpegSpool, VideoError, read_frames
-from embodied_r.settings import operational, result_settings
 
 REASONS = ("first", "last", "low_overlap", "match_failed", "fill")
-
-
-class KeyframeConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    # "fast": this module (matching at match_width, ratio test, even thinning); "official":
-    # the official code's rule, step by step (``keyframes.official``: full-resolution ORB,
-    # cross-check, comparison with the last key frame, its thinning and its fill rule).
-    mode: Literal["fast", "official"] = "fast"
-    sample_fps: float = Field(1.0, gt=0, le=120, description="frames examined per second of video")
-    # 1.0 keeps every sampled frame that differs at all from the last key frame: the
-    # all-frames baseline of the key-frame experiment, clamped like key frames.
-    overlap_threshold: float = Field(0.5, gt=0, le=1, description="keep a frame below this overlap")
-    min_frames: int = Field(4, ge=2)
-    max_frames: int = Field(32, ge=2)
-    orb_features: int = Field(500, ge=50)
-    ratio_test: float = Field(0.75, gt=0, le=1, description="Lowe's ratio for knn matches")
-    cross_check: bool = Field(False, description="match by cross-check, as the official code")
-    min_matches: int = Field(10, ge=4)
-    min_inliers: int = Field(8, ge=4, description="fewer RANSAC inliers count as a failed match")
-    ransac_reproj_threshold: float = Field(5.0, gt=0, description="pixels of the source frame")
-    match_width: int = Field(320, ge=0, description="match at this width; 0 = source width")
-    jpeg_max_side: int = Field(640, ge=0, description="longest side of saved frames; 0 = source")
-    jpeg_quality: int = Field(90, ge=1, le=100)
-    # How the work is spread over processes and threads, and where finished videos are kept:
-    # none of it changes which frames are kept.
-    workers: int = operational(0, ge=0, description="video processes; 0 = one per core")
-    cv_threads: int = operational(0, ge=0, description="OpenCV threads per process; 0 = its share of the cores")
-    decode_threads: int | None = operational(None, ge=0, description="FFmpeg threads per video; 0 = one per "
-                                             "core; None = by frame size (video.auto_decode_threads)")
-    decode_ahead: int = operational(2, ge=0, description="sampled frames decoded ahead in a second thread; 0 = none")
-    cache: bool = operational(True, description="reuse key frames of a video with the same content and parameters")
-    cache_dir: str | None = operational(None, description="default: $EMBODIED_R_HOME/cache/keyframes")
-    shards: int = operational(1, ge=1, description="parts the videos are split into, each run on its own "
-                              "(a flow run of its own with deployments) and merged; 1 = not split")
-
-    @model_validator(mode="after")
-    def _bounds(self) -> "KeyframeConfig":
-        if self.max_frames < self.min_frames:
-            raise ValueError(f"max_frames ({self.max_frames}) must be >= min_frames ({self.min_frames})")
-        return self
-
-    def output_params(self) -> dict[str, Any]:
-        """The settings that decide which frames are kept and how they are saved (not how
-        the work is spread over processes and threads, nor where the cache lives)."""
-        return result_settings(self, mode="python")
 
 
 @dataclass

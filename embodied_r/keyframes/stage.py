@@ -32,7 +32,8 @@ from embodied_r import progress
 from embodied_r.faults import children_deaf_to_ctrl_c, item_done
 from embodied_r.io import (ItemLog, is_complete, read_summary, stage_folder, table_from_records,
                            write_parquet_atomic, write_summary)
-from embodied_r.keyframes.extract import KeyframeConfig, extract_keyframes
+from embodied_r.keyframes.extract import extract_keyframes
+from embodied_r.keyframes.config import KeyframeConfig
 from embodied_r.keyframes.cache import cache_root, cached_keyframes, link_files, write_entry
 from embodied_r.keyframes.video import VideoError
 from embodied_r.shards import SHARD_INPUT, Sharding, parse_selection, run_sharded

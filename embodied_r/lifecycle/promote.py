@@ -48,7 +48,7 @@ def check_promotion_split(recipe: Any, catalog_summary: dict[str, Any]) -> None:
     built: promotion would otherwise fail after every stage had run."""
     split = recipe.tracking.promote_split
     if recipe.tracking.promote and catalog_summary.get(f"n_{split}") == 0:
-        from embodied_r.config import RecipeError
+        from embodied_r.merge import RecipeError
 
         raise RecipeError(
             f"tracking.promote compares models on the {split} split, but the catalog has no {split} questions "

@@ -7,6 +7,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from embodied_r.evaluation.config import EVALUATE
 from embodied_r.evaluation.stage import run_evaluation
 from embodied_r.io import is_complete, payload_key
 from embodied_r.pipeline import Plan, StageError
@@ -60,7 +61,7 @@ def sft_baseline(recipe: Any, stages: Plan, cfg: SFTConfig | None = None, init_m
     sft_out = root / "stages" / "sft" / sft_key
     eval_cfg = evaluation_of(recipe, stages)
     eval_key = _digest({"evaluation": eval_cfg.model_dump(mode="json"), "sft": sft_key,
-                        "code": code_version("evaluate")})
+                        "code": code_version(EVALUATE.runner)})
     eval_out = root / "stages" / "sft_evaluate" / eval_key
     if refresh:
         for folder in (eval_out, sft_out):

@@ -26,16 +26,15 @@ import logging
 import threading
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import pyarrow.parquet as pq
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from embodied_r import progress
 from embodied_r.perception import prompts
 from embodied_r.backends.base import Backend, BackendConfig, Generation
 from embodied_r.backends.factory import make_backend
-from embodied_r.faults import (DEFAULT_MAX_FAILED_FRACTION, InfraFailure, WriteFailure, check_failed_fraction,
+from embodied_r.faults import (InfraFailure, WriteFailure, check_failed_fraction,
                                item_done, redact)
 from embodied_r.io import (
     ItemLog,
@@ -44,113 +43,15 @@ from embodied_r.io import (
     stage_folder,
     write_summary,
 )
-from embodied_r.perception.modes import QUESTION_PHASE, Call, PerQuestion, PerVideo, Question, make_mode
+from embodied_r.perception.modes import QUESTION_PHASE, Call, Question
 from embodied_r.perception.outputs import check_actions, server_hint, without_keyframes, write_outputs
-from embodied_r.perception.parse import FrameInfo, video_text
-from embodied_r.perception.prompts import ImageOrder, PerceiverTexts, PromptStyle, ReplyFormat
-from embodied_r.settings import operational
+from embodied_r.perception.config import PerceptionConfig
+from embodied_r.perception.prompts import PerceiverTexts
 from embodied_r.shards import SHARD_INPUT, Sharding, parse_selection, run_sharded, summed
 
 log = logging.getLogger(__name__)
 
 STAGE = "perception"
-SUPPORTED_PROMPT_VERSIONS = {prompts.PROMPT_VERSION}
-
-
-# Qwen2.5-VL's own ceiling on an image (its processor's default max_pixels, 16384 patches
-# of 28 x 28): a frame up to 12.8 megapixels reaches the model at full resolution, as in
-# the official code, which sent full frames and set no limit.
-FULL_RESOLUTION_PIXELS = 16384 * 28 * 28
-
-
-def _paper_perceiver() -> BackendConfig:
-    # The paper's perceiver, a 72B VLM, is served (e.g. `vllm serve`) rather than loaded
-    # in process; recipes point base_url elsewhere or swap the backend.
-    return BackendConfig(
-        kind="openai",
-        model="Qwen/Qwen2.5-VL-72B-Instruct",
-        base_url="http://127.0.0.1:8000/v1",
-        max_new_tokens=4096,
-        max_pixels=FULL_RESOLUTION_PIXELS,
-    )
-
-
-class PerceptionConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    backend: BackendConfig = Field(default_factory=_paper_perceiver)
-    mode: Literal["per_question", "per_video"] = "per_question"
-    # How replies are asked for (the defaults are the official code's): "numbered" free
-    # text in numbered points, or "json" (a JSON object, held to a schema with
-    # ``structured_output``); the prompt's text before the images ("text_first") or after
-    # them ("images_first", which a server's prefix cache shares across the questions
-    # about the same frames); a system message framing the task, or none.
-    reply_format: ReplyFormat = "numbered"
-    image_order: ImageOrder = "text_first"
-    system_message: bool = False
-    # Put before the question-related part of each frame's observation in the video text
-    # ("Question-related:"); "" joins it to the new information with a space, as the
-    # official text does.
-    question_label: str = ""
-    # Reply budget of one call about a frame or a pair of frames. The official calls set
-    # none; 4096 tokens is far beyond any reply seen, so nothing is cut.
-    max_new_tokens: int = Field(4096, ge=1)
-    # per_video: key frames shown in one question pass, and that pass's reply budget
-    # (it answers for every frame it shows).
-    question_window: int = Field(32, ge=2)
-    question_max_new_tokens: int = Field(4096, ge=1)
-    # With reply_format json, hold replies to a JSON schema where the backend can (openai:
-    # response_format, falling back to plain text when the server refuses it; vllm:
-    # structured outputs). The transformers backend has no such option and is always read
-    # as plain text.
-    structured_output: bool = True
-    prompt_version: str = prompts.PROMPT_VERSION
-    # The original texts, set from the recipe's prompts file (``prompts.file``); None: this
-    # project's instructions.
-    texts: PerceiverTexts | None = None
-    # A question one of whose calls failed after its retries: "drop" leaves it out of
-    # training and test; "keep_placeholder" keeps it with the official text's "None" for
-    # that frame. Either way the failed calls are counted.
-    on_failure: Literal["drop", "keep_placeholder"] = "drop"
-    # Refuse to run without the original texts (the `released` recipe: the authors' reasoner
-    # read their perceiver's text); the recipe still validates without them.
-    texts_required: bool = operational(False)
-    # More failed questions than this share fails the stage (kept .partial, never cached).
-    max_failed_fraction: float = operational(DEFAULT_MAX_FAILED_FRACTION, ge=0, le=1)
-    # Parts the videos (with their questions) are split into, each run on its own and merged
-    # into the same folder as one run; 1 = not split.
-    shards: int = operational(1, ge=1)
-
-    @field_validator("prompt_version")
-    @classmethod
-    def _known_version(cls, value: str) -> str:
-        if value not in SUPPORTED_PROMPT_VERSIONS:
-            raise ValueError(
-                f"prompt_version {value!r} is not available in this code "
-                f"(available: {sorted(SUPPORTED_PROMPT_VERSIONS)})"
-            )
-        return value
-
-    @model_validator(mode="after")
-    def _texts_fit(self) -> "PerceptionConfig":
-        # The original texts ask for one pass per question and numbered points: any other
-        # form would send them with instructions they do not have.
-        if self.texts is not None and (self.mode, self.reply_format) != ("per_question", "numbered"):
-            raise ValueError(f"perception: the prompts file's texts ({self.texts.source}) are the original "
-                             "per-question prompts; set perception.mode: per_question and reply_format: numbered")
-        return self
-
-    def style(self) -> PromptStyle:
-        return PromptStyle(self.reply_format, self.image_order, self.system_message, self.texts)
-
-    def plan(self) -> PerQuestion | PerVideo:
-        """The calls and parsing of this config's mode and prompt style."""
-        return make_mode(self.mode, self.question_window, self.style())
-
-    def video_text(self, frames: list[FrameInfo]) -> str:
-        return video_text(frames, self.question_label)
-
-
 def _read_inputs(catalog: Path, keyframes: Path,
                  texts: PerceiverTexts | None = None) -> tuple[list[Question], dict[str, list[str]]]:
     catalog, keyframes = Path(catalog), Path(keyframes)

@@ -10,11 +10,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from embodied_r.backends.base import BackendConfig
 from embodied_r.scoring.config import ScoringConfig
 from embodied_r.scoring.reward_table import REWARDS
-from embodied_r.settings import operational
+from embodied_r.settings import operational, result_settings
+from embodied_r.stage_plan import ITEMS, MODEL, TRAINING, WARMSTART, StageKind
 from embodied_r.training.environment import TrainerEnvironment
 from embodied_r.training.sft_settings import SFTSettings
 from embodied_r.training.grpo_settings import (GRPOSettings, SchedulerType, accumulation_for, launch_world,
                                                owned_names)
+from embodied_r.training.records_config import RecordsConfig
 
 
 class VLLMRollouts(BaseModel):
@@ -176,6 +178,9 @@ class TrainingConfig(GRPOSettings, TrainerEnvironment):
     # Further GRPOConfig arguments, passed through as they are.
     grpo_args: dict[str, Any] = Field(default_factory=dict)
 
+    def backends(self) -> list[tuple[str, BackendConfig | None, bool]]:
+        return [("reference", self.reference, True)]
+
     def world(self) -> int | None:
         """The launch's process count where known before it starts (``launch_world``)."""
         return launch_world(self.launcher, self.accelerate_processes())
@@ -274,3 +279,63 @@ OWNED_GRPO_ARGS = owned_names(
      "greater_is_better"},
     set(VLLMRollouts.model_fields) - VLLMRollouts.OWN,
 )
+
+
+class WarmstartConfig(SFTConfig):
+    """SFT settings of the warm start, and the shape of its traces."""
+
+    epochs: float = Field(2.0, gt=0)
+    learning_rate: float = Field(3e-3, gt=0)
+    # What the reasoning says. "answer": the frames' actions and the question's words they
+    # show, then the answer and the start of its option; "fact": the perception words that
+    # decide the question (the record's ``fact``), then the option they point to
+    # (``training.traces``).
+    trace: Literal["answer", "fact"] = "answer"
+    max_actions: int = Field(4, ge=0)  # "answer": frames whose action the trace names
+    # "answer": question words the trace says the frames showed; "fact": objects whose
+    # place a fact about several quotes.
+    max_objects: int = Field(2, ge=0)
+    reference_examples: bool = True
+
+
+def _warm_start(recipe: Any, builder: Any, kind: StageKind) -> None:
+    if recipe.warmstart is None or recipe.evaluation.model is not None:
+        return
+    cfg = recipe.warmstart.model_dump(mode="json", exclude={"python"})
+    keyed = result_settings(recipe.warmstart)
+    if cfg["max_prompt_length"] is None:
+        # Taught on prompts cut as the GRPO stages and evaluation cut them.
+        cfg["max_prompt_length"] = keyed["max_prompt_length"] = recipe.training.max_prompt_length
+    # The trainer's interpreter travels as an input, not in the config it validates.
+    builder.add(kind, WARMSTART, cfg, keyed=keyed, inputs={"python": recipe.warmstart.python or ""})
+
+
+def _grpo_stages(recipe: Any, builder: Any, kind: StageKind) -> None:
+    if recipe.evaluation.model is not None:
+        return  # a given model (the authors' released weights): nothing is trained
+    training = recipe.training.model_dump(mode="json", exclude={"stages", "python"})
+    keyed = result_settings(recipe.training, exclude={"stages"})
+    if training["reference"]["model"] == WARMSTART:
+        training["reference"]["model"] = keyed["reference"]["model"] = builder.warm_model("training.reference")
+    # Under stage_chain: resume one learning-rate schedule spans every stage: each needs them all.
+    chain = ({"chain": [s.model_dump(mode="json") for s in recipe.training.stages]}
+             if recipe.training.stage_chain == "resume" else {})
+    for stage in recipe.training.stages:
+        builder.add(kind, f"train_{stage.name}", {"stage": stage.model_dump(mode="json"), "training": training, **chain},
+                    keyed={"stage": result_settings(stage), "training": keyed, **chain},
+                    inputs={"python": recipe.training.python or ""})
+
+
+CONVERT = StageKind("convert", "embodied_r.training.records:run_stage", "cpu", "write GRPO records",
+                    section="records", config=RecordsConfig,
+                    inputs={"catalog": "preprocess/catalog.parquet", "perception": "perception"}, figures=ITEMS)
+WARMSTART_KIND = StageKind("warmstart", "embodied_r.training.warmstart:run_stage", "gpu-train",
+                           "warm-start the policy on reasoning traces (recipes with a warmstart section)",
+                           section="warmstart", config=WarmstartConfig, optional=True, expand=_warm_start,
+                           inputs={"records": "convert", "init_model": MODEL}, makes_model=True, retries=1,
+                           retry_delay_s=30, unit="steps", headline="training", figures=TRAINING,
+                           self_reporting=True, summary_as_params=True)
+TRAIN = StageKind("train", "embodied_r.training.stage:run_stage", "gpu-train", "run the GRPO training stages",
+                  section="training", config=TrainingConfig, expand=_grpo_stages,
+                  inputs={"records": "convert", "init_model": MODEL}, makes_model=True, retries=1, retry_delay_s=30,
+                  unit="steps", headline="training", figures=TRAINING, summary_as_params=True)

@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import pyarrow.parquet as pq
-from pydantic import Field
 
 from embodied_r.scoring.rewards import REFERENCE_SYSTEM, REFERENCE_TEMPLATE_CHOICE, REFERENCE_TEMPLATE_NUMBER
-from embodied_r.training.config import SFTConfig
+from embodied_r.training.config import WarmstartConfig
 from embodied_r.training.sft import run_sft
 from embodied_r.training.traces import fact_think, frames
 
@@ -31,23 +30,6 @@ _WORD_RE = re.compile(r"[a-z]+")
 _STOP = frozenset("""a an the of to in on at by for with from into is are was be i you my your me it
 this that which what where when how many much do does did can or and not if then your there
 question options choose choices following""".split())
-
-
-class WarmstartConfig(SFTConfig):
-    """SFT settings of the warm start, and the shape of its traces."""
-
-    epochs: float = Field(2.0, gt=0)
-    learning_rate: float = Field(3e-3, gt=0)
-    # What the reasoning says. "answer": the frames' actions and the question's words they
-    # show, then the answer and the start of its option; "fact": the perception words that
-    # decide the question (the record's ``fact``), then the option they point to
-    # (``training.traces``).
-    trace: Literal["answer", "fact"] = "answer"
-    max_actions: int = Field(4, ge=0)  # "answer": frames whose action the trace names
-    # "answer": question words the trace says the frames showed; "fact": objects whose
-    # place a fact about several quotes.
-    max_objects: int = Field(2, ge=0)
-    reference_examples: bool = True
 
 
 def question_words(question: str) -> list[str]:
