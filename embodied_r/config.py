@@ -15,10 +15,6 @@ from embodied_r.explain import yaml_words
 from embodied_r.merge import RecipeError, deep_merge
 from embodied_r.prompts.locate import PromptsError
 from embodied_r.prompts.store import PromptsConfig, apply_prompts
-from embodied_r.stage_kinds import kinds
-from embodied_r.training.chain import BEST_MODEL
-from embodied_r.training.config import SFTConfig
-from embodied_r.training.records_config import for_policy
 
 RECIPES_DIR = Path(__file__).parent / "recipes"
 REASONER_RECIPES = RECIPES_DIR / "reasoner"  # apart from Embodied-R's, whose schema differs
@@ -33,6 +29,8 @@ class RecipeRules(BaseModel):
     def _records_for_policy(self) -> Any:
         # The convert stage measures prompts with the policy's tokenizer against the prompt
         # length its rollouts take, unless the records section names its own.
+        from embodied_r.training.records_config import for_policy
+
         self.records = for_policy(self.records, self.training)
         return self
 
@@ -74,6 +72,8 @@ class RecipeRules(BaseModel):
 
     def evaluated_checkpoint(self) -> str:
         """Which folder of the last training stage the evaluation answers with."""
+        from embodied_r.training.chain import BEST_MODEL
+
         return BEST_MODEL if self.evaluation.checkpoint == "best_val" else "model"
 
     @model_validator(mode="after")
@@ -98,8 +98,13 @@ class RecipeRules(BaseModel):
 _MODELS: dict[tuple[int, ...], type[RecipeRules]] = {}
 
 
-def recipe_model(declared: tuple[Any, ...]) -> type[RecipeRules]:
-    """The Embodied-R recipe model of these stage kinds: each kind's section, in run order."""
+def recipe_model(declared: tuple[Any, ...] | None = None) -> type[RecipeRules]:
+    """The Embodied-R recipe model of these stage kinds (default: the pipeline's), each kind's
+    section in run order; loading it imports the sections' configs, never a runner."""
+    from embodied_r.stage_kinds import kinds
+    from embodied_r.training.config import SFTConfig
+
+    declared = kinds("embodied-r") if declared is None else declared
     if (made := _MODELS.get(tuple(map(id, declared)))) is not None:
         return made
     sections: dict[str, Any] = {}
@@ -120,13 +125,18 @@ def recipe_model(declared: tuple[Any, ...]) -> type[RecipeRules]:
     return made
 
 
-Recipe = recipe_model(kinds("embodied-r"))
+def __getattr__(name: str) -> Any:
+    if name == "Recipe":  # made when first asked for: a command that reads no recipe imports no config
+        return recipe_model()
+    raise AttributeError(name)
 
 
 def backend_problems(recipe: Any, kinds_run: set[str] | None = None) -> list[str]:
     """``section: what it lacks`` for each backend the stages of ``kinds_run`` (None: all) would
     start and could not, in this environment (a server's URL, an API key). Before a run only
     (``kinds_run`` given), what a section needs besides (``missing_before_run``)."""
+    from embodied_r.stage_kinds import kinds
+
     found, besides = [], []
     for kind in kinds(recipe_pipeline(recipe)):
         section = getattr(recipe, kind.section, None) if kind.section else None
@@ -158,6 +168,11 @@ def _numbers(node: Any, path: str = "") -> Iterator[tuple[str, float]]:
 
 def available_recipes(folder: Path = RECIPES_DIR) -> list[str]:
     return sorted(p.stem for p in folder.glob("*.yaml"))
+
+
+def description(name: str, folder: Path = RECIPES_DIR) -> str:
+    """A packaged recipe's description, read from its files (``extends`` followed), unvalidated."""
+    return str(_raw(name, folder).get("description", ""))
 
 
 def _locate(name_or_path: str | Path, folder: Path) -> Path:
@@ -235,7 +250,7 @@ def validated(schema: type[Schema], data: Any, what: str) -> Schema:
 
 
 def load_recipe(name_or_path: str | Path, overrides: dict[str, Any] | None = None) -> Any:
-    return load_as(recipe_model(kinds("embodied-r")), name_or_path, overrides)
+    return load_as(recipe_model(), name_or_path, overrides)
 
 
 def load_reasoner(name_or_path: str | Path, overrides: dict[str, Any] | None = None) -> Any:

@@ -19,10 +19,10 @@ import zipfile
 import zlib
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
-from typing import Any, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
-import pyarrow as pa
-import pyarrow.parquet as pq
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 from embodied_r.benchmark_rules import DataSourceError
 from embodied_r.faults import StageFault, WriteFailure, item_done
@@ -140,10 +140,12 @@ def read_json(path: Path) -> Any:
         return json.load(fh)
 
 
-def write_parquet_atomic(table: pa.Table, path: Path) -> None:
+def write_parquet_atomic(table: "pa.Table", path: Path) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    import pyarrow.parquet as pq
+
     pq.write_table(table, tmp)
     os.replace(tmp, path)
 
@@ -178,6 +180,8 @@ def _entry(path: Path) -> dict[str, int]:
         return {"files": len(sizes), "bytes": sum(sizes)}
     entry = {"bytes": path.stat().st_size}
     if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
         entry["rows"] = pq.read_metadata(path).num_rows
     return entry
 
@@ -214,6 +218,8 @@ def damaged_outputs(folder: Path) -> list[str]:
             problems.append(f"{name} has {_count(size, 'byte')}, not {then.get('bytes')}")
         elif "rows" in then:
             try:
+                import pyarrow.parquet as pq
+
                 rows = pq.read_metadata(path).num_rows
             except Exception as exc:  # noqa: BLE001 - a footer that no longer reads, whatever pyarrow raises
                 problems.append(f"{name} cannot be read as Parquet ({' '.join(str(exc).split())[:80]})")
@@ -318,7 +324,9 @@ class ItemLog:
             fh.truncate(cut)
 
 
-def table_from_records(records: list[dict[str, Any]], schema: pa.Schema) -> pa.Table:
+def table_from_records(records: list[dict[str, Any]], schema: "pa.Schema") -> "pa.Table":
+    import pyarrow as pa
+
     cols = {name: [r.get(name) for r in records] for name in schema.names}
     return pa.table(cols, schema=schema)
 

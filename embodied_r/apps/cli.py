@@ -231,10 +231,10 @@ def _cmd_validate(args: argparse.Namespace) -> int:
 
 
 def _cmd_recipes(_: argparse.Namespace) -> int:
-    from embodied_r.config import available_recipes, load_recipe
+    from embodied_r.config import available_recipes, description
 
     for name in available_recipes():
-        print(f"{name:12s} {load_recipe(name).description}")
+        print(f"{name:12s} {description(name)}")
     return 0
 
 

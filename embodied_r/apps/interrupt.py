@@ -28,7 +28,6 @@ from types import FrameType
 from typing import Callable
 
 from embodied_r import progress
-from embodied_r.stage_kinds import kind_of_stage
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 GRACE_S = 2.0
@@ -38,6 +37,8 @@ _stopping = threading.Lock()
 
 def _unit(stage: str) -> str:
     """What the stage's kind counts in its progress (``StageKind.unit``)."""
+    from embodied_r.stage_kinds import kind_of_stage  # only once a run is stopped
+
     kind = kind_of_stage(stage)
     return kind.unit if kind else "items"
 
