@@ -13,9 +13,9 @@ from typing import Any, Iterator, Literal, TypeVar
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from embodied_r.benchmark_rules import EVALUATION_BENCHMARKS, OOD, evaluation_only
-from embodied_r.data.catalog import CatalogConfig
-from embodied_r.data.download import DownloadConfig
+from embodied_r.benchmarks.base import OOD
+from embodied_r.benchmarks.registry import EVALUATION_BENCHMARKS, evaluation_only
+from embodied_r.data.config import CatalogConfig, DownloadConfig
 from embodied_r.evaluation.config import EvaluationConfig
 from embodied_r.explain import yaml_words
 from embodied_r.evaluation.registry import MODEL_NAME

@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterable, Iterator
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from embodied_r.benchmark_rules import DataSourceError
+from embodied_r.benchmarks.base import DataSourceError
 from embodied_r.faults import StageFault, WriteFailure, item_done
 
 # A folder key: the first 16 hex digits (64 bits) of a sha256, plenty to tell apart the

@@ -18,7 +18,8 @@ import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field
 
 from embodied_r import schemas
-from embodied_r.benchmark_rules import ALL_SPLITS, OOD, evaluation_only, question_block
+from embodied_r.benchmarks.base import ALL_SPLITS, OOD, question_block
+from embodied_r.benchmarks.registry import evaluation_only
 from embodied_r.faults import item_done
 from embodied_r.training.prompts import (
     DEFAULT_CHOICE_INSTRUCTION,
