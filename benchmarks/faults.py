@@ -197,21 +197,20 @@ def _files(tmp: Path) -> tuple[str, str]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from embodied_r import benchmark_rules as bm
-    from embodied_r.benchmark_rules import DataSourceError
-    from embodied_r.data.catalog import CatalogError, _urbanvideo_rows
-    from embodied_r.data.download import safe_extract
+    from embodied_r.benchmarks import urbanvideo
+    from embodied_r.benchmarks.base import CatalogError, DataSourceError
+    from embodied_r.io import safe_extract
 
-    folder = tmp / bm.URBANVIDEO_DIR
+    folder = tmp / urbanvideo.BENCHMARK.folder
     folder.mkdir(parents=True)
     row = {"video_id": "v.mp4", "question_category": "Counterfactual", "question": "Q? A. x B. y", "answer": "A"}
     pq.write_table(pa.Table.from_pylist([{"Question_id": 3, **row}, {"Question_id": 3, **row}]),
-                   folder / bm.URBANVIDEO_FILE)
+                   folder / urbanvideo.FILE)
     messages = []
-    for prepare in (lambda: None, lambda: (folder / bm.URBANVIDEO_FILE).write_bytes(b"garbage")):
+    for prepare in (lambda: None, lambda: (folder / urbanvideo.FILE).write_bytes(b"garbage")):
         prepare()
         try:
-            _urbanvideo_rows(tmp, [])
+            urbanvideo.read(folder, [])
             return "accepted", "FAIL"
         except CatalogError as exc:
             messages.append(str(exc))

@@ -4,7 +4,7 @@ The core lives at the top of this package: ``config`` (the recipe), ``pipeline``
 graph and its hashes), ``runners`` (the registry of stage runners and their code versions),
 ``tracking`` (MLflow), ``tracking_store`` (whether its server answers), ``io`` (stage folders
 and Parquet), ``schemas`` (the Parquet
-contracts), ``benchmark_rules`` (the two benchmarks' rules), ``paths`` and ``progress``. One
+contracts), ``benchmarks`` (one module per benchmark, and their list), ``paths`` and ``progress``. One
 sub-package per concern sits beside it; ``docs/architecture.md`` draws both graphs.
 """
 

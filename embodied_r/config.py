@@ -10,7 +10,8 @@ from typing import Any, Iterator, TypeVar
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, model_validator
 
-from embodied_r.benchmark_rules import EVALUATION_BENCHMARKS, OOD, evaluation_only
+from embodied_r.benchmarks.base import OOD
+from embodied_r.benchmarks.registry import EVALUATION_BENCHMARKS, evaluation_only
 from embodied_r.explain import yaml_words
 from embodied_r.merge import RecipeError, deep_merge
 from embodied_r.prompts.locate import PromptsError

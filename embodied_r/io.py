@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 if TYPE_CHECKING:
     import pyarrow as pa
 
-from embodied_r.benchmark_rules import DataSourceError
+from embodied_r.benchmarks.base import DataSourceError
 from embodied_r.faults import StageFault, WriteFailure, item_done
 
 # A folder key: the first 16 hex digits (64 bits) of a sha256, plenty to tell apart the

@@ -1,50 +1,15 @@
-"""Parquet schemas of the files stages hand to each other, defined once."""
+"""Parquet schemas of the files stages hand to each other, defined once (a benchmark's source
+schema is in its module)."""
 
 from __future__ import annotations
 
 import pyarrow as pa
 
-# Source schemas of the two benchmarks, as published.
-URBANVIDEO_MCQ = pa.schema(
-    [
-        ("Question_id", pa.int64()),
-        ("video_id", pa.string()),
-        ("question_category", pa.string()),
-        ("question", pa.string()),
-        ("answer", pa.string()),
-    ]
-)
-
-VSIBENCH = pa.schema(
-    [
-        ("id", pa.int64()),
-        ("dataset", pa.string()),
-        ("scene_name", pa.string()),
-        ("question_type", pa.string()),
-        ("question", pa.string()),
-        ("options", pa.list_(pa.string())),
-        ("ground_truth", pa.string()),
-    ]
-)
-
-# EgoSchema's subset with public answers (lmms-lab/egoschema, ``Subset``): ``option`` holds
-# the five options, ``answer`` the right one's 0-based index. Read as text whatever the file
-# stores them as (``question_idx`` and ``answer`` are cast).
-EGOSCHEMA_SUBSET = pa.schema(
-    [
-        ("question_idx", pa.string()),
-        ("question", pa.string()),
-        ("video_idx", pa.string()),
-        ("option", pa.list_(pa.string())),
-        ("answer", pa.string()),
-    ]
-)
-
 # The unified questions table every later stage reads.
 CATALOG = pa.schema(
     [
         ("uid", pa.string()),  # "<benchmark>:<original id>", unique across benchmarks
-        ("benchmark", pa.string()),  # benchmark_rules.BENCHMARKS
+        ("benchmark", pa.string()),  # benchmarks.registry.NAMES
         ("original_id", pa.string()),
         ("video_id", pa.string()),
         ("video_path", pa.string()),  # absolute path of a readable video file

@@ -4,6 +4,8 @@ no import circles, and each sub-package imports only what its ``__init__`` says 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,7 +14,7 @@ from embodied_r.runners import ROOT, _is_module, imports_of, launches_of, module
 from embodied_r.stage_kinds import KINDS
 
 # Modules at the top of the package that every stage may use.
-FOUNDATION = {"io", "paths", "progress", "schemas", "benchmark_rules", "tracking", "runners", "faults", "settings",
+FOUNDATION = {"io", "paths", "progress", "schemas", "benchmarks", "tracking", "runners", "faults", "settings",
               "stage_plan", "merge", "shards", "tracking_store", "store_open", "explain"}
 # What each sub-package (or top-level module) may import besides itself and the foundation.
 ALLOWED: dict[str, set[str]] = {
@@ -342,3 +344,11 @@ def test_prefect_yaml_is_made_from_the_declarations():
     from flows.deployments import PREFECT_YAML, render
 
     assert PREFECT_YAML.read_text() == render(), "prefect.yaml is made by `python -m flows.deployments`: run it"
+
+
+def test_the_data_stages_configs_import_no_runner_code():
+    """A recipe's download and catalog sections load without the stages' code or the libraries it runs on."""
+    code = ("import sys, embodied_r.data.config; print(*sorted(m for m in sys.modules if m.split('.')[0] in {'pyarrow', "
+            "'duckdb', 'cv2', 'numpy', 'huggingface_hub'} or m.startswith(('embodied_r.data.', 'embodied_r.synthetic.'))))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT.parent, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["embodied_r.data.config", "embodied_r.synthetic.config"]

@@ -14,10 +14,11 @@ import pytest
 from mlflow import MlflowClient
 
 from conftest import SHARED
-from embodied_r import benchmark_rules as bm
-from embodied_r.data.catalog import CatalogConfig, metric_name, run_catalog
+from embodied_r.benchmarks import urbanvideo
+from embodied_r.data.catalog import metric_name, run_catalog
 from embodied_r.apps.cli_data import main as cli_main
-from embodied_r.data.download import DownloadConfig, run_download
+from embodied_r.data.config import CatalogConfig, DownloadConfig
+from embodied_r.data.download import run_download
 from embodied_r.tracking import Tracker, numeric_metrics
 
 REAL_MCQ = (SHARED or Path("/nonexistent")) / "benchmarks" / "urbanvideo-bench" / "MCQ.parquet"
@@ -27,9 +28,9 @@ pytestmark = pytest.mark.skipif(not REAL_MCQ.is_file(), reason=f"real MCQ.parque
 @pytest.fixture(scope="module")
 def raw(tmp_path_factory) -> Path:
     mirror = tmp_path_factory.mktemp("mirror")
-    uv = mirror / bm.URBANVIDEO_DIR
+    uv = mirror / urbanvideo.BENCHMARK.folder
     (uv / "videos").mkdir(parents=True)
-    (uv / bm.URBANVIDEO_FILE).write_bytes(REAL_MCQ.read_bytes())
+    (uv / urbanvideo.FILE).write_bytes(REAL_MCQ.read_bytes())
     for vid in set(pq.read_table(REAL_MCQ, columns=["video_id"]).column("video_id").to_pylist()):
         (uv / "videos" / vid).write_bytes(b"v")
     out = tmp_path_factory.mktemp("stages") / "raw"

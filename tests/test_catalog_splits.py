@@ -7,7 +7,8 @@ import hashlib
 
 import pytest
 
-from embodied_r.data.catalog import SplitConfig, _cap, assign_splits, metric_counts, metric_name, split_counts
+from embodied_r.data.catalog import _cap, assign_splits, metric_counts, metric_name, split_counts
+from embodied_r.data.config import SplitConfig
 
 
 def scenes_split(counts: dict[str, int], cfg: SplitConfig) -> dict[str, str]:

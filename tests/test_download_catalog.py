@@ -10,18 +10,19 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from embodied_r import benchmark_rules as bm
 from embodied_r import schemas
-from embodied_r.data.catalog import CatalogConfig, CatalogError, SplitConfig, assign_splits, run_catalog
-from embodied_r.benchmark_rules import DataSourceError
-from embodied_r.data.download import DownloadConfig, run_download, safe_extract
-from embodied_r.io import sha256_file
+from embodied_r.benchmarks import urbanvideo, vsibench
+from embodied_r.benchmarks.base import CatalogError, DataSourceError, arrow_schema
+from embodied_r.data.catalog import assign_splits, run_catalog
+from embodied_r.data.config import CatalogConfig, DownloadConfig, SplitConfig
+from embodied_r.data.download import run_download
+from embodied_r.io import safe_extract, sha256_file
 from embodied_r.synthetic.config import SyntheticConfig
 
 
 def _mirror(root: Path) -> Path:
     """A local mirror laid out like the two hub repos, with tiny stand-in video files."""
-    uv = root / bm.URBANVIDEO_DIR
+    uv = root / urbanvideo.BENCHMARK.folder
     (uv / "videos").mkdir(parents=True)
     rows = []
     qid = 0
@@ -38,9 +39,9 @@ def _mirror(root: Path) -> Path:
                  "Counterfactual", "question": "Question: If?\nChoices:\nA. Yes.\nB. No.", "answer": "A"})
     rows.append({"Question_id": qid + 1, "video_id": "EmbodiedCity_0_0.mp4", "question_category":
                  "Counterfactual", "question": "Question: If?\nChoices:\nA. Yes.\nB. No.", "answer": "Z"})
-    pq.write_table(pa.Table.from_pylist(rows, schema=schemas.URBANVIDEO_MCQ), uv / bm.URBANVIDEO_FILE)
+    pq.write_table(pa.Table.from_pylist(rows, schema=arrow_schema(urbanvideo.COLUMNS)), uv / urbanvideo.FILE)
 
-    vsi = root / bm.VSIBENCH_DIR
+    vsi = root / vsibench.BENCHMARK.folder
     vsi.mkdir()
     vrows = []
     with zipfile.ZipFile(vsi / "scannet.zip", "w") as zf:
@@ -52,7 +53,7 @@ def _mirror(root: Path) -> Path:
             vrows.append({"id": 2 * i + 1, "dataset": "scannet", "scene_name": f"scene{i:04d}_00",
                           "question_type": "object_counting", "question": "How many chairs?",
                           "options": None, "ground_truth": "3"})
-    pq.write_table(pa.Table.from_pylist(vrows, schema=schemas.VSIBENCH), vsi / bm.VSIBENCH_FILE)
+    pq.write_table(pa.Table.from_pylist(vrows, schema=arrow_schema(vsibench.COLUMNS)), vsi / vsibench.FILE)
     return root
 
 
@@ -69,10 +70,10 @@ def test_local_download_and_catalog(tmp_path):
     src = _mirror(tmp_path / "mirror")
     # What a real mirror also holds: repo files the pipeline does not need, and the commit
     # note `hf download --local-dir` leaves beside each file.
-    (src / bm.URBANVIDEO_DIR / "README.md").write_text("card")
-    (src / bm.VSIBENCH_DIR / ".gitattributes").write_text("*.zip filter=lfs")
-    (src / bm.VSIBENCH_DIR / "test_debiased-00000-of-00001.parquet").write_bytes(b"other")
-    note = src / bm.URBANVIDEO_DIR / ".cache" / "huggingface" / "download" / "MCQ.parquet.metadata"
+    (src / urbanvideo.BENCHMARK.folder / "README.md").write_text("card")
+    (src / vsibench.BENCHMARK.folder / ".gitattributes").write_text("*.zip filter=lfs")
+    (src / vsibench.BENCHMARK.folder / "test_debiased-00000-of-00001.parquet").write_bytes(b"other")
+    note = src / urbanvideo.BENCHMARK.folder / ".cache" / "huggingface" / "download" / "MCQ.parquet.metadata"
     note.parent.mkdir(parents=True)
     note.write_text(f"{COMMIT}\netag\n1700000000.0\n")
     before = _state(src)
@@ -80,7 +81,7 @@ def test_local_download_and_catalog(tmp_path):
     summary = run_download(tmp_path / "raw", cfg, tmp_path / "sources")
     assert summary["videos"] == 12 + 4
     raw = tmp_path / "raw"
-    assert (raw / bm.VSIBENCH_DIR / "videos" / "scannet" / "scene0001_00.mp4").is_file()
+    assert (raw / vsibench.BENCHMARK.folder / "videos" / "scannet" / "scene0001_00.mp4").is_file()
     brought = {p.relative_to(raw).as_posix() for p in raw.rglob("*") if p.is_file()}
     assert not {n for n in brought if n.endswith(("README.md", ".gitattributes", "debiased-00000-of-00001.parquet"))}
     manifest = json.loads((raw / "manifest.json").read_text())
@@ -88,7 +89,7 @@ def test_local_download_and_catalog(tmp_path):
     assert manifest["benchmarks"]["urbanvideo"]["revision"] == COMMIT
     assert manifest["benchmarks"]["vsibench"]["repo"] == "nyu-visionx/VSI-Bench"
     assert manifest["benchmarks"]["vsibench"]["revision"] is None  # that mirror carries no commit note
-    extracted = {n for n in brought if n.startswith(f"{bm.VSIBENCH_DIR}/videos/")}
+    extracted = {n for n in brought if n.startswith(f"{vsibench.BENCHMARK.folder}/videos/")}
     assert set(manifest["files"]) == brought - extracted - {"manifest.json", "summary.json"}
     for name, entry in manifest["files"].items():
         assert entry == {"size": (src / name).stat().st_size, "sha256": sha256_file(src / name)}
@@ -178,9 +179,9 @@ def test_splits_are_seeded_and_stable():
 
 
 def test_missing_column_names_column_and_file(tmp_path):
-    uv = tmp_path / "raw" / bm.URBANVIDEO_DIR
+    uv = tmp_path / "raw" / urbanvideo.BENCHMARK.folder
     uv.mkdir(parents=True)
-    pq.write_table(pa.table({"Question_id": [1], "video_id": ["x.mp4"]}), uv / bm.URBANVIDEO_FILE)
+    pq.write_table(pa.table({"Question_id": [1], "video_id": ["x.mp4"]}), uv / urbanvideo.FILE)
     with pytest.raises(CatalogError, match=r"MCQ.parquet: missing column\(s\) question_category"):
         run_catalog(tmp_path / "raw", tmp_path / "out", CatalogConfig())
 
@@ -273,14 +274,14 @@ def test_a_row_whose_video_path_leaves_its_benchmark_is_refused_not_missing(tmp_
     """A file outside the benchmark that exists is not read, and one that does not is not
     called missing: the path itself is refused, so the reason says so and names the fix."""
     raw = tmp_path / "raw"
-    uv = raw / bm.URBANVIDEO_DIR
+    uv = raw / urbanvideo.BENCHMARK.folder
     (uv / "videos").mkdir(parents=True)
     (uv / "videos" / "inside.mp4").write_bytes(b"video bytes")
     (tmp_path / "outside.mp4").write_bytes(b"not the benchmark's")  # what ../../../ reaches
     question = "Question: Where?\nChoices:\nA. Left.\nB. Right."
     rows = [{"Question_id": i, "video_id": vid, "question_category": "Landmark Position", "question": question,
              "answer": "A"} for i, vid in enumerate(["inside.mp4", escape])]
-    pq.write_table(pa.Table.from_pylist(rows, schema=schemas.URBANVIDEO_MCQ), uv / bm.URBANVIDEO_FILE)
+    pq.write_table(pa.Table.from_pylist(rows, schema=arrow_schema(urbanvideo.COLUMNS)), uv / urbanvideo.FILE)
     out = tmp_path / "catalog"
     summary = run_catalog(raw, out, CatalogConfig())
     assert [r["video_id"] for r in pq.read_table(out / "catalog.parquet").to_pylist()] == ["inside.mp4"]

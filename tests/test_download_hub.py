@@ -26,11 +26,12 @@ import pyarrow.parquet as pq
 import pytest
 from huggingface_hub.utils import filter_repo_objects
 
-from embodied_r import benchmark_rules as bm
-from embodied_r import schemas
-from embodied_r.benchmark_rules import DataSourceError
-from embodied_r.data.download import DownloadConfig, run_download
+from embodied_r.benchmarks import registry, urbanvideo, vsibench
+from embodied_r.benchmarks.base import DataSourceError, arrow_schema
+from embodied_r.data.config import DownloadConfig, HubConfig
+from embodied_r.data.download import run_download
 from embodied_r.data.hub import needed_files
+from embodied_r.settings import operational_fields
 
 ROOT = Path(__file__).resolve().parents[1]
 SHA = {"EmbodiedCity/UrbanVideo-Bench": "a" * 40, "nyu-visionx/VSI-Bench": "b" * 40}
@@ -39,15 +40,21 @@ SHA = {"EmbodiedCity/UrbanVideo-Bench": "a" * 40, "nyu-visionx/VSI-Bench": "b" *
 def test_allow_patterns_pick_only_the_needed_files():
     urban = [".gitattributes", "README.md", "MCQ.parquet", "videos/EmbodiedCity_1.mp4",
              "videos/AerialVLN_2_X_0.mp4", "annotations/extra.json", "MCQ_old.parquet"]
-    assert needed_files(urban, bm.URBANVIDEO) == ["MCQ.parquet", "videos/AerialVLN_2_X_0.mp4",
+    assert needed_files(urban, urbanvideo.NAME) == ["MCQ.parquet", "videos/AerialVLN_2_X_0.mp4",
                                                   "videos/EmbodiedCity_1.mp4"]
     vsi = [".gitattributes", "README.md", "arkitscenes.zip", "scannet.zip", "scannetpp.zip",
            "test-00000-of-00001.parquet", "test_debiased-00000-of-00001.parquet", "tools/eval.py"]
-    assert needed_files(vsi, bm.VSIBENCH) == ["arkitscenes.zip", "scannet.zip", "scannetpp.zip",
+    assert needed_files(vsi, vsibench.NAME) == ["arkitscenes.zip", "scannet.zip", "scannetpp.zip",
                                               "test-00000-of-00001.parquet"]
     # The same patterns go to snapshot_download, which matches with this very function.
-    for names, b in ((urban, bm.URBANVIDEO), (vsi, bm.VSIBENCH)):
-        assert sorted(filter_repo_objects(names, allow_patterns=bm.ALLOW_PATTERNS[b])) == needed_files(names, b)
+    for names, b in ((urban, urbanvideo.NAME), (vsi, vsibench.NAME)):
+        assert sorted(filter_repo_objects(names, allow_patterns=registry.get(b).allow_patterns)) == needed_files(names, b)
+
+
+def test_each_benchmark_brings_its_hub_repo_and_revision():
+    """``download.hub`` has a repo and a revision for every benchmark of the list, from its module."""
+    assert [HubConfig().repo(b.name) for b in registry.BENCHMARKS] == [(b.repo, b.revision) for b in registry.BENCHMARKS]
+    assert operational_fields(HubConfig) == {"endpoint", "max_workers"}
 
 
 def _closed_port() -> int:
@@ -85,10 +92,10 @@ def _remote(root: Path) -> Path:
     pq.write_table(pa.Table.from_pylist([{"Question_id": 1, "video_id": "EmbodiedCity_1_0.mp4",
                                           "question_category": "Landmark Position",
                                           "question": "Question: Where?\nChoices:\nA. Left.\nB. Right.",
-                                          "answer": "A"}], schema=schemas.URBANVIDEO_MCQ), uv / bm.URBANVIDEO_FILE)
+                                          "answer": "A"}], schema=arrow_schema(urbanvideo.COLUMNS)), uv / urbanvideo.FILE)
     vsi.mkdir(parents=True)
     (vsi / ".gitattributes").write_text("*.zip filter=lfs")
-    pq.write_table(pa.Table.from_pylist([], schema=schemas.VSIBENCH), vsi / bm.VSIBENCH_FILE)
+    pq.write_table(pa.Table.from_pylist([], schema=arrow_schema(vsibench.COLUMNS)), vsi / vsibench.FILE)
     shutil.make_archive(str(vsi / "scannet"), "zip", root_dir=root, base_dir="EmbodiedCity")  # any zip
     return root
 
@@ -137,14 +144,14 @@ def test_hub_fetch_pins_the_resolved_commit_and_records_it(tmp_path, monkeypatch
     hub = _Hub(_remote(tmp_path / "remote"))
     monkeypatch.setattr(huggingface_hub, "HfApi", hub.api)
     monkeypatch.setattr(huggingface_hub, "snapshot_download", hub.snapshot_download)
-    hub.corrupt = bm.URBANVIDEO_FILE
+    hub.corrupt = urbanvideo.FILE
     cfg = DownloadConfig(source="hub")
     out = tmp_path / "raw"
 
     # A file that arrives damaged is caught against the hub's sha256 and removed ...
     with pytest.raises(DataSourceError, match=r"MCQ.parquet has the wrong sha256.*run the download again"):
         run_download(out, cfg, tmp_path / "sources")
-    assert not (tmp_path / "raw.partial" / bm.URBANVIDEO_DIR / bm.URBANVIDEO_FILE).exists()
+    assert not (tmp_path / "raw.partial" / urbanvideo.BENCHMARK.folder / urbanvideo.FILE).exists()
     # ... and the next run fetches only what is missing.
     summary = run_download(out, cfg, tmp_path / "sources")
     assert summary["source"] == "hub" and summary["revisions"] == {"urbanvideo": "a" * 40, "vsibench": "b" * 40}
@@ -157,14 +164,14 @@ def test_hub_fetch_pins_the_resolved_commit_and_records_it(tmp_path, monkeypatch
         assert c["revision"] == SHA[c["repo"]] and c["repo_type"] == "dataset"
         assert Path(c["local_dir"]).parent == tmp_path / "raw.partial"
     assert {c["repo"]: c["allow_patterns"] for c in snaps} == {
-        "EmbodiedCity/UrbanVideo-Bench": bm.ALLOW_PATTERNS[bm.URBANVIDEO],
-        "nyu-visionx/VSI-Bench": bm.ALLOW_PATTERNS[bm.VSIBENCH]}
+        "EmbodiedCity/UrbanVideo-Bench": registry.get(urbanvideo.NAME).allow_patterns,
+        "nyu-visionx/VSI-Bench": registry.get(vsibench.NAME).allow_patterns}
 
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["source"] == "hub"
     assert manifest["benchmarks"]["urbanvideo"] == {
         "repo": "EmbodiedCity/UrbanVideo-Bench", "requested_revision": "main", "revision": "a" * 40,
-        "allow_patterns": bm.ALLOW_PATTERNS[bm.URBANVIDEO], "files": 2,
+        "allow_patterns": registry.get(urbanvideo.NAME).allow_patterns, "files": 2,
         "bytes": sum(p.stat().st_size for p in (hub.root / "EmbodiedCity/UrbanVideo-Bench").rglob("*")
                      if p.suffix in (".parquet", ".mp4"))}
     assert set(manifest["files"]) == {"UrbanVideo-Bench/MCQ.parquet", "UrbanVideo-Bench/videos/EmbodiedCity_1_0.mp4",
@@ -173,12 +180,12 @@ def test_hub_fetch_pins_the_resolved_commit_and_records_it(tmp_path, monkeypatch
     for name, entry in manifest["files"].items():
         folder, rest = name.split("/", 1)
         assert entry["sha256"] == hashlib.sha256((remote[folder] / rest).read_bytes()).hexdigest()
-    assert not (out / bm.URBANVIDEO_DIR / "README.md").exists()  # only the needed files came
+    assert not (out / urbanvideo.BENCHMARK.folder / "README.md").exists()  # only the needed files came
 
 
 def test_hub_listing_without_the_question_file_names_the_fix(tmp_path, monkeypatch):
     hub = _Hub(_remote(tmp_path / "remote"))
-    (hub.root / "nyu-visionx/VSI-Bench" / bm.VSIBENCH_FILE).unlink()
+    (hub.root / "nyu-visionx/VSI-Bench" / vsibench.FILE).unlink()
     monkeypatch.setattr(huggingface_hub, "HfApi", hub.api)
     monkeypatch.setattr(huggingface_hub, "snapshot_download", hub.snapshot_download)
     with pytest.raises(DataSourceError, match=r"nyu-visionx/VSI-Bench at b{40} has no test-00000-of-00001.parquet"

@@ -322,7 +322,7 @@ def test_only_a_failure_that_may_pass_is_retried() -> None:
     from prefect.states import Failed
     from pydantic import BaseModel
 
-    from embodied_r.benchmark_rules import DataSourceError
+    from embodied_r.benchmarks.base import DataSourceError
     from embodied_r.merge import RecipeError
     from embodied_r.faults import DiskFull, InfraFailure
     from embodied_r.io import StageBusy

@@ -219,37 +219,38 @@ def test_extends_resolves_beside_the_recipe_and_set_errors_are_one_line(tmp_path
 
 
 def _mirror(tmp_path: Path, table: pa.Table) -> Path:
-    from embodied_r import benchmark_rules as bm
+    from embodied_r.benchmarks import urbanvideo
 
-    folder = tmp_path / "raw" / bm.URBANVIDEO_DIR
+    folder = tmp_path / "raw" / urbanvideo.BENCHMARK.folder
     folder.mkdir(parents=True)
-    pq.write_table(table, folder / bm.URBANVIDEO_FILE)
-    return tmp_path / "raw"
+    pq.write_table(table, folder / urbanvideo.FILE)
+    return folder
 
 
 def test_preprocess_rejects_duplicate_ids_naming_them(tmp_path: Path) -> None:
-    from embodied_r.data.catalog import CatalogError, _urbanvideo_rows
+    from embodied_r.benchmarks import urbanvideo
+    from embodied_r.benchmarks.base import CatalogError
 
     row = {"video_id": "v.mp4", "question_category": "Counterfactual", "question": "Q? A. x B. y", "answer": "A"}
     table = pa.Table.from_pylist([{"Question_id": 7, **row}, {"Question_id": 7, **row}, {"Question_id": 8, **row}])
     with pytest.raises(CatalogError, match=r"duplicate question ids urbanvideo:7\b.*") as err:
-        _urbanvideo_rows(_mirror(tmp_path, table), [])
+        urbanvideo.read(_mirror(tmp_path, table), [])
     assert "MCQ.parquet" in str(err.value)
 
 
 def test_bad_source_files_are_named_in_one_line(tmp_path: Path) -> None:
-    from embodied_r.benchmark_rules import DataSourceError
-    from embodied_r.data.catalog import CatalogError, _urbanvideo_rows
-    from embodied_r.data.download import safe_extract
+    from embodied_r.benchmarks import urbanvideo
+    from embodied_r.benchmarks.base import CatalogError, DataSourceError
+    from embodied_r.io import safe_extract
 
-    root = _mirror(tmp_path, pa.table({"Question_id": [1], "video_id": ["v"], "question_category": ["c"],
+    folder = _mirror(tmp_path, pa.table({"Question_id": [1], "video_id": ["v"], "question_category": ["c"],
                                        "question": ["q"], "answer": [[1, 2]]}))
     with pytest.raises(CatalogError, match="column 'answer'"):
-        _urbanvideo_rows(root, [])
-    garbage = next(root.rglob("*.parquet"))
+        urbanvideo.read(folder, [])
+    garbage = next(folder.rglob("*.parquet"))
     garbage.write_bytes(b"PAR1 not really")
     with pytest.raises(CatalogError, match="not a readable Parquet file") as err:
-        _urbanvideo_rows(root, [])
+        urbanvideo.read(folder, [])
     assert str(garbage) in str(err.value) and "\n" not in str(err.value)
     fake = tmp_path / "videos.zip"
     fake.write_bytes(b"this is no zip")

@@ -21,9 +21,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from embodied_r import benchmark_rules as bm
-from embodied_r.data.catalog import CatalogConfig, SplitConfig, assign_splits, run_catalog
-from embodied_r.data.download import DownloadConfig, run_download
+from embodied_r.benchmarks import egoschema, mvbench, registry
+from embodied_r.benchmarks.base import OOD, SPLITS, lettered_options
+from embodied_r.data.catalog import assign_splits, run_catalog
+from embodied_r.data.config import CatalogConfig, DownloadConfig, SplitConfig
+from embodied_r.data.download import run_download
 from embodied_r.io import sha256_file
 from embodied_r.synthetic.world import write_motion_video
 from test_evaluation import ScriptedModels, text_of
@@ -81,9 +83,9 @@ def _egoschema_table(rows: dict[str, tuple], integers: bool = False) -> pa.Table
 
 def make_mirror(root: Path, clips: Path) -> Path:
     """The two repos as ``hf download --local-dir`` leaves them, with files the pipeline does not need."""
-    ego = root / bm.EGOSCHEMA_DIR
+    ego = root / egoschema.BENCHMARK.folder
     (ego / "Subset").mkdir(parents=True)
-    pq.write_table(_egoschema_table(EGOSCHEMA), ego / bm.EGOSCHEMA_FILE)
+    pq.write_table(_egoschema_table(EGOSCHEMA), ego / egoschema.FILE)
     (ego / "GENERATION").mkdir()
     pq.write_table(_egoschema_table({"q-full": ("clip-delta", "", _choices(5, 0, "c opens"))}),
                    ego / "GENERATION" / "test-00000-of-00001.parquet")
@@ -92,7 +94,7 @@ def make_mirror(root: Path, clips: Path) -> Path:
                                          "videos/clip-unasked.mp4": _clip(clips, "u.mp4", 2)})
     _zip(ego / "videos_chunked_02.zip", {"videos/clip-beta.mp4": _clip(clips, "b.mp4", 3),
                                          "videos/clip-gamma.mp4": _clip(clips, "g.mp4", 4)})
-    mv = root / bm.MVBENCH_DIR
+    mv = root / mvbench.BENCHMARK.folder
     (mv / "json").mkdir(parents=True)
     nav = [{"video": video, "question": f"Where should you head to reach the shed? (nav {i})", "candidates": cands,
             "answer": cands[right] if right is not None else "fly upwards"}
@@ -117,7 +119,7 @@ def mirror(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_mirror(tmp_path_factory.mktemp("mirror"), tmp_path_factory.mktemp("clips"))
 
 
-OOD_ONLY = [bm.EGOSCHEMA, bm.MVBENCH]
+OOD_ONLY = [egoschema.NAME, mvbench.NAME]
 
 
 @pytest.fixture(scope="module")
@@ -132,18 +134,18 @@ def raw(mirror: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def test_options_are_lettered_and_answers_become_letters() -> None:
-    assert bm.lettered_options(["A. c lifts it", "(B) c drops it", "c waves", "D) c sits", "A man waits"]) == [
+    assert lettered_options(["A. c lifts it", "(B) c drops it", "c waves", "D) c sits", "A man waits"]) == [
         "A. c lifts it", "B. c drops it", "C. c waves", "D. c sits", "E. A man waits"]
-    assert [bm.egoschema_answer_letter(a, 5) for a in ("0", " 2 ", 4, "5", "-1", "B", "", None)] == [
+    assert [egoschema.answer_letter(a, 5) for a in ("0", " 2 ", 4, "5", "-1", "B", "", None)] == [
         "A", "C", "E", None, None, None, None, None]
     cands = ["go left", "go  right", "stop"]
-    assert [bm.mvbench_answer_letter(a, cands) for a in ("go left", "go right ", "stop", "jump")] == [
+    assert [mvbench.answer_letter(a, cands) for a in ("go left", "go right ", "stop", "jump")] == [
         "A", "B", "C", None]
-    assert bm.mvbench_answer_letter("same", ["same", "other", "same"]) is None  # which one is meant?
+    assert mvbench.answer_letter("same", ["same", "other", "same"]) is None  # which one is meant?
     # Declared once: the roles, the splits each can be in, the files fetched.
-    assert set(bm.BENCHMARKS) == set(bm.TRAINING_BENCHMARKS) | set(bm.EVALUATION_BENCHMARKS)
-    assert [bm.splits_of(b) for b in bm.BENCHMARKS] == [bm.SPLITS, bm.SPLITS, (bm.OOD,), (bm.OOD,)]
-    assert bm.TRANSFER_TASKS[bm.MVBENCH] == list(bm.MVBENCH_EGOCENTRIC) == ["egocentric_navigation"]
+    assert set(registry.NAMES) == set(registry.TRAINING_BENCHMARKS) | set(registry.EVALUATION_BENCHMARKS)
+    assert [registry.splits_of(b) for b in registry.NAMES] == [SPLITS, SPLITS, (OOD,), (OOD,)]
+    assert list(mvbench.BENCHMARK.tasks) == list(mvbench.EGOCENTRIC) == ["egocentric_navigation"]
 
 
 # -- download and catalog -------------------------------------------------------------------
@@ -177,7 +179,7 @@ def test_catalog_rows_in_the_lettered_form_all_in_the_ood_split(raw: Path, tmp_p
     for r in rows.values():
         assert [o[:3] for o in r["options"]] == [f"{chr(65 + i)}. " for i in range(len(r["options"]))]
         assert LANTERN in r["options"][ord(r["answer"]) - 65]  # the answer's letter names the right option
-        assert (r["split"], r["fold"], r["answer_type"]) == (bm.OOD, 0, "choice")
+        assert (r["split"], r["fold"], r["answer_type"]) == (OOD, 0, "choice")
         assert Path(r["video_path"]).is_file() and str(raw) in r["video_path"]
     ego = rows["egoschema:q-a1"]
     assert ego["options"][0] == "A. c lifts a broom"  # the file's own "A. " is not doubled
@@ -206,13 +208,13 @@ def test_catalog_rows_in_the_lettered_form_all_in_the_ood_split(raw: Path, tmp_p
 
 def test_integer_columns_of_the_subset_are_read_as_text(tmp_path: Path) -> None:
     """Whatever types the hub's Parquet gives question_idx and answer, the rows are the same."""
-    ego = tmp_path / "raw" / bm.EGOSCHEMA_DIR
+    ego = tmp_path / "raw" / egoschema.BENCHMARK.folder
     (ego / "videos").mkdir(parents=True)
     for clip in ("clip-alpha", "clip-beta"):
         (ego / "videos" / f"{clip}.mp4").write_bytes(b"stand-in")
     (ego / "Subset").mkdir()
     rows = {k: v for k, v in EGOSCHEMA.items() if k in ("q-a1", "q-a2")}
-    pq.write_table(_egoschema_table(rows, integers=True), ego / bm.EGOSCHEMA_FILE)
+    pq.write_table(_egoschema_table(rows, integers=True), ego / egoschema.FILE)
     run_catalog(tmp_path / "raw", tmp_path / "catalog", CatalogConfig())
     got = {r["uid"]: r["answer"] for r in pq.read_table(tmp_path / "catalog" / "catalog.parquet").to_pylist()}
     assert got == {"egoschema:0": "D", "egoschema:1": "A"}
@@ -234,8 +236,8 @@ def test_hub_fetch_pins_the_declared_revisions_and_fetches_only_the_needed_files
     from test_download_hub import SHA, _Hub
 
     remote = tmp_path / "remote"
-    shutil.copytree(mirror / bm.EGOSCHEMA_DIR, remote / "lmms-lab/egoschema")
-    shutil.copytree(mirror / bm.MVBENCH_DIR, remote / "OpenGVLab/MVBench", ignore=shutil.ignore_patterns(".cache"))
+    shutil.copytree(mirror / egoschema.BENCHMARK.folder, remote / "lmms-lab/egoschema")
+    shutil.copytree(mirror / mvbench.BENCHMARK.folder, remote / "OpenGVLab/MVBench", ignore=shutil.ignore_patterns(".cache"))
     hub = _Hub(remote)
     pinned = DownloadConfig().hub.mvbench_revision
     monkeypatch.setitem(SHA, "lmms-lab/egoschema", "c" * 40)
@@ -260,7 +262,7 @@ def test_hub_fetch_pins_the_declared_revisions_and_fetches_only_the_needed_files
 
 def _mixed_rows() -> list[dict]:
     return [{"benchmark": b, "scene": f"{b}-s{s}", "uid": f"{b}:{s}:{i}"}
-            for b in bm.BENCHMARKS for s in range(6) for i in range(1 + s % 3)]
+            for b in registry.NAMES for s in range(6) for i in range(1 + s % 3)]
 
 
 @pytest.mark.parametrize("rule", ["per_benchmark", "pooled_scenes"])
@@ -270,12 +272,12 @@ def test_no_split_rule_puts_an_evaluation_benchmark_in_training(rule: str) -> No
             rows = _mixed_rows()
             assign_splits(rows, SplitConfig(train=train, val=val, test=test, seed=seed, rule=rule))
             for r in rows:
-                if bm.evaluation_only(r["benchmark"]):
-                    assert (r["split"], r["fold"]) == (bm.OOD, 0)
+                if registry.evaluation_only(r["benchmark"]):
+                    assert (r["split"], r["fold"]) == (OOD, 0)
                 else:
-                    assert r["split"] in bm.SPLITS
+                    assert r["split"] in SPLITS
             if train == 1.0:
-                assert {r["split"] for r in rows if not bm.evaluation_only(r["benchmark"])} == {"train"}
+                assert {r["split"] for r in rows if not registry.evaluation_only(r["benchmark"])} == {"train"}
 
 
 def test_the_convert_stage_keeps_held_out_questions_out_of_training(tmp_path: Path) -> None:
@@ -283,10 +285,10 @@ def test_the_convert_stage_keeps_held_out_questions_out_of_training(tmp_path: Pa
     from embodied_r.training.records import run_records
     from embodied_r.training.records_config import RecordsConfig
 
-    rows = [catalog_row("urbanvideo:1", "train"), catalog_row("egoschema:q1", bm.OOD, benchmark=bm.EGOSCHEMA),
+    rows = [catalog_row("urbanvideo:1", "train"), catalog_row("egoschema:q1", OOD, benchmark=egoschema.NAME),
             # A catalog made elsewhere that put held-out questions in training, or ours in ood.
-            catalog_row("egoschema:q2", "train", benchmark=bm.EGOSCHEMA),
-            catalog_row("urbanvideo:2", bm.OOD)]
+            catalog_row("egoschema:q2", "train", benchmark=egoschema.NAME),
+            catalog_row("urbanvideo:2", OOD)]
     catalog, perception = write_inputs(tmp_path, rows, {r["uid"]: VIDEO for r in rows})
     summary = run_records(catalog, perception, tmp_path / "records", RecordsConfig())
     assert (summary["records_train"], summary["records_ood"]) == (1, 1)
@@ -301,10 +303,10 @@ def test_a_recipe_names_them_for_evaluation(tmp_path: Path) -> None:
     from embodied_r.merge import RecipeError
     from embodied_r.pipeline import plan
 
-    both = {"download": {"benchmarks": list(bm.BENCHMARKS)}, "evaluation": {"split": "ood"}}
+    both = {"download": {"benchmarks": list(registry.NAMES)}, "evaluation": {"split": "ood"}}
     recipe = load_recipe("paper", both)
     stages = plan(recipe, tmp_path)
-    assert stages["download"].config["benchmarks"] == list(bm.BENCHMARKS)
+    assert stages["download"].config["benchmarks"] == list(registry.NAMES)
     assert stages["evaluate"].config["split"] == "ood"
     with pytest.raises(RecipeError, match=r"evaluation.split is 'ood'.*download.benchmarks names none"):
         load_recipe("paper", {"evaluation": {"split": "ood"}})
@@ -369,7 +371,7 @@ def test_key_frames_perception_and_scoring_with_letters(raw: Path, scripted: Scr
     assert metrics["done"] == 5 and metrics["accuracy/overall"] == 1.0
     ood = pq.read_table(tmp_path / "records" / "ood.parquet").to_pylist()
     assert {r["uid"]: r["solution"] for r in ood} == {**EGOSCHEMA_LETTERS, **MVBENCH_LETTERS}
-    assert all("E. " in r["prompt"] for r in ood if r["benchmark"] == bm.EGOSCHEMA)  # five options asked
+    assert all("E. " in r["prompt"] for r in ood if r["benchmark"] == egoschema.NAME)  # five options asked
     assert metrics["accuracy/egoschema_subset"] == 1.0 and metrics["accuracy/egocentric_navigation"] == 1.0
     assert "accuracy/paper_tasks" not in metrics  # transfer is never mixed into the paper's average
     preds = {p["uid"]: p["prediction"] for p in pq.read_table(tmp_path / "eval" / "predictions.parquet").to_pylist()}

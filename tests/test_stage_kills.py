@@ -12,9 +12,10 @@ from typing import Any
 import duckdb
 import pytest
 
-from embodied_r import benchmark_rules as bm
-from embodied_r.data.catalog import CatalogConfig, run_catalog
-from embodied_r.data.download import DownloadConfig, run_download
+from embodied_r.benchmarks import vsibench
+from embodied_r.data.catalog import run_catalog
+from embodied_r.data.config import CatalogConfig, DownloadConfig
+from embodied_r.data.download import run_download
 from embodied_r.io import OUTPUTS_KEY, partial_path
 from embodied_r.training.records import run_records
 from embodied_r.training.records_config import RecordsConfig
@@ -61,7 +62,7 @@ def test_killed_download_resumes_to_the_uninterrupted_result(mirror: Path, raw: 
     out = tmp_path / "raw"
     code = (
         "from pathlib import Path\n"
-        "from embodied_r.data.download import DownloadConfig, run_download\n"
+        "from embodied_r.data.config import DownloadConfig\nfrom embodied_r.data.download import run_download\n"
         f"run_download(Path({str(out)!r}), DownloadConfig.model_validate_json({cfg.model_dump_json()!r}),\n"
         f"             Path({str(tmp_path / 'sources')!r}))\n"
     )
@@ -69,7 +70,7 @@ def test_killed_download_resumes_to_the_uninterrupted_result(mirror: Path, raw: 
     work = partial_path(out)
     assert not out.exists() and work.is_dir()
     brought = [p for p in work.rglob("*") if p.is_file()]
-    videos = work / bm.VSIBENCH_DIR / "videos"
+    videos = work / vsibench.BENCHMARK.folder / "videos"
     assert len(brought) == linked + extracted
     assert len(list(videos.rglob("*.mp4")) if videos.exists() else []) == extracted
     assert lock_is_free(out)
@@ -88,7 +89,7 @@ def test_killed_catalog_resumes_to_the_uninterrupted_result(raw: Path, tmp_path:
     out = tmp_path / "catalog"
     code = (
         "from pathlib import Path\n"
-        "from embodied_r.data.catalog import CatalogConfig, run_catalog\n"
+        "from embodied_r.data.catalog import run_catalog\nfrom embodied_r.data.config import CatalogConfig\n"
         f"run_catalog(Path({str(raw)!r}), Path({str(out)!r}),\n"
         f"            CatalogConfig.model_validate_json({cfg.model_dump_json()!r}))\n"
     )

@@ -11,11 +11,11 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from embodied_r import schemas
 from conftest import SHARED
+from embodied_r.benchmarks import urbanvideo, vsibench
+from embodied_r.benchmarks.base import arrow_schema
 from embodied_r.synthetic.config import SyntheticConfig
 from embodied_r.synthetic.generate import make_synthetic_benchmark
-from embodied_r.synthetic.urban import PAPER_URBAN_TASKS
 from embodied_r.synthetic.vsi import VSI_THINGS
 from embodied_r.synthetic.filming import Crew, Shot
 from embodied_r.synthetic.world import BGR, Pose, Thing, backdrop, in_view, pose_at, segments_from
@@ -44,10 +44,10 @@ def _options(question: str) -> list[str]:
 def test_urban_layout_schema_and_naming(bench):
     root, counts = bench
     path = root / "UrbanVideo-Bench" / "MCQ.parquet"
-    assert pq.read_schema(path).remove_metadata().equals(schemas.URBANVIDEO_MCQ)
+    assert pq.read_schema(path).remove_metadata().equals(arrow_schema(urbanvideo.COLUMNS))
     if REAL_MCQ.exists():
         real = pq.read_schema(REAL_MCQ).remove_metadata()
-        assert [(f.name, f.type) for f in real] == [(f.name, f.type) for f in schemas.URBANVIDEO_MCQ]
+        assert [(f.name, f.type) for f in real] == [(f.name, f.type) for f in arrow_schema(urbanvideo.COLUMNS)]
     rows = pq.read_table(path).to_pylist()
     assert counts["urban_questions"] == len(rows) > 0
     vids = {r["video_id"] for r in rows}
@@ -66,7 +66,7 @@ def test_urban_questions_real_format_and_answers_in_options(bench):
     root, _ = bench
     rows = pq.read_table(root / "UrbanVideo-Bench" / "MCQ.parquet").to_pylist()
     cats = {r["question_category"] for r in rows}
-    assert set(PAPER_URBAN_TASKS) <= cats and len(cats - set(PAPER_URBAN_TASKS)) >= 2
+    assert set(urbanvideo.PAPER_TASKS) <= cats and len(cats - set(urbanvideo.PAPER_TASKS)) >= 2
     for r in rows:
         opts = _options(r["question"])
         letters = [o[0] for o in opts]
@@ -79,7 +79,7 @@ def test_vsi_layout_schema_and_answers(bench):
     root, counts = bench
     vsi = root / "VSI-Bench"
     path = vsi / "test-00000-of-00001.parquet"
-    assert pq.read_schema(path).remove_metadata().equals(schemas.VSIBENCH)
+    assert pq.read_schema(path).remove_metadata().equals(arrow_schema(vsibench.COLUMNS))
     rows = pq.read_table(path).to_pylist()
     assert counts["vsi_questions"] == len(rows)
     names = {d: set(zipfile.ZipFile(vsi / f"{d}.zip").namelist()) for d in ("arkitscenes", "scannet", "scannetpp")}

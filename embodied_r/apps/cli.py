@@ -326,9 +326,8 @@ def main(argv: list[str] | None = None) -> int:
         start_reaper()
         # And a Prefect API that goes away stops it in one line, not minutes of retries.
         start_watch()
-    from embodied_r.data.catalog import CatalogError
+    from embodied_r.benchmarks.base import CatalogError, DataSourceError
     from embodied_r.merge import RecipeError
-    from embodied_r.benchmark_rules import DataSourceError
     from embodied_r.paths import HomeMovedError, HomeUnusable, claim_home
     from embodied_r.pipeline import StageError
     from embodied_r.faults import StageFault, redact

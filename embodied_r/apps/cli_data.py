@@ -55,9 +55,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     src.add_argument("--source", metavar="DIR", help="a mirror laid out like the hub repos; never modified")
     src.add_argument("--hub", action="store_true", help="fetch from the Hugging Face Hub")
     src.add_argument("--synthetic", action="store_true", help="generate the small synthetic benchmark")
-    from embodied_r.benchmark_rules import BENCHMARKS
+    from embodied_r.benchmarks.registry import NAMES
 
-    for benchmark in BENCHMARKS:
+    for benchmark in NAMES:
         fetch.add_argument(f"--{benchmark}-revision", default=None, help="branch, tag or commit to pin")
     _recipe_args(fetch)
     fetch.set_defaults(handler=cmd_fetch)
@@ -90,14 +90,14 @@ def _catalog_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _raw_key(raw: Path, catalog_cfg: Any) -> str:
-    from embodied_r import benchmark_rules as bm
+    from embodied_r.benchmarks.registry import BENCHMARKS
     from embodied_r.io import text_key
     from embodied_r.data.config import PREPROCESS
     from embodied_r.runners import code_version
 
     lines = [f"{raw}\n{catalog_cfg.model_dump_json()}\n{code_version(PREPROCESS.runner)}\n"]
-    for benchmark in bm.BENCHMARKS:
-        sub, name = bm.BENCHMARK_DIRS[benchmark], bm.QUESTION_FILES[benchmark]
+    for benchmark in BENCHMARKS:
+        sub, name = benchmark.folder, benchmark.question_file
         f = raw / sub / name
         if f.is_file():
             st = f.stat()
@@ -116,7 +116,7 @@ def count_table(catalog_parquet: Path) -> list[tuple[str, str, dict[str, int]]]:
 
 
 def print_counts(catalog_dir: Path, summary: dict[str, Any]) -> None:
-    from embodied_r.benchmark_rules import ALL_SPLITS, SPLITS
+    from embodied_r.benchmarks.base import ALL_SPLITS, SPLITS
 
     table = count_table(catalog_dir / "catalog.parquet")
     width = max([len(t) for _, t, _ in table] + [20])
@@ -139,7 +139,7 @@ def print_counts(catalog_dir: Path, summary: dict[str, Any]) -> None:
 
 
 def _fresh_out(out: Path, force: bool) -> None:
-    from embodied_r.data.catalog import CatalogError
+    from embodied_r.benchmarks.base import CatalogError
     from embodied_r.io import is_complete
 
     if is_complete(out):
@@ -152,7 +152,9 @@ def _fresh_out(out: Path, force: bool) -> None:
 
 
 def cmd_catalog(args: argparse.Namespace) -> int:
-    from embodied_r.data.catalog import CatalogConfig, CatalogError, run_catalog
+    from embodied_r.benchmarks.base import CatalogError
+    from embodied_r.data.catalog import run_catalog
+    from embodied_r.data.config import CatalogConfig
     from embodied_r.paths import home
     from embodied_r.pipeline import execute, plan
 
@@ -183,7 +185,7 @@ def cmd_catalog(args: argparse.Namespace) -> int:
 
 
 def cmd_fetch(args: argparse.Namespace) -> int:
-    from embodied_r.benchmark_rules import BENCHMARKS
+    from embodied_r.benchmarks.registry import NAMES
     from embodied_r.pipeline import execute, plan
 
     download: dict[str, Any] = {}
@@ -193,7 +195,7 @@ def cmd_fetch(args: argparse.Namespace) -> int:
         download = {"source": "hub"}
     elif args.synthetic:
         download = {"source": "synthetic"}
-    hub = {f"{b}_revision": getattr(args, f"{b}_revision") for b in BENCHMARKS if getattr(args, f"{b}_revision")}
+    hub = {f"{b}_revision": getattr(args, f"{b}_revision") for b in NAMES if getattr(args, f"{b}_revision")}
     if hub:
         download["hub"] = hub
     sp = plan(_recipe(args, download))["download"]
@@ -210,8 +212,7 @@ def cmd_fetch(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """These commands alone (``python -m embodied_r.apps.cli_data``), with the CLI's error handling."""
-    from embodied_r.benchmark_rules import DataSourceError
-    from embodied_r.data.catalog import CatalogError
+    from embodied_r.benchmarks.base import CatalogError, DataSourceError
     from embodied_r.merge import RecipeError
     from embodied_r.pipeline import StageError
 

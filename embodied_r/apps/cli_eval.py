@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 # Both modules are light (the standard library only): the help lines read them at start.
-from embodied_r.benchmark_rules import ALL_SPLITS, SPLITS
+from embodied_r.benchmarks.base import ALL_SPLITS, SPLITS
 from embodied_r.evaluation.registry import CHAMPION, CHAMPION_URI
 
 

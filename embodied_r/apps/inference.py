@@ -26,7 +26,7 @@ from typing import Any
 from embodied_r.perception import prompts
 from embodied_r.backends.base import Backend, BackendConfig, Conversation
 from embodied_r.backends.factory import make_backend
-from embodied_r.benchmark_rules import VSIBENCH_NUMERIC, split_urbanvideo_question
+from embodied_r.benchmarks import urbanvideo, vsibench
 from embodied_r.io import KEY_HEX, ItemLog, keyed_folder, sha256_file, text_key, write_json_atomic
 from embodied_r.keyframes.extract import extract_keyframes
 from embodied_r.keyframes.config import KeyframeConfig
@@ -72,8 +72,8 @@ def parse_question(question: str, category: str | None = None) -> VideoQuestion:
     if text.startswith(VIDEO_TAG):
         text = text[len(VIDEO_TAG):]
     text = _ORIGINAL_PREAMBLE.sub("", text)
-    stem, options = split_urbanvideo_question(text)
-    if category in VSIBENCH_NUMERIC:
+    stem, options = urbanvideo.split_question(text)
+    if category in vsibench.NUMERIC:
         kind, options = "number", []
     elif len(options) >= 2:
         kind = "choice"

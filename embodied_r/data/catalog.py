@@ -9,16 +9,15 @@ import re
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 import duckdb
 import pyarrow.parquet as pq
-from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from embodied_r import benchmark_rules as bm
 from embodied_r import schemas
-from embodied_r.data import ood
-from embodied_r.data.rows import CatalogError, missing_field, outside, read_checked, unique_ids
+from embodied_r.benchmarks import registry
+from embodied_r.benchmarks.base import ALL_SPLITS, OOD, CatalogError, Keep
+from embodied_r.data.config import CatalogConfig, SplitConfig
 from embodied_r.faults import item_done
 from embodied_r.synthetic.truth import FACTS_FILE
 from embodied_r.io import (
@@ -31,37 +30,6 @@ from embodied_r.io import (
 )
 
 
-class SplitConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    train: float = Field(0.75, ge=0, le=1)
-    val: float = Field(0.05, ge=0, le=1)
-    test: float = Field(0.20, ge=0, le=1)
-    seed: int = 0
-    folds: int = Field(5, ge=1)
-    # "per_benchmark": each benchmark's scenes fill train, val and test by question count;
-    # "pooled_scenes": the official preprocessing's rule, both benchmarks' scenes in one pool
-    # cut by scene count (75 % of the scenes, truncated, then 5 %, the rest test), whatever
-    # the questions per scene. Both are scene-disjoint and seeded.
-    rule: Literal["per_benchmark", "pooled_scenes"] = "per_benchmark"
-
-    @model_validator(mode="after")
-    def _sums_to_one(self) -> "SplitConfig":
-        if abs(self.train + self.val + self.test - 1.0) > 1e-6:
-            raise ValueError(f"split fractions must sum to 1, got {self.train}+{self.val}+{self.test}")
-        return self
-
-
-class CatalogConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    # "paper": the paper's tasks, and the transfer tasks of the evaluation-only benchmarks
-    # (benchmark_rules.TRANSFER_TASKS); "all"; or task names.
-    tasks: Literal["paper", "all"] | list[str] = "paper"
-    split: SplitConfig = Field(default_factory=SplitConfig)
-    max_questions_per_task: int | None = Field(None, ge=1)  # a cap for small runs; None keeps all
-
-
 def _facts(base: Path) -> dict[str, str]:
     """Question id -> what decides its answer (JSON), from a benchmark folder that says (the
     synthetic benchmark's ``question_facts.parquet``); empty for the real benchmarks."""
@@ -72,75 +40,11 @@ def _facts(base: Path) -> dict[str, str]:
             for r in pq.read_table(path).to_pylist()}
 
 
-def _urbanvideo_rows(root: Path, failures: list[dict]) -> list[dict]:
-    base = root / bm.URBANVIDEO_DIR
-    rows = []
-    facts = _facts(base)
-    for r in read_checked(base / bm.URBANVIDEO_FILE, schemas.URBANVIDEO_MCQ):
-        uid = f"{bm.URBANVIDEO}:{r['Question_id']}"
-        if why := missing_field(r, ("Question_id", "video_id", "question", "answer")):
-            failures.append({"stage": "preprocess", "item": uid, "reason": why})
-            continue
-        if refused := outside(base, uid, r["video_id"], r["video_id"]):
-            failures.append(refused)
-            continue
-        stem, options = bm.split_urbanvideo_question(r["question"] or "")
-        answer = (r["answer"] or "").strip().upper()
-        if answer not in [o[0] for o in options]:
-            failures.append({"stage": "preprocess", "item": uid, "reason": f"answer_not_an_option: "
-                             f"answer {r['answer']!r} is not one of the parsed options {[o[0] for o in options]}"})
-            continue
-        rows.append({
-            "uid": uid, "benchmark": bm.URBANVIDEO, "original_id": str(r["Question_id"]),
-            "video_id": r["video_id"], "video_path": str((base / "videos" / r["video_id"]).resolve()),
-            "scene": bm.urbanvideo_scene(r["video_id"]), "category": r["question_category"],
-            "question": stem, "options": options, "answer": answer, "answer_type": "choice",
-            "fact": facts.get(str(r["Question_id"]), ""),
-        })
-    unique_ids(rows, base / bm.URBANVIDEO_FILE)
-    return rows
+# ``tasks: paper``: each benchmark's own (of those the recipe downloads).
+_PAPER = frozenset(t for b in registry.BENCHMARKS for t in b.tasks)
 
 
-def _vsibench_rows(root: Path, failures: list[dict]) -> list[dict]:
-    base = root / bm.VSIBENCH_DIR
-    rows = []
-    facts = _facts(base)
-    for r in read_checked(base / bm.VSIBENCH_FILE, schemas.VSIBENCH):
-        uid = f"{bm.VSIBENCH}:{r['id']}"
-        if why := missing_field(r, ("id", "dataset", "scene_name", "question_type", "question", "ground_truth")):
-            failures.append({"stage": "preprocess", "item": uid, "reason": why})
-            continue
-        numeric = r["question_type"] in bm.VSIBENCH_NUMERIC or not r["options"]
-        options = [] if numeric else bm.normalise_vsibench_options(r["options"])
-        answer = str(r["ground_truth"]).strip()
-        if not numeric and answer.upper()[:1] not in [o[0] for o in options]:
-            failures.append({"stage": "preprocess", "item": uid, "reason": f"answer_not_an_option: "
-                             f"ground_truth {answer!r} is not one of the options {[o[0] for o in options]}"})
-            continue
-        video_id = f"{r['dataset']}/{r['scene_name']}"
-        if refused := outside(base, uid, video_id, f"{video_id}.mp4"):
-            failures.append(refused)
-            continue
-        rows.append({
-            "uid": uid, "benchmark": bm.VSIBENCH, "original_id": str(r["id"]), "video_id": video_id,
-            "video_path": str((base / "videos" / f"{video_id}.mp4").resolve()),
-            "scene": f"{r['dataset']}/{r['scene_name']}",
-            "category": bm.vsibench_category(r["question_type"]),
-            "question": " ".join(str(r["question"]).split()), "options": options,
-            "answer": answer if numeric else answer.upper()[:1],
-            "answer_type": "number" if numeric else "choice",
-            "fact": facts.get(str(r["id"]), ""),
-        })
-    unique_ids(rows, base / bm.VSIBENCH_FILE)
-    return rows
-
-
-# ``tasks: paper``: the paper's tasks of the training benchmarks and the transfer tasks of the
-# evaluation-only ones (of those the recipe downloads).
-_PAPER = frozenset(c for tasks in (*bm.PAPER_TASKS.values(), *bm.TRANSFER_TASKS.values()) for c in tasks)
-
-
-def _keep(tasks: Literal["paper", "all"] | list[str]) -> Callable[[str], bool]:
+def _keep(tasks: Literal["paper", "all"] | list[str]) -> Keep:
     """Whether ``tasks`` keeps a task: its name as written in the source or in its metric form."""
     if tasks == "all":
         return lambda category: True
@@ -171,13 +75,13 @@ def assign_splits(rows: list[dict], cfg: SplitConfig) -> None:
     """Scene-disjoint split by ``cfg.rule``, written into each row's ``split`` and ``fold``.
     An evaluation-only benchmark's rows take no part: each is in ``ood`` (fold 0), so no
     rule, seed or fraction can put one in training."""
-    held = [r for r in rows if bm.evaluation_only(r["benchmark"])]
-    split = [r for r in rows if not bm.evaluation_only(r["benchmark"])]
+    held = [r for r in rows if registry.evaluation_only(r["benchmark"])]
+    split = [r for r in rows if not registry.evaluation_only(r["benchmark"])]
     split_of = pooled_scene_splits(split, cfg) if cfg.rule == "pooled_scenes" else per_benchmark_splits(split, cfg)
     for r in split:
         r["split"], r["fold"] = split_of[(r["benchmark"], r["scene"])]
     for r in held:
-        r["split"], r["fold"] = bm.OOD, 0
+        r["split"], r["fold"] = OOD, 0
 
 
 def per_benchmark_splits(rows: list[dict], cfg: SplitConfig) -> dict[tuple[str, str], tuple[str, int]]:
@@ -232,15 +136,14 @@ def build_catalog(raw: Path, cfg: CatalogConfig) -> tuple[list[dict], list[dict]
     raw = Path(raw)
     failures: list[dict] = []
     rows: list[dict] = []
-    if (raw / bm.URBANVIDEO_DIR).exists():
-        rows += _urbanvideo_rows(raw, failures)
-    if (raw / bm.VSIBENCH_DIR).exists():
-        rows += _vsibench_rows(raw, failures)
-    for benchmark, read in ood.READERS.items():
-        if (raw / bm.BENCHMARK_DIRS[benchmark]).exists():
-            rows += read(raw, failures, _keep(cfg.tasks))
+    for benchmark in registry.BENCHMARKS:
+        base = raw / benchmark.folder
+        if base.exists():
+            facts = _facts(base)
+            read = benchmark.read(base, failures, _keep(cfg.tasks))
+            rows += [{**r, "fact": facts.get(r["original_id"], "")} for r in read]
     if not rows and not failures:
-        folders = ", ".join(f"{bm.BENCHMARK_DIRS[b]}/" for b in bm.BENCHMARKS)
+        folders = ", ".join(f"{b.folder}/" for b in registry.BENCHMARKS)
         raise CatalogError(f"{raw} holds none of {folders}: run the download stage")
     rows = _wanted(rows, cfg.tasks)
     present = []
@@ -260,7 +163,7 @@ def split_counts(rows: list[dict]) -> dict[str, dict[str, dict[str, int]]]:
     out: dict[str, dict[str, dict[str, int]]] = {}
     for r in rows:
         per_split = out.setdefault(r["benchmark"], {}).setdefault(r["category"],
-                                                                  dict.fromkeys(bm.splits_of(r["benchmark"]), 0))
+                                                                  dict.fromkeys(registry.splits_of(r["benchmark"]), 0))
         per_split[r["split"]] += 1
     return out
 
@@ -277,7 +180,7 @@ def metric_counts(rows: list[dict]) -> dict[str, dict[str, dict[str, int]]]:
     out: dict[str, dict[str, dict[str, int]]] = {}
     for bench, tasks in split_counts(rows).items():
         for task, per_split in tasks.items():
-            merged = out.setdefault(bench, {}).setdefault(metric_name(task), dict.fromkeys(bm.splits_of(bench), 0))
+            merged = out.setdefault(bench, {}).setdefault(metric_name(task), dict.fromkeys(registry.splits_of(bench), 0))
             for split, n in per_split.items():
                 merged[split] += n
     return out
@@ -319,9 +222,9 @@ def run_catalog(raw: Path, out: Path, cfg: CatalogConfig) -> dict:
             "failure_reasons": dict(Counter(f["reason"].split(":")[0] for f in failures)),
             "seconds": round(time.time() - start, 3),
         }
-        for split in bm.ALL_SPLITS:
+        for split in ALL_SPLITS:
             summary[f"n_{split}"] = sum(1 for r in rows if r["split"] == split)
-        summary["splits"] = {b: {s: sum(n[s] for n in tasks.values()) for s in bm.splits_of(b)}
+        summary["splits"] = {b: {s: sum(n[s] for n in tasks.values()) for s in registry.splits_of(b)}
                              for b, tasks in split_counts(rows).items()}
         summary["counts"] = metric_counts(rows)
         write_summary(work, summary)

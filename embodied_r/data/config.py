@@ -1,13 +1,92 @@
-"""The download and preprocess stages' configs and declarations."""
+"""The download and preprocess stages' configs (the source, the hub's repos and revisions; tasks
+and seeded splits) and declarations. Light: loading a recipe imports no runner code."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
-from embodied_r.data.catalog import CatalogConfig
-from embodied_r.data.download import DownloadConfig
-from embodied_r.settings import result_settings
+from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
+
+from embodied_r.benchmarks import registry
+from embodied_r.settings import operational, result_settings
 from embodied_r.stage_plan import ITEMS, StageKind
+from embodied_r.synthetic.config import SyntheticConfig
+
+
+class _Hub(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    def repo(self, benchmark: str) -> tuple[str, str]:
+        """``(repo id, requested revision)``: ``<benchmark>_repo`` and ``<benchmark>_revision``."""
+        if benchmark not in registry.NAMES:
+            raise ValueError(f"unknown benchmark {benchmark!r}; choose from {', '.join(registry.NAMES)}")
+        return getattr(self, f"{benchmark}_repo"), getattr(self, f"{benchmark}_revision")
+
+
+# Per benchmark ``<name>_repo`` and ``<name>_revision`` (a branch, tag or commit, resolved to a commit
+# and recorded), from its module. ``endpoint``: a mirror of the hub, serving the same files at the
+# same commit (None: huggingface_hub's default, HF_ENDPOINT, else huggingface.co).
+HubConfig = create_model(
+    "HubConfig", __base__=_Hub,
+    **{f"{b.name}_{field}": (str, value) for b in registry.BENCHMARKS
+       for field, value in (("repo", b.repo), ("revision", b.revision))},
+    endpoint=(str | None, operational(None)),
+    max_workers=(int, operational(8, ge=1, description="files fetched in parallel")),
+)
+
+
+class DownloadConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    source: Literal["synthetic", "local", "hub"] = "hub"
+    source_dir: str | None = None  # local: folder holding UrbanVideo-Bench/, VSI-Bench/, ...
+    # The paper's two by default; egoschema and mvbench add the evaluation-only benchmarks
+    # (the ``ood`` split), which no training stage reads.
+    benchmarks: list[registry.Name] = Field(default_factory=lambda: list(registry.TRAINING_BENCHMARKS))
+    synthetic: SyntheticConfig = Field(default_factory=SyntheticConfig)
+    hub: HubConfig = Field(default_factory=HubConfig)  # type: ignore[valid-type]
+    max_zip_bytes: int = operational(200 * 1024**3, ge=1)  # refuse archives that would expand past this
+
+    @model_validator(mode="after")
+    def _synthetic_makes_its_twins_only(self) -> "DownloadConfig":
+        twins = [b.name for b in registry.BENCHMARKS if b.synthetic]
+        other = [b for b in self.benchmarks if b not in twins]
+        if self.source == "synthetic" and other:
+            raise ValueError(f"the synthetic source makes {' and '.join(twins)} only, not "
+                             f"{', '.join(other)}: drop them from download.benchmarks, or take them from a "
+                             "mirror (download.source: local) or the hub")
+        return self
+
+
+class SplitConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    train: float = Field(0.75, ge=0, le=1)
+    val: float = Field(0.05, ge=0, le=1)
+    test: float = Field(0.20, ge=0, le=1)
+    seed: int = 0
+    folds: int = Field(5, ge=1)
+    # "per_benchmark": each benchmark's scenes fill train, val and test by question count;
+    # "pooled_scenes": the official preprocessing's rule, both benchmarks' scenes in one pool
+    # cut by scene count (75 % of the scenes, truncated, then 5 %, the rest test), whatever
+    # the questions per scene. Both are scene-disjoint and seeded.
+    rule: Literal["per_benchmark", "pooled_scenes"] = "per_benchmark"
+
+    @model_validator(mode="after")
+    def _sums_to_one(self) -> "SplitConfig":
+        if abs(self.train + self.val + self.test - 1.0) > 1e-6:
+            raise ValueError(f"split fractions must sum to 1, got {self.train}+{self.val}+{self.test}")
+        return self
+
+
+class CatalogConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    # "paper": each benchmark's ``tasks`` (the paper's, and the transfer tasks of the
+    # evaluation-only benchmarks); "all"; or task names.
+    tasks: Literal["paper", "all"] | list[str] = "paper"
+    split: SplitConfig = Field(default_factory=SplitConfig)
+    max_questions_per_task: int | None = Field(None, ge=1)  # a cap for small runs; None keeps all
 
 
 def _download(recipe: Any, builder: Any, kind: StageKind) -> None:

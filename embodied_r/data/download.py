@@ -1,68 +1,34 @@
-"""Download stage: bring the benchmark files into a stage folder, never touching the source.
-
-Sources: ``synthetic`` (a small benchmark generated on the spot in the real layouts),
-``local`` (an offline mirror laid out like the hub repos) and ``hub`` (Hugging Face Hub at a
-pinned revision, see ``download_hub``). Every source brings only the files a benchmark needs
-(``benchmark_rules.ALLOW_PATTERNS``). The manifest records where they came from (repo ids, the
-revision asked for and the commit it resolved to) and each file's size and sha256. The video
-archives (``benchmark_rules.VIDEO_ARCHIVES``) are then extracted inside the stage folder,
-safely; of an evaluation-only benchmark's archives only the videos its questions use.
-"""
+"""Download stage: the benchmarks' files into a stage folder, never touching the source (the
+``synthetic`` benchmark made on the spot, a ``local`` mirror laid out like the hub repos, or the
+``hub``), only those a benchmark needs; a manifest of where they came from and each file's size
+and sha256; then the video archives extracted safely, only the videos the questions use."""
 
 from __future__ import annotations
 
 import hashlib
-import inspect
 import json
 import os
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
-
-from embodied_r import benchmark_rules as bm
+from embodied_r import runners
+from embodied_r.benchmarks import registry
+from embodied_r.benchmarks.base import Benchmark, DataSourceError
 from embodied_r.data import hub as download_hub
-from embodied_r.data import ood
-from embodied_r.benchmark_rules import DataSourceError
-from embodied_r.data.hub import HubConfig
+from embodied_r.data.config import DownloadConfig
 from embodied_r.faults import item_done
-from embodied_r.io import (is_complete, read_summary, safe_extract, sha256_file, stage_folder,
-                          write_json_atomic, write_summary)
-from embodied_r.settings import operational, result_settings
-from embodied_r.synthetic.config import SyntheticConfig
+from embodied_r.io import (is_complete, read_summary, safe_extract, sha256_file, stage_folder, write_json_atomic,
+                          write_summary)
+from embodied_r.settings import result_settings
 from embodied_r.synthetic.generate import make_synthetic_benchmark
 from embodied_r.synthetic.truth import FACTS_FILE, TRUTH_FILE
-
-__all__ = ["DataSourceError", "DownloadConfig", "HubConfig", "run_download", "safe_extract", "source_fingerprint"]
-
-
-class DownloadConfig(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    source: Literal["synthetic", "local", "hub"] = "hub"
-    source_dir: str | None = None  # local: folder holding UrbanVideo-Bench/, VSI-Bench/, ...
-    # The paper's two by default; egoschema and mvbench add the evaluation-only benchmarks
-    # (the ``ood`` split), which no training stage reads.
-    benchmarks: list[bm.Benchmark] = Field(default_factory=lambda: list(bm.TRAINING_BENCHMARKS))
-    synthetic: SyntheticConfig = Field(default_factory=SyntheticConfig)
-    hub: HubConfig = Field(default_factory=HubConfig)
-    max_zip_bytes: int = operational(200 * 1024**3, ge=1)  # refuse archives that would expand past this
-
-    @model_validator(mode="after")
-    def _synthetic_makes_the_training_benchmarks(self) -> "DownloadConfig":
-        other = [b for b in self.benchmarks if b not in bm.TRAINING_BENCHMARKS]
-        if self.source == "synthetic" and other:
-            raise ValueError(f"the synthetic source makes {' and '.join(bm.TRAINING_BENCHMARKS)} only, not "
-                             f"{', '.join(other)}: drop them from download.benchmarks, or take them from a "
-                             "mirror (download.source: local) or the hub")
-        return self
 
 
 def _needed(root: Path, benchmark: str) -> list[str]:
     """Paths (relative to the benchmark's folder) of the files the benchmark needs."""
-    base = root / bm.BENCHMARK_DIRS[benchmark]
+    base = root / registry.get(benchmark).folder
     names = [p.relative_to(base).as_posix() for p in base.rglob("*") if p.is_file()] if base.is_dir() else []
     return download_hub.needed_files(names, benchmark)
 
@@ -79,19 +45,19 @@ def source_fingerprint(cfg: DownloadConfig) -> str:
     h = hashlib.sha256()
     for benchmark in cfg.benchmarks:
         for name in _needed(root, benchmark):
-            st = (root / bm.BENCHMARK_DIRS[benchmark] / name).stat()
+            st = (root / registry.get(benchmark).folder / name).stat()
             h.update(f"{benchmark}/{name}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
     return h.hexdigest()
 
 
 def _check_local(cfg: DownloadConfig) -> Path:
     if not cfg.source_dir:
-        folders = " and ".join(f"{bm.BENCHMARK_DIRS[b]}/" for b in cfg.benchmarks)
+        folders = " and ".join(f"{registry.get(b).folder}/" for b in cfg.benchmarks)
         raise DataSourceError("download.source is 'local' but source_dir is not set: point it at "
                               f"the folder holding {folders}")
     root = Path(cfg.source_dir).expanduser().resolve()
     for benchmark in cfg.benchmarks:
-        sub, name = bm.BENCHMARK_DIRS[benchmark], bm.QUESTION_FILES[benchmark]
+        sub, name = registry.get(benchmark).folder, registry.get(benchmark).question_file
         if not (root / sub / name).is_file():
             raise DataSourceError(
                 f"{root / sub / name} not found: a local source must be laid out like the hub repos "
@@ -104,8 +70,8 @@ def _check_local(cfg: DownloadConfig) -> Path:
 def _mirror_revision(root: Path, benchmark: str) -> str | None:
     """The commit a mirror was fetched at, when it was made by ``hf download --local-dir``
     (which notes the commit beside each file); None otherwise."""
-    note = (root / bm.BENCHMARK_DIRS[benchmark] / ".cache" / "huggingface" / "download"
-            / f"{bm.QUESTION_FILES[benchmark]}.metadata")
+    b = registry.get(benchmark)
+    note = root / b.folder / ".cache" / "huggingface" / "download" / f"{b.question_file}.metadata"
     try:
         first = note.read_text(encoding="utf-8").splitlines()[0].strip()
     except (OSError, IndexError):
@@ -132,7 +98,7 @@ def _from_folder(root: Path, cfg: DownloadConfig, work: Path) -> dict[str, dict]
     """Link the needed files of a folder laid out like the hub repos into the stage folder."""
     origin: dict[str, dict] = {}
     for benchmark in cfg.benchmarks:
-        sub = bm.BENCHMARK_DIRS[benchmark]
+        sub = registry.get(benchmark).folder
         for name in _needed(root, benchmark):
             _link_or_copy(root / sub / name, work / sub / name)
             item_done("download")
@@ -143,16 +109,15 @@ def _from_folder(root: Path, cfg: DownloadConfig, work: Path) -> dict[str, dict]
                 _link_or_copy(root / sub / extra, work / sub / extra)
         repo, _ = cfg.hub.repo(benchmark)
         origin[benchmark] = {"repo": repo, "requested_revision": None, "revision": _mirror_revision(root, benchmark),
-                             "allow_patterns": bm.ALLOW_PATTERNS[benchmark], "source_dir": str(root)}
+                             "allow_patterns": registry.get(benchmark).allow_patterns, "source_dir": str(root)}
     return origin
 
 
 def generator_version() -> str:
-    """A hash of the synthetic generator's source (its package's modules)."""
-    h = hashlib.sha256()
-    for path in sorted(Path(inspect.getfile(make_synthetic_benchmark)).parent.glob("*.py")):
-        h.update(path.name.encode() + b"\0" + path.read_bytes())
-    return h.hexdigest()
+    """A hash of the synthetic generator's code: the modules it runs of its own package and of
+    the benchmarks' (the layouts and schemas it writes)."""
+    modules = runners.closure(make_synthetic_benchmark.__module__, frozenset({"synthetic"}))
+    return runners.modules_version([m for m in modules if m.startswith(("embodied_r.synthetic", "embodied_r.benchmarks"))])
 
 
 def _synthetic_root(cfg: DownloadConfig, sources_root: Path) -> Path:
@@ -181,7 +146,7 @@ def run_download(out: Path, cfg: DownloadConfig, sources_root: Path) -> dict:
         hash_start = time.time()
         files: dict[str, dict] = {}
         for benchmark in cfg.benchmarks:
-            sub = bm.BENCHMARK_DIRS[benchmark]
+            sub = registry.get(benchmark).folder
             for name in _needed(work, benchmark):
                 path = work / sub / name
                 files[f"{sub}/{name}"] = {"size": path.stat().st_size, "sha256": sha256_file(path)}
@@ -190,7 +155,7 @@ def run_download(out: Path, cfg: DownloadConfig, sources_root: Path) -> dict:
             mine = [f for k, f in files.items() if k.startswith(sub + "/")]
             origin[benchmark].update(files=len(mine), bytes=sum(f["size"] for f in mine))
         hash_seconds = time.time() - hash_start
-        extracted = sum(_extract_videos(work / bm.BENCHMARK_DIRS[b], b, cfg.max_zip_bytes) for b in cfg.benchmarks)
+        extracted = sum(_extract_videos(work, registry.get(b), cfg.max_zip_bytes) for b in cfg.benchmarks)
         write_json_atomic(work / "manifest.json", {"source": cfg.source, "benchmarks": origin, "files": files})
         summary = {
             "source": cfg.source,
@@ -206,13 +171,14 @@ def run_download(out: Path, cfg: DownloadConfig, sources_root: Path) -> dict:
     return summary
 
 
-def _extract_videos(base: Path, benchmark: str, max_bytes: int) -> int:
-    """Extract a benchmark's video archives into its ``videos/`` folder; of the evaluation-only
-    benchmarks' archives (EgoSchema's five hold 5,031 clips for 500 questions) only the
-    videos their questions use."""
-    names = ood.video_names(base, benchmark)
+def _extract_videos(work: Path, benchmark: Benchmark, max_bytes: int) -> int:
+    """Extract a benchmark's video archives into its ``videos/`` folder; of archives that hold
+    more than its questions use (EgoSchema's five hold 5,031 clips for 500 questions), only
+    the videos they use."""
+    base = work / benchmark.folder
+    names = benchmark.videos(base) if benchmark.videos else None
     extracted = 0
-    for pattern, sub in bm.VIDEO_ARCHIVES.get(benchmark, {}).items():
+    for pattern, sub in benchmark.archives.items():
         for archive in sorted(base.glob(pattern)):
             extracted += safe_extract(archive, base / "videos" / sub, max_bytes,
                                       names=None if names is None else names.get(pattern, set()))

@@ -7,7 +7,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from embodied_r.backends.base import BackendConfig
-from embodied_r.benchmark_rules import Split
+from embodied_r.benchmarks.base import Split
 from embodied_r.faults import DEFAULT_MAX_FAILED_FRACTION
 from embodied_r.scoring.answers import AnswerParser, ChoiceParser
 from embodied_r.scoring.metrics import NumberParsing

@@ -11,7 +11,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from embodied_r.benchmark_rules import EVALUATION_BENCHMARKS, OOD
+from embodied_r.benchmarks.base import OOD
+from embodied_r.benchmarks.registry import EVALUATION_BENCHMARKS
 from embodied_r.evaluation.config import EVALUATE, EvaluationConfig
 from embodied_r.evaluation.stage import read_split, resolve_model_ref, run_evaluation
 from embodied_r.io import keyed_folder

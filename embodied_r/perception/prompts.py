@@ -36,7 +36,7 @@ from typing import Any, Iterable, Literal
 from pydantic import BaseModel, ConfigDict
 
 from embodied_r.backends.base import Conversation
-from embodied_r.benchmark_rules import question_block
+from embodied_r.benchmarks.base import question_block
 
 PROMPT_VERSION = "2"
 

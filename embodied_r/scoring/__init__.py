@@ -4,5 +4,5 @@ consistency judged by a reference model through a backend, whose prompts are in
 ``reference_prompts``); how completions are read (``config``). Pure functions except the
 consistency reward, which calls its backend.
 
-May import: the core (``benchmark_rules``) and ``backends``.
+May import: the foundation (``benchmarks``) and ``backends``.
 """

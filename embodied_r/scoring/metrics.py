@@ -35,7 +35,7 @@ from embodied_r.scoring.answers import (
     parse_number,
     read_choice,
 )
-from embodied_r.benchmark_rules import PAPER_TASKS
+from embodied_r.benchmarks.registry import BENCHMARKS
 
 # VSI-Bench's thresholds: 0.50, 0.55, ..., 0.95 (its scorer builds the same array).
 MRA_THRESHOLDS = np.linspace(0.5, 0.95, 10)
@@ -53,7 +53,7 @@ _RESERVED = {"overall", "macro", "paper_tasks"}
 Z95 = 1.96
 # The bounds of an accuracy's 95 % interval sit beside it: ``accuracy/overall_ci_low``.
 CI_LOW, CI_HIGH = "_ci_low", "_ci_high"
-_PAPER_CATEGORIES = {c for cats in PAPER_TASKS.values() for c in cats}
+_PAPER_CATEGORIES = {t for b in BENCHMARKS if not b.evaluation_only for t in b.tasks}
 
 
 def parse_official_number(text: Any) -> float | None:

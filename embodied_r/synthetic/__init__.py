@@ -2,5 +2,5 @@
 into UrbanVideo-style flights (``urban``) and VSI-style room scans (``vsi``) in the real
 datasets' file layouts, with answers right by construction (``generate`` is the entry).
 
-May import: the core (``io``, ``schemas``).
+May import: the foundation (``io``; ``benchmarks`` for the real layouts and schemas).
 """

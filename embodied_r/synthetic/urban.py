@@ -1,9 +1,6 @@
-"""UrbanVideo-Bench-style flights: outdoor clips cut from one flight, and their questions.
-
-A flight is a random plan of turns, climbs and straight flights; several clips of one flight
-(its prefixes) share a scene, as the real benchmark's clips do. Answers come from the plan and
-from per-frame visibility, and questions are written in the real ``MCQ.parquet`` text shapes.
-"""
+"""UrbanVideo-Bench-style flights: a random plan of turns, climbs and straight flights cut into
+clips (its prefixes) that share a scene, as the real clips do; answers from the plan and
+per-frame visibility, questions in the real ``MCQ.parquet`` text shapes."""
 
 from __future__ import annotations
 
@@ -14,7 +11,8 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from embodied_r import schemas
+from embodied_r.benchmarks import urbanvideo
+from embodied_r.benchmarks.base import arrow_schema
 from embodied_r.io import table_from_records, write_parquet_atomic
 from embodied_r.synthetic.config import SyntheticConfig
 from embodied_r.synthetic.filming import Crew, Shot
@@ -33,8 +31,6 @@ from embodied_r.synthetic.world import (
 )
 
 
-URBAN_DIR = "UrbanVideo-Bench"
-PAPER_URBAN_TASKS = ("Landmark Position", "Counterfactual", "Progress Evaluation", "Action Generation")
 URBAN_THINGS = [("red", "cube"), ("blue", "cylinder"), ("green", "sphere"), ("yellow", "cone"),
                 ("purple", "cube"), ("orange", "cylinder"), ("white", "sphere"), ("cyan", "cone")]
 AG_OPTION = {"rise": "I rise.", "descend": "I descend.", "fly forward": "I fly forward.",
@@ -306,6 +302,7 @@ def write_urban_bench(root: Path, cfg: "SyntheticConfig", crew: Crew | None = No
 
 def _write_urban_bench(root: Path, cfg: "SyntheticConfig", crew: Crew) -> dict:
     top = np.random.default_rng([cfg.seed, 7])
+    folder = root / urbanvideo.BENCHMARK.folder
     rows: list[dict] = []
     truth: list[dict] = []
     facts: list[dict] = []
@@ -320,10 +317,10 @@ def _write_urban_bench(root: Path, cfg: "SyntheticConfig", crew: Crew) -> dict:
         if family == "AerialVLN":
             prefix += "_" + "".join(top.choice(list("ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"), 30))
         rng = np.random.default_rng([cfg.seed, 1, scene])
-        rows += _urban_scene(rng, cfg, prefix, clips, root / URBAN_DIR, len(rows), truth, facts, balance, crew)
+        rows += _urban_scene(rng, cfg, prefix, clips, folder, len(rows), truth, facts, balance, crew)
         left -= clips
         scene += 1
-    write_truth(truth, root / URBAN_DIR)
-    write_facts(facts, root / URBAN_DIR)
-    write_parquet_atomic(table_from_records(rows, schemas.URBANVIDEO_MCQ), root / URBAN_DIR / "MCQ.parquet")
+    write_truth(truth, folder)
+    write_facts(facts, folder)
+    write_parquet_atomic(table_from_records(rows, arrow_schema(urbanvideo.COLUMNS)), folder / urbanvideo.FILE)
     return {"urban_videos": cfg.urban_videos, "urban_scenes": scene, "urban_questions": len(rows)}

@@ -1,9 +1,6 @@
-"""VSI-Bench-style room scans: one indoor video per scene, and its questions.
-
-A room holds furniture at known floor positions around a camera that turns about once on the
-spot, with short flights and tilts between. Distances, directions, routes and the order in
-which objects first show are computed from the layout and from per-frame visibility.
-"""
+"""VSI-Bench-style room scans, one video per scene: furniture at known floor positions around a
+camera that turns about once on the spot, with short flights and tilts between; distances,
+directions, routes and the order in which objects first show from the layout and visibility."""
 
 from __future__ import annotations
 
@@ -19,7 +16,8 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from embodied_r import schemas
+from embodied_r.benchmarks import vsibench
+from embodied_r.benchmarks.base import arrow_schema
 from embodied_r.io import table_from_records, write_parquet_atomic
 from embodied_r.synthetic.config import SyntheticConfig
 from embodied_r.synthetic.filming import Crew, Shot
@@ -40,8 +38,6 @@ from embodied_r.synthetic.world import (
 )
 
 
-VSI_DIR = "VSI-Bench"
-VSI_DATASETS = ("arkitscenes", "scannet", "scannetpp")
 # VSI-style categories: (name, colour, shape, typical longest dimension in cm)
 VSI_THINGS = [("chair", "red", "cube", (75, 100)), ("table", "pink", "box", (120, 180)),
               ("sofa", "blue", "box", (180, 240)), ("tv", "black", "panel", (90, 140)),
@@ -260,15 +256,15 @@ def _write_vsi_bench(root: Path, cfg: "SyntheticConfig", crew: Crew) -> dict:
     facts: list[dict] = []
     balance = Balancer() if cfg.balanced else None
     world: list[dict] = []  # per-frame truth rows
-    vsi = root / VSI_DIR
+    vsi = root / vsibench.BENCHMARK.folder
     tmp = vsi / ".render"
     vsi.mkdir(parents=True, exist_ok=True)
-    zips = {d: zipfile.ZipFile(vsi / f"{d}.zip.tmp", "w", zipfile.ZIP_STORED) for d in VSI_DATASETS}
+    zips = {d: zipfile.ZipFile(vsi / f"{d}.zip.tmp", "w", zipfile.ZIP_STORED) for d in vsibench.DATASETS}
     used: set[str] = set()
     try:
         for i in range(cfg.vsi_scenes):
             rng = np.random.default_rng([cfg.seed, 2, i])
-            dataset = VSI_DATASETS[i % 3]
+            dataset = vsibench.DATASETS[i % 3]
             name = _scene_name(rng, dataset)
             while name in used:
                 name = _scene_name(rng, dataset)
@@ -302,9 +298,9 @@ def _write_vsi_bench(root: Path, cfg: "SyntheticConfig", crew: Crew) -> dict:
             for f in tmp.iterdir():
                 f.unlink()
             tmp.rmdir()
-    for d in VSI_DATASETS:
+    for d in vsibench.DATASETS:
         os.replace(vsi / f"{d}.zip.tmp", vsi / f"{d}.zip")
     write_truth(world, vsi)
     write_facts(facts, vsi)
-    write_parquet_atomic(table_from_records(rows, schemas.VSIBENCH), vsi / "test-00000-of-00001.parquet")
+    write_parquet_atomic(table_from_records(rows, arrow_schema(vsibench.COLUMNS)), vsi / vsibench.FILE)
     return {"vsi_scenes": cfg.vsi_scenes, "vsi_questions": len(rows)}

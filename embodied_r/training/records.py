@@ -17,7 +17,8 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from embodied_r import schemas
-from embodied_r.benchmark_rules import ALL_SPLITS, OOD, evaluation_only, question_block
+from embodied_r.benchmarks.base import ALL_SPLITS, OOD, question_block
+from embodied_r.benchmarks.registry import evaluation_only
 from embodied_r.faults import item_done
 from embodied_r.training.records_config import RecordsConfig
 from embodied_r.scoring.answers import parse_choice, parse_number
