@@ -352,3 +352,14 @@ def test_the_data_stages_configs_import_no_runner_code():
             "'duckdb', 'cv2', 'numpy', 'huggingface_hub'} or m.startswith(('embodied_r.data.', 'embodied_r.synthetic.'))))")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT.parent, capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["embodied_r.data.config", "embodied_r.synthetic.config"]
+
+
+def test_a_recipe_loads_without_any_stage_code():
+    """The recipe model is assembled from the declared configs: loading every shipped recipe
+    imports no runner and none of the libraries the stages run on."""
+    code = ("import sys\nfrom embodied_r.config import available_recipes, load_recipe\n"
+            "[load_recipe(n) for n in available_recipes()]\n"
+            "print(*sorted({m.split('.')[0] for m in sys.modules} & {'pyarrow', 'duckdb', 'cv2', 'numpy', 'torch',"
+            " 'transformers', 'mlflow', 'prefect', 'huggingface_hub', 'aiohttp', 'openai'}))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT.parent, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == []

@@ -10,7 +10,7 @@ from embodied_r.backends.base import BackendConfig
 from embodied_r.benchmarks.base import Split
 from embodied_r.faults import DEFAULT_MAX_FAILED_FRACTION
 from embodied_r.scoring.answers import AnswerParser, ChoiceParser
-from embodied_r.scoring.metrics import NumberParsing
+from embodied_r.scoring.config import NumberParsing
 from embodied_r.settings import operational, result_settings
 from embodied_r.stage_plan import ACCURACY, MODEL, WARMSTART, Ref, StageKind
 from embodied_r.tracking import TrackingConfig

@@ -41,14 +41,8 @@ from embodied_r.io import (
     write_summary,
 )
 from embodied_r.scoring.answers import ChoiceParser
-from embodied_r.scoring.metrics import (
-    NumberParsing,
-    aggregate,
-    category_table,
-    chance_levels,
-    score_answer,
-    subtask_of,
-)
+from embodied_r.scoring.metrics import aggregate, category_table, chance_levels, score_answer, subtask_of
+from embodied_r.scoring.config import NumberParsing
 from embodied_r.evaluation.config import EvaluationConfig
 from embodied_r.evaluation.learning import write_learning
 from embodied_r.evaluation.report import write_report

@@ -9,6 +9,8 @@ from pydantic import BaseModel, ConfigDict
 from embodied_r.scoring.answers import AnswerParser, ChoiceParser
 
 ReferenceDown = Literal["unscored", "zero", "think_last_letter"]
+# How numeric answers are read: "official" as VSI-Bench's scorer, "lenient" as the training reward.
+NumberParsing = Literal["official", "lenient"]
 
 
 class ScoringConfig(BaseModel):

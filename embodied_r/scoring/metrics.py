@@ -24,10 +24,11 @@ import math
 import re
 import statistics
 from collections import defaultdict
-from typing import Any, Iterable, Literal, Mapping, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from embodied_r.scoring.config import NumberParsing
 from embodied_r.scoring.answers import (
     ChoiceParser,
     extract_answer,
@@ -41,7 +42,6 @@ from embodied_r.benchmarks.registry import BENCHMARKS
 MRA_THRESHOLDS = np.linspace(0.5, 0.95, 10)
 
 ANSWER_TYPES = ("choice", "number")
-NumberParsing = Literal["official", "lenient"]
 
 REL_DIRECTION = "object_rel_direction"
 # VSI-Bench's relative-direction subtypes, told apart by their option count.

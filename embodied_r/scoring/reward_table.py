@@ -11,7 +11,6 @@ from typing import Any, Callable, Protocol
 
 from embodied_r.backends.base import BackendConfig
 from embodied_r.scoring.config import ScoringConfig
-from embodied_r.scoring.rewards import make_accuracy_reward, make_consistency_reward, make_format_reward
 
 
 class RewardInputs(Protocol):
@@ -31,15 +30,22 @@ class Reward:
     asks_reference: bool = False
 
 
+def _rewards() -> Any:
+    # Imported when a run builds its rewards: a recipe names them without loading their code.
+    from embodied_r.scoring import rewards
+
+    return rewards
+
+
 # The rewards a GRPO stage names (``GRPOStageConfig.rewards``), in the order the trainer adds
 # them up whatever order a recipe lists them in. TRL logs each under its function's __name__
 # (format_reward, ...), which the learning figures, MLflow metrics and report read.
 REWARDS: dict[str, Reward] = {
-    "format": Reward(lambda run: make_format_reward(run.scoring.format_rule)),
-    "accuracy": Reward(lambda run: make_accuracy_reward(run.scoring.answer_parser)),
+    "format": Reward(lambda run: _rewards().make_format_reward(run.scoring.format_rule)),
+    "accuracy": Reward(lambda run: _rewards().make_accuracy_reward(run.scoring.answer_parser)),
     # A completion the reference failed to score gets its group's mean (fill_unscored): TRL's
     # nansum would otherwise count it as inconsistent.
-    "consistency": Reward(lambda run: make_consistency_reward(
+    "consistency": Reward(lambda run: _rewards().make_consistency_reward(
         run.reference, require_correct=run.consistency_requires_correct, fill_unscored=True, scoring=run.scoring),
         asks_reference=True),
 }
