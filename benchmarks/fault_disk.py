@@ -94,7 +94,7 @@ def _retries(tmp: Path) -> tuple[str, str]:
     from tests.test_fault_disk import test_only_a_failure_that_may_pass_is_retried as t
 
     t()
-    return "not retried (faults.NOT_TRANSIENT); a crashed trainer or a reset connection is", OK_ERROR
+    return "not retried (errors.may_pass); a crashed trainer or a reset connection is", OK_ERROR
 
 
 @case("catalog row whose video path leaves its benchmark")

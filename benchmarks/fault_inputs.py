@@ -137,7 +137,7 @@ def _prefect_killed(tmp: Path) -> tuple[str, str]:
 def _sigint_keyframes(tmp: Path) -> tuple[str, str]:
     from test_interrupts import _interrupt, _recipe, _run, running
 
-    from embodied_r.faults import STALL_ENV, STALL_MARKER_ENV
+    from embodied_r.io import STALL_ENV, STALL_MARKER_ENV
 
     home = tmp / "home"
     recipe = str(_recipe(tmp, "http://127.0.0.1:9/v1"))
@@ -209,6 +209,7 @@ def _no_wait(tmp: Path) -> tuple[str, str]:
 @case("disk check on a tiny model")
 def _disk_units(tmp: Path) -> tuple[str, str]:
     from embodied_r.backends.models import resolve_model
+    from embodied_r.errors import DiskSpaceError
     from embodied_r.training import disk
     from embodied_r.training.environment import TrainerEnvironment
 
@@ -223,7 +224,7 @@ def _disk_units(tmp: Path) -> tuple[str, str]:
     try:
         disk.check_disk(tmp / "out", model, TrainerEnvironment(), steps=10, what="train_stage1")
         return "passed", "FAIL"
-    except disk.DiskSpaceError as exc:
+    except DiskSpaceError as exc:
         text = str(exc)
     finally:
         disk.free_bytes = free

@@ -47,7 +47,7 @@ def _perception_against(tmp: Path, reply: Callable[[dict], StubReply]) -> tuple[
 def _fails_then_recovers(tmp: Path, reply: Callable[[dict], StubReply], refresh: bool) -> tuple[str, str]:
     """A bad server stops the stage with a one-line message naming it; a healthy one then
     finishes it (after discarding the bad replies, as ``--refresh perception`` does)."""
-    from embodied_r.faults import StageFault
+    from embodied_r.errors import StageFault
     from embodied_r.perception.stage import run_perception
     from flows.runner import discard
     from tests.test_perception_http import RecordingServer

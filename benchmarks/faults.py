@@ -42,7 +42,7 @@ from tests.servers import ChatStub, StubReply, completion, free_port  # noqa: E4
 
 def _perception_outage(tmp: Path, fault: Callable[[dict], StubReply | None] | None, port_closed: bool = False,
                        timeout_s: float = 5.0) -> tuple[str, str]:
-    from embodied_r.faults import StageFault
+    from embodied_r.errors import StageFault
     from embodied_r.perception.stage import run_perception
     from tests.test_perception import make_inputs
     from tests.test_perception_http import RecordingServer, stage_cfg
@@ -110,9 +110,9 @@ def _half_failing(tmp: Path) -> tuple[str, str]:
     import pyarrow.parquet as pq
 
     from embodied_r.backends.base import BackendConfig
+    from embodied_r.errors import TooManyFailures
     from embodied_r.evaluation.config import EvaluationConfig
     from embodied_r.evaluation.stage import run_evaluation
-    from embodied_r.faults import TooManyFailures
     from tests.test_records import VIDEO, catalog_row, write_inputs
     from embodied_r.training.records import run_records
     from embodied_r.training.records_config import RecordsConfig
@@ -152,7 +152,7 @@ def _half_failing(tmp: Path) -> tuple[str, str]:
 def _secret(tmp: Path) -> tuple[str, str]:
     import pyarrow.parquet as pq
 
-    from embodied_r.faults import StageFault
+    from embodied_r.errors import StageFault
     from embodied_r.perception.stage import run_perception
     from tests.test_perception import make_inputs
     from tests.test_perception_http import stage_cfg, RecordingServer
@@ -198,7 +198,7 @@ def _files(tmp: Path) -> tuple[str, str]:
     import pyarrow.parquet as pq
 
     from embodied_r.benchmarks import urbanvideo
-    from embodied_r.benchmarks.base import CatalogError, DataSourceError
+    from embodied_r.errors import CatalogError, DataSourceError
     from embodied_r.io import safe_extract
 
     folder = tmp / urbanvideo.BENCHMARK.folder
@@ -244,7 +244,8 @@ def _checkpoint(tmp: Path) -> tuple[str, str]:
 
 @case("two runs on one stage")
 def _lock(tmp: Path) -> tuple[str, str]:
-    from embodied_r.io import StageBusy, stage_folder
+    from embodied_r.errors import StageBusy
+    from embodied_r.io import stage_folder
 
     holder = subprocess.Popen([sys.executable, "-c", "import sys,time\nfrom embodied_r.io import stage_folder\n"
                                "with stage_folder(sys.argv[1]):\n print('held', flush=True); time.sleep(60)",

@@ -12,9 +12,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from embodied_r.benchmarks.base import OOD
 from embodied_r.benchmarks.registry import EVALUATION_BENCHMARKS, evaluation_only
+from embodied_r.errors import PromptsError, RecipeError
 from embodied_r.explain import yaml_words
-from embodied_r.merge import RecipeError, deep_merge
-from embodied_r.prompts.locate import PromptsError
+from embodied_r.merge import deep_merge
 from embodied_r.prompts.store import PromptsConfig, apply_prompts
 
 RECIPES_DIR = Path(__file__).parent / "recipes"

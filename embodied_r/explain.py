@@ -1,13 +1,6 @@
-"""A library's exception as the project's own sentence: what (a path, a store, a server, a
-file), why, and the fix, in one line.
-
-What a command does not expect ends in the CLI's catch-all. Printed as it is, it is another
-library's class name and message: SQLAlchemy's error with its SQL, ``[Errno 30] Read-only file
-system`` on a temporary file's name, ``Expecting value: line 1 column 1`` of no file named.
-``explain`` says each family that reaches it (the file system, SQLite and SQLAlchemy, HTTP
-clients, YAML, JSON) as a sentence; the exception itself is kept for ``--debug``. Anything
-else is left to the caller (a bug of ours is best shown as it is).
-"""
+"""What a command prints of an error, and its exit status (``said``): ours as its own line; a
+library's (the file system, SQLite and SQLAlchemy, HTTP clients, YAML, JSON) as the project's
+sentence naming the thing, why and the fix; anything else, most likely a bug, as it is."""
 
 from __future__ import annotations
 
@@ -19,7 +12,8 @@ from types import FrameType
 from typing import Any, Callable, Iterator
 from urllib.parse import urlsplit
 
-from embodied_r.faults import causes
+from embodied_r.errors import ProjectError, causes
+from embodied_r.redaction import redact
 
 AGAIN = "and run the same command again"
 
@@ -259,8 +253,8 @@ _FIXES = {errno.ENOENT: "check the path", errno.EROFS: "make it writable or writ
 
 
 def _os(exc: BaseException, command: str) -> str | None:
-    from embodied_r.faults import disk_full, disk_full_line, full_path
-    from embodied_r.paths import fs_fault, home, home_line, in_home, refused
+    from embodied_r.errors import disk_full, full_path
+    from embodied_r.paths import disk_full_line, fs_fault, home, home_line, in_home, refused
 
     if disk_full(exc):
         # Outside a stage (a stage names its own folder): the file's folder, else the home.
@@ -286,3 +280,12 @@ def explain(exc: BaseException, command: str) -> str | None:
         if (line := rule(exc, command)) is not None:
             return line
     return None
+
+
+def said(exc: BaseException, command: str) -> tuple[str, int]:
+    """The line ``command`` prints of ``exc``, redacted, and its exit status."""
+    if isinstance(exc, ProjectError):
+        return redact(exc.line()), exc.status
+    line = explain(exc, command) or (f"{type(exc).__name__}: {' '.join(str(exc).split())[:1500]} "
+                                     "(run with --debug for the traceback)")
+    return redact(line), 1

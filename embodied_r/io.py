@@ -1,10 +1,6 @@
-"""File conventions shared by every stage.
-
-Stages talk through folders. A stage writes into ``<final>.partial`` and renames it to
-``<final>`` when it is done, so a folder that exists under its final name is complete and a
-crash leaves only a ``.partial`` folder behind. Per-item stages (key frames, perception) keep
-an append-only JSON-lines log of finished items inside the partial folder, so a re-run
-resumes after the last finished item instead of starting again.
+"""File conventions shared by every stage: a stage writes into ``<final>.partial`` and renames it
+to ``<final>`` when done, so a folder under its final name is complete; per-item stages keep an
+append-only log of finished items there (with the kill tests' stall hook), so a rerun resumes.
 """
 
 from __future__ import annotations
@@ -13,7 +9,9 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 import threading
+import time
 import uuid
 import zipfile
 import zlib
@@ -24,8 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 if TYPE_CHECKING:
     import pyarrow as pa
 
-from embodied_r.benchmarks.base import DataSourceError
-from embodied_r.faults import StageFault, WriteFailure, item_done
+from embodied_r.errors import DataSourceError, StageBusy, WriteFailure
 
 # A folder key: the first 16 hex digits (64 bits) of a sha256, plenty to tell apart the
 # folders of one parent and short enough to read in a path.
@@ -58,21 +55,15 @@ def is_complete(final: Path) -> bool:
     return final.is_dir() and (final / "summary.json").is_file()
 
 
-class StageBusy(RuntimeError):
-    """Another run holds this stage's lock and the caller asked not to wait."""
-
-
 # "wait" (default): a second run on the same stage waits, saying so; "fail": it stops at once.
 LOCK_ENV = "EMBODIED_R_LOCK"
 
 
 @contextmanager
 def stage_lock(final: Path) -> Iterator[None]:
-    """An exclusive lock on stage ``final`` for this process, so no two runs share its
-    ``.partial`` folder. ``flock`` is dropped by the kernel when the holder dies, even by
-    kill -9, so a crash never leaves a stale lock."""
+    """An exclusive lock on stage ``final`` for this process, so no two runs share its ``.partial``
+    folder; the kernel drops ``flock`` when its holder dies, even by kill -9: no lock is left stale."""
     import fcntl
-    import sys
 
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -168,10 +159,6 @@ def read_summary(folder: Path) -> dict[str, Any]:
     return read_json(Path(folder) / SUMMARY_FILE)
 
 
-class DamagedOutput(StageFault):
-    """A finished stage folder no longer holds what it held when its stage finished."""
-
-
 def _entry(path: Path) -> dict[str, int]:
     """One manifest entry: a file's size (a Parquet file's row count too), or a folder's file
     count and total size (its files are not listed one by one: key frames count thousands)."""
@@ -243,6 +230,33 @@ def update_outputs(folder: Path, changed: Iterable[Path]) -> None:
         if name in recorded:
             recorded[name] = _entry(top)
     write_json_atomic(folder / SUMMARY_FILE, summary)
+
+
+STALL_ENV = "EMBODIED_R_STALL_AT"
+STALL_MARKER_ENV = "EMBODIED_R_STALL_MARKER"
+_stall_counts: dict[str, int] = {}
+_stall_lock = threading.Lock()
+
+
+def item_done(stage: str) -> None:
+    """An item boundary of ``stage``: with ``EMBODIED_R_STALL_AT=<stage>:<n>`` (kill tests) its n-th
+    item in this process creates ``$EMBODIED_R_STALL_MARKER`` (when set) and sleeps an hour for the
+    test to kill it there, other threads waiting behind; unset, it is one environment lookup."""
+    spec = os.environ.get(STALL_ENV)
+    if not spec:
+        return
+    name, _, n = spec.rpartition(":")
+    if name != stage:
+        return
+    with _stall_lock:
+        _stall_counts[stage] = count = _stall_counts.get(stage, 0) + 1
+        if count != int(n):
+            return
+        if marker := os.environ.get(STALL_MARKER_ENV):
+            with open(marker, "w", encoding="utf-8") as fh:
+                fh.write(f"{stage}:{count} {os.getpid()}\n")
+        print(f"{STALL_ENV}: {stage} stalled after item {count}", file=sys.stderr, flush=True)
+        time.sleep(3600)
 
 
 class ItemLog:

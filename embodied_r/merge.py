@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-
-class RecipeError(ValueError):
-    """A recipe that cannot be found or does not validate; the message names the fix."""
+from embodied_r.errors import RecipeError
 
 
 def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:

@@ -1,15 +1,19 @@
-"""Where the project keeps its files: models, stage outputs, the MLflow store, Prefect results."""
+"""Where the project keeps its files (models, stage outputs, the MLflow store, Prefect results),
+and how a path that cannot be written or a full disk is said."""
 
 from __future__ import annotations
 
 import errno
 import json
 import os
+import shutil
 import sys
 import uuid
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Iterator
+
+from embodied_r.errors import HomeMovedError, HomeUnusable, causes, disk_full
 
 # Written into a home on first use: where it was then. Stage outputs and the MLflow store
 # record absolute paths (the catalog's video paths, artifact locations), so a home that has
@@ -18,14 +22,6 @@ HOME_MARKER = ".embodied-r-home.json"
 # Held while a run does what two runs must not do at once in one home (creating the MLflow
 # store: two processes migrating a fresh SQLite file break each other).
 HOME_LOCK = ".embodied-r-home.lock"
-
-
-class HomeMovedError(RuntimeError):
-    """The home was created elsewhere; the message says how to relocate it."""
-
-
-class HomeUnusable(RuntimeError):
-    """The project home cannot be created or written; the message names it as the home."""
 
 
 # errno values that say a folder cannot take what is written into it, whoever writes (root
@@ -64,8 +60,6 @@ def fs_fault(exc: OSError) -> tuple[Path | None, str]:
 def refused(exc: BaseException | None) -> OSError | None:
     """The first error along ``exc``'s chain that says a path cannot be used as asked
     (``_REFUSED``), or None."""
-    from embodied_r.faults import causes
-
     def says(e: BaseException) -> bool:
         if not isinstance(e, OSError) or e.errno not in _REFUSED:
             return False
@@ -83,11 +77,36 @@ def in_home(path: str | os.PathLike[str] | None, root: Path | None = None) -> bo
     return target == root or root in target.parents
 
 
+def size_text(n: float) -> str:  # a small model's checkpoints are not "0.0 GB"
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n:.0f} bytes"
+
+
+def free_text(path: str | os.PathLike[str]) -> str:
+    """What is free on the disk of ``path`` (its nearest existing parent), or "" when unknown."""
+    p = next((q for q in (Path(path), *Path(path).parents) if q.exists()), Path("/"))
+    try:
+        return size_text(shutil.disk_usage(p).free)
+    except OSError:
+        return ""
+
+
+def disk_full_line(what: str, folder: str | os.PathLike[str], need: str = "", store: bool = False) -> str:
+    """The one line for a full disk under ``folder`` while ``what`` wrote there: what is free
+    (and ``need``, where the writer knew it) and where to make room."""
+    free = free_text(folder)
+    sizes = "; ".join(part for part in (f"needs about {need}" if need else "", f"{free} free" if free else "") if part)
+    move = ("point the tracking store (tracking.tracking_uri, or MLFLOW_TRACKING_URI) to a larger disk" if store
+            else "move the project home (EMBODIED_R_HOME) to a larger disk")
+    return (f"{what}: the disk under {folder} is full{f' ({sizes})' if sizes else ''}: free space there or {move}, "
+            "then run the same command again")
+
+
 def home_line(root: Path, exc: OSError, doing: str = "written") -> str:
     """The one line for a project home (or a folder under it) that cannot be used: the home as
     the home, the path and what is wrong with it, and the fix."""
-    from embodied_r.faults import disk_full, disk_full_line
-
     if disk_full(exc):
         return disk_full_line(f"the project home {root}", root)
     path, why = fs_fault(exc)

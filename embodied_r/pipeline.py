@@ -9,9 +9,9 @@ from embodied_r.config import recipe_pipeline
 from embodied_r.paths import home as default_home
 from embodied_r.runners import runner
 from embodied_r.stage_kinds import kind_of, kinds
-from embodied_r.stage_plan import Plan, StageError, StagePlan, plan_stages
+from embodied_r.stage_plan import Plan, StagePlan, plan_stages
 
-__all__ = ["Plan", "StageError", "StagePlan", "execute", "plan", "training_stage_names"]
+__all__ = ["Plan", "StagePlan", "execute", "plan", "training_stage_names"]
 
 
 def plan(recipe: Any, root: Path | None = None) -> Plan:

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Literal, Mapping
 
+from embodied_r.errors import StageError
 from embodied_r.io import is_complete, payload_key
 from embodied_r.settings import result_settings
 from embodied_r.runners import code_version, extra_key
@@ -98,10 +99,6 @@ class StageKind:
 
 
 PLAN_FILE = "plan.json"
-
-
-class StageError(ValueError):
-    """An unknown stage, or a stage asked for before the stages it reads from."""
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import threading
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from embodied_r.faults import causes
+from embodied_r.errors import causes
 from embodied_r.paths import NOT_PERMITTED, READ_ONLY
 
 _lock = threading.Lock()

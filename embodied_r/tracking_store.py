@@ -32,8 +32,8 @@ from typing import Any, Iterator
 from urllib.parse import urlsplit
 
 from embodied_r import progress
-from embodied_r.faults import causes, disk_full, disk_full_line, full_path
-from embodied_r.paths import fs_fault, refused
+from embodied_r.errors import TrackingLost, TrackingUnavailable, causes, disk_full, full_path
+from embodied_r.paths import disk_full_line, fs_fault, refused
 from embodied_r.store_open import is_remote, opening_line, or_the_local_store, unwritable_why
 
 # Long enough for a busy server to answer its health check, short enough to say at once
@@ -42,14 +42,6 @@ CHECK_TIMEOUT_S = 5.0
 START_SCRIPT = "infra/start-mlflow.sh"
 # A proxy's own answers that say the server behind it is gone.
 _GONE_STATUSES = (502, 503, 504)
-
-
-class TrackingUnavailable(RuntimeError):
-    """The tracking store a run names does not answer."""
-
-
-class TrackingLost(TrackingUnavailable):
-    """The tracking store stopped answering during a run: later calls are skipped."""
 
 
 _lock = threading.Lock()

@@ -9,10 +9,10 @@ from prefect import flow
 
 from embodied_r.stage_kinds import kinds
 from flows.prefect_views import flow_run_name, publish_result, tag_flow_run
-from flows.runner import StageRunFailed, given_plan, run_plan
+from flows.runner import given_plan, run_plan
 from flows.shards import dispatch_kind, stage_parameters
 
-__all__ = ["StageRunFailed", "embodied_r", "stage_deployments_available"]
+__all__ = ["embodied_r", "stage_deployments_available"]
 
 
 def stage_deployments_available() -> bool:

@@ -20,13 +20,14 @@ from prefect import get_run_logger
 from prefect.context import get_run_context
 
 from embodied_r import progress
-from embodied_r.io import DamagedOutput, damaged_outputs, partial_path, read_summary
+from embodied_r.io import damaged_outputs, partial_path, read_summary
+from embodied_r.errors import DamagedOutput, StageRunFailed, TrackingUnavailable
 from embodied_r.evaluation.learning import SIGNATURES_TAG, failure_signatures, training_signatures
 from embodied_r.shards import shard_paths
 from embodied_r.stage_kinds import kind_of
 from embodied_r.stage_plan import Plan, StagePlan, downstream
 from embodied_r.tracking import CACHE_TAG, Tracker, numeric_metrics, tracking_uri
-from embodied_r.tracking_store import TrackingUnavailable, ensure_answers, lost_line, mark_lost, unanswered
+from embodied_r.tracking_store import ensure_answers, lost_line, mark_lost, unanswered
 from flows import mlflow_runs
 from flows.waiting import wait_for_runs
 from tasks.stages import STAGE_TASKS, say_signatures
@@ -279,10 +280,6 @@ def _log_parent_report(tracker: Tracker, folder: Path, recipe: str, registered: 
         tracker.client.log_artifact(tracker.parent_run_id, str(path))
         if (folder / "accuracy_by_task.png").is_file():
             tracker.client.log_artifact(tracker.parent_run_id, str(folder / "accuracy_by_task.png"))
-
-
-class StageRunFailed(RuntimeError):
-    """A stage's flow run, sent to a work pool, did not complete."""
 
 
 # Sends one kind's stages elsewhere and waits for them: ``(kind, names, parent MLflow run id)``.

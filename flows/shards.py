@@ -15,17 +15,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from embodied_r.errors import ShardRunFailed
 from embodied_r.io import is_complete
 from embodied_r.pipeline import execute
 from embodied_r.shards import SHARD_INPUT, parse_selection, shard_folder
 from embodied_r.stage_kinds import kind_of
 from embodied_r.stage_plan import Plan, StagePlan
-from flows.runner import StageRunFailed, plan_of, run_deployment_of, scoped_env
+from flows.runner import plan_of, run_deployment_of, scoped_env
 from flows.waiting import wait_for_runs
-
-
-class ShardRunFailed(StageRunFailed):
-    """A shard's flow run, sent to the stage's work pool, did not complete."""
 
 
 def shard_count(sp: StagePlan) -> int:

@@ -21,9 +21,9 @@ from prefect.states import Completed, State
 
 from embodied_r import progress
 from embodied_r.evaluation.learning import SIGNATURES_TAG, training_signatures
-from embodied_r.faults import DiskFull, WriteFailure, disk_full, disk_full_line, full_path, transient
+from embodied_r.errors import DiskFull, WriteFailure, disk_full, full_path, may_pass
+from embodied_r.paths import disk_full_line, home, home_line, in_home, refused
 from embodied_r.io import partial_path, read_summary
-from embodied_r.paths import home, home_line, in_home, refused
 from embodied_r.pipeline import StagePlan, execute
 from embodied_r.stage_kinds import KINDS, kind_of, params
 from embodied_r.tracking import Tracker, record_stage
@@ -201,13 +201,11 @@ def _headline(kind: str, summary: dict[str, Any]) -> str:
 
 
 def _worth_retrying(task: Any, task_run: Any, state: Any) -> bool:
-    """Only a failure that may pass is retried (``faults.transient``, one table for every
-    stage): a full disk, a refused input or a bad config fails again at once, and a retry only
-    makes the user wait minutes for the same error."""
+    """Only a failure that may pass is retried (``errors.may_pass``, one rule for every stage)."""
     try:
         state.result()
     except BaseException as exc:  # noqa: BLE001 - the table decides
-        return transient(exc)
+        return may_pass(exc)
     return True
 
 

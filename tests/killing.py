@@ -2,7 +2,7 @@
 
 Most stages are a fast single pass, so a kill "after a while" lands at a different place on
 every run, or after the end. Instead the child is told (``EMBODIED_R_STALL_AT``, see
-``embodied_r.faults.item_done``) to wait after its n-th item and to say so in a marker file;
+``embodied_r.io.item_done``) to wait after its n-th item and to say so in a marker file;
 only then is its whole process group sent SIGKILL. Where the kill lands is fixed; the kill is
 real.
 """
@@ -18,8 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from embodied_r.faults import STALL_ENV, STALL_MARKER_ENV
-from embodied_r.io import partial_path
+from embodied_r.io import STALL_ENV, STALL_MARKER_ENV, partial_path
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from embodied_r.errors import PosesError
 from embodied_r.interactive.ai2thor_env import AI2ThorEnvironment
-from embodied_r.interactive.ai2thor_poses import PosesError, load_poses
+from embodied_r.interactive.ai2thor_poses import load_poses
 from embodied_r.interactive.env_factory import EnvironmentMaker
 from embodied_r.interactive.episode import EpisodeConfig, run_episodes
 from tests.ai2thor_fake import FakeController

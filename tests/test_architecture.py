@@ -14,12 +14,12 @@ from embodied_r.runners import ROOT, _is_module, imports_of, launches_of, module
 from embodied_r.stage_kinds import KINDS
 
 # Modules at the top of the package that every stage may use.
-FOUNDATION = {"io", "paths", "progress", "schemas", "benchmarks", "tracking", "runners", "faults", "settings",
-              "stage_plan", "merge", "shards", "tracking_store", "store_open", "explain"}
+FOUNDATION = {"io", "paths", "progress", "schemas", "benchmarks", "tracking", "runners", "errors", "redaction",
+              "children", "settings", "stage_plan", "merge", "shards", "tracking_store", "store_open", "explain"}
 # What each sub-package (or top-level module) may import besides itself and the foundation.
 ALLOWED: dict[str, set[str]] = {
     "backends": set(),
-    "synthetic": set(),
+    "synthetic": {"keyframes"},  # FFmpeg's messages, kept for the video they are about
     "keyframes": set(),
     "data": {"synthetic"},
     "perception": {"backends"},

@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from embodied_r.backends.base import BackendConfig
 from embodied_r.backends.openai_compat import OpenAIBackend
-from embodied_r.faults import InfraFailure
+from embodied_r.errors import InfraFailure
 from embodied_r.perception.stage import run_perception
 from embodied_r.perception.config import PerceptionConfig
 from embodied_r.settings import result_settings

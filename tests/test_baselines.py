@@ -24,7 +24,8 @@ from embodied_r.lifecycle.baselines import (
 from embodied_r.config import load_recipe
 from embodied_r.evaluation.config import EvaluationConfig
 from embodied_r.io import table_from_records, write_parquet_atomic
-from embodied_r.pipeline import StageError, plan
+from embodied_r.pipeline import plan
+from embodied_r.errors import StageError
 from embodied_r.training.records import run_records
 from embodied_r.training.records_config import RecordsConfig
 from test_evaluation import ScriptedModels

@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 
 from embodied_r.config import available_recipes, load_recipe, parse_override
-from embodied_r.merge import RecipeError
-from embodied_r.pipeline import StageError, plan
+from embodied_r.errors import RecipeError, StageError
+from embodied_r.pipeline import plan
 from embodied_r.tracking import Tracker, numeric_metrics, safe_params
 
 

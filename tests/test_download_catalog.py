@@ -12,10 +12,11 @@ import pytest
 
 from embodied_r import schemas
 from embodied_r.benchmarks import urbanvideo, vsibench
-from embodied_r.benchmarks.base import CatalogError, DataSourceError, arrow_schema
+from embodied_r.benchmarks.base import arrow_schema
 from embodied_r.data.catalog import assign_splits, run_catalog
 from embodied_r.data.config import CatalogConfig, DownloadConfig, SplitConfig
 from embodied_r.data.download import run_download
+from embodied_r.errors import CatalogError, DataSourceError
 from embodied_r.io import safe_extract, sha256_file
 from embodied_r.synthetic.config import SyntheticConfig
 

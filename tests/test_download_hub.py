@@ -27,10 +27,11 @@ import pytest
 from huggingface_hub.utils import filter_repo_objects
 
 from embodied_r.benchmarks import registry, urbanvideo, vsibench
-from embodied_r.benchmarks.base import DataSourceError, arrow_schema
+from embodied_r.benchmarks.base import arrow_schema
 from embodied_r.data.config import DownloadConfig, HubConfig
 from embodied_r.data.download import run_download
 from embodied_r.data.hub import needed_files
+from embodied_r.errors import DataSourceError
 from embodied_r.settings import operational_fields
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -21,8 +21,7 @@ import pytest
 
 from embodied_r.backends.base import BackendConfig
 from embodied_r.config import load_recipe
-from embodied_r.faults import STALL_ENV, STALL_MARKER_ENV
-from embodied_r.io import is_complete, partial_path, read_summary
+from embodied_r.io import STALL_ENV, STALL_MARKER_ENV, is_complete, partial_path, read_summary
 from embodied_r.perception.stage import _read_inputs, _split, run_perception
 from embodied_r.perception.config import PerceptionConfig
 from embodied_r.pipeline import execute, plan

@@ -122,7 +122,7 @@ def _closed_port() -> int:
 
 def test_evaluation_stops_on_an_unreachable_backend_and_stays_partial(records: Path, tmp_path: Path) -> None:
     # An outage is not six wrong answers: the stage stops, nothing is cached as done.
-    from embodied_r.faults import InfraFailure
+    from embodied_r.errors import InfraFailure
 
     cfg = EvaluationConfig(backend=BackendConfig(kind="openai", base_url=f"http://127.0.0.1:{_closed_port()}/v1",
                                                  max_retries=0, timeout_s=5.0))

@@ -10,7 +10,8 @@ import random
 import pytest
 
 from embodied_r.config import load_recipe
-from embodied_r.merge import RecipeError, deep_merge
+from embodied_r.merge import deep_merge
+from embodied_r.errors import RecipeError
 from embodied_r.experiments.compare import Cell, compare, comparison_lines, mean_interval, summary_metrics, table
 from embodied_r.experiments.spec import (
     available_experiments,

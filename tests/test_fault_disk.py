@@ -315,21 +315,15 @@ def test_a_damaged_home_marker_is_named_with_both_fixes(tmp_path, monkeypatch, c
 
 
 def test_only_a_failure_that_may_pass_is_retried() -> None:
-    """One table for every stage's retries (``faults.NOT_TRANSIENT``)."""
+    """One rule for every stage's retries (``errors.may_pass``)."""
     import zipfile
 
     import pyarrow as pa
     from prefect.states import Failed
     from pydantic import BaseModel
 
-    from embodied_r.benchmarks.base import DataSourceError
-    from embodied_r.merge import RecipeError
-    from embodied_r.faults import DiskFull, InfraFailure
-    from embodied_r.io import StageBusy
-    from embodied_r.keyframes.video import VideoError
-    from embodied_r.paths import HomeUnusable
-    from embodied_r.stage_plan import StageError
-    from embodied_r.training.disk import DiskSpaceError
+    from embodied_r.errors import (DataSourceError, DiskFull, DiskSpaceError, HomeUnusable, InfraFailure, RecipeError,
+                                   StageBusy, StageError, VideoError)
     from tasks.stages import _worth_retrying
 
     class Strict(BaseModel):

@@ -25,6 +25,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from embodied_r.apps.cli import main
+from embodied_r.errors import TrackingLost, TrackingUnavailable
 from tests.servers import background, free_port, serve_on_free_port
 from tests.test_interrupts import _cli, _env, _run
 
@@ -59,7 +60,7 @@ def test_a_tracking_server_that_does_not_answer_is_named_at_validate_and_before_
 
 
 def test_a_store_that_accepts_but_never_answers_is_named_too() -> None:
-    from embodied_r.tracking_store import TrackingUnavailable, check_store
+    from embodied_r.tracking_store import check_store
 
     with socket.socket() as silent:  # connections queue in its backlog and are never answered
         silent.bind(("127.0.0.1", 0))
@@ -78,7 +79,7 @@ def test_calls_to_a_store_that_stopped_answering_fail_at_once(monkeypatch: pytes
     import threading
 
     from embodied_r.tracking import Tracker
-    from embodied_r.tracking_store import TrackingLost, check_store, tracking_lost
+    from embodied_r.tracking_store import check_store, tracking_lost
 
     class Health(BaseHTTPRequestHandler):
         def do_GET(self) -> None:

@@ -18,9 +18,9 @@ import pytest
 from embodied_r.backends.base import BackendConfig
 from embodied_r.backends.openai_compat import OpenAIBackend
 from embodied_r.config import load_recipe
+from embodied_r.errors import StageFault, TooManyFailures
 from embodied_r.evaluation.config import EvaluationConfig
 from embodied_r.evaluation.stage import run_evaluation
-from embodied_r.faults import StageFault, TooManyFailures
 from embodied_r.perception.stage import run_perception
 from embodied_r.pipeline import plan
 from embodied_r.training.records import run_records

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from embodied_r.backends.base import BackendConfig
-from embodied_r.faults import redact
+from embodied_r.redaction import redact
 from tests.servers import ChatStub, StubReply
 
 ROOT = Path(__file__).resolve().parents[1]

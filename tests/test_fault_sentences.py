@@ -24,7 +24,7 @@ from typing import Callable, Iterator
 import pytest
 
 from embodied_r.apps import cli
-from embodied_r.faults import causes
+from embodied_r.errors import causes
 from tests.servers import free_port
 from tests.test_fault_disk import CLASS_NAME, _cli, _env, ro_folder  # noqa: F401 - a fixture
 

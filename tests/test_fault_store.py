@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from embodied_r.apps.cli import main
+from embodied_r.errors import TrackingUnavailable
 from tests.test_fault_disk import CLASS_NAME, _cli, _env, ro_folder  # noqa: F401 - a fixture
 
 @pytest.fixture
@@ -128,7 +129,6 @@ def test_every_command_that_uses_the_store_names_it_first(tmp_path, home, monkey
     assert not (home / "stages").exists()
 
     # The nightly re-evaluation (a deployment's flow), before it evaluates anything.
-    from embodied_r.tracking_store import TrackingUnavailable
     from flows.reevaluate import reevaluate
 
     with pytest.raises(TrackingUnavailable, match=re.escape(said[len("error: "):])):
@@ -141,7 +141,6 @@ def test_a_database_damaged_past_its_header_is_named_when_opened(tmp_path, home)
 
     from embodied_r.evaluation.registry import client
     from embodied_r.tracking import Tracker
-    from embodied_r.tracking_store import TrackingUnavailable
 
     path = tmp_path / "mlflow.db"
     sqlite3.connect(path).execute("CREATE TABLE notes (x)").connection.commit()

@@ -21,9 +21,11 @@ import pytest
 
 from embodied_r.backends.base import BackendConfig
 from embodied_r.backends.openai_compat import OpenAIBackend
-from embodied_r.faults import InfraFailure, TooManyFailures, redact
-from embodied_r.io import ItemLog, StageBusy, stage_folder
+from embodied_r.errors import (CatalogError, DataSourceError, InfraFailure, RecipeError, StageBusy, TooManyFailures,
+                               VideoError)
+from embodied_r.io import ItemLog, stage_folder
 from embodied_r.perception.stage import run_perception
+from embodied_r.redaction import redact
 from tests.killing import cut_short, write_checkpoints
 from tests.servers import ChatStub, StubReply, completion
 from tests.test_perception import make_inputs
@@ -168,7 +170,6 @@ def test_truncated_video_is_recorded_with_both_counts(tmp_path: Path) -> None:
 
     from embodied_r.keyframes.extract import extract_keyframes
     from embodied_r.keyframes.config import KeyframeConfig
-    from embodied_r.keyframes.video import VideoError
 
     path = tmp_path / "v.avi"
     writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"MJPG"), 10, (64, 48))
@@ -196,7 +197,6 @@ def test_truncated_video_is_recorded_with_both_counts(tmp_path: Path) -> None:
 ])
 def test_recipes_refuse_nonsense(override: dict) -> None:
     from embodied_r.config import load_recipe
-    from embodied_r.merge import RecipeError
 
     with pytest.raises(RecipeError):
         load_recipe("smoke", override)
@@ -205,7 +205,6 @@ def test_recipes_refuse_nonsense(override: dict) -> None:
 def test_extends_resolves_beside_the_recipe_and_set_errors_are_one_line(tmp_path: Path,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     from embodied_r.config import load_recipe, parse_override
-    from embodied_r.merge import RecipeError
 
     (tmp_path / "r").mkdir()
     (tmp_path / "r" / "base.yaml").write_text("extends: demo\ndescription: the right base\n")
@@ -229,7 +228,6 @@ def _mirror(tmp_path: Path, table: pa.Table) -> Path:
 
 def test_preprocess_rejects_duplicate_ids_naming_them(tmp_path: Path) -> None:
     from embodied_r.benchmarks import urbanvideo
-    from embodied_r.benchmarks.base import CatalogError
 
     row = {"video_id": "v.mp4", "question_category": "Counterfactual", "question": "Q? A. x B. y", "answer": "A"}
     table = pa.Table.from_pylist([{"Question_id": 7, **row}, {"Question_id": 7, **row}, {"Question_id": 8, **row}])
@@ -240,7 +238,6 @@ def test_preprocess_rejects_duplicate_ids_naming_them(tmp_path: Path) -> None:
 
 def test_bad_source_files_are_named_in_one_line(tmp_path: Path) -> None:
     from embodied_r.benchmarks import urbanvideo
-    from embodied_r.benchmarks.base import CatalogError, DataSourceError
     from embodied_r.io import safe_extract
 
     folder = _mirror(tmp_path, pa.table({"Question_id": [1], "video_id": ["v"], "question_category": ["c"],
@@ -295,7 +292,7 @@ def test_a_second_run_on_a_stage_fails_at_once_or_waits(tmp_path: Path, monkeypa
 PARENT = """
 import subprocess, sys, time
 child = subprocess.Popen([sys.executable, "-c",
-    "from embodied_r.faults import die_with_parent; import time; die_with_parent(); "
+    "from embodied_r.children import die_with_parent; import time; die_with_parent(); "
     "print('armed', flush=True); time.sleep(120)"], stdout=subprocess.PIPE, text=True)
 assert child.stdout.readline().strip() == "armed"
 print(child.pid, flush=True)
@@ -326,7 +323,7 @@ def test_a_child_still_importing_survives_the_terminals_ctrl_c(deaf: bool) -> No
     not killed with a traceback; the same child started outside it is."""
     from contextlib import nullcontext
 
-    from embodied_r.faults import children_deaf_to_ctrl_c
+    from embodied_r.children import children_deaf_to_ctrl_c
 
     before = signal.pthread_sigmask(signal.SIG_BLOCK, [])
     # As a terminal starts a command: a handler here (exec resets it to the default in the

@@ -14,8 +14,9 @@ import pytest
 
 from embodied_r.backends import devices
 from embodied_r.backends.base import BackendConfig
-from embodied_r.backends.tokens import PadTokenError, check_folder_pad, pad_problem
+from embodied_r.backends.tokens import check_folder_pad, pad_problem
 from embodied_r.config import load_recipe
+from embodied_r.errors import PadTokenError
 from embodied_r.training import memory, shapes
 from embodied_r.training.environment import TrainerEnvironment
 

@@ -11,13 +11,8 @@ import pytest
 
 from embodied_r.backends.base import BackendConfig
 from embodied_r.apps.cli_eval import main as cli_main
-from embodied_r.apps.inference import (
-    InferenceInputError,
-    parse_question,
-    read_input,
-    reasoning_conversation,
-    run_inference,
-)
+from embodied_r.apps.inference import parse_question, read_input, reasoning_conversation, run_inference
+from embodied_r.errors import InferenceInputError
 from embodied_r.keyframes.config import KeyframeConfig
 from embodied_r.perception.config import PerceptionConfig
 from embodied_r.training.records_config import RecordsConfig

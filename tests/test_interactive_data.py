@@ -12,7 +12,7 @@ import zipfile
 import duckdb
 import pytest
 
-from embodied_r.benchmarks.base import DataSourceError
+from embodied_r.errors import DataSourceError
 from embodied_r.interactive import tasks
 from embodied_r.interactive.catalog import build, read_test_cases, read_trajectories
 from embodied_r.interactive.download import run_data_stage

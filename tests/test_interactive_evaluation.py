@@ -14,11 +14,12 @@ import pytest
 from PIL import Image
 
 from embodied_r.backends.base import Generation
+from embodied_r.errors import EmbeddingModelMissing, GenerationUnavailable
 from embodied_r.interactive.episode import EpisodeConfig, run_episodes
 from embodied_r.interactive.evaluation import evaluate_cases, replay_generator, shard_of
 from embodied_r.interactive.household import HouseholdEnvironment
 from embodied_r.interactive.metrics import aggregate
-from embodied_r.interactive.retry import GenerationUnavailable, image_paths, replies, retry_variants
+from embodied_r.interactive.retry import image_paths, replies, retry_variants
 from embodied_r.interactive.synthetic import make_test_cases
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -180,7 +181,7 @@ def test_embedding_matcher_loads_a_local_encoder_and_matches_by_first_token_cosi
     from transformers import AutoModel, AutoTokenizer
 
     from embodied_r.interactive.actions import parse_decision
-    from embodied_r.interactive.matching import EmbeddingMatcher, EmbeddingModelMissing
+    from embodied_r.interactive.matching import EmbeddingMatcher
 
     folder = _tiny_encoder(tmp_path / "enc")
     match = EmbeddingMatcher(str(folder), threshold=0.2)

@@ -20,7 +20,7 @@ from typing import Any, Iterator
 import pytest
 
 from embodied_r.apps.reaper import descendants
-from embodied_r.faults import STALL_ENV, STALL_MARKER_ENV
+from embodied_r.io import STALL_ENV, STALL_MARKER_ENV
 from tests.servers import ChatStub, StubReply, completion
 from tests.test_perception_http import reply_for
 

@@ -23,7 +23,8 @@ from embodied_r.keyframes.config import KeyframeConfig
 from embodied_r.keyframes.stage import run_keyframes
 from embodied_r.keyframes.stage import safe_name
 from embodied_r.synthetic.world import write_motion_video
-from embodied_r.keyframes.video import VideoError, read_frames
+from embodied_r.keyframes.video import read_frames
+from embodied_r.errors import VideoError
 from tests.killing import kill_at_item
 
 

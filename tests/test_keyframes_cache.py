@@ -17,7 +17,7 @@ from embodied_r.keyframes.config import KeyframeConfig
 from embodied_r.keyframes.stage import run_keyframes
 from embodied_r.keyframes.cache import ENTRY_FILE, cached_keyframes, params_hash
 from embodied_r.synthetic.world import write_motion_video
-from embodied_r.keyframes.video import VideoError
+from embodied_r.errors import VideoError
 
 
 @pytest.fixture(scope="module")

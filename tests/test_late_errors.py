@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from embodied_r.apps.cli import build_parser, main
+from embodied_r.errors import DiskSpaceError, StageBusy
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -52,7 +53,7 @@ def test_an_openai_backend_without_a_server_is_named_at_validate_and_at_start(
 
 
 def test_the_busy_stage_message_names_only_flags_that_exist(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from embodied_r.io import StageBusy, stage_folder
+    from embodied_r.io import stage_folder
 
     final = tmp_path / "stages" / "perception" / "abc"
     holder = subprocess.Popen(
@@ -80,7 +81,7 @@ def test_the_disk_check_prints_sizes_in_units_that_show_them(tiny_lm_path: Path,
 
     # A full disk, simulated where the check reads the free space.
     monkeypatch.setattr(disk, "free_bytes", lambda path: 20_000)
-    with pytest.raises(disk.DiskSpaceError) as caught:
+    with pytest.raises(DiskSpaceError) as caught:
         disk.check_disk(tmp_path / "out", str(tiny_lm_path), TrainerEnvironment(), steps=10, what="train_stage1")
     text = str(caught.value)
     assert "0.0 GB" not in text and "0.00 GB" not in text

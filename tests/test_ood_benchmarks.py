@@ -300,7 +300,7 @@ def test_the_convert_stage_keeps_held_out_questions_out_of_training(tmp_path: Pa
 def test_a_recipe_names_them_for_evaluation(tmp_path: Path) -> None:
     from embodied_r.apps.cli_eval import register
     from embodied_r.config import load_recipe
-    from embodied_r.merge import RecipeError
+    from embodied_r.errors import RecipeError
     from embodied_r.pipeline import plan
 
     both = {"download": {"benchmarks": list(registry.NAMES)}, "evaluation": {"split": "ood"}}

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from embodied_r.config import load_recipe
-from embodied_r.faults import TooManyFailures
+from embodied_r.errors import TooManyFailures
 from embodied_r.pipeline import StagePlan, execute, plan
 from tests.test_perception import make_inputs
 from tests.test_perception_http import RecordingServer

@@ -92,7 +92,7 @@ def test_perception_stopped_by_videos_without_key_frames_names_them_and_their_li
     them out with FFmpeg's own words attached, none of them on the terminal, and the perception
     stage, stopped by their questions, names the videos and the file listing them."""
     from embodied_r import schemas
-    from embodied_r.faults import TooManyFailures
+    from embodied_r.errors import TooManyFailures
     from embodied_r.io import table_from_records, write_parquet_atomic
     from embodied_r.keyframes.config import KeyframeConfig
     from embodied_r.keyframes.stage import run_keyframes

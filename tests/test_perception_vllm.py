@@ -14,7 +14,8 @@ from PIL import Image
 
 from embodied_r.perception import prompts
 from embodied_r.backends.vllm_engine import INSTALL_HINT, engine_kwargs, to_vllm_messages
-from embodied_r.backends.base import BackendConfig, BackendUnavailable
+from embodied_r.backends.base import BackendConfig
+from embodied_r.errors import BackendUnavailable
 from embodied_r.backends.factory import make_backend
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None

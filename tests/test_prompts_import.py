@@ -16,9 +16,8 @@ import pytest
 
 from embodied_r.apps.cli import main
 from embodied_r.config import load_recipe
-from embodied_r.merge import RecipeError
+from embodied_r.errors import PromptsError, RecipeError
 from embodied_r.pipeline import plan
-from embodied_r.prompts.locate import PromptsError
 from embodied_r.prompts.official import import_checkout
 from embodied_r.prompts.store import load
 from embodied_r.tracking import safe_params

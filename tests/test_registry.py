@@ -14,16 +14,9 @@ import pytest
 from embodied_r.evaluation.config import EvaluationConfig
 from embodied_r.evaluation.stage import run_evaluation
 from embodied_r.backends.base import BackendConfig
-from embodied_r.evaluation.registry import (
-    ModelRef,
-    RegistryError,
-    alias_version,
-    parse_model_uri,
-    register_model_folder,
-    resolve_model_uri,
-    resolve_version,
-    set_alias,
-)
+from embodied_r.evaluation.registry import (ModelRef, alias_version, parse_model_uri, register_model_folder,
+                                            resolve_model_uri, resolve_version, set_alias)
+from embodied_r.errors import RegistryError
 from embodied_r.evaluation.promotion import promote_if_better
 from test_evaluation import records  # noqa: F401 - fixture
 

@@ -10,7 +10,7 @@ import pytest
 
 from embodied_r.apps.cli import main
 from embodied_r.config import backend_problems, load_recipe
-from embodied_r.merge import RecipeError
+from embodied_r.errors import RecipeError
 from embodied_r.evaluation.released import HubFolder, parse_hub_folder
 from embodied_r.pipeline import plan
 from tests.test_prompts_import import imported

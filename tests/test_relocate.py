@@ -11,9 +11,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from embodied_r.errors import HomeMovedError
 from embodied_r.io import OUTPUTS_KEY, damaged_outputs, write_summary
 from embodied_r.lifecycle.relocate import relocate_home
-from embodied_r.paths import HomeMovedError, claim_home
+from embodied_r.paths import claim_home
 
 
 def _used_home(root: Path) -> None:

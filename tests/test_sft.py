@@ -13,7 +13,8 @@ import pytest
 from embodied_r.scoring.answers import FORMAT_RE, extract_answer
 from embodied_r.config import load_recipe
 from embodied_r.io import partial_path
-from embodied_r.pipeline import StageError, plan
+from embodied_r.pipeline import plan
+from embodied_r.errors import StageError
 from embodied_r.training.records import run_records
 from embodied_r.training.records_config import RecordsConfig
 from embodied_r.lifecycle.sft_baseline import sft_config_for

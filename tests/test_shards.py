@@ -13,7 +13,7 @@ import pytest
 
 from embodied_r.backends.base import BackendConfig
 from embodied_r.evaluation.stage import run_evaluation
-from embodied_r.faults import InfraFailure, TooManyFailures
+from embodied_r.errors import InfraFailure, TooManyFailures
 from embodied_r.io import is_complete, partial_path
 from embodied_r.keyframes.config import KeyframeConfig
 from embodied_r.keyframes.stage import run_keyframes

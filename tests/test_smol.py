@@ -14,11 +14,12 @@ import pytest
 from embodied_r.backends import smol
 from embodied_r.backends.models import resolve_model
 from embodied_r.backends.tokens import check_folder_pad
+from embodied_r.errors import SmolNotFetched
 
 
 def test_unfetched_model_names_the_fetch_command(tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("EMBODIED_R_HOME", str(tmp_path))
-    with pytest.raises(smol.SmolNotFetched, match="embodied-r models fetch smollm2"):
+    with pytest.raises(SmolNotFetched, match="embodied-r models fetch smollm2"):
         resolve_model(smol.SMOL_REF)
 
 

@@ -159,7 +159,7 @@ def test_a_reward_is_one_table_entry_named_by_the_stage(monkeypatch: pytest.Monk
 ])
 def test_a_wrong_reward_is_one_line_naming_it_and_the_fix(stage: dict, says: str) -> None:
     from embodied_r.config import load_recipe
-    from embodied_r.merge import RecipeError
+    from embodied_r.errors import RecipeError
 
     with pytest.raises(RecipeError) as err:
         load_recipe("smoke", {"training": {"stages": [stage]}})

@@ -18,6 +18,7 @@ import pytest
 
 from embodied_r.backends.base import BackendConfig, Generation
 from embodied_r.config import load_recipe
+from embodied_r.errors import DiskSpaceError
 from embodied_r.training import disk
 from embodied_r.training.config import GRPOStageConfig
 from embodied_r.training.environment import PROJECT_ROOT, LoraSettings
@@ -148,7 +149,7 @@ def test_a_stage_without_room_for_its_checkpoints_fails_before_training(
 
     stage = GRPOStageConfig(name="s", rewards={"format": 1.0})
     monkeypatch.setattr(disk, "free_bytes", lambda path: 1000)
-    with pytest.raises(disk.DiskSpaceError) as err:
+    with pytest.raises(DiskSpaceError) as err:
         run_training_stage(records, "tiny:lm", tmp_path / "out", stage, tiny_cfg([stage]))
     message = str(err.value)
     for knob in ("save_total_limit", "save_steps", "save_only_model"):
@@ -157,7 +158,7 @@ def test_a_stage_without_room_for_its_checkpoints_fails_before_training(
     assert "needs about 2.0 MB" in message and "0.0 GB" not in message
     assert not (tmp_path / "out.partial" / "train.log").exists()  # no trainer was started
     # A resume chain also keeps the stage's last checkpoint for the next stage: one more.
-    with pytest.raises(disk.DiskSpaceError) as chained:
+    with pytest.raises(DiskSpaceError) as chained:
         run_training_stage(records, "tiny:lm", tmp_path / "out", stage, tiny_cfg([stage], stage_chain="resume"))
     fresh_kept, chain_kept = (int(str(e.value).split(" checkpoint(s)")[0].rsplit(" ", 1)[1]) for e in (err, chained))
     assert chain_kept == fresh_kept + 1

@@ -9,7 +9,7 @@ import pytest
 from pydantic import ValidationError
 
 from embodied_r.config import load_recipe
-from embodied_r.merge import RecipeError
+from embodied_r.errors import RecipeError
 from embodied_r.training.config import OWNED_GRPO_ARGS, TrainingConfig
 from embodied_r.training.grpo import grpo_kwargs, stage_seed
 

@@ -12,7 +12,8 @@ import pytest
 from embodied_r import schemas
 from embodied_r.backends.base import BackendConfig
 from embodied_r.backends.factory import make_backend
-from embodied_r.demo.world_perceiver import WorldPerceiverError, movement
+from embodied_r.demo.world_perceiver import movement
+from embodied_r.errors import WorldPerceiverError
 from embodied_r.io import table_from_records, write_parquet_atomic
 from embodied_r.perception import prompts
 from embodied_r.perception.parse import parse_frame_response

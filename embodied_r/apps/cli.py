@@ -145,7 +145,7 @@ def _precheck(args: argparse.Namespace, stage: str | None, overrides: dict[str, 
     """Catch a bad recipe or a missing input before Prefect starts, with a short message;
     returns the run's plan, made here once and handed to the flow."""
     from embodied_r.config import backend_problems, load_recipe
-    from embodied_r.merge import RecipeError
+    from embodied_r.errors import RecipeError
     from embodied_r.pipeline import plan
     from embodied_r.tracking import tracking_uri
     from embodied_r.tracking_store import check_store
@@ -216,7 +216,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 def _cmd_validate(args: argparse.Namespace) -> int:
     from embodied_r.apps.cli_reasoner import is_reasoner_recipe, validate_reasoner
     from embodied_r.config import backend_problems, load_recipe
-    from embodied_r.merge import RecipeError
+    from embodied_r.errors import RecipeError
     from embodied_r.tracking import tracking_uri
     from embodied_r.tracking_store import check_store
 
@@ -326,13 +326,7 @@ def main(argv: list[str] | None = None) -> int:
         start_reaper()
         # And a Prefect API that goes away stops it in one line, not minutes of retries.
         start_watch()
-    from embodied_r.benchmarks.base import CatalogError, DataSourceError
-    from embodied_r.merge import RecipeError
-    from embodied_r.paths import HomeMovedError, HomeUnusable, claim_home
-    from embodied_r.pipeline import StageError
-    from embodied_r.faults import StageFault, redact
-    from embodied_r.io import StageBusy
-    from embodied_r.tracking_store import TrackingUnavailable
+    from embodied_r.paths import claim_home
 
     try:
         if args.command == "relocate":
@@ -346,30 +340,14 @@ def main(argv: list[str] | None = None) -> int:
         if args.command in stage_commands():
             return _cmd_run(args, stage=args.stage)
         return {"plan": _cmd_plan, "validate": _cmd_validate, "recipes": _cmd_recipes}[args.command](args)
-    except (RecipeError, DataSourceError, CatalogError, StageError, HomeMovedError, HomeUnusable,
-            TrackingUnavailable) as exc:
-        if args.debug:
-            raise
-        print(f"error: {redact(str(exc))}", file=sys.stderr)
-        return 2
-    except (StageFault, StageBusy) as exc:
-        if args.debug:
-            raise
-        print(f"error: {redact(str(exc))}", file=sys.stderr)
-        return 1
     except Exception as exc:  # noqa: BLE001 - one line for the user; --debug shows the traceback
         if args.debug:
             raise
-        # The file system, a database, a server, a YAML or JSON file: said as the project's own
-        # sentence. Anything else is most likely a bug of ours, shown as it is.
-        from embodied_r.explain import explain
+        from embodied_r.explain import said
 
-        said = explain(exc, args.command)
-        if said is None:
-            text = " ".join(str(exc).split())[:1500]
-            said = f"{type(exc).__name__}: {text} (run with --debug for the traceback)"
-        print(f"error: {redact(said)}", file=sys.stderr)
-        return 1
+        line, status = said(exc, args.command)
+        print(f"error: {line}", file=sys.stderr)
+        return status
 
 
 if __name__ == "__main__":

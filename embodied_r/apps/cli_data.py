@@ -139,7 +139,7 @@ def print_counts(catalog_dir: Path, summary: dict[str, Any]) -> None:
 
 
 def _fresh_out(out: Path, force: bool) -> None:
-    from embodied_r.benchmarks.base import CatalogError
+    from embodied_r.errors import CatalogError
     from embodied_r.io import is_complete
 
     if is_complete(out):
@@ -152,9 +152,9 @@ def _fresh_out(out: Path, force: bool) -> None:
 
 
 def cmd_catalog(args: argparse.Namespace) -> int:
-    from embodied_r.benchmarks.base import CatalogError
     from embodied_r.data.catalog import run_catalog
     from embodied_r.data.config import CatalogConfig
+    from embodied_r.errors import CatalogError
     from embodied_r.paths import home
     from embodied_r.pipeline import execute, plan
 
@@ -211,19 +211,17 @@ def cmd_fetch(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """These commands alone (``python -m embodied_r.apps.cli_data``), with the CLI's error handling."""
-    from embodied_r.benchmarks.base import CatalogError, DataSourceError
-    from embodied_r.merge import RecipeError
-    from embodied_r.pipeline import StageError
+    """These commands alone (``python -m embodied_r.apps.cli_data``), their errors as the CLI says ours."""
+    from embodied_r.errors import ProjectError
 
     parser = argparse.ArgumentParser(prog="embodied-r")
     register(parser.add_subparsers(dest="command", required=True))
     args = parser.parse_args(argv)
     try:
         return args.handler(args)
-    except (RecipeError, DataSourceError, CatalogError, StageError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    except ProjectError as exc:
+        print(f"error: {exc.line()}", file=sys.stderr)
+        return exc.status
 
 
 if __name__ == "__main__":

@@ -73,15 +73,12 @@ def _guard(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.N
     """Expected failures (a missing input, a bad file, an unknown model) as one line, exit 2."""
 
     def run(args: argparse.Namespace) -> int:
-        from embodied_r.merge import RecipeError
-        from embodied_r.pipeline import StageError
-        from embodied_r.keyframes.video import VideoError
-
+        from embodied_r.errors import VideoError
         from embodied_r.explain import explain
 
         try:
             return handler(args)
-        except (FileNotFoundError, RecipeError, StageError, VideoError, ValueError) as exc:
+        except (FileNotFoundError, ValueError, VideoError) as exc:
             # Ours name what to fix; a library's (a missing file, JSON that does not parse) is said as ours.
             print(f"error: {explain(exc, args.command) or exc}", file=sys.stderr)
             return 2

@@ -8,7 +8,6 @@ written under the home; the project never ships them.
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -34,16 +33,11 @@ def register(subparsers: Any) -> None:
 
 def cmd_import(args: argparse.Namespace) -> int:
     from embodied_r.paths import home
-    from embodied_r.prompts.locate import PromptsError
     from embodied_r.prompts.official import import_checkout
     from embodied_r.prompts.store import default_path, write
 
-    try:
-        prompts = import_checkout(args.path, perception=args.perception, reference=args.reference)
-        path = write(prompts, args.out or default_path(home(), prompts))
-    except PromptsError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    prompts = import_checkout(args.path, perception=args.perception, reference=args.reference)
+    path = write(prompts, args.out or default_path(home(), prompts))
     print(f"{prompts.repository} at {prompts.commit[:12]}: {len(prompts.texts)} texts from "
           f"{len(prompts.files)} files -> {path}")
     print(f"use it with: --set prompts.file={path}")

@@ -59,8 +59,8 @@ def validate_reasoner(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
     from embodied_r.config import parse_overrides
-    from embodied_r.merge import RecipeError
     from embodied_r.config import load_reasoner as load
+    from embodied_r.errors import RecipeError
 
     try:
         recipe = load(args.recipe, parse_overrides(args.set))
@@ -77,7 +77,7 @@ def validate_reasoner(args: argparse.Namespace) -> int:
 
 def _check_matcher(recipe: Any) -> None:
     """An embedding matcher whose model is not here stops the run before its first stage."""
-    from embodied_r.merge import RecipeError
+    from embodied_r.errors import RecipeError
     from embodied_r.interactive.matching import embedding_model_problem
 
     episode = recipe.evaluate.episode

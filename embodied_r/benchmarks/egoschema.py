@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from embodied_r.benchmarks.base import (Benchmark, DataSourceError, Keep, VideoIndex, failure, first_line,
-                                        lettered_options, missing_field, read_checked, unique_ids)
+from embodied_r.benchmarks.base import (Benchmark, Keep, VideoIndex, failure, first_line, lettered_options,
+                                        missing_field, read_checked, unique_ids)
+from embodied_r.errors import DataSourceError
 
 NAME = "egoschema"
 # The other 4,531 of its 5,031 questions are scored only by the benchmark's own server, so they

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from embodied_r.benchmarks.base import (Benchmark, CatalogError, DataSourceError, Keep, VideoIndex, failure,
-                                        first_line, lettered_options, missing_field)
+from embodied_r.benchmarks.base import Benchmark, Keep, VideoIndex, failure, first_line, lettered_options, missing_field
+from embodied_r.errors import CatalogError, DataSourceError
 
 NAME = "mvbench"
 # Its tasks whose videos are egocentric, each with its videos' archive: of its 20 tasks only

@@ -345,7 +345,8 @@ def check_pad_guard(work: Path) -> list[str]:
     from transformers import AutoTokenizer
 
     from embodied_r.backends.models import resolve_model
-    from embodied_r.backends.tokens import PadTokenError, check_folder_pad
+    from embodied_r.backends.tokens import check_folder_pad
+    from embodied_r.errors import PadTokenError
 
     tiny = Path(resolve_model("tiny:lm"))
     check_folder_pad(str(tiny))

@@ -16,18 +16,12 @@ import pyarrow.parquet as pq
 
 from embodied_r import schemas
 from embodied_r.benchmarks import registry
-from embodied_r.benchmarks.base import ALL_SPLITS, OOD, CatalogError, Keep
+from embodied_r.benchmarks.base import ALL_SPLITS, OOD, Keep
 from embodied_r.data.config import CatalogConfig, SplitConfig
-from embodied_r.faults import item_done
+from embodied_r.errors import CatalogError
+from embodied_r.io import (is_complete, item_done, read_summary, stage_folder, table_from_records, write_parquet_atomic,
+                           write_summary)
 from embodied_r.synthetic.truth import FACTS_FILE
-from embodied_r.io import (
-    is_complete,
-    read_summary,
-    stage_folder,
-    table_from_records,
-    write_parquet_atomic,
-    write_summary,
-)
 
 
 def _facts(base: Path) -> dict[str, str]:

@@ -15,12 +15,12 @@ from typing import Any
 
 from embodied_r import runners
 from embodied_r.benchmarks import registry
-from embodied_r.benchmarks.base import Benchmark, DataSourceError
+from embodied_r.benchmarks.base import Benchmark
 from embodied_r.data import hub as download_hub
 from embodied_r.data.config import DownloadConfig
-from embodied_r.faults import item_done
-from embodied_r.io import (is_complete, read_summary, safe_extract, sha256_file, stage_folder, write_json_atomic,
-                          write_summary)
+from embodied_r.errors import DataSourceError
+from embodied_r.io import (is_complete, item_done, read_summary, safe_extract, sha256_file, stage_folder,
+                           write_json_atomic, write_summary)
 from embodied_r.settings import result_settings
 from embodied_r.synthetic.generate import make_synthetic_benchmark
 from embodied_r.synthetic.truth import FACTS_FILE, TRUTH_FILE

@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Iterable
 
 from embodied_r.benchmarks import registry
-from embodied_r.benchmarks.base import DataSourceError
 from embodied_r.data.config import HubConfig
+from embodied_r.errors import DataSourceError
 
 OFFLINE_FIX = ("without network access, copy the repos elsewhere (for example `hf download "
                "{repo} --repo-type dataset --local-dir DIR/{folder}`) and pass --source DIR "

@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 from pydantic import BaseModel, ConfigDict, Field
 
 from embodied_r.backends.base import BackendConfig, Conversation, Generation
-from embodied_r.faults import StageFault
+from embodied_r.errors import WorldPerceiverError
 from embodied_r.perception.parse import normalize_action
 from embodied_r.perception.prompts import ACTIONS
 from embodied_r.synthetic.truth import TRUTH_FILE, side
@@ -51,10 +51,6 @@ class WorldErrors(BaseModel):
     action_error_rate: float = Field(0.0, ge=0, le=1)  # a pair's movement named wrong
     object_miss_rate: float = Field(0.0, ge=0, le=1)  # an object in view left out
     false_object_rate: float = Field(0.0, ge=0, le=1)  # per frame, one object named that is not there
-
-
-class WorldPerceiverError(StageFault, ValueError):
-    """A source or call the stand-in cannot serve: a setting to change, not worth a retry."""
 
 
 def _find_up(path: Path, name: str, levels: int = 4) -> Path | None:

@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from embodied_r.backends.base import BackendConfig
 from embodied_r.benchmarks.base import Split
-from embodied_r.faults import DEFAULT_MAX_FAILED_FRACTION
+from embodied_r.errors import DEFAULT_MAX_FAILED_FRACTION
 from embodied_r.scoring.answers import AnswerParser, ChoiceParser
 from embodied_r.scoring.config import NumberParsing
 from embodied_r.settings import operational, result_settings

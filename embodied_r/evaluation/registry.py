@@ -24,14 +24,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from embodied_r.errors import RegistryError
 from embodied_r.tracking import MODEL_NAME
 CHAMPION = "champion"
 CHAMPION_URI = f"models:/{MODEL_NAME}@{CHAMPION}"
 _URI_RE = re.compile(r"^models:/(?P<name>[^/@]+)(?:@(?P<alias>[^/]+)|/(?P<version>\d+))/?$")
-
-
-class RegistryError(ValueError):
-    """A registry URI, model or alias that does not exist; the message names the fix."""
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ Generation goes through the shared backends (in process, an OpenAI-compatible se
 or vLLM), greedy by default. Progress is logged per question, so an interrupted
 evaluation resumes where it stopped. Every question counts: one whose generation failed
 for its own reason scores 0, is listed in ``failures.parquet`` and counted as failed; an
-answer that cannot be parsed is a wrong answer. An outage (``faults.InfraFailure``) stops
+answer that cannot be parsed is a wrong answer. An outage (``errors.InfraFailure``) stops
 the stage instead, and so do more failures than ``max_failed_fraction``: the folder stays
 ``.partial`` and a re-run asks only the questions without an answer.
 
@@ -28,7 +28,8 @@ import pyarrow.parquet as pq
 from embodied_r import progress, schemas
 from embodied_r.backends.base import Backend, BackendConfig, Conversation
 from embodied_r.backends.factory import make_backend
-from embodied_r.faults import InfraFailure, check_failed_fraction, redact
+from embodied_r.errors import InfraFailure, check_failed_fraction
+from embodied_r.redaction import redact
 from embodied_r.io import (
     ItemLog,
     is_complete,

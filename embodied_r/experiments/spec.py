@@ -17,7 +17,8 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from embodied_r.config import RECIPES_DIR, Recipe, validated
-from embodied_r.merge import RecipeError, deep_merge
+from embodied_r.merge import deep_merge
+from embodied_r.errors import RecipeError
 from embodied_r.explain import yaml_words
 
 EXPERIMENTS_DIR = RECIPES_DIR / "experiments"

@@ -28,6 +28,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from embodied_r.errors import AI2ThorUnavailable
 from embodied_r.interactive import ai2thor_poses as poses_mod
 from embodied_r.interactive.environment import StepResult
 from embodied_r.interactive.legality import Legality, seen_in
@@ -40,10 +41,6 @@ CONTROLLER_ARGS: dict[str, Any] = dict(
 MOVE = 0.5  # metres per "move forward" and per fallback step
 VIEWS = ("left view", "back view", "right view")
 BORDER = 5  # black pixels either side of the middle view
-
-
-class AI2ThorUnavailable(RuntimeError):
-    """ai2thor is not installed, or its build cannot start here (no GPU, no Vulkan)."""
 
 
 def start_controller(**overrides: Any) -> Any:

@@ -26,16 +26,14 @@ import math
 from pathlib import Path
 from typing import Any
 
+from embodied_r.errors import PosesError
+
 POSES_RELPATH = Path("data") / "agent_positions.json"
 _CORNERS = ((2, 225), (3, 315), (6, 135), (7, 45))  # corner point index, heading into the room
 REACH = 1.5  # metres from the object a candidate may stand
 LINE_GAP = 0.1  # candidates this much farther from the facing line than the best still count
 NAV_HORIZON = 60  # camera tilt after a computed navigation (degrees down)
 CROUCH_ABOVE = 0.44  # crouch when the agent stands this much above the object's lowest corner
-
-
-class PosesError(ValueError):
-    """The hand-made poses file is missing or not in the original's shape."""
 
 
 def load_poses(checkout: str | Path | None) -> dict[str, dict[str, dict[str, Any]]]:

@@ -20,6 +20,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from embodied_r.errors import DatasetError
 from embodied_r.interactive.prompts import FEEDBACK, IMAGE
 from embodied_r.interactive.tasks import group_of, key_actions, load_test_cases, step_limit
 from embodied_r.io import write_parquet_atomic
@@ -35,10 +36,6 @@ TEST_CASES = pa.schema([("identity", pa.int64()), ("scene", pa.string()), ("task
                         ("group", pa.string()), ("taskname", pa.string()), ("taskquery", pa.string()),
                         ("key_actions", pa.list_(pa.string())), ("step_limit", pa.int32()),
                         ("case", pa.string())])
-
-
-class DatasetError(ValueError):
-    """The dataset's files are missing or do not follow the layout."""
 
 
 def _one(root: Path, pattern: str) -> Path:

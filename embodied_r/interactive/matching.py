@@ -14,12 +14,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from embodied_r.errors import EmbeddingModelMissing
+
 # The types of a scene are embedded once per run; a house has a few dozen.
 _CACHE_LIMIT = 4096
-
-
-class EmbeddingModelMissing(RuntimeError):
-    """The embedding model is neither a local folder nor in the cache."""
 
 
 def _missing(model: str) -> str:

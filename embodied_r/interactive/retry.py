@@ -24,12 +24,9 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from embodied_r.backends.images import load_image
+from embodied_r.errors import GenerationUnavailable
 
 Conversation = list[dict[str, Any]]
-
-
-class GenerationUnavailable(RuntimeError):
-    """The model service failed for a reason that is not the item's (``error_kind`` infra)."""
 
 
 def image_paths(conversation: Conversation) -> list[str]:

@@ -11,6 +11,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any, Iterable
 
+from embodied_r.errors import TestCaseError
+
 GROUPS: dict[str, tuple[str, ...]] = {
     "search": ("single_search", "single_search_from_closerep"),
     "manipulation": ("single_pickup", "single_pickup_from_closerep", "single_toggle"),
@@ -68,10 +70,6 @@ def shared_test_file(root: Path | None = None) -> Path | None:
 
 
 REQUIRED_KEYS = ("scene", "tasktype", "taskname", "taskquery", "task_metadata", "identity")
-
-
-class TestCaseError(ValueError):
-    """A test-case file that does not follow the benchmark's layout."""
 
 
 def load_test_cases(path: Path) -> list[dict[str, Any]]:

@@ -33,8 +33,9 @@ from typing import Sequence
 import cv2
 import numpy as np
 
+from embodied_r.errors import VideoError
 from embodied_r.keyframes.config import KeyframeConfig
-from embodied_r.keyframes.video import FrameSampler, JpegSpool, VideoError, read_frames
+from embodied_r.keyframes.video import FrameSampler, JpegSpool, read_frames
 
 REASONS = ("first", "last", "low_overlap", "match_failed", "fill")
 

@@ -33,7 +33,8 @@ from typing import Any, Sequence
 import cv2
 import numpy as np
 
-from embodied_r.keyframes.video import FrameSampler, JpegSpool, VideoError, probe_video, read_frames
+from embodied_r.errors import VideoError
+from embodied_r.keyframes.video import FrameSampler, JpegSpool, probe_video, read_frames
 
 
 def constrained_sampling(items: Sequence[Any], m: int) -> list[Any]:

@@ -29,13 +29,13 @@ import pyarrow.parquet as pq
 
 from embodied_r import schemas
 from embodied_r import progress
-from embodied_r.faults import children_deaf_to_ctrl_c, item_done
-from embodied_r.io import (ItemLog, is_complete, read_summary, stage_folder, table_from_records,
+from embodied_r.children import children_deaf_to_ctrl_c
+from embodied_r.io import (ItemLog, is_complete, item_done, read_summary, stage_folder, table_from_records,
                            write_parquet_atomic, write_summary)
 from embodied_r.keyframes.extract import extract_keyframes
 from embodied_r.keyframes.config import KeyframeConfig
 from embodied_r.keyframes.cache import cache_root, cached_keyframes, link_files, write_entry
-from embodied_r.keyframes.video import VideoError
+from embodied_r.errors import VideoError
 from embodied_r.shards import SHARD_INPUT, Sharding, parse_selection, run_sharded
 
 
@@ -148,7 +148,7 @@ def opencv_threads(cfg: KeyframeConfig, workers: int, cores: int) -> int:
 
 
 def _init_worker(threads: int, parent: int) -> None:
-    from embodied_r.faults import die_with_parent
+    from embodied_r.children import die_with_parent
 
     die_with_parent(parent)
     cv2.setNumThreads(threads)

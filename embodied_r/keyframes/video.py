@@ -27,7 +27,8 @@ from typing import Iterable, Iterator
 import cv2
 import numpy as np
 
-from embodied_r.faults import NotTransient, ffmpeg_messages
+from embodied_r.errors import VideoError
+from embodied_r.keyframes.ffmpeg import ffmpeg_messages
 
 
 # Containers often miscount by a frame or two; a stream short by more than this is damaged.
@@ -36,15 +37,6 @@ TRUNCATION_MIN_FRAMES = 3
 
 # Frames of more pixels than this are decoded with FFmpeg's own threads by default.
 AUTO_THREADS_MAX_PIXELS = 640 * 480
-
-
-class VideoError(NotTransient):
-    """A video that cannot be used; ``code`` is a short reason for counting failures."""
-
-    def __init__(self, code: str, path: str | Path, detail: str):
-        self.code = code
-        self.path = str(path)
-        super().__init__(f"{code}: {path}: {detail}")
 
 
 @dataclass(frozen=True)

@@ -113,7 +113,7 @@ def plan_baselines(recipe: Any, stages: Any) -> dict[str, BaselinePlan]:
 def run_baselines(recipe: Any, stages: Any, only: list[str] | None = None) -> dict[str, dict[str, Any]]:
     """Run the baselines of ``recipe`` (planned as ``stages``; all, or ``only`` those named);
     their summaries by name."""
-    from embodied_r.pipeline import StageError
+    from embodied_r.errors import StageError
 
     unknown = sorted(set(only or []) - set(BASELINES))
     if unknown:

@@ -6,9 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from embodied_r.errors import StageError
 from embodied_r.evaluation.models import evaluate_model as evaluate_on_records, resolve_reasoner
 from embodied_r.evaluation.registry import CHAMPION_URI
-from embodied_r.pipeline import Plan, StageError, training_stage_names
+from embodied_r.pipeline import Plan, training_stage_names
 from embodied_r.tracking import tracking_uri
 
 

@@ -9,10 +9,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping
 
+from embodied_r.errors import StageError
 from embodied_r.evaluation.promotion import Promotion, promote_model
 from embodied_r.evaluation.registry import CHAMPION
 from embodied_r.lifecycle.models import converted_records, store_of, trained_model
-from embodied_r.pipeline import Plan, StageError
+from embodied_r.pipeline import Plan
 
 
 def warm_started_model(recipe: Any, stages: Plan) -> str | None:
@@ -48,7 +49,7 @@ def check_promotion_split(recipe: Any, catalog_summary: dict[str, Any]) -> None:
     built: promotion would otherwise fail after every stage had run."""
     split = recipe.tracking.promote_split
     if recipe.tracking.promote and catalog_summary.get(f"n_{split}") == 0:
-        from embodied_r.merge import RecipeError
+        from embodied_r.errors import RecipeError
 
         raise RecipeError(
             f"tracking.promote compares models on the {split} split, but the catalog has no {split} questions "

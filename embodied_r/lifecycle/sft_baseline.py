@@ -7,10 +7,11 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from embodied_r.errors import StageError
 from embodied_r.evaluation.config import EVALUATE
 from embodied_r.evaluation.stage import run_evaluation
 from embodied_r.io import is_complete, payload_key
-from embodied_r.pipeline import Plan, StageError
+from embodied_r.pipeline import Plan
 from embodied_r.runners import closure, code_version, modules_version, said
 from embodied_r.tracking import Tracker, record_stage, tracking_uri
 from embodied_r.training.config import SFTConfig

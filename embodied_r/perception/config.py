@@ -7,7 +7,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from embodied_r.backends.base import BackendConfig
-from embodied_r.faults import DEFAULT_MAX_FAILED_FRACTION
+from embodied_r.errors import DEFAULT_MAX_FAILED_FRACTION
 from embodied_r.perception import prompts
 from embodied_r.perception.prompts import ImageOrder, PerceiverTexts, PromptStyle, ReplyFormat
 from embodied_r.settings import operational

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from embodied_r import schemas
-from embodied_r.faults import StageFault
+from embodied_r.errors import StageFault
 from embodied_r.io import table_from_records, write_parquet_atomic
 from embodied_r.perception import prompts
 from embodied_r.perception.modes import FAILED, Assembled, Call, Question

@@ -34,15 +34,9 @@ from embodied_r import progress
 from embodied_r.perception import prompts
 from embodied_r.backends.base import Backend, BackendConfig, Generation
 from embodied_r.backends.factory import make_backend
-from embodied_r.faults import (InfraFailure, WriteFailure, check_failed_fraction,
-                               item_done, redact)
-from embodied_r.io import (
-    ItemLog,
-    is_complete,
-    read_summary,
-    stage_folder,
-    write_summary,
-)
+from embodied_r.errors import InfraFailure, WriteFailure, check_failed_fraction
+from embodied_r.io import ItemLog, is_complete, item_done, read_summary, stage_folder, write_summary
+from embodied_r.redaction import redact
 from embodied_r.perception.modes import QUESTION_PHASE, Call, Question
 from embodied_r.perception.outputs import check_actions, server_hint, without_keyframes, write_outputs
 from embodied_r.perception.config import PerceptionConfig

@@ -20,9 +20,7 @@ from pathlib import Path
 from string import Formatter
 from typing import Literal
 
-
-class PromptsError(ValueError):
-    """A checkout, a prompts file or a text that cannot be used; the message names the fix."""
+from embodied_r.errors import PromptsError
 
 
 Holder = Literal["assign", "return", "message", "keyword"]

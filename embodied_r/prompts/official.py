@@ -13,7 +13,8 @@ import hashlib
 from pathlib import Path
 from typing import Literal
 
-from embodied_r.prompts.locate import PromptsError, Spot, locate
+from embodied_r.errors import PromptsError
+from embodied_r.prompts.locate import Spot, locate
 from embodied_r.prompts.store import PromptsFile, Text
 
 Repository = Literal["embodied-r", "embodied-reasoner"]

@@ -17,8 +17,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from embodied_r.errors import PromptsError
 from embodied_r.paths import home
-from embodied_r.prompts.locate import PromptsError, rename_fields
+from embodied_r.prompts.locate import rename_fields
 
 FORMAT_VERSION = 1
 PARAPHRASE = "paraphrase"

@@ -2,5 +2,6 @@
 into UrbanVideo-style flights (``urban``) and VSI-style room scans (``vsi``) in the real
 datasets' file layouts, with answers right by construction (``generate`` is the entry).
 
-May import: the foundation (``io``; ``benchmarks`` for the real layouts and schemas).
+May import: the foundation (``io``; ``benchmarks`` for the real layouts and schemas), and
+``keyframes.ffmpeg`` for FFmpeg's messages.
 """

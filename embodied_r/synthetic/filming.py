@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from embodied_r.faults import children_deaf_to_ctrl_c
+from embodied_r.children import children_deaf_to_ctrl_c
 from embodied_r.synthetic.world import (HFOV, Backdrop, Pose, Segment, Thing, draw_thing, paint, pose_at,
                                          write_frames)
 
@@ -54,7 +54,7 @@ def film(shot: Shot) -> None:
 def _init_worker(parent: int) -> None:
     import cv2
 
-    from embodied_r.faults import die_with_parent
+    from embodied_r.children import die_with_parent
 
     die_with_parent(parent)
     # One OpenCV thread per worker: the workers already fill the cores.

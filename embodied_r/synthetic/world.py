@@ -281,7 +281,7 @@ def _check_written(path: Path, n: int) -> None:
     """A written video reads back with its ``n`` frames. OpenCV's writer drops the frames it
     cannot write with a warning and no error, so a disk that filled would otherwise leave a
     benchmark of cut or unreadable videos, taken as finished."""
-    from embodied_r.faults import ffmpeg_messages
+    from embodied_r.keyframes.ffmpeg import ffmpeg_messages
 
     with ffmpeg_messages() as said:
         cap = cv2.VideoCapture(str(path))

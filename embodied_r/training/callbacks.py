@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from embodied_r.backends.base import completion_text
+from embodied_r.errors import TrackingLost
 from embodied_r.tracking import Tracker, trainer_metric_name
-from embodied_r.tracking_store import TrackingLost
 
 log = logging.getLogger("embodied_r.training.callbacks")
 

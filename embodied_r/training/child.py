@@ -109,7 +109,7 @@ def child_main(main: Callable[[str], int], module: str) -> None:
     if len(sys.argv) != 2:
         print(f"usage: python -m {module} SPEC.json", file=sys.stderr)
         sys.exit(2)
-    from embodied_r.faults import PARENT_PID_ENV, die_with_parent
+    from embodied_r.children import PARENT_PID_ENV, die_with_parent
 
     # A trainer must not outlive the run that started it (kill -9 included).
     die_with_parent(int(os.environ.get(PARENT_PID_ENV) or 0) or None)
@@ -133,4 +133,3 @@ def end_process_group() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
-

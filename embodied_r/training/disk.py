@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from embodied_r.faults import NotTransient, size_text
+from embodied_r.errors import DiskSpaceError
+from embodied_r.paths import size_text
 from embodied_r.training.environment import TrainerEnvironment
 
 log = logging.getLogger(__name__)
@@ -28,10 +29,6 @@ log = logging.getLogger(__name__)
 GB = 1e9
 ADAM_STATES = 8  # two fp32 moments per trained parameter
 MASTER_FP32 = 4  # DeepSpeed's fp32 copy of the weights, beside its 16-bit ones
-
-
-class DiskSpaceError(NotTransient, RuntimeError):
-    """Too little free disk for a stage's checkpoints; the message names the knobs."""
 
 
 def _safetensors_header(path: Path) -> dict[str, Any]:

@@ -23,7 +23,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from embodied_r import progress
-from embodied_r.faults import children_deaf_to_ctrl_c
+from embodied_r.children import children_deaf_to_ctrl_c
 from embodied_r.io import read_json, write_json_atomic
 from embodied_r.settings import operational
 from embodied_r.training.multinode import main_node_args
@@ -212,7 +212,7 @@ def _child_env(mlflow_run_id: str | None, uri: str | None = None) -> dict[str, s
     root = str(PROJECT_ROOT)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     env.pop("MLFLOW_RUN_ID", None)
-    from embodied_r.faults import PARENT_PID_ENV
+    from embodied_r.children import PARENT_PID_ENV
 
     env[PARENT_PID_ENV] = str(os.getpid())
     env.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
@@ -231,7 +231,7 @@ PROGRESS_MARK = "[embodied-r progress]"
 
 def progress_callback() -> Any:
     """A TrainerCallback that prints a progress line after each step (main process only) and
-    marks each saved checkpoint as an item boundary (``faults.item_done``)."""
+    marks each saved checkpoint as an item boundary (``io.item_done``)."""
     from transformers import TrainerCallback
 
     class PrintProgress(TrainerCallback):
@@ -240,7 +240,7 @@ def progress_callback() -> Any:
                 print(f"{PROGRESS_MARK} {state.global_step} {state.max_steps}", flush=True)
 
         def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            from embodied_r.faults import item_done
+            from embodied_r.io import item_done
 
             item_done("train")  # a checkpoint is whole once the trainer calls this
 

@@ -19,17 +19,10 @@ import pyarrow.parquet as pq
 from embodied_r import schemas
 from embodied_r.benchmarks.base import ALL_SPLITS, OOD, question_block
 from embodied_r.benchmarks.registry import evaluation_only
-from embodied_r.faults import item_done
+from embodied_r.io import (is_complete, item_done, read_summary, stage_folder, table_from_records, write_parquet_atomic,
+                           write_summary)
 from embodied_r.training.records_config import RecordsConfig
 from embodied_r.scoring.answers import parse_choice, parse_number
-from embodied_r.io import (
-    is_complete,
-    read_summary,
-    stage_folder,
-    table_from_records,
-    write_parquet_atomic,
-    write_summary,
-)
 
 # ``ood``: the evaluation-only benchmarks' questions, which no training stage reads.
 SPLITS = ALL_SPLITS

@@ -23,6 +23,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from embodied_r.errors import SyncMismatch
+
 log = logging.getLogger(__name__)
 
 SYNC_FILE = "vllm_sync.json"
@@ -38,10 +40,6 @@ def engine_dtype(dtype: str) -> None:
     import trl.generation.vllm_generation as generation
 
     generation.LLM = functools.partial(generation.LLM, dtype=dtype)
-
-
-class SyncMismatch(RuntimeError):
-    """The engine's log-probabilities of the probe differ from the policy's beyond the tolerance."""
 
 
 def probe_ids(tokenizer: Any, prompt: list[dict[str, Any]] | str) -> tuple[list[int], int]:

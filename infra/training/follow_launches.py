@@ -23,8 +23,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
+from embodied_r.children import PARENT_PID_ENV  # noqa: E402
 from embodied_r.paths import home  # noqa: E402
-from embodied_r.faults import PARENT_PID_ENV  # noqa: E402
 from embodied_r.training.environment import (LOG_NAME, SPEC_NAME, _child_env, launch_command,  # noqa: E402
                                              read_accelerate_config)
 from embodied_r.training.multinode import for_rank  # noqa: E402
