@@ -215,7 +215,7 @@ def test_the_demo_code_keys_only_the_recipes_that_name_it(moved):
 def test_a_synthetic_twin_keys_only_the_stages_whose_config_says_synthetic():
     twins = {f"{PACKAGE}.synthetic.urban", f"{PACKAGE}.synthetic.vsi"}
     keyed = {(r, sp.name) for r in ("smoke", "paper") for sp in all_plans(Path("/h"))[r].values()
-             if twins <= set(stage_modules(sp.kind, sp.config, sp.inputs))}
+             if twins <= set(stage_modules(kind_of(sp.kind).runner, sp.config, sp.inputs))}
     assert keyed == {("smoke", "download")}  # source: synthetic there, hub in the paper's
 
 
