@@ -224,14 +224,19 @@ def _raw(name_or_path: str | Path, folder: Path, seen: tuple[str, ...] = ()) -> 
 Schema = TypeVar("Schema", bound=BaseModel)
 
 
+def raw_recipe(name_or_path: str | Path, overrides: dict[str, Any] | None = None,
+               folder: Path = RECIPES_DIR) -> dict[str, Any]:
+    """A recipe's settings as written: its ``extends`` chain and ``overrides`` merged, unvalidated."""
+    data = _raw(name_or_path, folder)
+    return deep_merge(data, nested(overrides)) if overrides else data
+
+
 def load_as(schema: type[Schema], name_or_path: str | Path, overrides: dict[str, Any] | None = None, *,
             folder: Path = RECIPES_DIR, reasoner: bool = False) -> Schema:
     """The one recipe loader of both pipelines: a packaged name (in ``folder``) or a YAML
     path, its ``extends`` chain and ``overrides`` merged, the original texts applied
     (``prompts``), validated as ``schema`` with one line naming every wrong entry."""
-    data = _raw(name_or_path, folder)
-    if overrides:
-        data = deep_merge(data, nested(overrides))
+    data = raw_recipe(name_or_path, overrides, folder)
     try:
         data = apply_prompts(data, deep_merge, reasoner=reasoner)
     except PromptsError as exc:

@@ -46,9 +46,10 @@ def _all_overrides(args: argparse.Namespace) -> dict[str, Any]:
 
     merged = parse_overrides(args.set)
     if getattr(args, "seed", None) is not None:
-        from embodied_r.config import load_recipe
+        from embodied_r.config import raw_recipe
 
-        warm = load_recipe(args.recipe, merged or None).warmstart is not None
+        # Read as written: the run validates the recipe once, with the seed in it.
+        warm = raw_recipe(args.recipe, merged or None).get("warmstart") is not None
         merged = deep_merge(merged, seed_overrides(args.seed, warm))
     if getattr(args, "source", None):
         merged = deep_merge(merged, {"download": {
