@@ -12,6 +12,8 @@ import time
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
+from embodied_r.stage_kinds import kind_of_stage
+
 Listener = Callable[[str, int, int], None]
 
 _listeners: list[Listener] = []
@@ -42,6 +44,32 @@ def where(timeout: float = -1) -> tuple[str, int, int] | None:
         return str(_where["stage"]), int(_where.get("done", -1)), int(_where.get("total", -1))  # type: ignore[call-overload]
     finally:
         _lock.release()
+
+
+def stopped_line(stopped: str) -> str:
+    """The one line of a run stopped under way (``interrupted``, ``cancelled``): where it was."""
+    at = where(timeout=0.5)
+    if at is None:
+        return f"{stopped} before any stage started; rerun to start again"
+    stage, done, total = at
+    if done < 0:
+        return f"{stopped} during {stage}, before its first item finished; rerun to resume"
+    kind = kind_of_stage(stage)
+    return f"{stopped} during {stage}: {done} of {total} {kind.unit if kind else 'items'} done; rerun to resume"
+
+
+def keep(count: int) -> None:
+    """``count`` items of the stage under way came back from the log of an interrupted run; its
+    done line says so."""
+    if count:
+        with _lock:
+            _where["kept"] = int(_where.get("kept", 0)) + count  # type: ignore[call-overload]
+
+
+def kept() -> int:
+    """The items the stage under way kept from an interrupted run (``keep``)."""
+    with _lock:
+        return int(_where.get("kept", 0))  # type: ignore[call-overload]
 
 
 def update(stage: str, done: int, total: int) -> None:
