@@ -12,6 +12,7 @@ import time
 from contextlib import contextmanager
 from typing import Callable, Iterator
 
+
 Listener = Callable[[str, int, int], None]
 
 _listeners: list[Listener] = []
@@ -23,11 +24,11 @@ log = logging.getLogger(__name__)
 _where: dict[str, object] = {}
 
 
-def begin(stage: str) -> None:
-    """``stage`` has started (its counts come with its first ``update``)."""
+def begin(stage: str, unit: str = "items") -> None:
+    """``stage`` has started (its counts come with its first ``update``); ``unit`` is what it counts."""
     with _lock:
         _where.clear()
-        _where["stage"] = stage
+        _where.update(stage=stage, unit=unit)
 
 
 def where(timeout: float = -1) -> tuple[str, int, int] | None:
@@ -42,6 +43,32 @@ def where(timeout: float = -1) -> tuple[str, int, int] | None:
         return str(_where["stage"]), int(_where.get("done", -1)), int(_where.get("total", -1))  # type: ignore[call-overload]
     finally:
         _lock.release()
+
+
+def stopped_line(stopped: str) -> str:
+    """The one line of a run stopped under way (``interrupted``, ``cancelled``): where it was."""
+    at = where(timeout=0.5)
+    if at is None:
+        return f"{stopped} before any stage started; rerun to start again"
+    stage, done, total = at
+    if done < 0:
+        return f"{stopped} during {stage}, before its first item finished; rerun to resume"
+    unit = _where.get("unit", "items")  # read without the lock, which the stopped run may hold
+    return f"{stopped} during {stage}: {done} of {total} {unit} done; rerun to resume"
+
+
+def keep(count: int) -> None:
+    """``count`` items of the stage under way came back from the log of an interrupted run; its
+    done line says so."""
+    if count:
+        with _lock:
+            _where["kept"] = int(_where.get("kept", 0)) + count  # type: ignore[call-overload]
+
+
+def kept() -> int:
+    """The items the stage under way kept from an interrupted run (``keep``)."""
+    with _lock:
+        return int(_where.get("kept", 0))  # type: ignore[call-overload]
 
 
 def update(stage: str, done: int, total: int) -> None:

@@ -1,44 +1,32 @@
-"""The registry of stage runners, and each stage's code version.
-
-The pipeline reaches a stage only through the table of stage kinds (``stage_kinds``): a kind
-names the function that runs it, as ``module:function``, imported when the stage runs. No
-stage package is imported to plan a run.
-
-A runner takes ``(out, config, inputs, mlflow_run_id)``: the stage folder, the stage's own
-config as a dict, its named inputs (paths or model references) and the MLflow run it may
-log into; it returns the stage's summary.
-
-A stage's code version hashes every library module its runner runs for the stage's own
-config and inputs: the modules it imports, directly or through other modules, at module
-level or inside a function; those it names in a string to start or import (a trainer child,
-``python -m MODULE``); and those the stage's config or inputs reach by a word, through a
-module's ``BY_NAME`` table. Such a table is a dict literal of ``word: "module:attribute"``
-(the backend ``kind: world``, the model reference ``tiny:lm``; a word ending in ``:`` names
-every reference that starts with it), and its entries join a key only where the stage's
-config or inputs say the word, so the demo's builders key only the stages that build them.
-The set is read from the code, so a module that a stage starts using joins its key without
-anyone keeping a list.
-
-A module is hashed as its parse tree less its docstrings: comments, docstrings and layout
-never move a key; any change to what the code does does.
-"""
+"""The registry of stage runners (``module:function`` in the stage kinds' table), and each stage's
+code key: the digest, less docstrings, of every library module its runner reaches for its config
+and inputs (imports, modules named in strings, the ``BY_NAME`` entries its words pick), kept on
+disk by file size and mtime so that a plan on unchanged code parses nothing."""
 
 from __future__ import annotations
 
 import ast
+import gc
 import hashlib
 import importlib
 import importlib.util
+import json
+import os
+import sys
 import threading
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
+
+from embodied_r.paths import home
 
 PACKAGE = "embodied_r"
 # A stage kind's declaration: how it is scheduled and described, not what it computes.
 DECLARATION = "StageKind"
 TABLE = "BY_NAME"
 
+# A runner takes the stage folder, the stage's config, its named inputs (paths or model
+# references) and the MLflow run it may log into, and returns the stage's summary.
 Runner = Callable[[Path, dict[str, Any], dict[str, str], "str | None"], dict[str, Any]]
 
 
@@ -83,51 +71,140 @@ def _is_module(name: str) -> bool:
     return _source(name) is not None
 
 
-# CPython 3.11's parser is not safe to enter from several threads at once (Prefect runs
-# tasks and its own services in threads), so sources are parsed one at a time.
+# CPython before 3.11.8 keeps the AST constructor's recursion depth in state the interpreter
+# shares (gh-106905). The constructor runs no Python code but a garbage collection's finalizers,
+# where the GIL can pass to another thread; if that thread parses too (a traceback's carets do),
+# the depth is reset under this parse and it raises "recursion depth mismatch". With collection
+# held off, no other thread runs until the tree is built. The lock keeps two of ours from
+# turning collection back on under each other.
 _PARSE_LOCK = threading.Lock()
 
 
 def _parse(source: str, filename: str = "<unknown>") -> ast.Module:
     with _PARSE_LOCK:
-        return ast.parse(source, filename)
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            return ast.parse(source, filename)
+        finally:
+            if collecting:
+                gc.enable()
+
+
+class _Facts(NamedTuple):
+    """What the code keys read of one source file: its digest, the library modules it may
+    import or name (kept whether or not they exist, which other files decide) and its table."""
+
+    digest: str
+    imports: tuple[str, ...]
+    names: tuple[str, ...]
+    table: tuple[tuple[str, str], ...]
+    table_error: str | None
+
+
+# Facts are kept on disk by file path, size and mtime_ns, one file per Python release and per
+# version of this module, so a plan on unchanged code parses nothing.
+_CACHE_FORMAT = 1
+_disk: dict[str, list] | None = None
+_dirty = False
+
+
+def _cache_file() -> Path:
+    return home() / "cache" / "code-keys" / f"{sys.implementation.cache_tag}.json"
 
 
 @lru_cache(maxsize=None)
-def _tree(module: str) -> ast.Module | None:
-    path = _source(module)
-    return None if path is None else _parse(path.read_text(), str(path))
+def _analyser() -> str:
+    return hashlib.sha256(f"{_CACHE_FORMAT}:".encode() + Path(__file__).read_bytes()).hexdigest()[:16]
 
 
-def reread() -> None:
-    """Forget every source read, as after the library's files changed on disk."""
-    for cached in (_source, _tree, imports_of, launches_of, tables_of, closure, module_version):
-        cached.cache_clear()
+def _cached() -> dict[str, list]:
+    global _disk
+    if _disk is None:
+        try:
+            held = json.loads(_cache_file().read_text())
+            _disk = held["files"] if held.get("analyser") == _analyser() else {}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            _disk = {}
+    return _disk
 
 
-@lru_cache(maxsize=None)
-def imports_of(module: str) -> frozenset[str]:
-    """The library modules ``module`` imports itself, anywhere in its source."""
-    tree = _tree(module)
-    if tree is None:
-        return frozenset()
-    found: set[str] = set()
-    package = module if _source(module).name == "__init__.py" else module.rpartition(".")[0]
+def _flush() -> None:
+    """Write the facts read fresh since the last write (a home that cannot be written keeps no
+    cache: the keys are the same, only slower to get)."""
+    global _dirty
+    if not _dirty:
+        return
+    _dirty = False
+    files = {path: entry for path, entry in _cached().items() if os.path.exists(path)}
+    target = _cache_file()
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"analyser": _analyser(), "files": files}))
+        os.replace(tmp, target)
+    except OSError:
+        pass
+
+
+def _read(module: str, path: Path, tree: ast.Module) -> _Facts:
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    imports: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
+            imports.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
                 parts = package.split(".")
                 base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
             # ``from pkg import mod`` imports a module; ``from mod import name`` does not.
-            names = [base] + [f"{base}.{alias.name}" for alias in node.names]
-        else:
-            continue
-        for name in names:
-            if (name == PACKAGE or name.startswith(PACKAGE + ".")) and _is_module(name):
-                found.add(name)
+            imports.update([base] + [f"{base}.{alias.name}" for alias in node.names])
+    table = _table(tree)
+    skipped = _docstrings(tree) | {id(n) for top in [table, *_declarations(tree)] if top for n in ast.walk(top)}
+    names = {name for node in ast.walk(tree) if isinstance(node, ast.Constant) and isinstance(node.value, str)
+             and id(node) not in skipped and (name := named_module(node.value))}
+    try:
+        entries, error = _entries(module, tree, table), None
+    except ValueError as exc:
+        entries, error = (), str(exc)
+    ours = sorted(n for n in imports if n == PACKAGE or n.startswith(PACKAGE + "."))
+    return _Facts(_digest(tree), tuple(ours), tuple(sorted(names)), entries, error)
+
+
+@lru_cache(maxsize=None)
+def _facts(module: str) -> _Facts | None:
+    global _dirty
+    path = _source(module)
+    if path is None:
+        return None
+    stat = path.stat()
+    held = _cached().get(str(path))
+    if held is not None and held[:2] == [stat.st_size, stat.st_mtime_ns]:
+        digest, imports, names, table, error = held[2:]
+        return _Facts(digest, tuple(imports), tuple(names), tuple(map(tuple, table)), error)
+    facts = _read(module, path, _parse(path.read_text(), str(path)))
+    _cached()[str(path)] = [stat.st_size, stat.st_mtime_ns, *facts]
+    _dirty = True
+    return facts
+
+
+def reread() -> None:
+    """Forget every source read, as after the library's files changed on disk."""
+    global _disk, _dirty
+    _flush()
+    _disk, _dirty = None, False
+    for cached in (_source, _facts, imports_of, launches_of, tables_of, closure, module_version):
+        cached.cache_clear()
+
+
+@lru_cache(maxsize=None)
+def imports_of(module: str) -> frozenset[str]:
+    """The library modules ``module`` imports itself, anywhere in its source."""
+    facts = _facts(module)
+    if facts is None:
+        return frozenset()
+    found = {name for name in facts.imports if _is_module(name)}
     # Importing a module runs its packages' __init__ files too.
     parts = module.split(".")
     found.update(p for p in (".".join(parts[:i]) for i in range(1, len(parts))) if _is_module(p))
@@ -157,12 +234,7 @@ def _table(tree: ast.Module) -> ast.Dict | None:
                  and any(isinstance(t, ast.Name) and t.id == TABLE for t in node.targets)), None)
 
 
-@lru_cache(maxsize=None)
-def tables_of(module: str) -> tuple[tuple[str, str], ...]:
-    """``(word, module)`` for each entry of ``module``'s ``BY_NAME`` table: the code a word of a
-    recipe runs. A key may be a module-level name bound to a string (``TINY_PREFIX``)."""
-    tree = _tree(module)
-    table = _table(tree) if tree is not None else None
+def _entries(module: str, tree: ast.Module, table: ast.Dict | None) -> tuple[tuple[str, str], ...]:
     if table is None:
         return ()
     constants = {t.id: node.value.value for node in tree.body if isinstance(node, ast.Assign)
@@ -183,20 +255,28 @@ def tables_of(module: str) -> tuple[tuple[str, str], ...]:
 
 
 @lru_cache(maxsize=None)
+def tables_of(module: str) -> tuple[tuple[str, str], ...]:
+    """``(word, module)`` for each entry of ``module``'s ``BY_NAME`` table: the code a word of a
+    recipe runs. A key may be a module-level name bound to a string (``TINY_PREFIX``)."""
+    facts = _facts(module)
+    if facts is None:
+        return ()
+    if facts.table_error:
+        raise ValueError(facts.table_error)
+    return facts.table
+
+
+@lru_cache(maxsize=None)
 def launches_of(module: str) -> frozenset[str]:
     """The library modules ``module`` names in a string: a trainer child it starts as
     ``python -m embodied_r.training.grpo``, or a module whose code it runs by name, runs that
     module's code as surely as an import. The entries of its ``BY_NAME`` table are not among
     them: those run only where a recipe says their word (``closure``). Nor are the stage
     table's: each stage runs its own kind's runner, from which its key starts."""
-    tree = _tree(module)
-    if tree is None:
+    facts = _facts(module)
+    if facts is None:
         return frozenset()
-    table = _table(tree)
-    skipped = _docstrings(tree) | {id(n) for top in [table, *_declarations(tree)] if top for n in ast.walk(top)}
-    named = (named_module(node.value) for node in ast.walk(tree)
-             if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in skipped)
-    return frozenset(name for name in named if name and name != module and _is_module(name))
+    return frozenset(name for name in facts.names if name != module and _is_module(name))
 
 
 def said(value: Any) -> frozenset[str]:
@@ -215,7 +295,8 @@ def _says(words: frozenset[str], word: str) -> bool:
 @lru_cache(maxsize=None)
 def closure(module: str, words: frozenset[str] = frozenset()) -> tuple[str, ...]:
     """``module`` and every library module it reaches through imports, launches and the
-    ``BY_NAME`` entries whose word is among ``words``, sorted."""
+    ``BY_NAME`` entries whose word is among ``words`` (a word ending in ``:`` names every
+    reference that starts with it), sorted."""
     seen = {module}
     todo = [module]
     while todo:
@@ -225,6 +306,7 @@ def closure(module: str, words: frozenset[str] = frozenset()) -> tuple[str, ...]
             if dep not in seen:
                 seen.add(dep)
                 todo.append(dep)
+    _flush()
     return tuple(sorted(seen))
 
 
@@ -264,17 +346,18 @@ def module_version(module: str) -> str:
     """sha256 of one module's code (``module`` dotted, with or without the package); a module
     that does not exist is an error, never a constant hash."""
     name = module if module.startswith(PACKAGE) or _source(module) else f"{PACKAGE}.{module}"
-    tree = _tree(name)
-    if tree is None:
+    facts = _facts(name)
+    if facts is None:
         raise ValueError(f"no library module {name!r} to hash (moved or renamed? its name is kept "
                          "as a string somewhere)")
-    return _digest(tree)
+    return facts.digest
 
 
 def modules_version(modules: tuple[str, ...] | list[str]) -> str:
     h = hashlib.sha256()
     for name in sorted(modules):
         h.update(f"{name}={module_version(name)}\n".encode())
+    _flush()
     return h.hexdigest()
 
 

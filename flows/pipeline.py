@@ -8,6 +8,7 @@ from typing import Any, Literal
 from prefect import flow
 
 from embodied_r.stage_kinds import kinds
+from flows.cancel_watch import watch_cancel
 from flows.prefect_views import flow_run_name, publish_result, tag_flow_run
 from flows.runner import given_plan, run_plan
 from flows.shards import dispatch_kind, stage_parameters
@@ -46,6 +47,7 @@ def embodied_r(recipe: str = "demo", refresh: list[str] | None = None,
     default). ``plan``: the run's plan, made by whoever started it (the CLI); without one it
     is made here, once, and handed to every stage.
     """
+    watch_cancel()
     stages = given_plan(plan, "embodied-r", recipe, overrides, home)
     tag_flow_run(stages.recipe_name)
     send = None

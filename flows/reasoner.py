@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from prefect import flow
 
+from flows.cancel_watch import watch_cancel
 from flows.runner import given_plan, run_deployment_of, run_plan
 
 
@@ -24,6 +25,7 @@ def reasoner_stage(stages: list[str], recipe: str = "reasoner-demo", refresh: bo
                    mlflow_parent_run_id: str | None = None, plan: dict[str, Any] | None = None) -> dict[str, Any]:
     """Named stages alone (their inputs must exist), as a pool's deployment runs them, or a
     rerun by hand; ``refresh`` recomputes them and discards what reads them."""
+    watch_cancel()
     made = given_plan(plan, "embodied-reasoner", recipe, overrides, home)
     return run_plan(made, only=stages, refresh=stages if refresh else None, parent_run_id=mlflow_parent_run_id)
 
@@ -35,6 +37,7 @@ def embodied_reasoner(recipe: str = "reasoner-demo", only: list[str] | None = No
                       plan: dict[str, Any] | None = None) -> dict[str, Any]:
     """The whole Embodied-Reasoner pipeline (see the module doc); ``plan``: the run's plan,
     made by whoever started it, else here."""
+    watch_cancel()
     stages = given_plan(plan, "embodied-reasoner", recipe, overrides, home)
     if dispatch == "local":
         return run_plan(stages, only=only, refresh=refresh)

@@ -11,6 +11,7 @@ from prefect.states import Completed, State
 from embodied_r.evaluation.registry import CHAMPION, alias_version, parse_model_uri
 from embodied_r.tracking import Tracker, record_stage, tracking_uri
 from embodied_r.tracking_store import check_store
+from flows.cancel_watch import watch_cancel
 from flows.runner import flow_run_id, plan_of, recipe_of, scoped_env
 
 # A model given as ``@alias`` names that alias of the recipe's own registered model, so a
@@ -41,6 +42,7 @@ def reevaluate(model: str = DEFAULT_MODEL, recipe: str = "demo", split: str = "t
     call. ``model`` is ``@<alias>`` of the recipe's registered model (``@champion``), a
     registry URI (``models:/embodied-r-reasoner/3``) or a folder. Before the alias exists the
     run ends ``Skipped`` with one line saying how to promote a model."""
+    watch_cancel()
     from prefect.artifacts import create_table_artifact
 
     from embodied_r.lifecycle.models import evaluate_model

@@ -9,6 +9,7 @@ from typing import Any, Callable
 from prefect import flow
 
 from embodied_r.stage_kinds import kind_of, kinds
+from flows.cancel_watch import watch_cancel
 from flows.prefect_views import flow_run_name, publish_result, tag_flow_run
 from flows.runner import given_plan, run_plan
 from flows.shards import run_shard
@@ -17,6 +18,7 @@ from flows.shards import run_shard
 def run_stage_kind(kind: str, recipe: str, refresh: bool, overrides: dict[str, Any] | None,
                    home: str | None, mlflow_parent_run_id: str | None, shard: str | None = None,
                    plan: dict[str, Any] | None = None) -> dict[str, Any]:
+    watch_cancel()
     stages = given_plan(plan, "embodied-r", recipe, overrides, home)
     tag_flow_run(stages.recipe_name)
     if shard:

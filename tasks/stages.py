@@ -102,7 +102,7 @@ def run_stage(stage: dict[str, Any], tracker: Tracker | None = None) -> dict[str
         with tracker.guard(sp.name):
             run_id = tracker.start_stage(sp.name, params(sp), tags={"stage_key": sp.key, "output": sp.out})
     _announce(sp, "started")
-    progress.begin(sp.name)
+    progress.begin(sp.name, kind_of(sp.kind).unit)
     started = time.monotonic()
     try:
         with progress.listening(progress.Throttled(_ProgressArtifact(sp.name), seconds=2.0)):
@@ -133,7 +133,8 @@ def run_stage(stage: dict[str, Any], tracker: Tracker | None = None) -> dict[str
                 tracker.set_tags(run_id, {SIGNATURES_TAG: "\n".join(signatures)})
             tracker.finish(run_id)
     _announce(sp, "done", time.monotonic() - started,
-              "; ".join(part for part in (_headline(sp.kind, summary), _left_out(sp, summary)) if part))
+              "; ".join(part for part in ((_headline(sp.kind, summary) + _kept(sp.kind, summary)).strip(),
+                                          _left_out(sp, summary)) if part))
     say_signatures(signatures)
     try:
         create_markdown_artifact(_markdown(sp, summary), key=f"{sp.name.replace('_', '-')}-summary",
@@ -198,6 +199,14 @@ def _headline(kind: str, summary: dict[str, Any]) -> str:
     done = summary.get("done")
     return f"{done} done, {failed} failed" if isinstance(done, int) and isinstance(failed, int) else ""
 
+
+def _kept(kind: str, summary: dict[str, Any]) -> str:
+    """What a resumed stage kept of the run it resumes: the items of its log, or the steps of a
+    trainer's checkpoint."""
+    count = progress.kept() or summary.get("resumed_from_step")
+    if not isinstance(count, int) or isinstance(count, bool) or count <= 0:
+        return ""
+    return f" ({count} {kind_of(kind).unit} kept from the interrupted run)"
 
 
 def _worth_retrying(task: Any, task_run: Any, state: Any) -> bool:

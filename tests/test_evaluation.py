@@ -11,7 +11,7 @@ from typing import Any, Callable, Iterator
 import pyarrow.parquet as pq
 import pytest
 
-from embodied_r import schemas
+from embodied_r import progress, schemas
 from embodied_r.backends.base import BackendConfig
 from embodied_r.evaluation.config import EvaluationConfig
 from embodied_r.evaluation.stage import run_evaluation
@@ -107,8 +107,10 @@ def test_evaluation_resumes_after_a_crash(records: Path, tiny_lm_path: Path, tmp
             "answer_type": "choice", "completion": "<think>ahead</think><answer>C</answer>", "prediction": "C",
             "score": 1.0, "completion_tokens": 9, "consistent": None}
     ItemLog(partial_path(out) / "items.jsonl", key="uid").append(done)
+    progress.begin("evaluate")
     summary = run_evaluation(records, str(tiny_lm_path), out, _cfg())
     assert summary["done"] == 6
+    assert progress.kept() == 1  # said on the stage's done line
     preds = {p["uid"]: p for p in pq.read_table(out / "predictions.parquet").to_pylist()}
     assert preds["urbanvideo:2"]["completion"] == done["completion"]  # not generated again
     assert summary["accuracy/overall"] >= 1 / 6

@@ -136,7 +136,9 @@ def on_done(row):
         os.kill(os.getpid(), signal.SIGKILL)
 rows, ran = evaluate_cases(cases, HouseholdEnvironment, replay_generator(cases), Path(sys.argv[1]),
                            EpisodeConfig(), batch=3, shards=2, on_done=on_done)
-print(json.dumps({"ran": ran, "identities": [r["identity"] for r in rows], "success": [r["success"] for r in rows]}))
+from embodied_r import progress
+print(json.dumps({"ran": ran, "kept": progress.kept(), "identities": [r["identity"] for r in rows],
+                  "success": [r["success"] for r in rows]}))
 """
 
 
@@ -153,6 +155,7 @@ def test_a_killed_evaluation_resumes_without_redoing_or_losing_a_task(tmp_path):
     assert rerun.returncode == 0, rerun.stderr[-2000:]
     result = json.loads(rerun.stdout.strip().splitlines()[-1])
     assert result["ran"] == 8 - 3  # none redone
+    assert result["kept"] == 3  # and the done line says so
     assert result["identities"] == [c["identity"] for c in make_test_cases(8, seed=3)]  # none lost
     lines = [json.loads(line)["identity"] for p in work.glob("results.shard-*") for line in p.read_text().splitlines()]
     assert sorted(lines) == sorted(result["identities"])  # each task logged once

@@ -137,6 +137,8 @@ def test_ctrl_c_during_key_frames_stops_at_once(home: Path, tmp_path: Path) -> N
     _assert_clean(rc, took, text, children, signal.SIGINT, "interrupted during keyframes: 2 of ")
     again = _run(home, "keyframes", "--recipe", str(recipe))
     assert again.returncode == 0, again.stderr[-3000:]
+    # Its done line says what it kept of the interrupted run: the 2 videos logged before the stall.
+    assert "done, 0 failed (2 videos kept from the interrupted run)" in again.stdout, again.stdout[-3000:]
 
 
 def _logged(home: Path) -> int:
@@ -167,6 +169,7 @@ def test_a_signal_during_perception_stops_at_once_and_the_rerun_resumes(home: Pa
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     summary = json.loads(next((home / "stages" / "perception").glob("*/summary.json")).read_text())
     assert summary["calls"] == total and len(fast.bodies) == total - logged
+    assert f"({logged} calls kept from the interrupted run)" in resumed.stdout, resumed.stdout[-3000:]
 
 
 def _key_frames_done(home: Path, tmp: Path, url: str) -> Path:

@@ -34,3 +34,18 @@ def test_trainer_progress_lines_become_updates_and_stay_out_of_the_output(tmp_pa
     assert rc == 0
     assert heard == [("stage1", 1, 4), ("stage1", 4, 4)]
     assert capsys.readouterr().out == "loss 0.5\n"
+
+
+def test_a_resumed_stage_says_on_its_done_line_what_it_kept():
+    """The items a stage read back from an interrupted run's log (``progress.keep``), or the
+    checkpoint a trainer resumed from, in the stage's unit; nothing for a fresh stage."""
+    from tasks.stages import _kept
+
+    progress.begin("keyframes")
+    assert _kept("keyframes", {}) == ""
+    progress.keep(70)
+    progress.keep(3)  # a second shard's log
+    assert _kept("keyframes", {}) == " (73 videos kept from the interrupted run)"
+    progress.begin("train_stage1")  # the next stage starts with nothing kept
+    assert _kept("train", {"resumed_from_step": 0}) == ""
+    assert _kept("train", {"resumed_from_step": 2}) == " (2 steps kept from the interrupted run)"

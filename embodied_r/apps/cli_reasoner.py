@@ -160,8 +160,7 @@ def cmd_reasoner(args: argparse.Namespace) -> int:
     from embodied_r.pipeline import plan
     from flows.reasoner import embodied_reasoner
 
-    # A bad recipe fails before Prefect starts; planning here also hashes the code once,
-    # before Prefect's threads run (CPython 3.11's ast.parse is not safe beside them).
+    # A bad recipe fails before Prefect starts, and the run's plan is made once, here.
     overrides = parse_overrides(args.set)
     if args.seed is not None:
         overrides = deep_merge(overrides, seed_overrides(args.seed))

@@ -35,24 +35,6 @@ GRACE_S = 2.0
 _stopping = threading.Lock()
 
 
-def _unit(stage: str) -> str:
-    """What the stage's kind counts in its progress (``StageKind.unit``)."""
-    from embodied_r.stage_kinds import kind_of_stage  # only once a run is stopped
-
-    kind = kind_of_stage(stage)
-    return kind.unit if kind else "items"
-
-
-def message(where: tuple[str, int, int] | None) -> str:
-    """The line printed on interrupt, from ``progress.where()``."""
-    if where is None:
-        return "interrupted before any stage started; rerun to start again"
-    stage, done, total = where
-    if done < 0:
-        return f"interrupted during {stage}, before its first item finished; rerun to resume"
-    return f"interrupted during {stage}: {done} of {total} {_unit(stage)} done; rerun to resume"
-
-
 def _end_children() -> None:
     """SIGKILL every process this one started, at any depth, and wait until they are gone.
     A kill is what every stage is built to survive; a gentler signal would let each child
@@ -77,7 +59,7 @@ def _end_children() -> None:
 
 def stop(signum: int) -> None:
     """Say where the run stopped, end its processes and exit with 128 + ``signum``."""
-    end(lambda: message(progress.where(timeout=0.5)), "interrupted; rerun to resume", 128 + signum)
+    end(lambda: progress.stopped_line("interrupted"), "interrupted; rerun to resume", 128 + signum)
 
 
 def end(line: Callable[[], str], fallback: str, status: int) -> None:

@@ -175,6 +175,7 @@ def _work(work: Path, records: list[dict[str, Any]], backend_cfg: BackendConfig,
     log = ItemLog(work / "items.jsonl", key="uid", validate=_valid_row)
     done = log.done_ids()
     pending = [r for r in records if r["uid"] not in done]
+    progress.keep(len(done))
     failures: list[dict[str, str]] = []
     backend = make_backend(backend_cfg) if pending else None
     judge = make_backend(cfg.consistency_judge) if (pending and cfg.consistency_judge is not None) else None

@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Callable
 
+from embodied_r import progress
 from embodied_r.interactive.environment import Environment
 from embodied_r.interactive.episode import EpisodeConfig, Generate, embedding_matcher, run_episodes
 from embodied_r.io import ItemLog
@@ -51,6 +52,7 @@ def evaluate_cases(cases: list[dict[str, Any]], make_env: Callable[[], Environme
     finished: dict[str, dict[str, Any]] = {}
     for path in sorted(work.glob("results.shard-*-of-*.jsonl")):
         finished.update({str(r[KEY]): r for r in ItemLog(path, key=KEY).read() if _complete(r)})
+    progress.keep(sum(1 for c in cases if str(c[KEY]) in finished))
     ran = 0
     by_shard: dict[int, list[dict[str, Any]]] = {}
     for c in cases:

@@ -181,6 +181,7 @@ def _work(videos: list[tuple[str, str]], work: Path, cfg: KeyframeConfig) -> int
     log = ItemLog(work / "items.jsonl", key="video_id")
     done = log.done_ids()
     todo = [(v, p) for v, p in videos if v not in done]
+    progress.keep(len(done))
     cache = str(cache_root(cfg)) if cfg.cache else None
     cores = os.cpu_count() or 1
     workers = max(1, min(cfg.workers or cores, len(todo)))

@@ -204,9 +204,9 @@ def _work(work: Path, ready: list[Question], cfg: PerceptionConfig, catalog: Pat
     Returns the run's counters and the reasons of the calls that failed (call key -> error)."""
     item_log = ItemLog(work / "items.jsonl", key="key", validate=_valid_entry)
     done = {rec["key"]: rec for rec in item_log.read()}
-    mode = cfg.plan()
-    calls = mode.calls(ready)
+    calls = cfg.plan().calls(ready)
     pending = [c for c in calls if c.key not in done]
+    progress.keep(len(done))
     stats: dict[str, Any] = {k: 0 for k in RUN_COUNTERS}
     if not pending:
         return {**stats, "errors": {}, "done": len(done), "failed": 0}
