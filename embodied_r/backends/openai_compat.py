@@ -199,7 +199,6 @@ class OpenAIBackend:
         self._client: openai.AsyncOpenAI | None = openai.AsyncOpenAI(
             api_key=key, base_url=self._pool.servers[0].base_url, max_retries=0, timeout=cfg.timeout_s,
             http_client=http)
-        self._clients = {s.base_url: self._client.with_options(base_url=s.base_url) for s in self._pool.servers}
         # (reason, delay in seconds) of every retry, for summaries and tests.
         self.retry_log: list[tuple[str, float]] = []
         # Set once the server has refused response_format; later calls go without it.
@@ -224,10 +223,10 @@ class OpenAIBackend:
                 request[name] = value
         return request
 
-    async def _send(self, base_url: str, request: dict[str, Any], max_new_tokens: int) -> Generation:
-        # The body as it is, read back raw: the package's typed parameters and reply would
-        # double the CPU a call costs (``benchmarks/perception_throughput.py``).
-        reply = await self._clients[base_url].post("/chat/completions", cast_to=httpx2.Response, body=request)
+    async def _send(self, server: Server, request: dict[str, Any], max_new_tokens: int) -> Generation:
+        # The body as it is, to the server's own URL, read back raw: the package's typed
+        # parameters and reply would double the CPU a call costs (``benchmarks/perception_throughput.py``).
+        reply = await self._client.post(f"{server.base_url}/chat/completions", cast_to=httpx2.Response, body=request)
         try:
             data = json.loads(reply.content)
         except ValueError:
@@ -267,7 +266,7 @@ class OpenAIBackend:
             else:
                 request.pop("response_format", None)
             try:
-                generation = await self._send(server.base_url, request, max_new_tokens)
+                generation = await self._send(server, request, max_new_tokens)
             except Exception as exc:  # noqa: BLE001 - every failure is told apart below
                 failure = exc
             else:
@@ -302,7 +301,7 @@ class OpenAIBackend:
             if self.outage is not None:
                 return Generation(text="", error=f"not sent: {self.outage}", error_kind="infra")
             failed = await self._try(request, schema, max_new_tokens)
-            if isinstance(failed, Generation):
+            if isinstance(failed, Generation):  # it did not fail
                 return failed
             error, reason = failed.error, failed.reason
             if failed.left_out:
