@@ -49,7 +49,7 @@ EMPTY_REPLY = "empty_reply"
 _STRUCTURED_WORDS = ("response_format", "json_schema", "structured output", "guided")
 
 
-class NoResult(Exception):
+class BadReply(Exception):
     """A 2xx reply that is no result: not a chat completion ("malformed"), or one without
     text (``EMPTY_REPLY``)."""
 
@@ -129,7 +129,7 @@ def _failure(exc: Exception, timeout_s: float) -> tuple[str, str | None, str | N
         if status in RETRIED_STATUSES or status >= 500:
             return error, f"http {status}", FAULT if status >= 500 else None, retry_after_seconds(exc.response.headers)
         return error, None, None, None
-    reason = exc.reason if isinstance(exc, NoResult) else None
+    reason = exc.reason if isinstance(exc, BadReply) else None
     return f"{type(exc).__name__}: {str(exc) or 'no detail'}", reason, None, None
 
 
@@ -230,20 +230,20 @@ class OpenAIBackend:
         try:
             data = json.loads(reply.content)
         except ValueError:
-            raise NoResult("malformed", f"reply is not JSON: {reply.content[:200]!r}") from None
+            raise BadReply("malformed", f"reply is not JSON: {reply.content[:200]!r}") from None
         if not isinstance(data, dict) or not data.get("choices"):
-            raise NoResult("malformed", f"reply without choices: {reply.content[:200]!r}")
+            raise BadReply("malformed", f"reply without choices: {reply.content[:200]!r}")
         choice = data["choices"][0]
         message = (choice.get("message") if isinstance(choice, dict) else None) or {}
         content = message.get("content") if isinstance(message, dict) else None
         if content is not None and not isinstance(content, str):
             # Logged as it came, a list or number here would break every resume that replays it.
-            raise NoResult("malformed", f"reply content is a {type(content).__name__}, not text")
+            raise BadReply("malformed", f"reply content is a {type(content).__name__}, not text")
         if not (content or "").strip():
             # Taken as a result, an empty text would become an empty perception or a wrong
             # answer, and look like one. Servers that put the text elsewhere (a reasoning
             # parser's reasoning_content) answer so for every call.
-            raise NoResult(EMPTY_REPLY, f"the server replied with {'null' if content is None else 'empty'} "
+            raise BadReply(EMPTY_REPLY, f"the server replied with {'null' if content is None else 'empty'} "
                                         f"content (finish_reason {choice.get('finish_reason')!r})")
         usage = data.get("usage") or {}
         limit = max_new_tokens * MAX_CHARS_PER_TOKEN
