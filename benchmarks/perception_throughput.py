@@ -10,16 +10,23 @@ With ``--servers 1,2,4`` it starts that many such servers instead and sends the 
 through one backend with ``base_urls``, ``--concurrency`` calls in flight per server,
 each count of servers compared with one server; the target is again 0.8 x the count.
 
+With ``--against CHECKOUT`` each level is measured in fresh processes, alternately with this
+checkout's code and another's (an older commit), against the same servers, ``--repeats``
+times each; it prints both rates and their ratio, the target being ``--min-ratio``.
+
     python benchmarks/perception_throughput.py                 # text calls, 100 ms
     python benchmarks/perception_throughput.py --images 2      # two key frames per call
     python benchmarks/perception_throughput.py --servers 1,2,4 --concurrency 8 --images 2
+    python benchmarks/perception_throughput.py --latency-ms 1000 --levels 32,128 --against ../main
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -28,6 +35,7 @@ import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parents[1]
 REPLY = json.dumps({"action": "move forward", "new_info": "a corridor", "question_info": "none"})
 
 
@@ -62,10 +70,12 @@ def serve(port: int, latency_s: float) -> None:
                 "usage": {"prompt_tokens": 100, "completion_tokens": 20, "total_tokens": 120},
             })
 
-    server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
-    server.daemon_threads = True
-    server.request_queue_size = 256  # bursts of new connections at high concurrency
-    server.serve_forever()
+    class Server(ThreadingHTTPServer):
+        daemon_threads = True
+        # Bursts of new connections at high concurrency; read by listen() when the server binds.
+        request_queue_size = 1024
+
+    Server(("127.0.0.1", port), Handler).serve_forever()
 
 
 def free_port() -> int:
@@ -147,6 +157,45 @@ def measure(base_urls: list[str], concurrency: int, calls: int, images: int, fol
     return best
 
 
+def measure_in(checkout: Path, base_urls: list[str], concurrency: int, calls: int, images: int,
+               folder: Path) -> tuple[float, float]:
+    """``measure`` once, in a fresh process that imports the library from ``checkout``."""
+    job = json.dumps({"urls": base_urls, "concurrency": concurrency, "calls": calls, "images": images,
+                      "folder": str(folder)})
+    out = subprocess.run([sys.executable, __file__, "--measure", job], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": str(checkout)}).stdout
+    rate, cpu_ms = json.loads(out.splitlines()[-1])
+    return rate, cpu_ms
+
+
+def compare(args: argparse.Namespace, levels: list[int], urls: list[str], folder: Path) -> int:
+    """Each level measured ``--repeats`` times with each checkout, alternating which goes
+    first, so that load from other work on the machine falls on both alike."""
+    other = Path(args.against).resolve()
+    rows = []
+    for n in levels:
+        calls = max(20, args.rounds * n)
+        runs: dict[Path, list[tuple[float, float]]] = {ROOT: [], other: []}
+        for r in range(args.repeats):
+            for checkout in (ROOT, other) if r % 2 == 0 else (other, ROOT):
+                runs[checkout].append(measure_in(checkout, urls, n, calls, args.images, folder))
+        ratios = [a[0] / b[0] for a, b in zip(runs[ROOT], runs[other])]
+        rows.append((n, calls, [r for r, _ in runs[ROOT]], [r for r, _ in runs[other]], ratios,
+                     statistics.median(c for _, c in runs[ROOT]), statistics.median(c for _, c in runs[other])))
+    print(f"latency {args.latency_ms:.0f} ms per call, {args.images} image(s) per call, {args.repeats} runs each, "
+          f"interleaved; this checkout ({ROOT}) against {other}")
+    print(f"{'concurrency':>11} {'calls':>6} {'calls/s this':>15} {'calls/s other':>15} {'ratio':>17} "
+          f"{'target':>7} {'cpu ms/call':>12}  ok")
+    missed = 0
+    for n, calls, mine, theirs, ratios, cpu_mine, cpu_theirs in rows:
+        ok = statistics.median(ratios) >= args.min_ratio
+        missed += not ok
+        print(f"{n:>11} {calls:>6} {min(mine):>7.1f}-{max(mine):<7.1f} {min(theirs):>7.1f}-{max(theirs):<7.1f} "
+              f"{statistics.median(ratios):>5.3f}x ({min(ratios):.2f}-{max(ratios):.2f}) {args.min_ratio:>6.2f}x "
+              f"{cpu_mine:>5.2f} / {cpu_theirs:<5.2f}  {'yes' if ok else 'NO'}")
+    return 1 if missed else 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--latency-ms", type=float, default=100.0)
@@ -156,11 +205,21 @@ def main() -> int:
     parser.add_argument("--images", type=int, default=0, choices=[0, 1, 2], help="key frames per call")
     parser.add_argument("--servers", help="counts of servers to compare, e.g. 1,2,4 (instead of --levels)")
     parser.add_argument("--concurrency", type=int, default=8, help="with --servers: calls in flight per server")
+    parser.add_argument("--against", help="another checkout of the project: each level's rate with this "
+                                          "checkout's code over that one's (runs per level: --repeats each)")
+    parser.add_argument("--min-ratio", type=float, default=0.95, help="with --against: the target ratio")
     parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--measure", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
         serve(args.serve, args.latency_ms / 1000)
         return 0
+    if args.measure:
+        job = json.loads(args.measure)
+        print(json.dumps(measure(job["urls"], job["concurrency"], job["calls"], job["images"], Path(job["folder"]), 1)))
+        return 0
+    if args.against and args.servers:
+        parser.error("--against compares levels of concurrency on one server; leave out --servers")
 
     by_servers = args.servers is not None
     levels = [int(x) for x in (args.servers if by_servers else args.levels).split(",")]
@@ -172,6 +231,8 @@ def main() -> int:
             procs.append(proc)
             urls.append(url)
         with tempfile.TemporaryDirectory() as tmp:
+            if args.against:
+                return compare(args, levels, urls, Path(tmp))
             baseline = None
             for n in levels:
                 # n servers at a fixed concurrency each, or one server at concurrency n.

@@ -198,9 +198,9 @@ def test_the_demo_is_reached_by_name_only():
     importers = sorted(f"{m} -> {d}" for m, deps in graph().items() if owner(m) in method
                        for d in deps if owner(d) == "demo")
     assert not importers, importers
-    assert ("world", "embodied_r.demo.world_perceiver") in tables_of("embodied_r.backends.factory")
+    assert ("world", "embodied_r.demo.world_perceiver") in tables_of("embodied_r.backends.registry")
     assert ("tiny:", "embodied_r.demo.models") in tables_of("embodied_r.backends.models")
-    assert not launches_of("embodied_r.backends.factory") and not launches_of("embodied_r.backends.models")
+    assert not launches_of("embodied_r.backends.registry") and not launches_of("embodied_r.backends.models")
 
 
 def test_a_module_that_does_not_exist_has_no_version():

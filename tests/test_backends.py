@@ -17,7 +17,7 @@ from PIL import Image
 
 from embodied_r.backends.openai_compat import OpenAIBackend, retry_after_seconds
 from embodied_r.backends.hf_local import TransformersBackend
-from embodied_r.backends.base import BackendConfig
+from embodied_r.backends.base import BackendConfig, Generation
 from embodied_r.backends.factory import make_backend
 from tests.servers import ChatStub, StubReply, completion, serve_on_free_port
 
@@ -181,6 +181,39 @@ def test_bad_config_raises(tmp_path: Path) -> None:
         TransformersBackend(BackendConfig(model=""))
     with pytest.raises(ValueError, match="base_url"):
         OpenAIBackend(BackendConfig(kind="openai", model="m", api_key_env="EMBODIED_R_NO_SUCH_KEY"))
+
+
+class EchoBackend:
+    """A backend that this test alone declares: its class and its registry line."""
+
+    def __init__(self, cfg: BackendConfig):
+        self.cfg = cfg
+
+    def generate(self, conversations, **_):
+        return [Generation(text=c[-1]["content"]) for c in conversations]
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_backend_is_its_class_and_its_registry_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pydantic import ValidationError
+
+    from embodied_r.backends import registry
+
+    with pytest.raises(ValidationError, match="'echo' is no backend kind: use one of transformers, openai"):
+        BackendConfig(kind="echo")
+    monkeypatch.setitem(registry.BY_NAME, "echo", registry.BackendKind(f"{__name__}:EchoBackend", served=True))
+    cfg = BackendConfig(kind="echo", model="m")
+    backend = make_backend(cfg)
+    assert isinstance(backend, EchoBackend) and backend.generate([text_conv("hi")])[0].text == "hi"
+    # What it is comes from its line: served, so it is readied like any served backend.
+    assert cfg.served and not cfg.in_process and not cfg.needs_key and not cfg.stand_in
+    assert "backend 'echo' needs `base_url`" in cfg.unready()
+    kinds = {k: (BackendConfig(kind=k).served, BackendConfig(kind=k).in_process, BackendConfig(kind=k).needs_key)
+             for k in ("transformers", "openai", "vllm", "world")}
+    assert kinds == {"transformers": (False, True, False), "openai": (True, False, True),
+                     "vllm": (False, True, False), "world": (False, False, False)}
 
 
 # -- OpenAI-compatible: a real transformers serve -----------------------------------------

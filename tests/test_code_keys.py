@@ -251,10 +251,10 @@ def _callees(module: str, function: str, depth: int = 1) -> frozenset[tuple[str,
 def _by_name(words: set[str]) -> set[tuple[str, str]]:
     """The code the backends reach for these words, read from their tables as they resolve
     them: a backend kind, a ``tiny:`` reference, its builder."""
-    factory = importlib.import_module(f"{PACKAGE}.backends.factory").BY_NAME
+    backends = importlib.import_module(f"{PACKAGE}.backends.registry").BY_NAME
     models = importlib.import_module(f"{PACKAGE}.backends.models").BY_NAME
     demo = importlib.import_module(f"{PACKAGE}.demo.models").BY_NAME
-    found = [factory[w] for w in words if w in factory]
+    found = [backends[w].target for w in words if w in backends]
     found += [target for w in words for prefix, target in models.items() if w.startswith(prefix)]
     found += [demo[w] for w in words if w in demo]
     return {tuple(t.split(":")) for t in found}

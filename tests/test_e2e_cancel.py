@@ -18,7 +18,7 @@ import prefect.context  # noqa: F401
 import pytest
 from prefect.settings import PREFECT_API_URL, temporary_settings
 
-from embodied_r.faults import STALL_ENV, STALL_MARKER_ENV
+from embodied_r.io import STALL_ENV, STALL_MARKER_ENV
 from tests.servers import background, free_port, wait_http
 
 REPO = Path(__file__).resolve().parents[1]

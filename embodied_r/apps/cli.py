@@ -67,7 +67,7 @@ def _print_ceiling(result: dict[str, Any], recipe: Any) -> None:
     """With the demo's world perceiver: what a scripted reader of the perception text alone
     scores on the evaluated split, the most a reasoner could read out of that text."""
     stages = result.get("stages") or {}
-    if recipe.perception.backend.kind != "world" or not {"preprocess", "perception"} <= set(stages):
+    if not recipe.perception.backend.stand_in or not {"preprocess", "perception"} <= set(stages):
         return
     from embodied_r.demo.ceiling import ceiling
     from embodied_r.scoring.metrics import accuracy_interval, format_accuracy

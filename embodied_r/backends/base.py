@@ -1,17 +1,6 @@
-"""The backend protocol: configuration, conversations, generations and the interface.
-
-One interface, three backends chosen in config:
-- ``transformers``: the model in this process (CPU or GPU);
-- ``openai``: any OpenAI-compatible HTTP endpoint (``vllm serve``, a hosted API,
-  ``transformers serve``);
-- ``vllm``: vLLM in this process (GPU, separate environment);
-- ``world``: the demo's stand-in perceiver (``embodied_r.demo.world_perceiver``), which reports
-  the synthetic benchmark's truth; perception only.
-
-Conversations use the OpenAI chat format. An image part is
-``{"type": "image", "path": "/abs/file.jpg"}``; backends translate it to what their
-model takes (pixels in process, a JPEG data URL over HTTP).
-"""
+"""The backend protocol: configuration, conversations, generations and the interface. The
+backends, and what each is, are the registry's (``backends.registry.BY_NAME``). Conversations
+use the OpenAI chat format; an image part is ``{"type": "image", "path": "/abs/file.jpg"}``."""
 
 from __future__ import annotations
 
@@ -19,8 +8,9 @@ import os
 from dataclasses import dataclass
 from typing import Annotated, Any, Callable, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from embodied_r.backends.registry import BY_NAME
 from embodied_r.redaction import register_secret_env
 from embodied_r.settings import operational
 
@@ -34,8 +24,8 @@ FromModel = Literal["generation_config"]
 class BackendConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    kind: Literal["transformers", "openai", "vllm", "world"] = "transformers"
-    # A local folder, a hub id (only with a download stage) or, for ``openai``, the served name.
+    kind: str = "transformers"  # a word of ``backends.registry.BY_NAME``
+    # A local folder, a hub id (only with a download stage) or, for a served kind, the served name.
     model: str = ""
     # Which server answers and how it is asked (operational: the same model behind another
     # URL, more calls in flight or a longer timeout give the same replies).
@@ -70,6 +60,32 @@ class BackendConfig(BaseModel):
     engine_kwargs: dict[str, Any] = Field(default_factory=dict)
     # world: the stand-in perceiver's error rates (``demo.world_perceiver.WorldErrors``).
     world: dict[str, float] = Field(default_factory=dict)
+
+    @field_validator("kind")
+    @classmethod
+    def _registered(cls, kind: str) -> str:
+        if kind not in BY_NAME:
+            raise ValueError(f"{kind!r} is no backend kind: use one of {', '.join(BY_NAME)}")
+        return kind
+
+    @property
+    def served(self) -> bool:
+        """Over HTTP, by a server that holds the model."""
+        return BY_NAME[self.kind].served
+
+    @property
+    def in_process(self) -> bool:
+        """A model loaded in this process: neither served nor the demo's stand-in."""
+        return not (self.served or self.stand_in)
+
+    @property
+    def needs_key(self) -> bool:
+        return BY_NAME[self.kind].needs_key
+
+    @property
+    def stand_in(self) -> bool:
+        """Not a model: the demo's perceiver, which reports the synthetic benchmark's truth."""
+        return BY_NAME[self.kind].stand_in
 
     @model_validator(mode="after")
     def _known_secret(self) -> "BackendConfig":
@@ -113,13 +129,13 @@ class BackendConfig(BaseModel):
     def unready(self, needs_model: bool = True) -> str | None:
         """What this backend lacks to start in this environment, or None. Checked before a run
         starts (and by ``embodied-r validate``), not minutes in when the stage first calls it."""
-        if self.kind != "openai":
+        if not self.served:
             return None
-        if not self.urls() and not os.environ.get(self.api_key_env):
-            return (f"backend 'openai' needs `base_url` (e.g. http://127.0.0.1:8000/v1), `base_urls` or the API key "
-                    f"in the environment variable {self.api_key_env}")
+        if not self.urls() and not (self.needs_key and os.environ.get(self.api_key_env)):
+            return (f"backend {self.kind!r} needs `base_url` (e.g. http://127.0.0.1:8000/v1), `base_urls` or the API "
+                    f"key in the environment variable {self.api_key_env}")
         if needs_model and not self.model:
-            return "backend 'openai' needs `model`: the name the server serves the model under"
+            return f"backend {self.kind!r} needs `model`: the name the server serves the model under"
         return None
 
 

@@ -1,33 +1,19 @@
-"""Several servers of one model behind the ``openai`` backend: which one takes the next
-call, and which are left out of the rotation.
-
-Each server takes up to ``concurrency`` calls at once. A call goes to the server with the
-fewest calls in flight (ties: the one sent the fewest so far, so that calls made one at a
-time still alternate), and waits while every server is full.
-
-A server is left out of the rotation, for the rest of one ``generate()`` batch, when
-- no connection can be made to it at all (refused, unknown host: aiohttp's
-  ``ClientConnectorError``): at once, since nothing listens there;
-- it fails ``faults_to_leave`` calls in a row with a server fault (an HTTP 5xx, a
-  timeout, a connection dropped mid-call): the budget one call has before its failure
-  counts as an outage (``max_retries + 1``).
-Rate limits (429, 408), malformed or empty replies and refusals of one input are not
-server faults: the server is up and answering. A call whose server is left out goes on
-to another at once, without spending its own retries. The last server in the rotation is
-never left out: its failures go through the call's retries as with one server, and the
-outage that may follow names every server and why each is out. The next batch tries every
-server again, so one that was restarted rejoins.
-"""
+"""Several servers of one model behind the ``openai`` backend: which one takes the next call
+(the least busy, ``concurrency`` at most each), and which are left out of the rotation for
+the rest of one ``generate()`` batch (one that cannot be reached, or fails ``faults_to_leave``
+calls in a row; never the last). The next batch tries every server again."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 from dataclasses import dataclass
-from typing import Any
 
 log = logging.getLogger(__name__)
 
+# A server that no connection reaches at all (refused, unknown host) is left out at once;
+# one that fails calls (5xx, timeouts, connections dropped mid-call) after ``faults_to_leave``
+# in a row. Rate limits, bad replies and refused inputs are no server fault: it answers.
 UNREACHABLE = "unreachable"
 FAULT = "fault"
 
@@ -35,22 +21,10 @@ FAULT = "fault"
 @dataclass
 class Server:
     base_url: str
-    endpoint: str  # the chat-completions URL
     in_flight: int = 0
     sent: int = 0
     faults: int = 0  # server faults in a row
     out: str | None = None  # why it is out of the rotation, while it is
-
-
-def server_fault(exc: BaseException, aiohttp: Any, status: int | None) -> str | None:
-    """UNREACHABLE, FAULT (the server's own failure) or None (it answered)."""
-    if isinstance(exc, aiohttp.ClientConnectorError):
-        return UNREACHABLE
-    if isinstance(exc, (asyncio.TimeoutError, aiohttp.ClientConnectionError)):
-        return FAULT
-    if status is not None and status >= 500:
-        return FAULT
-    return None
 
 
 class ServerPool:
@@ -58,10 +32,13 @@ class ServerPool:
     backend's one event loop only, so plain counters need no lock."""
 
     def __init__(self, base_urls: list[str], concurrency: int, faults_to_leave: int):
-        self.servers = [Server(u.rstrip("/"), u.rstrip("/") + "/chat/completions") for u in base_urls]
+        self.servers = [Server(u.rstrip("/")) for u in base_urls]
         self.concurrency = concurrency
         self.faults_to_leave = max(1, faults_to_leave)
-        self._changed = asyncio.Condition()
+        # One slot per call in flight on any server: a released slot wakes one waiting call,
+        # where waking all of them (hundreds in a large batch) costs more than the call.
+        self._slots = asyncio.Semaphore(concurrency * len(self.servers))
+        self._changed = asyncio.Condition()  # for the calls that wait while servers are out
 
     @property
     def several(self) -> bool:
@@ -79,21 +56,28 @@ class ServerPool:
         free = [s for s in self.live() if s.in_flight < self.concurrency]
         if not free:
             return None
+        # Ties go to the one sent the fewest so far, so that calls made one at a time alternate.
         return min(free, key=lambda s: (s.in_flight, s.sent, self.servers.index(s)))
 
     async def acquire(self) -> Server:
         """A slot on the least busy server in the rotation, once one is free."""
-        async with self._changed:
-            while (server := self._free()) is None:
-                await self._changed.wait()
-            server.in_flight += 1
-            server.sent += 1
-            return server
+        await self._slots.acquire()
+        try:
+            async with self._changed:
+                while (server := self._free()) is None:
+                    await self._changed.wait()
+                server.in_flight += 1
+                server.sent += 1
+                return server
+        except BaseException:  # cancelled while waiting: the slot was never used
+            self._slots.release()
+            raise
 
     async def release(self, server: Server) -> None:
         async with self._changed:
             server.in_flight -= 1
             self._changed.notify_all()
+        self._slots.release()
 
     def answered(self, server: Server) -> None:
         server.faults = 0

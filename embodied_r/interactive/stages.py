@@ -50,7 +50,7 @@ def _generator(backend_cfg: dict[str, Any], model: str, retry: bool = False):
     from embodied_r.backends.factory import make_backend
 
     cfg = BackendConfig.model_validate({**backend_cfg, "model": backend_cfg.get("model") or model})
-    if cfg.kind == "transformers":
+    if cfg.in_process:
         cfg = cfg.model_copy(update={"model": resolve_model(cfg.model)})
     backend = make_backend(cfg)
 

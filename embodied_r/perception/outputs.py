@@ -29,7 +29,7 @@ def server_name(cfg: Any) -> str:
 def server_hint(cfg: Any, summary: dict[str, Any]) -> str:
     """What to fix when every failure is an empty reply: the server, not the questions."""
     reasons = summary["reasons"]
-    if cfg.backend.kind != "openai" or set(reasons) != {"empty_reply"}:
+    if not cfg.backend.served or set(reasons) != {"empty_reply"}:
         return ""
     return (f". The perceiver at {server_name(cfg)} answers with no text: if it is a reasoning model, turn its "
             "reasoning parser off or serve a model that answers in the message content")
@@ -37,7 +37,7 @@ def server_hint(cfg: Any, summary: dict[str, Any]) -> str:
 
 def check_actions(cfg: Any, summary: dict[str, Any], work: Path) -> None:
     """Stop when a served perceiver's replies name no action for any pair of frames."""
-    if cfg.backend.kind != "openai" or summary["unknown_action_rate"] < 1.0 or not summary["done"]:
+    if not cfg.backend.served or summary["unknown_action_rate"] < 1.0 or not summary["done"]:
         return
     raise StageFault(
         f"perception: none of the replies from the perceiver at {server_name(cfg)} names an action "

@@ -354,7 +354,7 @@ def reference_for_rank(cfg: BackendConfig, world_size: int) -> BackendConfig:
     ``concurrency`` is the bound for all processes together, so each gets its share
     (at least 1). Every process builds its own backend, and 8 processes x 16 requests
     would otherwise hit a hosted API 128 at a time."""
-    if cfg.kind != "openai" or world_size <= 1:
+    if not cfg.served or world_size <= 1:
         return cfg
     return cfg.model_copy(update={"concurrency": max(1, cfg.concurrency // world_size)})
 

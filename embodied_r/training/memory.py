@@ -322,7 +322,7 @@ def consistency_reference(training: TrainingConfig) -> float:
     """Bytes of an in-process consistency reference on a GPU (16-bit, vision tower included),
     when a stage weighs a reward that asks it and the reference's shape is known; else 0."""
     reference = training.reference
-    if (reference.kind != "transformers" or reference.device == "cpu" or not reference.model
+    if (not reference.in_process or reference.device == "cpu" or not reference.model
             or not any(REWARDS[n].asks_reference for s in training.stages for n in s.scored())):
         return 0.0
     shape = shape_of(reference.model)
