@@ -10,9 +10,9 @@ import typing
 from embodied_r import errors
 from embodied_r.runners import ROOT
 
-# Signals caught where they are raised, never shown to a user as an error: the OpenAI wire's
-# replies and the checks' verdicts.
-NOT_ERRORS = {"embodied_r/backends/openai_wire.py": {"HTTPStatusError", "MalformedReply", "EmptyReply"},
+# Signals caught where they are raised, never shown to a user as an error: a reply that is no
+# result (retried, then the item's failure) and the checks' verdicts.
+NOT_ERRORS = {"embodied_r/backends/openai_compat.py": {"BadReply"},
               "embodied_r/checks/rehearse_verdicts.py": {"Failed"}, "embodied_r/checks/steps.py": {"Skip"}}
 BUILTIN = {n for n, v in vars(builtins).items() if isinstance(v, type) and issubclass(v, BaseException)}
 
