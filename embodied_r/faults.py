@@ -141,7 +141,7 @@ NOT_TRANSIENT: tuple[tuple[str, str, str], ...] = (
     ("embodied_r.io", "StageBusy", "another run holds the stage's lock"),
     ("embodied_r.paths", "HomeMovedError", "the project home was moved"),
     ("embodied_r.paths", "HomeUnusable", "the project home cannot be created or written"),
-    ("embodied_r.tracking_store", "TrackingUnavailable", "the tracking store does not answer"),
+    ("embodied_r.tracking.store", "TrackingUnavailable", "the tracking store does not answer"),
     ("builtins", "ValueError", "a value refused: a configuration error (RecipeError, pydantic's ValidationError, "
                                "StageError), a damaged or refused source (DataSourceError, CatalogError)"),
     ("builtins", "FileNotFoundError", "an input that is missing"),

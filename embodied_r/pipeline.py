@@ -18,7 +18,7 @@ from embodied_r.paths import home as default_home
 from embodied_r.runners import runner
 from embodied_r.settings import result_settings
 from embodied_r.stage_kinds import kinds
-from embodied_r.tracking import tracking_uri
+from embodied_r.tracking.store import tracking_uri
 from embodied_r.stage_plan import Input, Plan, PlanBuilder, Ref, StageError, StagePlan
 
 __all__ = ["Plan", "StageError", "StagePlan", "WARMSTART_REF", "execute", "plan", "training_stage_names"]

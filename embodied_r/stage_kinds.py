@@ -61,6 +61,8 @@ class StageKind:
     # Its result lives in the MLflow store (the registry): with the store lost it cannot be
     # done, so the run leaves it to the rerun instead of failing on it.
     needs_tracking: bool = False
+    summary_as_params: bool = False  # its run charts step curves: its summary's figures are params, not charts
+    parent_view: str | None = None  # "module:function": what it shows on the run's MLflow parent, as the last evaluation
 
     @property
     def flow_name(self) -> str:
@@ -112,13 +114,14 @@ KINDS: tuple[StageKind, ...] = (
     StageKind("warmstart", "embodied_r.training.warmstart:run_stage", "gpu-train",
               "warm-start the policy on reasoning traces (recipes with a warmstart section)",
               inputs={"records": "convert", "init_model": MODEL}, makes_model=True, retries=1, retry_delay_s=30,
-              unit="steps", headline="training", figures=TRAINING + TIMING, self_reporting=True),
+              unit="steps", headline="training", figures=TRAINING + TIMING, self_reporting=True, summary_as_params=True),
     StageKind("train", "embodied_r.training.stage:run_stage", "gpu-train", "run the GRPO training stages",
               inputs={"records": "convert", "init_model": MODEL}, makes_model=True, retries=1, retry_delay_s=30,
-              unit="steps", headline="training", figures=TRAINING + TIMING),
+              unit="steps", headline="training", figures=TRAINING + TIMING, summary_as_params=True),
     StageKind("evaluate", "embodied_r.evaluation.stage:run_stage", "gpu-infer",
               "evaluate the trained reasoner on the test split", inputs={"records": "convert", "model": MODEL},
-              retries=1, retry_delay_s=30, unit="questions", headline="accuracy", figures=ACCURACY + TIMING),
+              retries=1, retry_delay_s=30, unit="questions", headline="accuracy", figures=ACCURACY + TIMING,
+              parent_view="embodied_r.evaluation.parent:parent_view"),
     StageKind("promote", "embodied_r.evaluation.promotion:run_stage", "gpu-infer",
               "register the trained reasoner and give it @champion when it beats the bars",
               inputs={"records": "convert", "evaluation": "evaluate", "model": MODEL, "warm_model": "warmstart/model"},

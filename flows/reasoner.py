@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from prefect import flow
 
+from embodied_r.tracking.record import Recorder
 from flows.runner import given_plan, run_deployment_of, run_plan
 
 
@@ -25,7 +26,7 @@ def reasoner_stage(stages: list[str], recipe: str = "reasoner-demo", refresh: bo
     """Named stages alone (their inputs must exist), as a pool's deployment runs them, or a
     rerun by hand; ``refresh`` recomputes them and discards what reads them."""
     made = given_plan(plan, "embodied-reasoner", recipe, overrides, home)
-    return run_plan(made, only=stages, refresh=stages if refresh else None, parent_run_id=mlflow_parent_run_id)
+    return run_plan(made, Recorder(made, mlflow_parent_run_id), only=stages, refresh=stages if refresh else None)
 
 
 @flow(name="embodied-reasoner", log_prints=True)
@@ -36,13 +37,14 @@ def embodied_reasoner(recipe: str = "reasoner-demo", only: list[str] | None = No
     """The whole Embodied-Reasoner pipeline (see the module doc); ``plan``: the run's plan,
     made by whoever started it, else here."""
     stages = given_plan(plan, "embodied-reasoner", recipe, overrides, home)
+    record = Recorder(stages)
     if dispatch == "local":
-        return run_plan(stages, only=only, refresh=refresh)
+        return run_plan(stages, record, only=only, refresh=refresh)
     order: list[str] = []
 
-    def send(kind: str, names: list[str], parent_run_id: str) -> None:
+    def send(kind: str, names: list[str]) -> None:
         run_deployment_of(kind, {"stages": names, "recipe": stages.recipe_name, "plan": stages.to_json(),
-                                 "home": str(stages.root), "mlflow_parent_run_id": parent_run_id})
+                                 "home": str(stages.root), "mlflow_parent_run_id": record.parent_run_id})
         order.extend(names)
 
-    return {**run_plan(stages, only=only, refresh=refresh, dispatch=send), "dispatched": order}
+    return {**run_plan(stages, record, only=only, refresh=refresh, dispatch=send), "dispatched": order}

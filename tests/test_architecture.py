@@ -12,7 +12,7 @@ from embodied_r.stage_kinds import KINDS
 
 # Modules at the top of the package that every stage may use.
 FOUNDATION = {"io", "paths", "progress", "schemas", "benchmark_rules", "tracking", "runners", "faults", "settings",
-              "stage_kinds", "stage_plan", "shards", "tracking_store", "store_open", "explain"}
+              "stage_kinds", "stage_plan", "shards", "explain"}
 # What each sub-package (or top-level module) may import besides itself and the foundation.
 ALLOWED: dict[str, set[str]] = {
     "backends": set(),

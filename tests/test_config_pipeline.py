@@ -6,7 +6,8 @@ import pytest
 
 from embodied_r.config import RecipeError, available_recipes, load_recipe, parse_override
 from embodied_r.pipeline import StageError, plan
-from embodied_r.tracking import Tracker, numeric_metrics, safe_params
+from embodied_r.tracking.names import numeric_metrics, safe_params
+from embodied_r.tracking.runs import Tracker
 
 
 def test_shipped_recipes_validate():

@@ -59,7 +59,7 @@ def test_a_tracking_server_that_does_not_answer_is_named_at_validate_and_before_
 
 
 def test_a_store_that_accepts_but_never_answers_is_named_too() -> None:
-    from embodied_r.tracking_store import TrackingUnavailable, check_store
+    from embodied_r.tracking.store import TrackingUnavailable, check_store
 
     with socket.socket() as silent:  # connections queue in its backlog and are never answered
         silent.bind(("127.0.0.1", 0))
@@ -77,8 +77,9 @@ def test_calls_to_a_store_that_stopped_answering_fail_at_once(monkeypatch: pytes
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
     import threading
 
-    from embodied_r.tracking import Tracker
-    from embodied_r.tracking_store import TrackingLost, check_store, tracking_lost
+    from embodied_r.tracking.runs import Tracker
+    from embodied_r.tracking.link import tracking_lost
+    from embodied_r.tracking.store import TrackingLost, check_store
 
     class Health(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -127,7 +128,7 @@ def _finished(folder: Path, files: dict[str, Any]) -> Path:
 
 def test_a_finished_folder_records_its_outputs_and_names_what_it_lost(tmp_path: Path) -> None:
     from embodied_r.io import damaged_outputs, read_summary
-    from embodied_r.tracking import stage_metrics
+    from embodied_r.tracking.names import stage_metrics
 
     rows = [{"id": i, "text": "x" * 50} for i in range(200)]
     folder = _finished(tmp_path / "stage", {"train.parquet": rows, "test.parquet": rows[:20],

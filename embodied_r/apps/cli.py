@@ -119,7 +119,7 @@ def _print_outcome(result: dict[str, Any], seconds: float, synthetic: bool = Fal
     if result.get("mlflow_runs_url"):
         print(f"All runs, headline columns: {result['mlflow_runs_url']}")
     if result.get("mlflow_run_url"):
-        from flows.mlflow_runs import SIDEBAR_HINT
+        from embodied_r.tracking.names import SIDEBAR_HINT
 
         print(SIDEBAR_HINT)
 
@@ -142,8 +142,7 @@ def _precheck(args: argparse.Namespace, stage: str | None, overrides: dict[str, 
     returns the run's plan, made here once and handed to the flow."""
     from embodied_r.config import RecipeError, backend_problems, load_recipe
     from embodied_r.pipeline import plan
-    from embodied_r.tracking import tracking_uri
-    from embodied_r.tracking_store import check_store
+    from embodied_r.tracking.store import check_store, tracking_uri
 
     recipe = load_recipe(args.recipe, overrides or None)
     stages = plan(recipe)
@@ -210,8 +209,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
 def _cmd_validate(args: argparse.Namespace) -> int:
     from embodied_r.apps.cli_reasoner import is_reasoner_recipe, validate_reasoner
     from embodied_r.config import RecipeError, backend_problems, load_recipe
-    from embodied_r.tracking import tracking_uri
-    from embodied_r.tracking_store import check_store
+    from embodied_r.tracking.store import check_store, tracking_uri
 
     if is_reasoner_recipe(args.recipe):
         return validate_reasoner(args)
@@ -326,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
     from embodied_r.pipeline import StageError
     from embodied_r.faults import StageFault, redact
     from embodied_r.io import StageBusy
-    from embodied_r.tracking_store import TrackingUnavailable
+    from embodied_r.tracking.store import TrackingUnavailable
 
     try:
         if args.command == "relocate":

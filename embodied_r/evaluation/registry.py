@@ -54,7 +54,7 @@ def parse_model_uri(uri: str) -> ModelRef:
 
 
 def _uri(tracking_uri: str | None) -> str:
-    from embodied_r.tracking import tracking_uri as default_uri
+    from embodied_r.tracking.store import tracking_uri as default_uri
 
     return default_uri(tracking_uri)
 
@@ -63,7 +63,7 @@ def client(tracking_uri: str | None = None) -> Any:
     """The registry's client; a store that cannot be opened is said in one line naming it."""
     from mlflow import MlflowClient
 
-    from embodied_r.tracking_store import check_store, opening
+    from embodied_r.tracking.store import check_store, opening
 
     uri = _uri(tracking_uri)
     check_store(uri)
@@ -95,7 +95,7 @@ def register_model_folder(
     uri = _uri(tracking_uri)
     c = client(uri)
     if run_id is None:
-        from embodied_r.tracking import Tracker
+        from embodied_r.tracking.runs import Tracker
 
         tracker = Tracker.open(experiment, uri)
         run_id = c.create_run(tracker.experiment_id, run_name=f"register-{name}",
