@@ -23,6 +23,8 @@ from embodied_r.keyframes.extract import KeyframeConfig
 from embodied_r.perception.stage import PerceptionConfig
 from embodied_r.prompts.store import PromptsConfig, apply_prompts
 from embodied_r.prompts.locate import PromptsError
+from embodied_r.settings import operational
+from embodied_r.tracking.link import DEFAULT_OUTAGE_S
 from embodied_r.training.records import RecordsConfig, for_policy
 from embodied_r.training.config import SFTConfig
 from embodied_r.training.config import TrainingConfig
@@ -45,6 +47,9 @@ class TrackingConfig(BaseModel):
     promote: bool = False
     promote_split: Literal["train", "val", "test"] = "val"
     promote_metric: str = "accuracy/overall"
+    # How long a run waits for a tracking server that stopped answering (a restart takes
+    # minutes); what it would have logged meanwhile is kept and sent once it answers.
+    outage_s: float = operational(DEFAULT_OUTAGE_S, ge=0)
 
 
 class Recipe(BaseModel):

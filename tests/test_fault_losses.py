@@ -71,14 +71,16 @@ def test_a_store_that_accepts_but_never_answers_is_named_too() -> None:
     check_store("sqlite:////nowhere/mlflow.db")  # a local store needs no server
 
 
-def test_calls_to_a_store_that_stopped_answering_fail_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A server that answered, then went away: the next call finds it gone before it is sent
-    (MLflow's client would retry it for minutes), and every later call fails at once, as lost."""
+def test_calls_to_a_store_that_stopped_answering_fail_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server that answered, then went away: the next write finds it gone before it is sent
+    (MLflow's client would retry it for minutes) and is kept in the home's outbox; a read waits
+    for the server up to the bound, then fails as lost, and every later read fails at once."""
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
     import threading
+    import time
 
+    from embodied_r.tracking.link import link, tracking_lost
     from embodied_r.tracking.runs import Tracker
-    from embodied_r.tracking.link import tracking_lost
     from embodied_r.tracking.store import TrackingLost, check_store
 
     class Health(BaseHTTPRequestHandler):
@@ -91,21 +93,34 @@ def test_calls_to_a_store_that_stopped_answering_fail_at_once(monkeypatch: pytes
         def log_message(self, *args: Any) -> None:
             pass
 
+    monkeypatch.setenv("EMBODIED_R_HOME", str(tmp_path))
     server = ThreadingHTTPServer(("127.0.0.1", 0), Health)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     uri = f"http://127.0.0.1:{server.server_address[1]}"
     check_store(uri)
     server.shutdown()
     server.server_close()
+    store = link(uri)
+    store.bound_s = 1.0
+
+    class NotSent:
+        def __getattr__(self, name: str) -> Any:
+            def sent(*args: Any, **kwargs: Any) -> None:
+                raise AssertionError(f"{name} was sent to a server that is gone")
+
+            return sent
+
+    monkeypatch.setattr(store, "_client", NotSent())
     tracker = Tracker(uri, "0", "run")
-    # Were the call sent, it would fail at once too (no retries), as MLflow's own error.
-    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    tracker.log_metrics("run", {"x": 1.0})
+    assert [op["op"] for _, op in store.box.pending()] == ["batch"] and not tracking_lost(uri)
     with pytest.raises(TrackingLost) as first:
-        tracker.log_metrics("run", {"x": 1.0})
-    assert first.value.__cause__ is None, "the call was sent to a server that is gone"
+        tracker.client.get_run("run")
     assert uri in str(first.value) and tracking_lost(uri)
+    started = time.monotonic()
     with pytest.raises(TrackingLost):
         tracker.client.get_run("run")
+    assert time.monotonic() - started < 0.5
 
 
 # -- a finished stage folder that lost a file -----------------------------------------------
@@ -235,7 +250,9 @@ def killed_mid_run(root: Path) -> dict[str, Any]:
     with serve_on_free_port(lambda port: _mlflow(store, port), root / "server.log", env, timeout=180) as (server, port):
         uri = f"http://127.0.0.1:{port}"
         with open(root / "stderr.txt", "w") as err:
-            proc = subprocess.Popen(_cli("run", "--recipe", "smoke", *ONE_STAGE), env=_env(home, MLFLOW_TRACKING_URI=uri),
+            # The server never comes back: the run waits for it only briefly (``tracking.outage_s``).
+            proc = subprocess.Popen(_cli("run", "--recipe", "smoke", *ONE_STAGE, "--set", "tracking.outage_s=10"),
+                                    env=_env(home, MLFLOW_TRACKING_URI=uri),
                                     cwd=ROOT, stdout=subprocess.PIPE, stderr=err, text=True)
         lines = []
         assert proc.stdout is not None

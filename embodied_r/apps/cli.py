@@ -109,11 +109,13 @@ def _print_outcome(result: dict[str, Any], seconds: float, synthetic: bool = Fal
     uri = result.get("tracking_uri", "")
     if result.get("tracking_lost"):
         print(f"\nProject home: {home()}")
+        _print_log()
         return
     print(f"\nMLflow store: {uri}  (parent run {result.get('mlflow_run_id')})")
     if uri.startswith("sqlite:"):
         print(f"Open its UI:  mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000")
     print(f"Project home: {home()}")
+    _print_log()
     if result.get("mlflow_run_url"):
         print(f"This run in MLflow: {result['mlflow_run_url']}")
     if result.get("mlflow_runs_url"):
@@ -122,6 +124,13 @@ def _print_outcome(result: dict[str, Any], seconds: float, synthetic: bool = Fal
         from embodied_r.tracking.names import SIDEBAR_HINT
 
         print(SIDEBAR_HINT)
+
+
+def _print_log() -> None:
+    from embodied_r.apps.console import run_log
+
+    if (log := run_log()) is not None:
+        print(f"Run log:      {log}  (the libraries' own messages)")
 
 
 def _accuracy(summary: dict[str, Any], key: str) -> str:
@@ -331,6 +340,10 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_relocate(args)
         if args.command not in ("recipes", "validate"):
             claim_home()
+        if args.command not in ("recipes", "validate", "plan"):
+            from embodied_r.apps.console import own_console
+
+            own_console(args.command)
         if getattr(args, "handler", None) is not None:
             return args.handler(args)
         if args.command in ("demo", "run"):
