@@ -62,11 +62,21 @@ class Outbox:
     order: ``pending`` what is still to send, ``sent`` how far it got."""
 
     def __init__(self, uri: str, path: Path | None = None):
-        self.uri = uri
-        self.folder = home() / FOLDER / hashlib.sha1(uri.encode()).hexdigest()[:12]
-        self.path = path or self.folder / f"ops-{process_name().replace(':', '-')}.jsonl"
+        self.uri, self._path = uri, path
+
+    @property
+    def folder(self) -> Path:
+        """In the home of the run now (one process may run pipelines of several homes)."""
+        return self._path.parent if self._path else home() / FOLDER / hashlib.sha1(self.uri.encode()).hexdigest()[:12]
+
+    @property
+    def path(self) -> Path:
+        return self._path or self.folder / f"ops-{process_name().replace(':', '-')}.jsonl"
+
+    @property
+    def owner(self) -> str:
         # host-pid-ticks: a host's name may hold dashes, the others do not.
-        self.owner = ":".join(self.path.stem[len("ops-"):].rsplit("-", 2))
+        return ":".join(self.path.stem[len("ops-"):].rsplit("-", 2))
 
     @property
     def _cursor(self) -> Path:

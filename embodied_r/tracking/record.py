@@ -321,17 +321,17 @@ class Recorder:
         """Close the parent (FAILED when ``cached`` is None: the run stopped, and what is kept
         waits for the rerun), once every kept write is sent; what the run's result says of it."""
         store = link(self.uri)
-        if self.own and self.parent_run_id:
-            with self.tracker.guard("the end of the run"):
-                if cached is None:
+        with self.tracker.guard("the end of the run"):
+            if cached is None:
+                if self.own and self.parent_run_id:
                     self.tracker.finish(self.parent_run_id, "FAILED")
-                    return {}
-                if not store.lost:
-                    store.ready()
-                    self.tracker = Tracker(self.uri, self.tracker.experiment_id, store.real(self.parent_run_id))
-                    finish_parent(self.tracker, self.stages, cached, self.selected, final,
-                                  self.stages.recipe_name, registered_label(self.stages))
-                store.settle()
+                return {}
+            if self.own and self.parent_run_id and not store.lost:
+                store.ready()
+                self.tracker = Tracker(self.uri, self.tracker.experiment_id, store.real(self.parent_run_id))
+                finish_parent(self.tracker, self.stages, cached, self.selected, final,
+                              self.stages.recipe_name, registered_label(self.stages))
+            store.settle()
         if cached is None:
             return {}
         if line := outage_line(self.uri, self.started):
