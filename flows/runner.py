@@ -1,9 +1,7 @@
-"""The one run loop of both pipelines (``run_plan``, over ``run_stages``), here or on the pools.
-
-A run's plan is built once, where it starts (``plan_of``), and handed to everything after it;
-the loop tells an observer what happens (``tasks.stages.Observer``). Either way the stage folder
-is the one record of "done": a complete stage runs nothing and is sent nowhere.
-"""
+"""The one run loop of both pipelines (``run_plan``, over ``run_stages``), here or on the pools:
+it tells an observer what happens (``tasks.stages.Observer``). The plan is built once, where the
+run starts (``plan_of``); a stage folder is the one record of "done": a complete stage runs
+nothing and is sent nowhere."""
 
 from __future__ import annotations
 

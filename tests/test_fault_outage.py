@@ -1,10 +1,7 @@
-"""A tracking server that goes away in the middle of a stage: a real ``mlflow server`` whose
-process group is killed -9 while ``train_stage1`` trains, and started again on its port and
-store. Back within the bound (``tracking.outage_s``), the run ends 0 with one line saying how
-long the server was away, and every run holds what an uninterrupted run holds: the same
-metric keys and steps, FINISHED. Past the bound, the run says tracking was lost and exits 1,
-and the rerun restores each stage's own record, its step curves included.
-"""
+"""A real ``mlflow server`` whose process group is killed -9 while ``train_stage1`` trains. Back
+within ``tracking.outage_s``, the run ends 0 with one line, every run holding what an
+uninterrupted run holds; past it, the run says tracking was lost, exits 1, and the rerun restores
+each stage's own record, step curves included. A run with an HTTP store prints no MLflow line."""
 
 from __future__ import annotations
 
@@ -20,9 +17,8 @@ from typing import Any
 import pytest
 
 from tests.servers import free_port, wait_http
-from tests.test_interrupts import _cli, _env, _run
+from tests.test_interrupts import ROOT, _cli, _env, _run
 
-ROOT = Path(__file__).resolve().parents[1]
 MLFLOW = Path(sys.executable).parent / "mlflow"
 # The smoke recipe with one GRPO stage and fewer, shorter videos: the same plumbing, quicker.
 SMALL = ["--set", "training.stages=[{name: stage1, epochs: 1, rewards: {format: 0.7, accuracy: 0.3, "
