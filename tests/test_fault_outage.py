@@ -1,4 +1,4 @@
-"""A real ``mlflow server`` whose process group is killed -9 while ``train_stage1`` trains. Back
+"""A real ``mlflow server`` whose process group is killed -9 as ``train_stage1`` starts. Back
 within ``tracking.outage_s``, the run ends 0 with one line, every run holding what an
 uninterrupted run holds; past it, the run says tracking was lost, exits 1, and the rerun restores
 each stage's own record, step curves included. A run with an HTTP store prints no MLflow line."""
@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -87,27 +88,32 @@ def by_stage(children: list[Any]) -> dict[str, Any]:
 
 
 def killed_in_train_stage1(home: Path, server: Server, back_after_s: float | None, *extra: str) -> dict[str, Any]:
-    """``embodied-r run`` refreshing train_stage1, the server's group killed -9 once that stage's
-    first step is logged (its trainer sends the later ones while the server is gone) and, with
-    ``back_after_s``, started again that much later while the run goes on."""
+    """``embodied-r run`` refreshing train_stage1, the server's group killed -9 once that stage
+    started (before its trainer logs a step) and, with ``back_after_s``, started again that much
+    later, or once the stage ended if that is later: both the trainer and the run write while the
+    server is gone."""
+    err = tempfile.TemporaryFile(mode="w+")
     proc = subprocess.Popen(_cli("run", "--recipe", "smoke", *SMALL, "--refresh", "train_stage1", *extra),
                             env=_env(home, MLFLOW_TRACKING_URI=server.uri), cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=err, text=True)
     assert proc.stdout is not None
     lines, killed_at, restart = [], None, None
     for line in proc.stdout:
         lines.append(line)
-        if killed_at is None and line.strip().startswith("train_stage1  step 1/"):
+        if not line.startswith("[stage] train_stage1"):
+            continue
+        if killed_at is None and " started" in line:
             server.kill()
             killed_at = time.monotonic()
-            if back_after_s is not None:
-                restart = threading.Thread(target=lambda: (time.sleep(back_after_s), server.start()))
-                restart.start()
+        elif killed_at is not None and " done " in line and back_after_s is not None and restart is None:
+            wait = max(0.0, back_after_s - (time.monotonic() - killed_at))
+            restart = threading.Thread(target=lambda: (time.sleep(wait), server.start()))
+            restart.start()
     proc.wait(timeout=900)
     if restart is not None:
         restart.join()
-    return {"rc": proc.returncode, "stdout": "".join(lines), "stderr": proc.stderr.read() if proc.stderr else "",
-            "killed": killed_at is not None}
+    err.seek(0)
+    return {"rc": proc.returncode, "stdout": "".join(lines), "stderr": err.read(), "killed": killed_at is not None}
 
 
 @pytest.fixture(scope="module")

@@ -23,7 +23,7 @@ log = logging.getLogger("embodied_r.tracking")
 # (an upgrade, an OOM kill, a moved pod) takes minutes.
 DEFAULT_OUTAGE_S = 600.0
 PROBE_S = 1.0
-QUIET_S = 60.0  # a wait this short needs no words: the end says how long the server was away
+QUIET_S = 120.0  # a wait this short needs no words: the run's end says how long the server was away
 # MLflow announces at INFO each new SQLite store's table creation and migration: the first
 # lines a user sees of a run, about bookkeeping they did not ask for. Warnings still show.
 _STORE_LOGGERS = ("mlflow.store.db.utils", "alembic.runtime.migration")
