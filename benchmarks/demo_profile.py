@@ -169,7 +169,7 @@ def sft_patches() -> list[tuple[Any, str, Any]]:
 def scratch_run(store: Path, name: str) -> tuple[str, str]:
     """A run in a scratch SQLite MLflow store, for the trainer to log its steps into as the
     demo's trainers do."""
-    from embodied_r.tracking import Tracker
+    from embodied_r.tracking.runs import Tracker
 
     uri = f"sqlite:///{store / 'mlflow.db'}"
     tracker = Tracker.open("profile", uri, store)

@@ -119,14 +119,13 @@ def _prefect_database() -> str:
 def _stores() -> list[str]:
     """The tracking stores this process may have been using: the one the environment names
     now, then those it resolved (a recipe's own among them), the latest first."""
-    from embodied_r.store_open import noted
-    from embodied_r.tracking import tracking_uri
+    from embodied_r.tracking.store import noted, tracking_uri
 
     return list(dict.fromkeys([tracking_uri(), *noted()]))
 
 
 def _database(exc: BaseException, command: str) -> str | None:
-    from embodied_r.store_open import database_words, opening_line, store_problem
+    from embodied_r.tracking.store import database_words, opening_line, store_problem
 
     owners = _modules(exc)
     db_error = _first(exc, _from("sqlite3", "sqlalchemy"))
@@ -232,7 +231,7 @@ def _http(exc: BaseException, command: str) -> str | None:
                 f"start it (`prefect server start`) or unset PREFECT_API_URL for a server of the run's own, {AGAIN}")
     store = next((u for u in _stores() if u.startswith("http") and url.startswith(u.rstrip("/"))), "")
     if url and store:
-        from embodied_r.tracking_store import fixes
+        from embodied_r.tracking.store import fixes
 
         return f"embodied-r {command}: the MLflow tracking server at {store} does not answer ({why}): {fixes(store)}"
     if "huggingface" in url or (os.environ.get("HF_ENDPOINT") and url.startswith(os.environ["HF_ENDPOINT"])):

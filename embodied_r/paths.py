@@ -31,7 +31,7 @@ _REFUSED = {errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.EEXIST}
 
 
 FILE_IN_THE_WAY = "is a file where a folder belongs"
-# What a path that cannot be written is, in the words every such line uses (also ``store_open``).
+# What a path that cannot be written is, in the words every such line uses (also ``tracking.store``).
 READ_ONLY = "is on a read-only file system"
 NOT_PERMITTED = "is refused to this user by its permissions"
 

@@ -70,6 +70,8 @@ class StageKind:
     self_reporting: bool = False
     # Its runs chart per-step curves: its summary's single figures are params, not one-point charts.
     summary_as_params: bool = False
+    # "module:function": what it shows on the run's MLflow parent when it is the run's last evaluation.
+    parent_view: str | None = None
     command: bool = True  # a CLI command of its own (``embodied-r <kind>``)
     # Its result lives in the MLflow store (the registry): with the store lost the run leaves it
     # to the rerun instead of failing on it.

@@ -38,9 +38,9 @@ from embodied_r.experiments.spec import (
 from embodied_r.io import read_json, read_summary
 from embodied_r.scoring.metrics import summary_interval
 from embodied_r.stage_plan import Plan
-from embodied_r.tracking import Tracker, tracking_uri
-from embodied_r.tracking_store import check_store
-from flows import mlflow_runs
+from embodied_r.tracking import names, record
+from embodied_r.tracking.runs import Tracker
+from embodied_r.tracking.store import check_store, tracking_uri
 
 EXPERIMENT_TAG = "experiment"
 CHANCE = "chance"  # a column of every table: what a uniform guess scores on the same questions
@@ -134,7 +134,7 @@ def stage_seconds(tracker: Tracker | None, timed: set[str], stages: Plan) -> dic
         return {}
     out = {}
     for name in timed & set(stages):
-        run = mlflow_runs.source_run(tracker, stages[name])
+        run = record.source_run(tracker, stages[name])
         if run is not None and run.info.end_time:
             out[name] = (run.info.end_time - run.info.start_time) / 1000
     return out
@@ -289,5 +289,5 @@ def _track(spec: Experiment, recipe: Recipe, root: Path, seeds: list[int | None]
     tracker.log_artifacts(parent, [table_file, declared])
     tracker.finish(parent)
     return {"mlflow_run_id": parent, "tracking_uri": uri, "children": children, "table_file": str(table_file),
-            "mlflow_run_url": mlflow_runs.run_url(uri, tracker.experiment_id, parent),
-            "mlflow_compare_url": mlflow_runs.compare_url(uri, tracker.experiment_id, children)}
+            "mlflow_run_url": names.run_url(uri, tracker.experiment_id, parent),
+            "mlflow_compare_url": names.compare_url(uri, tracker.experiment_id, children)}

@@ -7,8 +7,9 @@ from typing import Any, Literal
 
 from prefect import flow
 
-from embodied_r.stage_kinds import kinds
+from embodied_r.stage_kinds import kind_of, kinds
 from flows.cancel_watch import watch_cancel
+from embodied_r.tracking.record import Recorder
 from flows.prefect_views import flow_run_name, publish_result, tag_flow_run
 from flows.runner import given_plan, run_plan
 from flows.shards import dispatch_kind, stage_parameters
@@ -50,11 +51,12 @@ def embodied_r(recipe: str = "demo", refresh: list[str] | None = None,
     watch_cancel()
     stages = given_plan(plan, "embodied-r", recipe, overrides, home)
     tag_flow_run(stages.recipe_name)
+    record = Recorder(stages, kind_of)
     send = None
     if dispatch == "pools" or (dispatch == "auto" and stage_deployments_available()):
-        def send(kind: str, names: list[str], parent_run_id: str) -> None:
-            dispatch_kind(kind, stages, names, stage_parameters(stages, parent_run_id))
+        def send(kind: str, names: list[str]) -> None:
+            dispatch_kind(kind, stages, names, stage_parameters(stages, record.parent_run_id))
 
-    result = run_plan(stages, refresh=refresh, dispatch=send)
+    result = run_plan(stages, record, refresh=refresh, dispatch=send)
     publish_result(stages.recipe_name, result)
     return result

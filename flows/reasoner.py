@@ -16,6 +16,8 @@ from typing import Any, Literal
 from prefect import flow
 
 from flows.cancel_watch import watch_cancel
+from embodied_r.stage_kinds import kind_of
+from embodied_r.tracking.record import Recorder
 from flows.runner import given_plan, run_deployment_of, run_plan
 
 
@@ -27,7 +29,7 @@ def reasoner_stage(stages: list[str], recipe: str = "reasoner-demo", refresh: bo
     rerun by hand; ``refresh`` recomputes them and discards what reads them."""
     watch_cancel()
     made = given_plan(plan, "embodied-reasoner", recipe, overrides, home)
-    return run_plan(made, only=stages, refresh=stages if refresh else None, parent_run_id=mlflow_parent_run_id)
+    return run_plan(made, Recorder(made, kind_of, mlflow_parent_run_id), only=stages, refresh=stages if refresh else None)
 
 
 @flow(name="embodied-reasoner", log_prints=True)
@@ -39,13 +41,14 @@ def embodied_reasoner(recipe: str = "reasoner-demo", only: list[str] | None = No
     made by whoever started it, else here."""
     watch_cancel()
     stages = given_plan(plan, "embodied-reasoner", recipe, overrides, home)
+    record = Recorder(stages, kind_of)
     if dispatch == "local":
-        return run_plan(stages, only=only, refresh=refresh)
+        return run_plan(stages, record, only=only, refresh=refresh)
     order: list[str] = []
 
-    def send(kind: str, names: list[str], parent_run_id: str) -> None:
+    def send(kind: str, names: list[str]) -> None:
         run_deployment_of(kind, {"stages": names, "recipe": stages.recipe_name, "plan": stages.to_json(),
-                                 "home": str(stages.root), "mlflow_parent_run_id": parent_run_id})
+                                 "home": str(stages.root), "mlflow_parent_run_id": record.parent_run_id})
         order.extend(names)
 
-    return {**run_plan(stages, only=only, refresh=refresh, dispatch=send), "dispatched": order}
+    return {**run_plan(stages, record, only=only, refresh=refresh, dispatch=send), "dispatched": order}

@@ -9,10 +9,11 @@ from prefect import flow, get_run_logger
 from prefect.states import Completed, State
 
 from embodied_r.evaluation.registry import CHAMPION, alias_version, parse_model_uri
-from embodied_r.tracking import Tracker, record_stage, tracking_uri
-from embodied_r.tracking_store import check_store
+from embodied_r.tracking.record import flow_run_id
+from embodied_r.tracking.runs import Tracker, record_stage
+from embodied_r.tracking.store import check_store, tracking_uri
 from flows.cancel_watch import watch_cancel
-from flows.runner import flow_run_id, plan_of, recipe_of, scoped_env
+from flows.runner import plan_of, recipe_of, scoped_env
 
 # A model given as ``@alias`` names that alias of the recipe's own registered model, so a
 # deployment made for one recipe follows that recipe's registry entry.

@@ -10,6 +10,7 @@ from prefect import flow
 
 from embodied_r.stage_kinds import kind_of, kinds
 from flows.cancel_watch import watch_cancel
+from embodied_r.tracking.record import Recorder
 from flows.prefect_views import flow_run_name, publish_result, tag_flow_run
 from flows.runner import given_plan, run_plan
 from flows.shards import run_shard
@@ -27,8 +28,8 @@ def run_stage_kind(kind: str, recipe: str, refresh: bool, overrides: dict[str, A
     names = stages.of_kind(kind)
     if not names:
         raise ValueError(f"recipe {stages.recipe_name!r} has no {kind} stage")
-    result = run_plan(stages, only=names, refresh=[names[0]] if refresh else None,
-                      parent_run_id=mlflow_parent_run_id)
+    result = run_plan(stages, Recorder(stages, kind_of, mlflow_parent_run_id), only=names,
+                      refresh=[names[0]] if refresh else None)
     publish_result(stages.recipe_name, result)
     return result
 

@@ -12,7 +12,7 @@ import json
 import math
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from prefect import Task, get_run_logger, task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
@@ -20,13 +20,34 @@ from prefect.cache_policies import NO_CACHE
 from prefect.states import Completed, State
 
 from embodied_r import progress
-from embodied_r.evaluation.learning import SIGNATURES_TAG, training_signatures
+from embodied_r.evaluation.learning import training_signatures
 from embodied_r.errors import DiskFull, WriteFailure, disk_full, full_path, may_pass
 from embodied_r.paths import disk_full_line, home, home_line, in_home, refused
 from embodied_r.io import partial_path, read_summary
 from embodied_r.pipeline import StagePlan, execute
-from embodied_r.stage_kinds import KINDS, kind_of, params
-from embodied_r.tracking import Tracker, record_stage
+from embodied_r.stage_kinds import KINDS, kind_of
+
+
+class Observer(Protocol):
+    """Who the run loop tells what happens (``embodied_r.tracking.record.Recorder`` keeps it in
+    MLflow); ``stage_started`` gives the id the stage's own record is kept under, for its runner."""
+
+    environment: dict[str, str]  # what the stages' own processes need to report as it does
+
+    def run_started(self, selected: list[str], refreshed: list[str], chosen: bool) -> None: ...
+
+    def blocked(self, sp: StagePlan) -> str: ...
+
+    def stage_started(self, sp: StagePlan) -> str | None: ...
+
+    def stage_finished(self, sp: StagePlan, run_id: str | None, summary: dict[str, Any],
+                       signatures: list[str]) -> None: ...
+
+    def stage_failed(self, sp: StagePlan, run_id: str | None) -> None: ...
+
+    def stage_cached(self, sp: StagePlan, summary: dict[str, Any], signatures: list[str]) -> str: ...
+
+    def run_finished(self, cached: list[str] | None, final: StagePlan | None = None) -> dict[str, Any]: ...
 
 
 def _round(value: Any) -> Any:
@@ -89,18 +110,14 @@ def _payload(sp: StagePlan, run_id: str | None, summary: dict[str, Any]) -> dict
             "summary": json.loads(json.dumps(summary, default=str))}
 
 
-def run_stage(stage: dict[str, Any], tracker: Tracker | None = None) -> dict[str, Any] | State:
-    """Run one stage under its own MLflow child run; returns where its output is. A stage whose
-    folder is complete runs nothing: the task ends ``Cached`` with the stored summary (its
-    MLflow child is the flow's to log, ``flows.runner.log_cached_stage``)."""
+def run_stage(stage: dict[str, Any], observer: Observer | None = None) -> dict[str, Any] | State:
+    """Run one stage, telling ``observer`` it started and how it ended; returns where its output
+    is. A stage whose folder is complete runs nothing: the task ends ``Cached`` with the stored
+    summary (the flow tells the observer, ``flows.runner.say_cached``)."""
     sp = StagePlan.from_dict(stage)
     if sp.complete:
         return Completed(name="Cached", data=_payload(sp, None, read_summary(Path(sp.out))))
-    run_id = None
-    if tracker is not None:
-        # A tracking store that stopped answering costs no work: the stage runs untracked.
-        with tracker.guard(sp.name):
-            run_id = tracker.start_stage(sp.name, params(sp), tags={"stage_key": sp.key, "output": sp.out})
+    run_id = observer.stage_started(sp) if observer is not None else None
     _announce(sp, "started")
     progress.begin(sp.name, kind_of(sp.kind).unit)
     started = time.monotonic()
@@ -114,9 +131,8 @@ def run_stage(stage: dict[str, Any], tracker: Tracker | None = None) -> dict[str
             unwritable = None
         _announce(sp, "failed", time.monotonic() - started,
                   "disk full" if full else "home not writable" if unwritable else type(exc).__name__)
-        if run_id:
-            with tracker.guard(sp.name):
-                tracker.finish(run_id, "FAILED")
+        if observer is not None:
+            observer.stage_failed(sp, run_id)
         if full and not isinstance(exc, DiskFull):
             raise DiskFull(_disk_full_line(sp, exc)) from exc
         if unwritable is not None:
@@ -126,12 +142,8 @@ def run_stage(stage: dict[str, Any], tracker: Tracker | None = None) -> dict[str
                                f"in {partial_path(Path(sp.out)).name} and the rerun resumes it") from exc
         raise
     signatures = training_signatures(sp.name, summary)
-    if run_id:
-        with tracker.guard(sp.name):
-            record_stage(tracker, run_id, Path(sp.out), summary, sp.kind)
-            if signatures:
-                tracker.set_tags(run_id, {SIGNATURES_TAG: "\n".join(signatures)})
-            tracker.finish(run_id)
+    if observer is not None:
+        observer.stage_finished(sp, run_id, summary, signatures)
     _announce(sp, "done", time.monotonic() - started,
               "; ".join(part for part in ((_headline(sp.kind, summary) + _kept(sp.kind, summary)).strip(),
                                           _left_out(sp, summary)) if part))

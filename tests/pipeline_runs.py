@@ -71,22 +71,25 @@ def _stage_folders(root: Path) -> dict[str, Any]:
 
 
 def make_runs(root: Path) -> Runs:
-    """A fresh and a cached parent run, each with a child per stage, finished by the flow's own
+    """A fresh and a cached parent run, each with a child per stage, finished by the recorder's own
     ``finish_parent``; the trained model is registered under the fresh parent."""
+    from embodied_r.evaluation.learning import training_signatures
     from embodied_r.io import is_complete
-    from embodied_r.tracking import Tracker
-    from flows import mlflow_runs
-    from flows.runner import finish_parent
+    from embodied_r.tracking.names import parent_name
+    from embodied_r.stage_kinds import kind_of
+    from embodied_r.tracking.record import finish_parent, log_cached_stage
+    from embodied_r.tracking.runs import Tracker
 
     stages = _stage_folders(root)
     assert all(is_complete(Path(sp.out)) for sp in stages.values()), "stage folders must read as done"
     tracker = Tracker.open("embodied-r", f"sqlite:///{root / 'mlflow.db'}", root)
     parents = []
     for cached in ([], list(stages)):
-        run = tracker.start_parent(mlflow_runs.parent_name("demo"), {"recipe": "demo"}, {"recipe": {"name": "demo"}})
+        run = tracker.start_parent(parent_name("demo"), {"recipe": "demo"}, {"recipe": {"name": "demo"}})
         for name, sp in stages.items():
             if cached:
-                mlflow_runs.log_cached_stage(run, sp, json.loads((Path(sp.out) / "summary.json").read_text()))
+                summary = json.loads((Path(sp.out) / "summary.json").read_text())
+                log_cached_stage(run, sp, kind_of(sp.kind), summary, training_signatures(name, summary))
                 continue
             child = run.start_stage(name, {"x": 1}, tags={"stage_key": sp.key})
             for step in range(1, 3):
@@ -101,6 +104,7 @@ def make_runs(root: Path) -> Runs:
             registered = f"embodied-r-reasoner v{version.version}"
         else:
             registered = "embodied-r-reasoner v1"
-        finish_parent(run, stages, cached, list(stages), None, registered)
+        finish_parent(run, stages, cached, list(stages), stages["evaluate"], kind_of("evaluate").parent_view, "",
+                      registered)
         parents.append(run.parent_run_id)
     return Runs(tracker.uri, tracker.experiment_id, parents[0], parents[1], stages)

@@ -15,7 +15,7 @@ from embodied_r.stage_kinds import KINDS
 
 # Modules at the top of the package that every stage may use.
 FOUNDATION = {"io", "paths", "progress", "schemas", "benchmarks", "tracking", "runners", "errors", "redaction",
-              "children", "settings", "stage_plan", "merge", "shards", "tracking_store", "store_open", "explain"}
+              "children", "settings", "stage_plan", "merge", "shards", "explain"}
 # What each sub-package (or top-level module) may import besides itself and the foundation.
 ALLOWED: dict[str, set[str]] = {
     "backends": set(),

@@ -19,7 +19,8 @@ from embodied_r.data.catalog import metric_name, run_catalog
 from embodied_r.apps.cli_data import main as cli_main
 from embodied_r.data.config import CatalogConfig, DownloadConfig
 from embodied_r.data.download import run_download
-from embodied_r.tracking import Tracker, numeric_metrics
+from embodied_r.tracking.names import numeric_metrics
+from embodied_r.tracking.runs import Tracker
 
 REAL_MCQ = (SHARED or Path("/nonexistent")) / "benchmarks" / "urbanvideo-bench" / "MCQ.parquet"
 pytestmark = pytest.mark.skipif(not REAL_MCQ.is_file(), reason=f"real MCQ.parquet not found at {REAL_MCQ}")

@@ -7,7 +7,8 @@ import pytest
 from embodied_r.config import available_recipes, load_recipe, parse_override
 from embodied_r.errors import RecipeError, StageError
 from embodied_r.pipeline import plan
-from embodied_r.tracking import Tracker, numeric_metrics, safe_params
+from embodied_r.tracking.names import numeric_metrics, safe_params
+from embodied_r.tracking.runs import Tracker
 
 
 def test_shipped_recipes_validate():

@@ -53,10 +53,23 @@ def _stand_in_trainer(history: list[dict[str, Any]]):
 
 @pytest.fixture()
 def store(tmp_path: Path):
-    from embodied_r.tracking import Tracker
+    from embodied_r.tracking.runs import Tracker
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     return Tracker.open("signatures", uri, tmp_path)
+
+
+def _recorder(store: Any, root: Path, *stages: Any) -> Any:
+    """The run's recorder over a plan of ``stages``, its parent run started."""
+    from embodied_r.stage_plan import Plan
+    from embodied_r.stage_kinds import kind_of
+    from embodied_r.tracking.record import Recorder
+
+    plan = Plan({sp.name: sp for sp in stages}, pipeline="embodied-r", root=root,
+                recipe={"name": "signatures", "tracking": {"tracking_uri": store.uri, "experiment": "signatures"}})
+    recorder = Recorder(plan, kind_of)
+    recorder.run_started(list(plan), [])
+    return recorder
 
 
 def _tags(tracker: Any, run_id: str) -> dict[str, str]:
@@ -69,15 +82,14 @@ def test_a_memorising_stage_is_named_as_it_ends_and_on_its_runs(tmp_path: Path, 
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     import tasks.stages
     from embodied_r.pipeline import StagePlan
-    from flows import mlflow_runs
-    from flows.runner import log_cached_stage
+    from embodied_r.tracking.record import stage_run_ids
+    from flows.runner import say_cached
 
     # Accuracy 40 % -> 70 %; the consistency reward (paid for right answers only) 36 % -> 42 %:
     # the consistent share of right answers falls from 90 % to 60 %.
     monkeypatch.setattr(tasks.stages, "execute", _stand_in_trainer(_history((0.40, 0.70), (0.36, 0.42))))
     sp = StagePlan("train_stage3", "train", "k3", str(tmp_path / "stages" / "train_stage3" / "k3"), ())
-    run = store.start_parent("fresh", {}, {})
-    run_id = tasks.stages.run_stage(sp.to_dict(), run)["mlflow_run_id"]
+    run_id = tasks.stages.run_stage(sp.to_dict(), _recorder(store, tmp_path, sp))["mlflow_run_id"]
     out = capsys.readouterr().out
     done = out.index("[stage] train_stage3  done")
     said = [line for line in out[done:].splitlines() if line.startswith("Failure signature")]
@@ -88,10 +100,10 @@ def test_a_memorising_stage_is_named_as_it_ends_and_on_its_runs(tmp_path: Path, 
     assert _tags(store, run_id)["failure_signatures"].splitlines() == said
 
     # A rerun finds the stage done: its cached stage run says the same, on the terminal too.
-    rerun = store.start_parent("cached", {}, {})
-    log_cached_stage(rerun, sp, json.loads((Path(sp.out) / "summary.json").read_text()))
+    rerun = _recorder(store, tmp_path, sp)
+    say_cached(rerun, sp, json.loads((Path(sp.out) / "summary.json").read_text()))
     assert [line for line in capsys.readouterr().out.splitlines() if line.startswith("Failure signature")] == said
-    cached = mlflow_runs.stage_run_ids(rerun)["train_stage3"]
+    cached = stage_run_ids(rerun.tracker)["train_stage3"]
     assert _tags(store, cached)["failure_signatures"].splitlines() == said
 
 
@@ -102,8 +114,7 @@ def test_a_healthy_stage_says_nothing(tmp_path: Path, store: Any, capsys, monkey
     # Both rise, and nine right answers in ten are consistent throughout.
     monkeypatch.setattr(tasks.stages, "execute", _stand_in_trainer(_history((0.40, 0.70), (0.36, 0.63))))
     sp = StagePlan("train_stage3", "train", "k3", str(tmp_path / "stages" / "train_stage3" / "k3"), ())
-    run = store.start_parent("fresh", {}, {})
-    run_id = tasks.stages.run_stage(sp.to_dict(), run)["mlflow_run_id"]
+    run_id = tasks.stages.run_stage(sp.to_dict(), _recorder(store, tmp_path, sp))["mlflow_run_id"]
     assert "Failure signature" not in capsys.readouterr().out
     assert "failure_signatures" not in _tags(store, run_id)
 
@@ -116,10 +127,11 @@ def test_a_run_whose_judged_consistency_is_forced_low_says_so_on_its_parent(tmp_
     from embodied_r.evaluation.learning import write_learning
     from embodied_r.evaluation.report import write_report
     from embodied_r.apps.cli import _print_learning
-    from embodied_r.io import write_summary
+    from embodied_r.io import read_summary, write_summary
     from embodied_r.pipeline import StagePlan
+    from embodied_r.stage_kinds import kind_of
+    from embodied_r.tracking.record import finish_parent
     from embodied_r.training.learning import quarter_stats
-    from flows.runner import finish_parent
 
     train = tmp_path / "stages" / "train_stage3" / "k3"
     train.mkdir(parents=True)
@@ -141,7 +153,8 @@ def test_a_run_whose_judged_consistency_is_forced_low_says_so_on_its_parent(tmp_
               "evaluate": StagePlan("evaluate", "evaluate", "ke", str(evaluate), ("train_stage3",),
                                     config={"split": "test"})}
     run = store.start_parent("fresh", {}, {})
-    final = finish_parent(run, stages, [], list(stages), None, "")
+    finish_parent(run, stages, [], list(stages), stages["evaluate"], kind_of("evaluate").parent_view, "")
+    final = read_summary(evaluate)
     lines = _tags(store, run.parent_run_id)["failure_signatures"].splitlines()
     assert [line.split(":")[0] for line in lines] == ["Failure signature, evaluation"] + 2 * ["Failure signature, stage3"]
     assert lines[0].startswith("Failure signature, evaluation: the judge reaches 62.0 % of the answers")

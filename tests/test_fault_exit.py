@@ -46,7 +46,7 @@ OPEN_STORE = (
     "import sys, time\n"
     "from pathlib import Path\n"
     "from embodied_r.paths import default_tracking_uri\n"
-    "from embodied_r.tracking import Tracker\n"
+    "from embodied_r.tracking.runs import Tracker\n"
     "import mlflow.store.tracking.sqlalchemy_store\n"  # the slow imports before the start line
     "home, go = Path(sys.argv[1]), Path(sys.argv[2])\n"
     "while not go.exists():\n"

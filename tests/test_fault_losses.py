@@ -25,7 +25,6 @@ import pyarrow.parquet as pq
 import pytest
 
 from embodied_r.apps.cli import main
-from embodied_r.errors import TrackingLost, TrackingUnavailable
 from tests.servers import background, free_port, serve_on_free_port
 from tests.test_interrupts import _cli, _env, _run
 
@@ -60,7 +59,8 @@ def test_a_tracking_server_that_does_not_answer_is_named_at_validate_and_before_
 
 
 def test_a_store_that_accepts_but_never_answers_is_named_too() -> None:
-    from embodied_r.tracking_store import check_store
+    from embodied_r.errors import TrackingUnavailable
+    from embodied_r.tracking.store import check_store
 
     with socket.socket() as silent:  # connections queue in its backlog and are never answered
         silent.bind(("127.0.0.1", 0))
@@ -72,14 +72,18 @@ def test_a_store_that_accepts_but_never_answers_is_named_too() -> None:
     check_store("sqlite:////nowhere/mlflow.db")  # a local store needs no server
 
 
-def test_calls_to_a_store_that_stopped_answering_fail_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A server that answered, then went away: the next call finds it gone before it is sent
-    (MLflow's client would retry it for minutes), and every later call fails at once, as lost."""
+def test_calls_to_a_store_that_stopped_answering_fail_at_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server that answered, then went away: the next write finds it gone before it is sent
+    (MLflow's client would retry it for minutes) and is kept in the home's outbox; a read waits
+    for the server up to the bound, then fails as lost, and every later read fails at once."""
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
     import threading
+    import time
 
-    from embodied_r.tracking import Tracker
-    from embodied_r.tracking_store import check_store, tracking_lost
+    from embodied_r.errors import TrackingLost
+    from embodied_r.tracking.link import link, tracking_lost
+    from embodied_r.tracking.runs import Tracker
+    from embodied_r.tracking.store import check_store
 
     class Health(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -91,21 +95,34 @@ def test_calls_to_a_store_that_stopped_answering_fail_at_once(monkeypatch: pytes
         def log_message(self, *args: Any) -> None:
             pass
 
+    monkeypatch.setenv("EMBODIED_R_HOME", str(tmp_path))
     server = ThreadingHTTPServer(("127.0.0.1", 0), Health)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     uri = f"http://127.0.0.1:{server.server_address[1]}"
     check_store(uri)
     server.shutdown()
     server.server_close()
+    store = link(uri)
+    store.bound_s = 1.0
+
+    class NotSent:
+        def __getattr__(self, name: str) -> Any:
+            def sent(*args: Any, **kwargs: Any) -> None:
+                raise AssertionError(f"{name} was sent to a server that is gone")
+
+            return sent
+
+    monkeypatch.setattr(store, "_client", NotSent())
     tracker = Tracker(uri, "0", "run")
-    # Were the call sent, it would fail at once too (no retries), as MLflow's own error.
-    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    tracker.log_metrics("run", {"x": 1.0})
+    assert [op["op"] for _, op in store.box.pending()] == ["batch"] and not tracking_lost(uri)
     with pytest.raises(TrackingLost) as first:
-        tracker.log_metrics("run", {"x": 1.0})
-    assert first.value.__cause__ is None, "the call was sent to a server that is gone"
+        tracker.client.get_run("run")
     assert uri in str(first.value) and tracking_lost(uri)
+    started = time.monotonic()
     with pytest.raises(TrackingLost):
         tracker.client.get_run("run")
+    assert time.monotonic() - started < 0.5
 
 
 # -- a finished stage folder that lost a file -----------------------------------------------
@@ -128,7 +145,7 @@ def _finished(folder: Path, files: dict[str, Any]) -> Path:
 
 def test_a_finished_folder_records_its_outputs_and_names_what_it_lost(tmp_path: Path) -> None:
     from embodied_r.io import damaged_outputs, read_summary
-    from embodied_r.tracking import stage_metrics
+    from embodied_r.tracking.names import stage_metrics
 
     rows = [{"id": i, "text": "x" * 50} for i in range(200)]
     folder = _finished(tmp_path / "stage", {"train.parquet": rows, "test.parquet": rows[:20],
@@ -235,7 +252,9 @@ def killed_mid_run(root: Path) -> dict[str, Any]:
     with serve_on_free_port(lambda port: _mlflow(store, port), root / "server.log", env, timeout=180) as (server, port):
         uri = f"http://127.0.0.1:{port}"
         with open(root / "stderr.txt", "w") as err:
-            proc = subprocess.Popen(_cli("run", "--recipe", "smoke", *ONE_STAGE), env=_env(home, MLFLOW_TRACKING_URI=uri),
+            # The server never comes back: the run waits for it only briefly (``tracking.outage_s``).
+            proc = subprocess.Popen(_cli("run", "--recipe", "smoke", *ONE_STAGE, "--set", "tracking.outage_s=10"),
+                                    env=_env(home, MLFLOW_TRACKING_URI=uri),
                                     cwd=ROOT, stdout=subprocess.PIPE, stderr=err, text=True)
         lines = []
         assert proc.stdout is not None

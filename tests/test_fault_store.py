@@ -17,7 +17,6 @@ from pathlib import Path
 import pytest
 
 from embodied_r.apps.cli import main
-from embodied_r.errors import TrackingUnavailable
 from tests.test_fault_disk import CLASS_NAME, _cli, _env, ro_folder  # noqa: F401 - a fixture
 
 @pytest.fixture
@@ -129,6 +128,7 @@ def test_every_command_that_uses_the_store_names_it_first(tmp_path, home, monkey
     assert not (home / "stages").exists()
 
     # The nightly re-evaluation (a deployment's flow), before it evaluates anything.
+    from embodied_r.errors import TrackingUnavailable
     from flows.reevaluate import reevaluate
 
     with pytest.raises(TrackingUnavailable, match=re.escape(said[len("error: "):])):
@@ -140,7 +140,8 @@ def test_a_database_damaged_past_its_header_is_named_when_opened(tmp_path, home)
     import sqlite3
 
     from embodied_r.evaluation.registry import client
-    from embodied_r.tracking import Tracker
+    from embodied_r.errors import TrackingUnavailable
+    from embodied_r.tracking.runs import Tracker
 
     path = tmp_path / "mlflow.db"
     sqlite3.connect(path).execute("CREATE TABLE notes (x)").connection.commit()
@@ -157,8 +158,8 @@ def test_a_database_damaged_past_its_header_is_named_when_opened(tmp_path, home)
 
 
 def test_a_store_that_becomes_read_only_mid_run_is_said_once_and_skipped(tmp_path, home, ro_folder, capsys) -> None:
-    from embodied_r.tracking import Tracker
-    from embodied_r.tracking_store import lost_line, tracking_lost
+    from embodied_r.tracking.runs import Tracker
+    from embodied_r.tracking.link import lost_line, tracking_lost
 
     folder = tmp_path / "store"
     folder.mkdir()

@@ -355,7 +355,7 @@ def _state(pid: int) -> str:
 def test_runs_of_a_dead_process_are_marked_killed(tmp_path: Path) -> None:
     from mlflow import MlflowClient
 
-    from embodied_r.tracking import OWNER_TAG, Tracker, owner_tags
+    from embodied_r.tracking.runs import OWNER_TAG, Tracker, owner_tags
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     tracker = Tracker.open("faults", uri, root=tmp_path)

@@ -292,7 +292,7 @@ def test_grpo_arguments_exist_in_the_installed_trl() -> None:
 def test_the_settings_reach_mlflow_as_params(tmp_path: Path) -> None:
     """A stage's MLflow run logs its config as params: every typed setting and named option."""
     from embodied_r.pipeline import plan
-    from embodied_r.tracking import safe_params
+    from embodied_r.tracking.names import safe_params
 
     stages = plan(load_recipe("paper"), tmp_path)
     train = safe_params(stages["train_stage1"].config)

@@ -158,7 +158,7 @@ def check_mlflow_ui(binary, harness, tmp_path):
     from browser import Browser
     from servers import background, free_port
 
-    from flows.mlflow_runs import runs_url
+    from embodied_r.tracking.names import runs_url
 
     uri = f"sqlite:///{harness / 'mlflow.db'}"
     client = MlflowClient(tracking_uri=uri)

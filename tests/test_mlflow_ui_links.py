@@ -52,7 +52,7 @@ def training_side(browser, *needles: str) -> str:
 
 
 def test_the_printed_links_open_the_runs(ui) -> None:
-    from flows.mlflow_runs import run_url, runs_url
+    from embodied_r.tracking.names import run_url, runs_url
 
     runs, base, browser, shots = ui
     from mlflow import MlflowClient
@@ -99,7 +99,7 @@ def test_every_description_link_opens_the_training_side(ui) -> None:
 def test_the_sidebar_hint_names_the_switch_the_ui_shows(ui) -> None:
     """Arriving from the home page the experiment opens on GenAI; the hint's words are the
     switch's own."""
-    from flows.mlflow_runs import SIDEBAR_HINT
+    from embodied_r.tracking.names import SIDEBAR_HINT
 
     runs, base, browser, _ = ui
     browser.open(f"{base}/#/experiments/{runs.experiment_id}")

@@ -35,7 +35,7 @@ def test_parent_names_start_with_their_cache_status(runs: Runs) -> None:
     assert re.fullmatch(r"fresh demo \d{4}-\d\d-\d\d \d\d:\d\d", fresh.info.run_name), fresh.info.run_name
     assert cached.info.run_name.startswith("cached demo ")
     assert fresh.data.tags["cache_status"] == "fresh" and cached.data.tags["cache_status"] == "cached"
-    from flows.mlflow_runs import finished_name
+    from embodied_r.tracking.names import finished_name
 
     assert finished_name("demo 2026-01-01 10:00", "partly cached (3/12)") == "partly cached demo 2026-01-01 10:00"
     assert finished_name("cached demo x", "cached") == "cached demo x"
@@ -60,7 +60,7 @@ def test_the_parent_description_carries_the_learning_block(runs: Runs) -> None:
 
 
 def test_every_link_the_project_writes_opens_the_training_view(runs: Runs) -> None:
-    from flows.mlflow_runs import run_url, runs_url
+    from embodied_r.tracking.names import run_url, runs_url
 
     client = _client(runs)
     links = [run_url(runs.uri, runs.experiment_id, runs.fresh), runs_url(runs.uri, runs.experiment_id)]
@@ -105,22 +105,23 @@ def test_the_parent_charts_all_stages_rewards_on_the_trainers_global_step(runs: 
 
 
 def test_a_training_stage_summary_goes_to_params_not_one_chart_per_figure() -> None:
-    from embodied_r.tracking import stage_record
+    from embodied_r.stage_kinds import kind_of
+    from embodied_r.tracking.names import stage_record
 
     summary = {"steps": 36, "final_reward": 0.41234567, "epochs_reached": 2.0, "seconds": 50.1,
                "quarters": {"format": {"first": 0.5}}}
-    metrics, params = stage_record(summary, "train")
+    metrics, params = stage_record(summary, kind_of("train").summary_as_params)
     assert params == {"summary.steps": "36", "summary.final_reward": "0.4123", "summary.epochs_reached": "2",
                       "summary.quarters.format.first": "0.5"}
     assert metrics == {"timing/seconds": 50.1}
-    assert stage_record({"done": 3}, "keyframes") == ({"summary/done": 3.0}, {})
+    assert stage_record({"done": 3}, kind_of("keyframes").summary_as_params) == ({"summary/done": 3.0}, {})
 
 
 def test_the_cached_warm_start_copies_the_trainers_params(tmp_path: Path) -> None:
     from embodied_r.pipeline import StagePlan
-    from embodied_r.stage_kinds import params
-    from embodied_r.tracking import Tracker
-    from flows.mlflow_runs import log_cached_stage
+    from embodied_r.stage_kinds import kind_of
+    from embodied_r.tracking.runs import Tracker
+    from embodied_r.tracking.record import log_cached_stage, stage_params
 
     out = tmp_path / "warm"
     out.mkdir()
@@ -128,11 +129,11 @@ def test_the_cached_warm_start_copies_the_trainers_params(tmp_path: Path) -> Non
     sp = StagePlan("warmstart", "warmstart", "kw", str(out), (), config={"epochs": 2})
     tracker = Tracker.open("warm", f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path)
     first = tracker.start_parent("p1", {}, {})
-    source = first.start_stage("warmstart", params(sp), tags={"stage_key": "kw"})
+    source = first.start_stage("warmstart", stage_params(sp, kind_of(sp.kind)), tags={"stage_key": "kw"})
     first.log_params(source, {"trainer.learning_rate": "0.003", "summary.steps": "3"})
     first.finish(source)
     second = tracker.start_parent("p2", {}, {})
-    log_cached_stage(second, sp, {"steps": 3})
+    log_cached_stage(second, sp, kind_of(sp.kind), {"steps": 3})
     child = second.client.search_runs([tracker.experiment_id], f"tags.mlflow.parentRunId = '{second.parent_run_id}'")[0]
     assert child.info.run_name == "warmstart"
     assert child.data.params == {"warmstart.epochs": "2", "trainer.learning_rate": "0.003", "summary.steps": "3"}
@@ -140,7 +141,7 @@ def test_the_cached_warm_start_copies_the_trainers_params(tmp_path: Path) -> Non
 
 def test_the_console_closes_with_counts_percent_and_the_sidebar_hint(runs: Runs, capsys) -> None:
     from embodied_r.apps.cli import _print_outcome
-    from flows.mlflow_runs import SIDEBAR_HINT, run_url, runs_url
+    from embodied_r.tracking.names import SIDEBAR_HINT, run_url, runs_url
     from pipeline_runs import FINAL
 
     _print_outcome({"evaluation": FINAL, "tracking_uri": runs.uri, "mlflow_run_id": runs.cached,
@@ -159,7 +160,7 @@ def test_mlflow_does_not_announce_its_store_tables(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    code = ("from embodied_r.tracking import Tracker; "
+    code = ("from embodied_r.tracking.runs import Tracker; "
             f"Tracker.open('x', 'sqlite:///{tmp_path / 'm.db'}', __import__('pathlib').Path('{tmp_path}'))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                           cwd=Path(__file__).resolve().parents[1])

@@ -282,7 +282,7 @@ def test_stage_over_http_plain_text_and_faults(tmp_path: Path, monkeypatch: pyte
     # metrics, in a real SQLite store; the key stays out of params and artifacts.
     from mlflow import MlflowClient
 
-    from embodied_r.tracking import Tracker, record_stage
+    from embodied_r.tracking.runs import Tracker, record_stage
 
     tracker = Tracker.open("perception-test", f"sqlite:///{tmp_path / 'mlflow.db'}", root=tmp_path)
     run_id = tracker.start_stage("perception", cfg.model_dump(mode="json"))

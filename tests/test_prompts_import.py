@@ -20,7 +20,7 @@ from embodied_r.errors import PromptsError, RecipeError
 from embodied_r.pipeline import plan
 from embodied_r.prompts.official import import_checkout
 from embodied_r.prompts.store import load
-from embodied_r.tracking import safe_params
+from embodied_r.tracking.names import safe_params
 
 FIXTURES = Path(__file__).parent / "fixtures" / "official"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"

@@ -19,7 +19,8 @@ from embodied_r.paths import claim_home
 
 def _used_home(root: Path) -> None:
     """A home as the pipeline leaves it: marker, a catalog with video paths, a summary, MLflow."""
-    from embodied_r.tracking import Tracker, tracking_uri
+    from embodied_r.tracking.runs import Tracker
+    from embodied_r.tracking.store import tracking_uri
 
     claim_home(root)
     stage = root / "stages" / "preprocess" / "abc"
@@ -54,7 +55,7 @@ def test_a_moved_home_is_refused_then_relocated(tmp_path: Path):
 
     from mlflow import MlflowClient
 
-    from embodied_r.tracking import tracking_uri
+    from embodied_r.tracking.store import tracking_uri
 
     exp = MlflowClient(tracking_uri(None, new)).get_experiment_by_name("relocate-test")
     assert exp.artifact_location == (new / "mlartifacts").as_uri()

@@ -196,7 +196,9 @@ def test_warm_start_stage_run_keeps_its_config_and_the_trainers_own_params(tmp_p
     from mlflow import MlflowClient
 
     from embodied_r.pipeline import StagePlan
-    from embodied_r.tracking import Tracker
+    from embodied_r.stage_kinds import kind_of
+    from embodied_r.stage_plan import Plan
+    from embodied_r.tracking.record import Recorder
     from embodied_r.training.config import WarmstartConfig
     from tasks.stages import run_stage
 
@@ -207,8 +209,10 @@ def test_warm_start_stage_run_keeps_its_config_and_the_trainers_own_params(tmp_p
                    cfg.model_dump(mode="json", exclude={"python"}))
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)  # the store the trainer child reports to
-    tracker = Tracker.open("warm", uri, tmp_path)
-    run_id = run_stage(sp.to_dict(), tracker)["mlflow_run_id"]
+    recorder = Recorder(Plan({sp.name: sp}, pipeline="embodied-r", root=tmp_path,
+                             recipe={"name": "warm", "tracking": {"tracking_uri": uri, "experiment": "warm"}}), kind_of)
+    recorder.run_started([sp.name], [])
+    run_id = run_stage(sp.to_dict(), recorder)["mlflow_run_id"]
     run = MlflowClient(tracking_uri=uri).get_run(run_id)
     params = run.data.params
     assert params["warmstart.bf16"] == "None" and params["warmstart.max_steps"] == "1"

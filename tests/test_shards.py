@@ -20,7 +20,7 @@ from embodied_r.keyframes.stage import run_keyframes
 from embodied_r.perception.stage import run_perception
 from embodied_r.perception.config import PerceptionConfig
 from embodied_r.shards import LOG_NAME, members, parse_selection, shard_folder, shard_of, shard_paths
-from embodied_r.tracking import stage_metrics
+from embodied_r.tracking.names import stage_metrics
 from test_evaluation import _mixed_cfg, mixed  # noqa: F401 - a fixture
 from test_keyframes import _catalog, videos  # noqa: F401 - a fixture
 from test_perception import make_inputs

@@ -11,7 +11,7 @@ import pytest
 
 from embodied_r.backends.base import BackendConfig
 from embodied_r.io import partial_path
-from embodied_r.tracking import stage_metrics
+from embodied_r.tracking.names import stage_metrics
 from embodied_r.training.records import run_records
 from embodied_r.training.records_config import RecordsConfig
 from embodied_r.training.config import GRPOStageConfig, TrainingConfig, VLLMRollouts

@@ -11,8 +11,9 @@ import pytest
 
 from embodied_r import progress
 from embodied_r.evaluation.report import LEGEND, render_markdown, task_name
-from embodied_r.tracking import (METRIC_GROUPS, RUN_LIST_VIEW_TAG, Tracker, stage_metric_name,
-                                 trainer_metric_name)
+from embodied_r.tracking.names import (METRIC_GROUPS, RUN_LIST_VIEW_TAG, stage_metric_name,
+                                       trainer_metric_name)
+from embodied_r.tracking.runs import Tracker
 from embodied_r.training.callbacks import sampled_steps, sft_step_record, step_record
 
 
@@ -83,7 +84,7 @@ def tracker(tmp_path: Path) -> Tracker:
 
 
 def test_experiment_opens_on_the_run_list(tracker: Tracker, tmp_path: Path) -> None:
-    from flows.mlflow_runs import runs_url
+    from embodied_r.tracking.names import runs_url
 
     experiment = tracker.client.get_experiment(tracker.experiment_id)
     assert experiment.tags["mlflow.experimentKind"] == "custom_model_development"
@@ -132,7 +133,8 @@ def test_step_figures_reach_mlflow_in_batches_each_at_its_step(tracker: Tracker,
 
 def test_a_cached_stage_links_to_and_copies_its_source_run(tracker: Tracker, tmp_path: Path) -> None:
     from embodied_r.pipeline import StagePlan
-    from flows.mlflow_runs import log_cached_stage
+    from embodied_r.stage_kinds import kind_of
+    from embodied_r.tracking.record import log_cached_stage
 
     out = tmp_path / "stages" / "evaluate" / "k1"
     out.mkdir(parents=True)
@@ -149,7 +151,7 @@ def test_a_cached_stage_links_to_and_copies_its_source_run(tracker: Tracker, tmp
     first.finish(source)
 
     second = tracker.start_parent("p2", {}, {})
-    assert log_cached_stage(second, sp, {"accuracy/overall": 0.5}) == source
+    assert log_cached_stage(second, sp, kind_of(sp.kind), {"accuracy/overall": 0.5}) == source
     child = second.client.search_runs([tracker.experiment_id],
                                       f"tags.mlflow.parentRunId = '{second.parent_run_id}'")[0]
     assert child.data.tags["source_run_id"] == source and child.data.tags["cache_hit"] == "true"
@@ -159,7 +161,7 @@ def test_a_cached_stage_links_to_and_copies_its_source_run(tracker: Tracker, tmp
     assert child.data.metrics["accuracy/overall"] == 0.5
     # A cached run is never taken as the source of a later one.
     third = tracker.start_parent("p3", {}, {})
-    assert log_cached_stage(third, sp, {}) == source
+    assert log_cached_stage(third, sp, kind_of(sp.kind), {}) == source
 
 
 def test_registered_reasoner_loads_as_a_transformers_model(tiny_lm_path: Path, tmp_path: Path) -> None:

@@ -114,19 +114,28 @@ def _print_outcome(result: dict[str, Any], seconds: float, synthetic: bool = Fal
     uri = result.get("tracking_uri", "")
     if result.get("tracking_lost"):
         print(f"\nProject home: {home()}")
+        _print_log()
         return
     print(f"\nMLflow store: {uri}  (parent run {result.get('mlflow_run_id')})")
     if uri.startswith("sqlite:"):
         print(f"Open its UI:  mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000")
     print(f"Project home: {home()}")
+    _print_log()
     if result.get("mlflow_run_url"):
         print(f"This run in MLflow: {result['mlflow_run_url']}")
     if result.get("mlflow_runs_url"):
         print(f"All runs, headline columns: {result['mlflow_runs_url']}")
     if result.get("mlflow_run_url"):
-        from flows.mlflow_runs import SIDEBAR_HINT
+        from embodied_r.tracking.names import SIDEBAR_HINT
 
         print(SIDEBAR_HINT)
+
+
+def _print_log() -> None:
+    from embodied_r.apps.console import run_log
+
+    if (log := run_log()) is not None:
+        print(f"Run log:      {log}  (the libraries' own messages)")
 
 
 def _accuracy(summary: dict[str, Any], key: str) -> str:
@@ -148,8 +157,7 @@ def _precheck(args: argparse.Namespace, stage: str | None, overrides: dict[str, 
     from embodied_r.config import backend_problems, load_recipe
     from embodied_r.errors import RecipeError
     from embodied_r.pipeline import plan
-    from embodied_r.tracking import tracking_uri
-    from embodied_r.tracking_store import check_store
+    from embodied_r.tracking.store import check_store, tracking_uri
 
     recipe = load_recipe(args.recipe, overrides or None)
     stages = plan(recipe)
@@ -218,8 +226,7 @@ def _cmd_validate(args: argparse.Namespace) -> int:
     from embodied_r.apps.cli_reasoner import is_reasoner_recipe, validate_reasoner
     from embodied_r.config import backend_problems, load_recipe
     from embodied_r.errors import RecipeError
-    from embodied_r.tracking import tracking_uri
-    from embodied_r.tracking_store import check_store
+    from embodied_r.tracking.store import check_store, tracking_uri
 
     if is_reasoner_recipe(args.recipe):
         return validate_reasoner(args)
@@ -334,6 +341,10 @@ def main(argv: list[str] | None = None) -> int:
             return _cmd_relocate(args)
         if args.command not in ("recipes", "validate"):
             claim_home()
+        if args.command not in ("recipes", "validate", "plan"):
+            from embodied_r.apps.console import own_console
+
+            own_console(args.command)
         if getattr(args, "handler", None) is not None:
             return args.handler(args)
         if args.command in ("demo", "run"):

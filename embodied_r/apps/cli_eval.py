@@ -35,14 +35,14 @@ def _root() -> Path:
 
 
 def _store(recipe: Any) -> str:
-    from embodied_r.tracking import tracking_uri
+    from embodied_r.tracking.store import tracking_uri
 
     return tracking_uri(recipe.tracking.tracking_uri, _root())
 
 
 def _checked_store(recipe: Any) -> str:
     """The recipe's tracking store, checked before the command's work rather than after it."""
-    from embodied_r.tracking_store import check_store
+    from embodied_r.tracking.store import check_store
 
     uri = _store(recipe)
     check_store(uri)
@@ -127,7 +127,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 def _track(recipe: Any, name: str, out: Path, summary: dict[str, Any], params: dict[str, Any]) -> str:
     from embodied_r.evaluation.report import REPORT_FILES
-    from embodied_r.tracking import Tracker, record_stage
+    from embodied_r.tracking.runs import Tracker, record_stage
 
     tracker = Tracker.open(recipe.tracking.experiment, _store(recipe), _root())
     run_id = tracker.start_stage(name, params, tags={"output": str(out)})

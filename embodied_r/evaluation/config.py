@@ -13,7 +13,7 @@ from embodied_r.scoring.answers import AnswerParser, ChoiceParser
 from embodied_r.scoring.config import NumberParsing
 from embodied_r.settings import operational, result_settings
 from embodied_r.stage_plan import ACCURACY, MODEL, WARMSTART, Ref, StageKind
-from embodied_r.tracking import TrackingConfig
+from embodied_r.tracking.config import TrackingConfig
 
 
 def _greedy_backend() -> BackendConfig:
@@ -127,7 +127,7 @@ def _promotion(recipe: Any, builder: Any, kind: StageKind) -> None:
     if not recipe.tracking.promote:
         return
     from embodied_r.paths import default_tracking_uri
-    from embodied_r.tracking import tracking_uri
+    from embodied_r.tracking.store import tracking_uri
 
     cfg, keyed = _settings(recipe, builder)
     bars = recipe.tracking.model_dump(mode="json", include={"registered_model", "promote_split", "promote_metric"})
@@ -144,7 +144,8 @@ def _promotion(recipe: Any, builder: Any, kind: StageKind) -> None:
 EVALUATE = StageKind("evaluate", "embodied_r.evaluation.stage:run_stage", "gpu-infer",
                      "evaluate the trained reasoner on the test split", section="evaluation", config=EvaluationConfig,
                      expand=_evaluations, inputs={"records": "convert", "model": MODEL}, retries=1, retry_delay_s=30,
-                     unit="questions", headline="accuracy", figures=ACCURACY)
+                     unit="questions", headline="accuracy", figures=ACCURACY,
+                     parent_view="embodied_r.evaluation.parent:parent_view")
 PROMOTE = StageKind("promote", "embodied_r.evaluation.promotion:run_stage", "gpu-infer",
                     "register the trained reasoner and give it @champion when it beats the bars", section="tracking",
                     config=TrackingConfig, expand=_promotion,

@@ -16,7 +16,7 @@ from typing import Any, Mapping, Sequence
 
 from embodied_r.io import read_json
 from embodied_r.scoring.paired import PairedResult, format_paired, paired_test
-from embodied_r.tracking import EXPLORATION, LENGTH, trainer_metric_name
+from embodied_r.tracking.names import EXPLORATION, LENGTH, trainer_metric_name
 from embodied_r.scoring.metrics import (
     CI_HIGH,
     CI_LOW,
@@ -227,9 +227,6 @@ def learning_table(figures: Mapping[str, Any]) -> list[str]:
 # "rising" and "falling" are read from first- and last-quarter means, which single noisy
 # steps do not move.
 CONSISTENCY_FLOOR = 0.80
-# The MLflow tag of a run (parent or training stage) that shows any, one line each: searchable
-# in the run list with tags.failure_signatures LIKE '%'.
-SIGNATURES_TAG = "failure_signatures"
 HACKING_ADVICE = "raise the consistency reward's weight or inspect the cases (reward hacking)"
 MEMORISING_ADVICE = "strengthen the process reward (memorising)"
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from embodied_r.errors import RegistryError
-from embodied_r.tracking import MODEL_NAME
+from embodied_r.tracking.config import MODEL_NAME
 CHAMPION = "champion"
 CHAMPION_URI = f"models:/{MODEL_NAME}@{CHAMPION}"
 _URI_RE = re.compile(r"^models:/(?P<name>[^/@]+)(?:@(?P<alias>[^/]+)|/(?P<version>\d+))/?$")
@@ -51,7 +51,7 @@ def parse_model_uri(uri: str) -> ModelRef:
 
 
 def _uri(tracking_uri: str | None) -> str:
-    from embodied_r.tracking import tracking_uri as default_uri
+    from embodied_r.tracking.store import tracking_uri as default_uri
 
     return default_uri(tracking_uri)
 
@@ -60,7 +60,7 @@ def client(tracking_uri: str | None = None) -> Any:
     """The registry's client; a store that cannot be opened is said in one line naming it."""
     from mlflow import MlflowClient
 
-    from embodied_r.tracking_store import check_store, opening
+    from embodied_r.tracking.store import check_store, opening
 
     uri = _uri(tracking_uri)
     check_store(uri)
@@ -92,7 +92,7 @@ def register_model_folder(
     uri = _uri(tracking_uri)
     c = client(uri)
     if run_id is None:
-        from embodied_r.tracking import Tracker
+        from embodied_r.tracking.runs import Tracker
 
         tracker = Tracker.open(experiment, uri)
         run_id = c.create_run(tracker.experiment_id, run_name=f"register-{name}",

@@ -13,7 +13,7 @@ from embodied_r.merge import deep_merge
 from embodied_r.prompts.store import PromptsConfig
 from embodied_r.settings import operational, result_settings
 from embodied_r.stage_plan import ITEMS, MODEL, TRAINING, Ref, StageKind
-from embodied_r.tracking import TrackingConfig
+from embodied_r.tracking.config import TrackingConfig
 
 HUB_REPO = "zwq2018/embodied_reasoner"
 

@@ -10,7 +10,7 @@ from embodied_r.errors import StageError
 from embodied_r.evaluation.models import evaluate_model as evaluate_on_records, resolve_reasoner
 from embodied_r.evaluation.registry import CHAMPION_URI
 from embodied_r.pipeline import Plan, training_stage_names
-from embodied_r.tracking import tracking_uri
+from embodied_r.tracking.store import tracking_uri
 
 
 def trained_model(stages: Plan) -> str:

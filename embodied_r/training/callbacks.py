@@ -18,7 +18,8 @@ from typing import Any
 
 from embodied_r.backends.base import completion_text
 from embodied_r.errors import TrackingLost
-from embodied_r.tracking import Tracker, trainer_metric_name
+from embodied_r.tracking.names import trainer_metric_name
+from embodied_r.tracking.runs import Tracker
 
 log = logging.getLogger("embodied_r.training.callbacks")
 
@@ -122,9 +123,9 @@ FLUSH_SECONDS = 5.0
 
 class StepMetrics:
     """A trainer's step figures on their way into an MLflow run, sent together every
-    ``every_s`` seconds and when training ends (``flush``). A batch lost to the tracking server
-    is a warning, never a stop; a server gone is said by the parent once the stage ends: the
-    steps are in history.json. A trainer killed loses at most the last ``every_s`` seconds."""
+    ``every_s`` seconds and when training ends (``flush``). While the server is away they wait
+    in the outbox (``tracking.link``) and go once it answers; a batch the store refuses is a
+    warning, never a stop. A trainer killed loses at most the last ``every_s`` seconds."""
 
     def __init__(self, tracker: Tracker, run_id: str, every_s: float = FLUSH_SECONDS):
         self.tracker, self.run_id, self.every_s = tracker, run_id, every_s

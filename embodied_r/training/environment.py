@@ -217,7 +217,7 @@ def _child_env(mlflow_run_id: str | None, uri: str | None = None) -> dict[str, s
     env[PARENT_PID_ENV] = str(os.getpid())
     env.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     if mlflow_run_id:
-        from embodied_r.tracking import tracking_uri
+        from embodied_r.tracking.store import tracking_uri
 
         env["MLFLOW_RUN_ID"] = mlflow_run_id
         env["MLFLOW_TRACKING_URI"] = uri or tracking_uri()

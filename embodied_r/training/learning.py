@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any, Iterable
 
-from embodied_r.tracking import EXPLORATION, LENGTH
+from embodied_r.tracking.names import EXPLORATION, LENGTH
 
 HISTORY_FILE = "history.json"
 QUARTER = 0.25

@@ -1,34 +1,38 @@
-"""Whether the MLflow tracking store a run names can be opened, and where its URI came from.
-
-MLflow says a store it cannot open in its libraries' words (SQLAlchemy's exception with its
-SQL, a ``KeyError`` for a scheme it does not know, the missing driver's module name). The
-causes are few and most show without opening the store: a file that is not a database, a
-scheme MLflow does not know, a driver not installed, a folder where the database file
-belongs, a folder that cannot be written. ``opening_line`` says each in one line naming the
-URI, where it came from (``MLFLOW_TRACKING_URI``, the recipe's ``tracking.tracking_uri`` or the
-project home) and the fix.
-"""
+"""The MLflow store a run names: where its URI came from, whether it can be opened, whether its
+server answers, and the one line that says why not, with the fix."""
 
 from __future__ import annotations
 
 import os
 import threading
+import urllib.error
+import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 from urllib.parse import urlsplit
 
-from embodied_r.errors import causes
-from embodied_r.paths import NOT_PERMITTED, READ_ONLY
+from embodied_r.errors import TrackingUnavailable, causes, disk_full, full_path
+from embodied_r.paths import NOT_PERMITTED, READ_ONLY, default_tracking_uri, disk_full_line, fs_fault, refused
 
 _lock = threading.Lock()
+# Long enough for a busy server to answer its health check, short enough to say at once
+# that nothing does.
+CHECK_TIMEOUT_S = 5.0
+START_SCRIPT = "infra/start-mlflow.sh"
+# A proxy's own answers that say the server behind it is gone.
+_GONE_STATUSES = (502, 503, 504)
+
+
 
 
 def is_remote(uri: str) -> bool:
     return uri.startswith(("http://", "https://"))
 
 
-# Where a store's URI came from, noted where it is resolved (``tracking.tracking_uri``): a flow
-# runs with MLFLOW_TRACKING_URI set to the URI it resolved, so the environment read later would
-# name that variable for every store.
+# Where a store's URI came from, noted where it is resolved (``tracking_uri``): a flow runs with
+# MLFLOW_TRACKING_URI set to the URI it resolved, so the environment read later would name that
+# variable for every store.
 RECIPE, ENVIRONMENT, HOME = "tracking.tracking_uri", "MLFLOW_TRACKING_URI", "EMBODIED_R_HOME"
 _origins: dict[str, str] = {}
 
@@ -47,13 +51,20 @@ def noted() -> list[str]:
         return list(reversed(_origins))
 
 
+def tracking_uri(configured: str | None = None, root: Path | None = None) -> str:
+    """The recipe's store, else MLFLOW_TRACKING_URI's, else the home's; noted whence."""
+    if configured:
+        return note_origin(configured, RECIPE)
+    if env := os.environ.get("MLFLOW_TRACKING_URI"):
+        return note_origin(env, HOME if env == default_tracking_uri(root) else ENVIRONMENT)
+    return note_origin(default_tracking_uri(root), HOME)
+
+
 def origin(uri: str) -> str:
     with _lock:
         noted = _origins.get(uri)
     if noted:
         return noted
-    from embodied_r.paths import default_tracking_uri
-
     if os.environ.get("MLFLOW_TRACKING_URI") == uri:
         return ENVIRONMENT
     return HOME if uri == default_tracking_uri() else RECIPE
@@ -184,3 +195,97 @@ def opening_line(uri: str, exc: BaseException | None = None) -> str | None:
     if found is None and said is None:
         return None
     return f"{named(uri)} cannot be opened: {found or f'{said}: check that URI{or_the_local_store(uri)}'}"
+
+
+def unanswered(uri: str, timeout_s: float = CHECK_TIMEOUT_S) -> str | None:
+    """Why the server of ``uri`` does not answer, or None when it does (any HTTP answer but a
+    proxy's "gone" is the server's own)."""
+    try:
+        with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=timeout_s):
+            return None
+    except urllib.error.HTTPError as exc:
+        return f"HTTP {exc.code} from the proxy before it" if exc.code in _GONE_STATUSES else None
+    except (OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        if isinstance(reason, ConnectionRefusedError):
+            return "connection refused"
+        if isinstance(reason, TimeoutError):
+            return f"no answer within {timeout_s:g} s"
+        return " ".join(str(reason).split()) or type(reason).__name__
+
+
+def fixes(uri: str) -> str:
+    """How to get a store that answers: start the server, or use the local one."""
+    parts = urlsplit(uri)
+    port = f"MLFLOW_PORT={parts.port} " if parts.hostname in ("127.0.0.1", "localhost") and parts.port not in (
+        None, 5000) else ""
+    return f"start it ({port}{START_SCRIPT}){or_the_local_store(uri)}"
+
+
+@contextmanager
+def opening(uri: str) -> Iterator[None]:
+    """A block that opens the store ``uri``: what only opening finds (a damaged database, a
+    driver's refusal) is raised as :class:`TrackingUnavailable` in one line naming the store,
+    not in SQLAlchemy's words. A full disk stays the full disk it is, and an error that is not
+    the store's (a bug of ours) goes on as it is."""
+    try:
+        yield
+    except Exception as exc:
+        if isinstance(exc, TrackingUnavailable) or disk_full(exc) or (line := opening_line(uri, exc)) is None:
+            raise
+        raise TrackingUnavailable(line) from exc
+
+
+def check_store(uri: str, timeout_s: float = CHECK_TIMEOUT_S) -> None:
+    """Raise :class:`TrackingUnavailable`, in one line naming the fixes, when the store ``uri``
+    cannot be used: a local one that cannot be opened (``store_problem``), an HTTP one that does
+    not answer within ``timeout_s``. An HTTP server asked once, with a short timeout: MLflow's
+    client would retry a call for minutes before it raised."""
+    if not is_remote(uri):
+        if (line := opening_line(uri)) is not None:
+            raise TrackingUnavailable(line)
+        return
+    why = unanswered(uri, timeout_s)
+    if why is not None:
+        raise TrackingUnavailable(f"the MLflow tracking server at {uri} does not answer ({why}): {fixes(uri)}")
+
+
+# SQLite's words for a database it may read but not write (its file or folder read-only).
+_READ_ONLY = ("attempt to write a readonly database", "unable to open database file")
+
+
+def store_folder(uri: str) -> str:
+    """The folder a local store's files are in (a SQLite file's folder); the URI otherwise."""
+    if uri.startswith("sqlite:///"):
+        return os.path.dirname(uri[len("sqlite:///"):]) or "."
+    if uri.startswith("file://"):
+        return uri[len("file://"):]
+    return uri if "://" not in uri else ""
+
+
+def lost_text(uri: str, state: dict[str, str]) -> str:
+    """Why a local store was lost, with the fix: its disk filled, or it became read-only."""
+    if state.get("full"):
+        return disk_full_line(f"the MLflow store {uri}", state["full"], store=True)
+    return f"the MLflow store {uri} cannot be written ({state['why']}): make {state['unwritable']} writable" \
+           f"{or_the_local_store(uri)}"
+
+
+def disk_loss(uri: str, exc: BaseException) -> dict[str, str] | None:
+    """Why the store ``uri`` is lost, when ``exc`` is a full disk under it (its database or its
+    artifacts) or a local store's file or folder that became read-only; None otherwise."""
+    if disk_full(exc):
+        return {"why": "its disk is full", "full": os.path.dirname(full_path(exc)) or store_folder(uri) or uri}
+    if is_remote(uri):
+        return None
+    # The store's own error comes first along the chain; a stage's, being handled when the
+    # store's call failed, comes after it and is not the store's to report.
+    own = next((e for e in causes(exc) if refused(e) is e or any(words in str(e) for words in _READ_ONLY)), None)
+    if own is None:
+        return None
+    if isinstance(own, OSError):
+        path, why = fs_fault(own)
+    else:
+        path = Path(store_folder(uri))
+        why = unwritable_why(path) or "is read-only to SQLite"
+    return {"why": f"{path} {why}", "unwritable": str(path)}
