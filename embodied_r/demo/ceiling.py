@@ -1,11 +1,4 @@
-"""A scripted reader: no model, it answers each question from the perception text alone.
-
-It shows how much of the answers the text carries, the ceiling a reasoner could reach on the
-demo's benchmark with this perception. It reads the frames as the world perceiver writes them
-(``the <thing> is on my left (2.1 m away, 17 degrees left)``, ``I turned about 35 degrees``):
-the last frame for where a thing is now, the order of first sightings, and for rooms a floor
-plan built by adding up the turns. Where the text does not decide, it takes the first option.
-"""
+"""The scripted reader that answers from the perception text alone (the ceiling), and the floors beside it."""
 
 from __future__ import annotations
 
@@ -82,6 +75,47 @@ def _rel(x: float) -> float:
     return (x + 180.0) % 360.0 - 180.0
 
 
+def _from_floor_plan(category: str, q: str, options: list[str],
+                     plan: dict[str, tuple[float, float]]) -> str | None:
+    """The option letter a floor plan supports for its three tasks, or None."""
+    if category == "object_rel_distance":
+        m = re.search(r"objects \(([^)]*)\) is the closest to the ([a-z]+)", q)
+        if not m or m.group(2) not in plan:
+            return None
+        known = [o for o in options if o[3:].strip() in plan]
+        if not known:
+            return None
+        a = plan[m.group(2)]
+        return min(known, key=lambda o: math.dist(a, plan[o[3:].strip()]))[0]
+    if category == "object_rel_direction":
+        m = re.search(r"standing by the ([a-z]+) and facing the ([a-z]+), is the ([a-z]+)", q)
+        if not m or any(n not in plan for n in m.groups()):
+            return None
+        a, b, c = (plan[n] for n in m.groups())
+        r = _rel(_bearing(a, c) - _bearing(a, b))
+        texts = [o[3:].strip() for o in options]
+        if "front-left" in texts:
+            want = ("front" if abs(r) < 90 else "back") + ("-right" if r > 0 else "-left")
+        elif "back" in texts:
+            want = "back" if abs(r) > 135 else "right" if r > 0 else "left"
+        else:
+            want = "right" if r > 0 else "left"
+        return _pick(options, want)
+    if category == "route_planning":
+        m = re.search(r"beginning at the ([a-z]+) facing the ([a-z]+).*?navigate to the ([a-z]+).*?"
+                      r"go forward until the ([a-z]+)", q)
+        if not m:
+            return None
+        a, b, d, c = m.groups()
+        if any(n not in plan for n in (a, b, c, d)):
+            return None
+        r1 = _rel(_bearing(plan[a], plan[c]) - _bearing(plan[a], plan[b]))
+        r2 = _rel(_bearing(plan[c], plan[d]) - _bearing(plan[a], plan[c]))
+        turn = lambda r: "Turn Back" if abs(r) > 135 else "Turn Right" if r > 0 else "Turn Left"  # noqa: E731
+        return _pick(options, f"{turn(r1)}, {turn(r2)}")
+    return None
+
+
 def answer(category: str, question: str, options: list[str], video_text: str) -> str | None:
     """The option letter the text supports, or None where it does not decide."""
     fs = frames(video_text)
@@ -121,48 +155,11 @@ def answer(category: str, question: str, options: list[str], video_text: str) ->
             if all(n in firsts for n in listed) and listed == sorted(listed, key=firsts.get):
                 return o[0]
         return None
-    plan = floor_plan(fs)
-    if category == "object_rel_distance":
-        m = re.search(r"objects \(([^)]*)\) is the closest to the ([a-z]+)", q)
-        if not m or m.group(2) not in plan:
-            return None
-        known = [o for o in options if o[3:].strip() in plan]
-        if not known:
-            return None
-        a = plan[m.group(2)]
-        return min(known, key=lambda o: math.dist(a, plan[o[3:].strip()]))[0]
-    if category == "object_rel_direction":
-        m = re.search(r"standing by the ([a-z]+) and facing the ([a-z]+), is the ([a-z]+)", q)
-        if not m or any(n not in plan for n in m.groups()):
-            return None
-        a, b, c = (plan[n] for n in m.groups())
-        r = _rel(_bearing(a, c) - _bearing(a, b))
-        texts = [o[3:].strip() for o in options]
-        if "front-left" in texts:
-            want = ("front" if abs(r) < 90 else "back") + ("-right" if r > 0 else "-left")
-        elif "back" in texts:
-            want = "back" if abs(r) > 135 else "right" if r > 0 else "left"
-        else:
-            want = "right" if r > 0 else "left"
-        return _pick(options, want)
-    if category == "route_planning":
-        m = re.search(r"beginning at the ([a-z]+) facing the ([a-z]+).*?navigate to the ([a-z]+).*?"
-                      r"go forward until the ([a-z]+)", q)
-        if not m:
-            return None
-        a, b, d, c = m.groups()
-        if any(n not in plan for n in (a, b, c, d)):
-            return None
-        r1 = _rel(_bearing(plan[a], plan[c]) - _bearing(plan[a], plan[b]))
-        r2 = _rel(_bearing(plan[c], plan[d]) - _bearing(plan[a], plan[c]))
-        turn = lambda r: "Turn Back" if abs(r) > 135 else "Turn Right" if r > 0 else "Turn Left"  # noqa: E731
-        return _pick(options, f"{turn(r1)}, {turn(r2)}")
-    return None
+    return _from_floor_plan(category, q, options, floor_plan(fs))
 
 
 def ceiling(catalog: Path, perception: Path, split: str = "test") -> dict[str, Any]:
-    """The scripted reader's accuracy on ``split`` (per task too), beside chance. A question
-    without perception text, or whose text does not decide, counts as wrong."""
+    """The scripted reader's accuracy on ``split``, per task too, beside chance; an undecided question is wrong."""
     rows = _choice_rows(catalog)
     cat = [r for r in rows if r["split"] == split]
     texts = {r["uid"]: r["video_text"] for r in pq.read_table(Path(perception) / "perception.parquet").to_pylist()}
@@ -192,10 +189,8 @@ def _train_answers(rows: list[dict[str, Any]]) -> dict[str, Counter[str]]:
 
 
 def answer_chance(catalog: Path, split: str = "test") -> float:
-    """A uniform guess among the answers each task's train questions have (at most the
-    question's own options). Where a task's options include some the world never makes right
-    (a fixed closed set: seven moves, three of them possible), this, not the uniform guess
-    among all options, is what balanced answers hold the letter floor to."""
+    """A uniform guess among the answers each task's train questions have: where options include
+    some the world never makes right, balanced answers hold the letter floor to this."""
     rows = _choice_rows(catalog)
     return _answer_chance(_train_answers(rows), [r for r in rows if r["split"] == split])
 
@@ -207,8 +202,7 @@ def _answer_chance(answers: dict[str, Counter[str]], tested: list[dict[str, Any]
 
 
 def letter_prior(catalog: Path, split: str = "test") -> float:
-    """What a reader that ignores the text scores by giving, for each task, the letter most
-    often right in the train split: the floor a reasoner must rise above to have read."""
+    """The score of giving each task its commonest train letter: the floor a reasoner must rise above."""
     rows = _choice_rows(catalog)
     return _letter_prior(_train_answers(rows), [r for r in rows if r["split"] == split])
 

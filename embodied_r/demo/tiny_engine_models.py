@@ -1,10 +1,5 @@
-"""The tiny models in a shape vLLM's CPU build serves: ``tiny:lm-vllm`` and ``tiny:vlm-vllm``,
-the GPU recipes' rehearsal models (``make rehearse``).
-
-vLLM's CPU attention refuses a head of 16 ("Unsupported CPU attention configuration"), the
-head ``tiny:lm`` and ``tiny:vlm`` have; 64 is one every backend of it serves. Kept out of
-``tiny_models`` so that the stages of the recipes using those keep their keys.
-"""
+"""``tiny:lm-vllm`` and ``tiny:vlm-vllm``, the rehearsal's models: heads of 64, as vLLM's CPU attention
+refuses 16; apart from ``tiny_models`` so that the recipes on those keep their keys."""
 
 from __future__ import annotations
 

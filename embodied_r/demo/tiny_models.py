@@ -1,15 +1,4 @@
-"""Tiny local models, built from config: ``tiny:lm`` and ``tiny:vlm`` (``demo.models`` holds
-the table of names).
-
-Random-weight Qwen2 (text) and Qwen2.5-VL (vision-language) models with the real
-architectures, real tokenizers and real processors, small enough to build in about a
-second and generate in milliseconds. With random weights they prove the plumbing (the
-``smoke`` recipe and the tests run on them); the demo's reasoner is one of them with a
-tokenizer built for its prompts (``tiny_reasoner``).
-
-Each builds into a folder under ``$EMBODIED_R_HOME/models`` named by the hash of its spec,
-on first use.
-"""
+"""``tiny:lm`` and ``tiny:vlm``: random-weight Qwen2 and Qwen2.5-VL models built from a spec, for the plumbing."""
 
 from __future__ import annotations
 
@@ -20,16 +9,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from embodied_r.backends.models import (
-    ENDOFTEXT,
-    IM_END,
-    IM_START,
-    IMAGE_PAD,
-    VIDEO_PAD,
-    VISION_END,
-    VISION_START,
-    build_atomically,
-)
+from embodied_r.backends.models import (ENDOFTEXT, IM_END, IM_START, IMAGE_PAD, VIDEO_PAD, VISION_END, VISION_START,
+                                        build_atomically)
 
 # Bumped when the build recipe changes, so old folders are not reused for new code.
 BUILD_VERSION = 2
@@ -38,8 +19,7 @@ INIT_RANGE = 0.2
 LM_SPECIAL = [ENDOFTEXT, IM_START, IM_END]
 VLM_SPECIAL = LM_SPECIAL + [VISION_START, VISION_END, IMAGE_PAD, VIDEO_PAD]
 
-# ChatML, as Qwen2.5 uses it; list contents (OpenAI parts) become text and vision
-# placeholders so the same template serves text and vision models.
+# ChatML, as Qwen2.5 uses it; list contents become text and vision placeholders, for both kinds.
 CHAT_TEMPLATE = (
     "{%- for message in messages -%}"
     "{{- '<|im_start|>' + message['role'] + '\\n' -}}"
@@ -60,8 +40,7 @@ CHAT_TEMPLATE = (
     "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}"
 )
 
-# Text the tokenizer is trained on: the words the pipeline's prompts and answers use,
-# so the tiny models see short encodings of realistic prompts.
+# The words the pipeline's prompts and answers use, so that the tiny models see short encodings.
 _CORPUS = """
 You are a helpful assistant. You are an embodied agent exploring a scene through an egocentric video.
 Describe the scene in this first frame. Describe the spatial relations of the objects relative to you,
@@ -92,26 +71,20 @@ landmark destination route path progress counterfactual appearance distance dire
 class _Spec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    # Upper bound: the model's vocabulary is the trained tokenizer's, which stops early
-    # when the built-in corpus runs out of merges.
+    # Upper bound: the trained tokenizer stops early when the corpus runs out of merges.
     vocab_size: int = Field(1024, ge=300)
     hidden_size: int = 64
     intermediate_size: int = 128
     num_hidden_layers: int = 2
     num_attention_heads: int = 4
     num_key_value_heads: int = 2
-    # RoPE has no learned positions, so a long limit costs nothing; prompts run to a few
-    # thousand tokens with this small vocabulary.
+    # RoPE has no learned positions: a long limit costs nothing.
     max_position_embeddings: int = 16384
     seed: int = 0
-    # Fixed texts kept as one token each, and more text for the BPE to learn from: a model
-    # trained on fixed prompts (the demo's reasoner) then reads them as their content alone,
-    # which is what makes training it on a CPU affordable.
+    # Fixed texts kept as one token each, and more text for the BPE to learn from.
     phrases: tuple[str, ...] = ()
     corpus: str = ""
-    # Words kept as one token each wherever they stand after a space (" green sphere",
-    # " on my left"): the names of the things a text talks about, so that a small model
-    # copying one from its prompt copies one token.
+    # Names kept as one token each after a space (" green sphere"): copying one copies one token.
     words: tuple[str, ...] = ()
 
     def digest(self) -> str:
@@ -127,90 +100,58 @@ class TinyVLMSpec(_Spec):
     vision_hidden_size: int = 32
     vision_depth: int = 2
     vision_heads: int = 2
-    # Multimodal RoPE gives time, rows and columns the head's rotary frequencies in that
-    # order, so the columns get the slowest ones: at Qwen's 1e6 and a head of 24 they turn
-    # by about 1e-4 radians per column and attention cannot tell left from right. A model
-    # trained to see where things are needs a base near 10.
+    # Multimodal RoPE gives the columns the slowest frequencies: at Qwen's 1e6 and a head of 24 they
+    # turn by about 1e-4 radians per column, too little to tell left from right; seeing where things
+    # are needs a base near 10.
     rope_theta: float = Field(1_000_000.0, gt=1.0)
     # The processor's own pixel budget; backends resize images before it anyway.
     max_pixels: int = 112 * 112
 
 
 def train_tokenizer(vocab_size: int, special_tokens: list[str], corpus: str = "") -> Any:
-    """A byte-level BPE with Qwen2's normaliser and splitting rules.
-
-    ``AutoTokenizer`` reloads a tokenizer saved beside a Qwen2 model as
-    ``Qwen2Tokenizer``, which rebuilds its pipeline from vocab and merges with these
-    exact rules; training with any other rules would change encodings after a reload.
-    """
+    """A byte-level BPE with Qwen2's normaliser and splitting rules: a reload rebuilds a
+    ``Qwen2Tokenizer`` from vocab and merges with these rules, so any others would change encodings."""
     from tokenizers import Regex, Tokenizer, decoders, normalizers, pre_tokenizers, trainers
     from tokenizers.models import BPE
     from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX, Qwen2Tokenizer
 
-    raw = Tokenizer(
-        BPE(unk_token=None, continuing_subword_prefix="", end_of_word_suffix="", fuse_unk=False)
-    )
+    raw = Tokenizer(BPE(unk_token=None, continuing_subword_prefix="", end_of_word_suffix="", fuse_unk=False))
     raw.normalizer = normalizers.NFC()
-    raw.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ]
-    )
+    raw.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
     raw.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=special_tokens,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=special_tokens,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     raw.train_from_iterator((_CORPUS + "\n" + corpus).splitlines(), trainer=trainer)
     model = json.loads(raw.to_str())["model"]
-    tok = Qwen2Tokenizer(
-        vocab=model["vocab"],
-        merges=[tuple(m) for m in model["merges"]],
-        eos_token=IM_END,
-        pad_token=ENDOFTEXT,
-        unk_token=ENDOFTEXT,
-        extra_special_tokens=[t for t in special_tokens if t not in (ENDOFTEXT, IM_END)],
-        # Batched generation needs left padding; saved so every reload has it.
-        padding_side="left",
-    )
+    # Batched generation needs left padding; saved so every reload has it.
+    tok = Qwen2Tokenizer(vocab=model["vocab"], merges=[tuple(m) for m in model["merges"]], eos_token=IM_END,
+                         pad_token=ENDOFTEXT, unk_token=ENDOFTEXT,
+                         extra_special_tokens=[t for t in special_tokens if t not in (ENDOFTEXT, IM_END)],
+                         padding_side="left")
     tok.chat_template = CHAT_TEMPLATE
     return tok
 
 
 def _text_kwargs(spec: _Spec, tok: Any) -> dict[str, Any]:
-    return dict(
-        vocab_size=len(tok),
-        hidden_size=spec.hidden_size,
-        intermediate_size=spec.intermediate_size,
-        num_hidden_layers=spec.num_hidden_layers,
-        num_attention_heads=spec.num_attention_heads,
-        num_key_value_heads=spec.num_key_value_heads,
-        max_position_embeddings=spec.max_position_embeddings,
-        bos_token_id=tok.convert_tokens_to_ids(ENDOFTEXT),
-        eos_token_id=tok.convert_tokens_to_ids(IM_END),
-        pad_token_id=tok.convert_tokens_to_ids(ENDOFTEXT),
-        # Wider than the usual 0.02: random weights that small make greedy decoding emit
-        # one token forever, while this gives varied text for demos and tests.
-        initializer_range=INIT_RANGE,
-    )
+    # initializer_range is wider than the usual 0.02: random weights that small make greedy
+    # decoding emit one token forever, while this gives varied text for demos and tests.
+    return dict(vocab_size=len(tok), hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size,
+                num_hidden_layers=spec.num_hidden_layers, num_attention_heads=spec.num_attention_heads,
+                num_key_value_heads=spec.num_key_value_heads, max_position_embeddings=spec.max_position_embeddings,
+                bos_token_id=tok.convert_tokens_to_ids(ENDOFTEXT), eos_token_id=tok.convert_tokens_to_ids(IM_END),
+                pad_token_id=tok.convert_tokens_to_ids(ENDOFTEXT), initializer_range=INIT_RANGE)
 
 
 def _generation_config(tok: Any) -> Any:
     from transformers import GenerationConfig
 
-    return GenerationConfig(
-        eos_token_id=[tok.convert_tokens_to_ids(IM_END), tok.convert_tokens_to_ids(ENDOFTEXT)],
-        pad_token_id=tok.convert_tokens_to_ids(ENDOFTEXT),
-        do_sample=False,
-        max_new_tokens=64,
-    )
+    return GenerationConfig(eos_token_id=[tok.convert_tokens_to_ids(IM_END), tok.convert_tokens_to_ids(ENDOFTEXT)],
+                            pad_token_id=tok.convert_tokens_to_ids(ENDOFTEXT), do_sample=False, max_new_tokens=64)
 
 
 def ensure_tiny_lm(root: Path, spec: TinyLMSpec = TinyLMSpec()) -> Path:
-    """A random-weight ``Qwen2ForCausalLM`` with tokenizer, under ``root/tiny-lm-<hash>``."""
 
     def build(folder: Path) -> None:
         import torch
@@ -232,15 +173,12 @@ def ensure_tiny_lm(root: Path, spec: TinyLMSpec = TinyLMSpec()) -> Path:
 
 
 def ensure_tiny_vlm(root: Path, spec: TinyVLMSpec = TinyVLMSpec()) -> Path:
-    """A random-weight ``Qwen2_5_VLForConditionalGeneration`` with tokenizer and image
-    processor saved separately (see ``load_vlm_processor``)."""
+    """A random-weight Qwen2.5-VL, its tokenizer and image processor saved apart (``load_vlm_processor``)."""
 
     def build(folder: Path) -> None:
         import torch
         from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
-        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import (
-            Qwen2VLImageProcessorPil,
-        )
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
         from tokenizers import AddedToken
 
@@ -248,40 +186,26 @@ def ensure_tiny_vlm(root: Path, spec: TinyVLMSpec = TinyVLMSpec()) -> Path:
         tok.add_tokens([AddedToken(p, normalized=False, special=False) for p in spec.phrases])
         head_dim = spec.hidden_size // spec.num_attention_heads
         half = head_dim // 2
-        # Temporal, height and width sections of the rotary dimensions; they must sum
-        # to head_dim / 2.
+        # Temporal, height and width sections of the rotary dimensions: they sum to head_dim / 2.
         rest = half - half // 4
         mrope = [half // 4, (rest + 1) // 2, rest // 2]
         text = _text_kwargs(spec, tok)
-        text["rope_parameters"] = {
-            "rope_type": "default",
-            "rope_theta": spec.rope_theta,
-            "mrope_section": mrope,
-        }
-        config = Qwen2_5_VLConfig(
-            text_config=text,
-            vision_config=dict(
-                depth=spec.vision_depth,
-                hidden_size=spec.vision_hidden_size,
-                intermediate_size=2 * spec.vision_hidden_size,
-                num_heads=spec.vision_heads,
-                out_hidden_size=spec.hidden_size,
-                fullatt_block_indexes=[spec.vision_depth - 1],
-            ),
-            image_token_id=tok.convert_tokens_to_ids(IMAGE_PAD),
-            video_token_id=tok.convert_tokens_to_ids(VIDEO_PAD),
-            vision_start_token_id=tok.convert_tokens_to_ids(VISION_START),
-            vision_end_token_id=tok.convert_tokens_to_ids(VISION_END),
-            tie_word_embeddings=True,
-            initializer_range=INIT_RANGE,
-        )
+        text["rope_parameters"] = {"rope_type": "default", "rope_theta": spec.rope_theta, "mrope_section": mrope}
+        config = Qwen2_5_VLConfig(text_config=text,
+                                  vision_config=dict(depth=spec.vision_depth, hidden_size=spec.vision_hidden_size,
+                                                     intermediate_size=2 * spec.vision_hidden_size,
+                                                     num_heads=spec.vision_heads, out_hidden_size=spec.hidden_size,
+                                                     fullatt_block_indexes=[spec.vision_depth - 1]),
+                                  image_token_id=tok.convert_tokens_to_ids(IMAGE_PAD),
+                                  video_token_id=tok.convert_tokens_to_ids(VIDEO_PAD),
+                                  vision_start_token_id=tok.convert_tokens_to_ids(VISION_START),
+                                  vision_end_token_id=tok.convert_tokens_to_ids(VISION_END),
+                                  tie_word_embeddings=True, initializer_range=INIT_RANGE)
         torch.manual_seed(spec.seed)
         model = Qwen2_5_VLForConditionalGeneration(config)
         model.generation_config = _generation_config(tok)
         model.save_pretrained(folder)
         tok.save_pretrained(folder)
-        Qwen2VLImageProcessorPil(min_pixels=28 * 28, max_pixels=spec.max_pixels).save_pretrained(
-            folder
-        )
+        Qwen2VLImageProcessorPil(min_pixels=28 * 28, max_pixels=spec.max_pixels).save_pretrained(folder)
 
     return build_atomically(Path(root) / f"tiny-vlm-{spec.digest()}", build)

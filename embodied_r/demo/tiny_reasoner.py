@@ -1,17 +1,5 @@
-"""The demo's reasoner, ``tiny:lm-reasoner``: a tiny Qwen2 built for the policy's prompts.
-
-Its tokenizer keeps every fixed text of the reasoner's prompts as one token: the system
-prompt, the record template's fixed parts, the answer-format instructions and the
-consistency reference's prompts, and the four tags of the answer format. The demo's prompts
-then shrink from about 790 tokens to about 340, mostly their content (the frames, the
-question, the options), which is what makes a warm start and three GRPO stages affordable
-on two CPU cores; a well-formed reply is four tokens of structure around its content. The
-weights are random until the warm start.
-
-Its tokenizer is built from the texts as they are now: the folder is named by the spec's
-hash, so an edited prompt gets a new folder. ``demo.models`` names it in the table of tiny
-models.
-"""
+"""``tiny:lm-reasoner``: a tiny Qwen2 whose tokenizer keeps the prompts' fixed texts as one token each
+(790 tokens become 340), what makes training the demo's reasoner affordable on a CPU."""
 
 from __future__ import annotations
 
@@ -43,8 +31,7 @@ CORPUS = "\n".join([
 
 
 def world_words() -> tuple[str, ...]:
-    """The synthetic world's names as the perception text writes them: its things, where a
-    thing is for the agent, and the movements."""
+    """The synthetic world's names as the perception text writes them: things, places, movements."""
     from embodied_r.demo.world_perceiver import PLACE
     from embodied_r.perception.prompts import ACTIONS
     from embodied_r.synthetic.urban import URBAN_THINGS
@@ -55,7 +42,6 @@ def world_words() -> tuple[str, ...]:
 
 
 def fixed_parts(template: str) -> list[str]:
-    """The text between a template's ``{fields}`` (whitespace-only parts left out)."""
     return [part for part in re.split(r"\{\w+\}", template) if part.strip()]
 
 
@@ -73,5 +59,5 @@ def ensure_reasoner(root: Path) -> Path:
 
 
 def ensure_reader(root: Path) -> Path:
-    """``tiny:lm-reader``: the reasoner with the reading tokenizer."""
+    """``tiny:lm-reader``: the reasoner with the world's names kept whole, for reading traces."""
     return ensure_tiny_lm(root, reasoner_spec(reading=True))

@@ -1,20 +1,5 @@
-"""The demo's perceiver: a named stand-in for a large VLM that reports the synthetic world's truth.
-
-The paper's perceiver is a frozen 72B VLM, never trained. A tiny VLM trained on a CPU cannot
-stand in for that skill, so the demo reads what the synthetic world truly shows at the key
-frames the key-frame stage chose (``synthetic.truth``) and writes the reply the perception
-prompts ask a VLM for, in the form they ask it (numbered points or JSON, one call at a time,
-either perception mode). The text then goes through the same stage, cache and parser as a
-VLM's reply. A frame the key-frame stage did not keep is knowledge lost, as with a VLM.
-
-It reports, per key frame, the objects whose centre is in view and where they are for the
-agent (its left, ahead, its right; in rooms also the distance and bearing), and for each pair
-the movement between the two frames and, for turns, about how far. Seeded error knobs stand for
-a good but imperfect VLM: a wrong movement, a missed object, an object that is not there.
-
-It runs on the synthetic benchmark only: any video without a ``world_truth.parquet`` above it
-is refused with a one-line error.
-"""
+"""The demo's perceiver (``kind: world``): a stand-in for a frozen large VLM that writes what the synthetic
+world truly shows at the key frames, as the perception prompts ask, with seeded error knobs."""
 
 from __future__ import annotations
 
@@ -44,7 +29,7 @@ _FLIGHT = {"fly forward": "move forward", "fly backward": "move backward", "rise
 
 
 class WorldErrors(BaseModel):
-    """How often the stand-in errs; each draw is seeded by the call, so a rerun is identical."""
+    """How often the stand-in errs; each draw is seeded by the call, so that a rerun is identical."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -62,7 +47,6 @@ def _find_up(path: Path, name: str, levels: int = 4) -> Path | None:
 
 @lru_cache(maxsize=64)
 def _keyframe_index(folder: str) -> dict[str, tuple[str, int, int]]:
-    """Image path -> (video id, frame index, rank) for one key-frame stage folder."""
     rows = pq.read_table(Path(folder) / "keyframes.parquet",
                          columns=["video_id", "frame_index", "rank", "image_path"]).to_pylist()
     return {str(Path(folder) / r["image_path"]): (r["video_id"], r["frame_index"], r["rank"]) for r in rows}
@@ -77,13 +61,13 @@ def _truth(path: str) -> dict[str, dict[int, dict[str, Any]]]:
 
 
 def _is_room(truth: dict[int, dict[str, Any]]) -> bool:
-    """Rooms know distances (the scan turns on one spot); flights do not."""
+    # Rooms know distances (the scan turns on one spot); flights do not.
     return any(not math.isnan(d) for row in truth.values() for d in row["distance"])
 
 
 def movement(a: dict[str, Any], b: dict[str, Any]) -> tuple[str, float]:
-    """The movement that changed the view most between two frames' poses, in the prompts'
-    words, and the turn in degrees (0 for other movements)."""
+    """The movement that changed the view most between two poses, in the prompts' words, and the
+    turn in degrees (0 for the others)."""
     dyaw = (b["yaw"] - a["yaw"] + 180.0) % 360.0 - 180.0
     change = {"turn": abs(dyaw) / HFOV,
               "vertical": abs(b["pitch"] - a["pitch"]) * a["zoom"] / (HFOV * 0.5625),
@@ -99,7 +83,7 @@ def movement(a: dict[str, Any], b: dict[str, Any]) -> tuple[str, float]:
 
 
 class WorldPerceiver:
-    """A ``Backend`` for perception calls on the synthetic benchmark (``kind: world``)."""
+    """A ``Backend`` for perception calls: per key frame the objects in view and where, per pair the movement."""
 
     def __init__(self, cfg: BackendConfig, catalog: Path | None = None):
         if catalog is None:
@@ -128,8 +112,6 @@ class WorldPerceiver:
                 names.update(row["objects"])
         return tuple(sorted(names))
 
-    # -- one call --------------------------------------------------------------------------
-
     def _frames(self, conversation: Conversation) -> tuple[list[tuple[str, int, int]], str]:
         images, text = [], ""
         for message in conversation:
@@ -151,14 +133,12 @@ class WorldPerceiver:
         return frames, text
 
     def _rng(self, frames: list[tuple[str, int, int]], text: str) -> np.random.Generator:
-        # Seeded by what the call asks about (video, frames, prompt), not by where the home
-        # lies, so every home draws the same errors.
+        # Seeded by what the call asks about, not by where the home lies: every home draws the same.
         key = json.dumps([[v, f] for v, f, _ in frames] + [text])
         digest = hashlib.sha256(key.encode()).digest()
         return np.random.default_rng([self.cfg.seed, int.from_bytes(digest[:8], "little")])
 
     def _seen(self, row: dict[str, Any], rng: np.random.Generator, room: bool) -> list[tuple[str, str]]:
-        """(name, where) of the objects the stand-in reports in one frame, errors applied."""
         out = []
         for name, x, bearing, dist in zip(row["objects"], row["x"], row["bearing"], row["distance"]):
             if rng.random() < self.errors.object_miss_rate:
@@ -224,8 +204,6 @@ class WorldPerceiver:
         if as_json:
             return json.dumps(fields)
         return "\n".join(f"{i}. {v}" for i, v in enumerate(fields.values(), 1))
-
-    # -- the Backend interface -------------------------------------------------------------
 
     def generate(self, conversations: list[Conversation], *, schemas: Any = None,
                  max_new_tokens: int | None = None,

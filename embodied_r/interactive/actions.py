@@ -1,16 +1,4 @@
-"""Reading the agent's reply: the action in ``<DecisionMaking>``, its verb and its object
-type, matched to the scene's object types.
-
-The original matches an object name that is not exactly a scene type with an embedding
-model (bge-small-en-v1.5, cosine > 0.2 on the whole action string): ``matcher: embedding``
-(``interactive.matching``). The offline default is a local string rule: common household
-names are first mapped to their AI2-THOR type (``SYNONYMS``: no string rule turns
-"refrigerator" into Fridge), then the object words are
-compared with each type name, case and spaces ignored, with a bonus when one holds the other's
-whole words ("dining table" and DiningTable, never "cupboard" and Cup); below ``threshold``
-nothing matches and the action is refused with feedback, as the original's "No Suitable
-Object".
-"""
+"""Reading the agent's reply: the action in ``<DecisionMaking>``, its verb, and its object matched to a scene type."""
 
 from __future__ import annotations
 
@@ -37,7 +25,8 @@ class Decision:
 # (the whole action text, the scene's types) -> a type, or None: the embedding matcher.
 Matcher = Callable[[str, list[str]], "str | None"]
 
-# Everyday names whose AI2-THOR type shares too few letters with them for any string rule.
+# Everyday names whose AI2-THOR type shares too few letters with them for any string rule; below
+# ``threshold`` nothing matches and the action is refused, as the original's "No Suitable Object".
 SYNONYMS = {
     "refrigerator": "Fridge", "trash can": "GarbageCan", "trashcan": "GarbageCan", "trash bin": "GarbageCan",
     "garbage bin": "GarbageCan", "bin": "GarbageCan", "couch": "Sofa", "counter": "CounterTop",
@@ -50,7 +39,7 @@ def _norm(text: str) -> str:
 
 
 def _words(text: str) -> tuple[str, ...]:
-    """Lower-case words of a name or of a CamelCase type ("DiningTable": dining, table)."""
+    """Lower-case words of a name or a CamelCase type ("DiningTable": dining, table)."""
     spaced = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", " ", text)
     return tuple(w for w in re.split(r"[^a-z0-9]+", spaced.lower()) if w)
 
@@ -72,7 +61,6 @@ def similarity(name: str, kind: str) -> float:
 
 
 def match_object(name: str, types: list[str], threshold: float = 0.6) -> str | None:
-    """The scene type most like ``name``, or None when none reaches ``threshold``."""
     unique = list(dict.fromkeys(types))
     if not unique:
         return None

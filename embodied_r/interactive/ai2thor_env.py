@@ -1,32 +1,9 @@
-"""The ``Environment`` interface on AI2-THOR 5.0.0, with the original evaluator's agent rules.
-
-Optional: ``pip install 'embodied-r[ai2thor]'``. AI2-THOR downloads a ~500 MB Unity build at
-run time (or finds it under ``~/.ai2thor/releases/``) and renders with Vulkan on a GPU
-(``CloudRendering``). The tests drive this adapter with a fake controller whose events have
-ai2thor 5.0.0's metadata shape; the simulator itself is not run by the tests.
-
-The agent's rules, as the original's agent applies them:
-
-- legality (``legality.py``): ``navigate to X`` only for X in the navigable list, an
-  interaction only on X in the legal interactions; an illegal action fails without acting;
-- ``init``: the corner start pose (``ai2thor_poses.start_pose``), retried on a failed teleport;
-- ``navigate to``: the task's own object of that type, else the scene's first; on an open
-  receptacle (a counter) holding one of the task's related objects, that object instead; the
-  hand-made pose of the user's checkout, else the eight-position search at horizon 60 with
-  crouch/stand and look-at; a failed teleport retries the next candidate;
-- ``pickup``/``put``/``open``/``close``/``toggle``: PickupObject, PutObject(placeStationary),
-  OpenObject(openness=1), CloseObject, ToggleObjectOn/Off by state, all without force;
-- ``observe``: three left turns, labelled left/back/right views side by side (the middle one
-  framed), then a fourth turn back;
-- ``move forward``: MoveAhead 0.5; when blocked, a sideways step (toward the nearer visible
-  related object when both sides are free), then a step back, then turning right and left.
-Success is an empty ``errorMessage``; images are PNG.
-"""
+"""The ``Environment`` interface on AI2-THOR 5.0.0 (the ``ai2thor`` extra), by the original evaluator's agent rules."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from embodied_r.errors import AI2ThorUnavailable
 from embodied_r.interactive import ai2thor_poses as poses_mod
@@ -57,8 +34,7 @@ def start_controller(**overrides: Any) -> Any:
 
 
 class AI2ThorEnvironment:
-    """One episode at a time on its own controller (``env_factory`` hands each running
-    episode its own); ``poses`` is ``ai2thor_poses.load_poses``'s map."""
+    """One episode on its own controller; ``poses`` is ``ai2thor_poses.load_poses``'s map."""
 
     def __init__(self, controller: Any, poses: dict[str, dict[str, dict[str, Any]]], release: Any = None,
                  max_retries: int = 20):
@@ -72,8 +48,6 @@ class AI2ThorEnvironment:
         self.targets: dict[str, str] = {}
         self.legality = Legality()
 
-    # -- reading the event --------------------------------------------------------------
-
     @property
     def meta(self) -> dict[str, Any]:
         return self.c.last_event.metadata
@@ -85,7 +59,6 @@ class AI2ThorEnvironment:
         return next((o for o in self.meta["objects"] if o["objectId"] == oid), None)
 
     def _item(self, kind: str) -> dict[str, Any] | None:
-        """The task's own object of that type first, else the scene's first of the type."""
         if kind in self.targets:
             return self._object(self.targets[kind])
         return next((o for o in self.meta["objects"] if o["objectType"] == kind), None)
@@ -101,8 +74,7 @@ class AI2ThorEnvironment:
         return str(path.resolve())
 
     def _done(self, ok: bool, name: str, feedback: str = "") -> StepResult:
-        """After a move that succeeded: update the lists and save the view; a move that
-        failed leaves them as they were (the original returns none)."""
+        """A move that failed leaves the lists as they were (the original returns none)."""
         if not ok:
             return self._refuse(feedback)
         self.legality.observe(seen_in(self.meta))
@@ -111,27 +83,30 @@ class AI2ThorEnvironment:
     def _refuse(self, feedback: str) -> StepResult:
         return StepResult(False, [], self.legality.legal_objects, feedback)
 
-    # -- moving -------------------------------------------------------------------------
-
     def _teleport(self, pos: dict[str, float], yaw: float, horizon: float) -> bool:
         self.c.step(action="Teleport", position=dict(x=pos["x"], y=pos["y"], z=pos["z"]),
                     rotation=dict(x=0, y=yaw, z=0), horizon=horizon)
         return self._ok()
 
-    def _start(self) -> bool:
-        corners = self.meta["sceneBounds"]["cornerPoints"]
-        reachable = self.c.step(action="GetReachablePositions").metadata.get("actionReturn") or []
-        tried: list[dict[str, float]] = []
+    def _first_teleport(self, find: Callable[[list[dict[str, Any]]], Any], horizon: float) -> bool:
+        """Teleport to the first pose ``find(tried)`` gives that takes, within ``max_retries``."""
+        tried: list[dict[str, Any]] = []
         for _ in range(self.max_retries):
-            found = poses_mod.start_pose(corners, reachable, tried)
+            found = find(tried)
             if found is None:
                 return False
-            if self._teleport(found[0], found[1], 0):
+            if self._teleport(found[0], found[1], horizon):
                 return True
             tried.append(found[0])
         return False
 
+    def _start(self) -> bool:
+        corners = self.meta["sceneBounds"]["cornerPoints"]
+        reachable = self.c.step(action="GetReachablePositions").metadata.get("actionReturn") or []
+        return self._first_teleport(lambda tried: poses_mod.start_pose(corners, reachable, tried), 0)
+
     def _navigate(self, item: dict[str, Any]) -> bool:
+        # To an open receptacle holding one of the task's related objects: to that object.
         if item.get("receptacle") and not item.get("openable"):
             inside = item.get("receptacleObjectIds") or []
             related = next((r for r in self.task.get("related_objects") or [] if r in inside), None)
@@ -150,15 +125,8 @@ class AI2ThorEnvironment:
     def _computed_pose(self, item: dict[str, Any]) -> bool:
         interactable = self.c.step(action="GetInteractablePoses", objectId=item["objectId"]).metadata.get(
             "actionReturn") or []
-        tried: list[dict[str, Any]] = []
-        for _ in range(self.max_retries):
-            found = poses_mod.navigation_pose(item, interactable, tried)
-            if found is None:
-                return False
-            if self._teleport(found[0], found[1], poses_mod.NAV_HORIZON):
-                break
-            tried.append(found[0])
-        else:
+        if not self._first_teleport(lambda tried: poses_mod.navigation_pose(item, interactable, tried),
+                                    poses_mod.NAV_HORIZON):
             return False
         lowest = min(p[1] for p in item["axisAlignedBoundingBox"]["cornerPoints"])
         agent = self.meta["agent"]
@@ -185,6 +153,8 @@ class AI2ThorEnvironment:
         return ok
 
     def _move_forward(self) -> bool:
+        """MoveAhead; when blocked a sideways step (toward the nearer visible related object when both
+        sides are free), then a step back, then turning right and left."""
         self.c.step(action="MoveAhead", moveMagnitude=MOVE)
         if self._ok():
             return True
@@ -241,8 +211,6 @@ class AI2ThorEnvironment:
         self.c.step(action="RotateLeft", degrees=90)
         self.legality.observe(seen_in(self.meta), navigable=False)
         return StepResult(self._ok(), [str(path.resolve())], self.legality.legal_objects)
-
-    # -- the interface ----------------------------------------------------------------
 
     def reset(self, task: dict[str, Any], out_dir: Path) -> StepResult:
         self.out = Path(out_dir)

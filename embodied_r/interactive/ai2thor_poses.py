@@ -1,23 +1,4 @@
-"""Where the agent stands in AI2-THOR, as the original evaluator places it; pure geometry.
-
-- **Start pose**: the reachable position nearest one of the scene's four floor-level corners
-  (``sceneBounds.cornerPoints`` 2, 3, 6, 7), facing diagonally into the room, horizon 0.
-- **Navigation pose**: the scene's hand-made pose for the object when the original repository
-  has one (``data/agent_positions.json`` of the user's checkout, read at run time); else the
-  eight-position search: the object's heading is rounded to one of eight directions; the
-  candidates are its interactable poses within 1.5 m, on the side it faces (in line with it
-  for the four axis headings, in that quadrant for the diagonals), then behind it, then (for
-  diagonals) beside it; among those near the line it faces along, a small object takes the
-  nearest, a middling one the median within 1 m, a large one the farthest within 1 m. Small
-  objects, or no candidate at all, take the nearest pose. The agent then faces the object.
-- **Look-at**: the camera tilts toward the object's box centre (between 30 up and 60 down) and
-  the body turns to the nearest of the eight headings; it crouches when it stands more than
-  0.44 m above the object's lowest corner.
-
-The original's search differs per heading in details that read as slips (heading 0 filters on
-the wrong axis; only heading 135 looks beside the object); here every heading follows the one
-rule above.
-"""
+"""Where the original evaluator places the agent in AI2-THOR: start, navigation and look-at; pure geometry."""
 
 from __future__ import annotations
 
@@ -37,10 +18,8 @@ CROUCH_ABOVE = 0.44  # crouch when the agent stands this much above the object's
 
 
 def load_poses(checkout: str | Path | None) -> dict[str, dict[str, dict[str, Any]]]:
-    """``{scene: {objectId: pose}}`` from the user's checkout of the original repository.
-
-    The original merges every task's poses into one map, whatever the scene; keyed by scene
-    here, an object id that repeats across scenes cannot borrow another scene's pose."""
+    """``{scene: {objectId: pose}}`` from the user's checkout of the original repository; keyed by
+    scene (the original merges all scenes), an object id in two scenes keeps its own pose."""
     if not checkout:
         raise PosesError("AI2-THOR navigation needs the original's hand-made poses: set evaluate.original_checkout "
                          f"to a checkout of zwq2018/embodied_reasoner (it reads {POSES_RELPATH})")
@@ -114,8 +93,7 @@ def _pick_on_line(obj: dict[str, Any], heading: int, cands: list[dict[str, Any]]
 
 
 def _side(obj: dict[str, Any], p: dict[str, Any], direction: int) -> bool:
-    """Whether ``p`` lies on the object's ``direction`` side: ahead of it along an axis
-    heading, inside that quadrant for a diagonal one."""
+    """Whether ``p`` is ahead of the object along an axis heading, or inside a diagonal's quadrant."""
     dx, dz = p["x"] - obj["position"]["x"], p["z"] - obj["position"]["z"]
     ux, uz = math.sin(math.radians(direction)), math.cos(math.radians(direction))
     if direction % 90:
@@ -135,7 +113,10 @@ def _in_line(obj: dict[str, Any], cands: list[dict[str, Any]], heading: int) -> 
 
 def navigation_pose(obj: dict[str, Any], interactable: list[dict[str, Any]],
                     tried: list[dict[str, Any]] = ()) -> tuple[dict[str, Any], int] | None:
-    """The eight-position search (module doc): ``(pose, heading)`` or None when none is left."""
+    """``(pose, heading)`` or None when none is left: the interactable poses within ``REACH`` on the
+    side the object faces, then behind it, then (diagonals) beside it, one picked by the object's
+    size (``_pick_on_line``); small objects, or no candidate, take the nearest."""
+    # One rule for every heading: the original's per-heading branches differ in ways that read as slips.
     near = [p for p in interactable if _flat(p, obj["position"]) <= REACH and p not in tried]
     if not near:
         return None
@@ -155,8 +136,7 @@ def navigation_pose(obj: dict[str, Any], interactable: list[dict[str, Any]],
 
 
 def look_at(camera: dict[str, float], centre: dict[str, float], horizon: float, yaw: float) -> tuple[float, float]:
-    """``(look up by, rotate left by)`` in degrees that turn the camera toward ``centre``
-    (negative ``look up`` looks down), the tilt kept within 30 up and 60 down."""
+    """``(look up by, rotate left by)`` in degrees toward ``centre``, the tilt within 30 up and 60 down."""
     dx, dy, dz = centre["x"] - camera["x"], centre["y"] - camera["y"], centre["z"] - camera["z"]
     norm = math.sqrt(dx * dx + dy * dy + dz * dz) or 1.0
     pitch = math.degrees(math.asin(max(-1.0, min(1.0, dy / norm))))

@@ -1,16 +1,4 @@
-"""The dataset's catalog: Parquet tables and one DuckDB file over them.
-
-Tables: ``trajectories`` (id, stage, task type, scene, turns, images; image paths relative to the dataset root), ``turns`` (one row per
-message: role, text, images in it, whether it is a ``<|feedback|>`` turn) and ``test_cases``
-(identity, scene, task type, group, names, key actions, step limit). Every ``<image>`` must
-pair, in order, with an image file that exists: trajectories that do not are listed in
-``unpaired.parquet`` and left out of training.
-
-Stages: the synthetic sample records its stage. The hub files carry no stage label (an
-assumption, unverified against the full files): a trajectory with a ``<|feedback|>`` turn is
-stage 3 (self-correction), and the rest are split in file order into the paper's 1,128
-stage-1 (imitation) trajectories and stage 2 (self-exploration).
-"""
+"""The dataset's catalog: Parquet tables (trajectories with their SFT stage, turns, test cases) and DuckDB."""
 
 from __future__ import annotations
 
@@ -46,7 +34,7 @@ def _one(root: Path, pattern: str) -> Path:
 
 
 def pairing_problems(record: dict[str, Any], root: Path) -> list[str]:
-    """Why a trajectory's ``<image>`` markers and image files do not pair (empty when they do)."""
+    """Why a trajectory's ``<image>`` markers and image files do not pair, in order."""
     markers = sum(m["content"].count(IMAGE) for m in record["messages"])
     problems = []
     if markers != len(record.get("images") or []):
@@ -58,6 +46,8 @@ def pairing_problems(record: dict[str, Any], root: Path) -> list[str]:
 
 
 def assign_stages(records: list[dict[str, Any]], origin: dict[str, dict[str, Any]]) -> list[int]:
+    # The hub files carry no stage label (an assumption, unverified against the full files): a
+    # trajectory with a feedback turn is stage 3, the rest split in file order, 1,128 to stage 1.
     stages, plain = [], 0
     for r in records:
         known = origin.get(str(r.get("id")), {}).get("stage")
@@ -72,7 +62,6 @@ def assign_stages(records: list[dict[str, Any]], origin: dict[str, dict[str, Any
 
 
 def build(root: Path, out: Path) -> dict[str, Any]:
-    """Catalog the dataset under ``root`` into ``out``; returns counts for the summary."""
     import duckdb
 
     root, out = Path(root), Path(out)
@@ -119,8 +108,7 @@ def build(root: Path, out: Path) -> dict[str, Any]:
 
 
 def read_trajectories(catalog: Path, stage: int, root: Path | None = None) -> list[dict[str, Any]]:
-    """The paired trajectories of one stage: ``{"id", "messages", "images"}``, image paths made
-    absolute against the dataset root (default: the data stage's ``raw/`` beside the tables)."""
+    """The paired trajectories of one stage, image paths absolute against ``root`` (default ``raw/``)."""
     import pyarrow.parquet as pq
 
     root = Path(root) if root else Path(catalog) / "raw"

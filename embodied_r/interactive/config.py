@@ -39,15 +39,14 @@ class EpisodeConfig(BaseModel):
     max_same_action: int = Field(3, ge=1)  # executions of one (verb, object) in a row
     max_idle_calls: int = Field(3, ge=1)  # replies in a row that did not act
     always_append_end: bool = True  # the original's behaviour
-    # string: the local rule (``actions.match_object``, offline); embedding: the original's
-    # sentence-embedding match (``matching.EmbeddingMatcher``) with its model and threshold.
+    # string: the offline rule of ``actions``; embedding: the original's match (``matching``).
     matcher: Literal["string", "embedding"] = "string"
     match_threshold: float = Field(0.6, ge=0, le=1)  # the string rule's
     embedding_model: str = "BAAI/bge-small-en-v1.5"  # a local folder, or a hub id already in the cache
     embedding_threshold: float = Field(0.2, ge=-1, le=1)  # cosine; the original's
+    # drop: left out of every mean and counted apart, the original's way; score_as_failure: an error step.
     failed_generation: Literal["drop", "score_as_failure"] = "score_as_failure"
-    # Retry a failed call with its images halved one by one, then a shorter history
-    # (``retry.retry_variants``), as the original's inference server does.
+    # Retry a failed call as the original's inference server does (``retry``).
     retry_long_context: bool = False
     step_limit: int | None = None  # None: the task type's limit (22/24/30/36)
     # The original's texts, set from the recipe's prompts file; None: this project's wording.
@@ -57,8 +56,7 @@ class EpisodeConfig(BaseModel):
 class ExploreConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    # dataset: the catalog's stage-2 trajectories; rollouts: the stage-1 model's successful
-    # episodes in the environment (rejection sampling); both: the union.
+    # rollouts: the stage-1 model's successful episodes (rejection sampling); both: the union.
     source: Literal["dataset", "rollouts", "both"] = "dataset"
     tasks: int = Field(33, ge=1)  # fresh training tasks in the built-in house
     samples_per_task: int = Field(2, ge=1)
@@ -69,13 +67,11 @@ class EvaluateConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     environment: Literal["builtin", "ai2thor"] = "builtin"
-    # AI2-THOR only: the user's checkout of the original repository, whose hand-made
-    # navigation poses (data/agent_positions.json) are read at run time, never shipped.
+    # AI2-THOR: a checkout of the original, whose hand-made poses are read at run time, never shipped.
     original_checkout: str | None = None
     limit: int | None = Field(None, ge=1)  # the first N test cases; None: all
     batch: int = operational(8, ge=1)
-    # Tasks split by a stable hash of their identity, run one shard after another, each with
-    # its own resumable log (``interactive.evaluation``); the merged results do not depend on it.
+    # Run one after another, each with its own resumable log; the merged results do not depend on it.
     shards: int = operational(1, ge=1)
     episode: EpisodeConfig = Field(default_factory=EpisodeConfig)
 
@@ -97,15 +93,13 @@ class ReasonerRecipe(BaseModel):
     tracking_uri: str | None = None
     # The original's texts from the user's checkout (``prompts.file``), or this project's own.
     prompts: PromptsConfig = Field(default_factory=PromptsConfig)
-    # CPU threads of torch in the SFT trainers, the rollouts and the evaluation; None: torch's
-    # own (one per core). A tiny model gains nothing from a second thread, and on cores shared
-    # with other work two threads ran a step 7-12x slower than one.
+    # torch's CPU threads in the trainers, rollouts and evaluation (None: one per core): on shared
+    # cores two threads ran a tiny model's step 7-12x slower than one.
     torch_threads: int | None = operational(None, ge=1)
 
     @property
     def tracking(self) -> TrackingConfig:
-        """Where its runs are logged, in the shape the run loop reads of every recipe (it
-        registers no model: nothing to promote)."""
+        """Where its runs are logged, as the run loop reads it of every recipe (no model to register)."""
         return TrackingConfig(experiment=self.experiment, tracking_uri=self.tracking_uri)
 
 

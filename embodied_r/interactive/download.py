@@ -1,20 +1,9 @@
-"""Getting the Embodied-Reasoner dataset: the hub at a pinned revision, a local mirror, or
-the synthetic sample; and the data stage that catalogs it.
-
-Hub: the revision is resolved to a commit first and the files are fetched at that commit;
-each fetched file is checked against the hub's listing (size, and sha256 where the hub
-keeps one) and recorded in ``manifest.json`` with its own sha256. Image zips are unpacked
-into ``data/images`` by the project's safe extraction (``io.safe_extract``: members that
-would land outside it, links and archives expanding past ``max_zip_bytes`` are refused). A
-local mirror is a folder laid out like the hub repo; its manifest is written the same way. Nothing here uses
-the network at test time: the tests use the synthetic sample and a local mirror.
-"""
+"""Getting the dataset (the hub at a pinned commit, a local mirror, the synthetic sample) and the data stage."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
-
 
 from embodied_r.io import (is_complete, read_summary, safe_extract, sha256_file, stage_folder, text_key,
                           write_json_atomic, write_summary)
@@ -35,7 +24,6 @@ def file_manifest(root: Path) -> dict[str, dict[str, Any]]:
 
 
 def unzip_images(root: Path, max_bytes: int) -> int:
-    """Unpack every zip under ``root`` into ``data/images``; returns how many were unpacked."""
     target = Path(root) / "data" / "images"
     archives = sorted(Path(root).rglob("*.zip"))
     for archive in archives:
@@ -72,7 +60,6 @@ def fetch_hub(cfg: ReasonerDataConfig, raw: Path) -> dict[str, Any]:
 
 
 def acquire(cfg: ReasonerDataConfig, raw: Path) -> dict[str, Any]:
-    """Put the dataset under ``raw`` and return what the manifest records about its origin."""
     raw.mkdir(parents=True, exist_ok=True)
     if cfg.source == "synthetic":
         from embodied_r.interactive.synthetic import write_dataset
@@ -105,8 +92,6 @@ def fingerprint(config: dict[str, Any]) -> str:
 
 def run_data_stage(out: Path, config: dict[str, Any], inputs: dict[str, str],
                    mlflow_run_id: str | None = None) -> dict[str, Any]:
-    """Acquire and catalog: ``raw/`` (the files), ``manifest.json``, the Parquet tables and
-    ``catalog.duckdb``."""
     from embodied_r.interactive.catalog import build
 
     out = Path(out)

@@ -1,11 +1,4 @@
-"""Build the environments a config names; AI2-THOR is imported only when chosen.
-
-Episodes of a batch run in lockstep, so each running episode needs its own AI2-THOR
-controller: a controller holds one scene and one agent, and two episodes on one controller
-would both play in whichever scene was loaded last. Starting a controller costs a Unity
-launch, so a finished episode's controller goes back to a pool and serves the next episode;
-at most ``batch`` controllers run at once.
-"""
+"""The environments a config names (AI2-THOR imported only when chosen) and the pool of AI2-THOR controllers."""
 
 from __future__ import annotations
 
@@ -16,7 +9,8 @@ from embodied_r.interactive.environment import Environment
 
 
 class ControllerPool:
-    """Controllers lent to one episode at a time; ``stop`` ends them all."""
+    """Controllers lent to one episode at a time (a controller holds one scene: two episodes on it
+    would both play in the one loaded last); at most ``batch`` run at once."""
 
     def __init__(self, start: Callable[[], Any]):
         self.start = start
@@ -40,7 +34,6 @@ class ControllerPool:
 
 
 class EnvironmentMaker:
-    """``maker()`` builds one episode's environment; ``maker.close()`` when the run ends."""
 
     def __init__(self, kind: str, original_checkout: str | Path | None = None,
                  start_controller: Callable[[], Any] | None = None):

@@ -1,29 +1,10 @@
-"""The evaluation episode loop, as the original runs it, for many episodes at once.
-
-Each iteration: stop a (verb, object) proposed a fourth time in a row with a failed
-``end``; give a reply with no known verb an "invalid" turn without acting; otherwise act in
-the environment (every action, successful or not, is a step, ``init`` included) and answer
-with the new image, or with a ``<|feedback|>`` turn when the action was illegal; then ask the
-model. The episode ends when the model says ``end``, at the task type's step limit, or after
-``max_idle_calls`` replies in a row that did not act. On those exits a successful ``end``
-step is appended, as the original always does; ``always_append_end=False`` appends it only
-when the model itself said ``end``.
-
-A failed generation (the backend gave up on the call, after the long-context retry where it
-is on, or the reply is empty) follows ``failed_generation``: ``drop`` ends the episode and
-marks it dropped, so it is left out of every mean and counted apart (the original's way: such
-an episode writes no result); ``score_as_failure`` reads it as a reply without an action (an
-``error`` step) and goes on.
-
-Episodes advance in lockstep so one batched ``generate`` call serves all that are running.
-"""
+"""The evaluation episode loop as the original runs it, episodes in lockstep to batch the model's calls."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
-
 
 from embodied_r.interactive import prompts
 from embodied_r.interactive.actions import Decision, Matcher, parse_decision
@@ -146,8 +127,7 @@ class Episode:
 
 
 def conversation(messages: list[dict[str, str]], images: list[str]) -> list[dict[str, Any]]:
-    """ShareGPT messages with ``<image>`` markers -> the backends' chat format: in each turn
-    its images first, then its text (as the original sends them)."""
+    """ShareGPT messages -> the backends' chat format, each turn's images before its text as the original."""
     out, queue = [], list(images)
     for m in messages:
         n = m["content"].count(prompts.IMAGE)

@@ -1,13 +1,5 @@
-"""The test cases' episodes, resumable and in shards.
-
-Each finished episode is appended to its shard's log (``io.ItemLog``: one line per episode,
-flushed before the next starts), so an evaluation stopped at any moment (a kill, a lost
-machine) and run again reads the logs, skips every task already there and runs the rest: no
-task is done twice, none is lost. ``shards: N`` splits the tasks by a stable rule on their
-identity (``shard_of``), so one shard's tasks are the same on every run and every machine;
-here the shards run one after another, each with its own log, and the merged results (in the
-test file's order) are the same whatever N is. A rerun with another N reuses every log there.
-"""
+"""The test cases' episodes, resumed from per-shard logs and split into shards by a stable hash of their
+identity, so that the merged results do not depend on the shard count."""
 
 from __future__ import annotations
 
@@ -24,7 +16,7 @@ KEY = "identity"
 
 
 def _complete(row: dict[str, Any]) -> bool:
-    """A finished episode's row (the results are grouped by ``tasktype``)."""
+    # A finished episode's row; the results are grouped by ``tasktype``.
     return "success" in row and "tasktype" in row
 
 
@@ -82,9 +74,7 @@ def _text(message: dict[str, Any]) -> str:
 
 
 def replay_generator(cases: list[dict[str, Any]]) -> Generate:
-    """A stand-in model that answers each turn with the task's next key action (then ``end``):
-    the ceiling of the environment's rules, and a deterministic model for tests. A task is
-    known by its query in the first user turn."""
+    """A deterministic model for tests: each turn, the next key action of the task (then ``end``)."""
     plans = {c["taskquery"]: [f"{a['action']} {a.get('objectType', '')}".strip()
                               for a in c["task_metadata"]["actions"]] for c in cases}
 

@@ -1,23 +1,4 @@
-"""A built-in household environment on the CPU: a stand-in for AI2-THOR, not a simulator.
-
-A scene is a set of things: furniture and fixtures, receptacles that may open and close,
-toggleable appliances and small objects in or on them. The scene of a task is derived from
-the task itself (its key actions, target, related and navigable objects) so that the key
-actions are a valid solution, plus a few distractors chosen from the scene name; any test
-case in the benchmark's schema, including the real test_809.json, therefore runs here.
-
-The agent stands at one thing at a time (``navigate to`` teleports, as the original's
-navigation does). It may act on the thing it stands at, on what is in or on it, and on
-fixtures placed next to it. Views are small drawings: a wall and floor tinted by where the
-agent stands, one labelled box per thing in sight, the held object at the bottom.
-
-Which actions are legal follows the original agent's rules through ``legality.py``, as in
-AI2-THOR: the house describes each thing as the simulator would (a small box for what can be
-picked up, a large one for the rest; beside the agent where it stands, a few metres away
-otherwise), so a small thing across the room cannot be navigated to until the agent has
-stood near it or the task lists it as navigable, and only what is navigable from here or
-visible in the container last navigated to may be acted on.
-"""
+"""The built-in house on the CPU, a stand-in for AI2-THOR: a scene derived from each task, and drawn views."""
 
 from __future__ import annotations
 
@@ -63,7 +44,8 @@ def _pick(seed: str, options: tuple[str, ...], n: int) -> list[str]:
 
 
 def scene_from_task(task: dict[str, Any]) -> dict[str, Thing]:
-    """Things of a task's scene such that its key actions, replayed, succeed."""
+    """Things of a task's scene such that its key actions, replayed, succeed, plus a few distractors
+    drawn by the scene's name: any case in the benchmark's schema runs here."""
     things: dict[str, Thing] = {}
 
     def ensure(kind: str) -> Thing:
@@ -127,7 +109,7 @@ def _colour(name: str) -> tuple[int, int, int]:
 
 
 class HouseholdEnvironment:
-    """The ``Environment`` interface on a derived household scene (see the module doc)."""
+    """The agent stands at one thing and acts on it, on what is in or on it, and on fixtures beside it."""
 
     def __init__(self, width: int = 192, height: int = 108):
         self.size = (width, height)
@@ -138,10 +120,7 @@ class HouseholdEnvironment:
         self.steps = 0
         self.legality = Legality()
 
-    # -- what the agent sees ----------------------------------------------------------
-
     def _accessible(self, thing: Thing) -> bool:
-        """Not held, and not inside something closed (through every level)."""
         if thing.type == self.holding:
             return False
         parent = self.things.get(thing.parent) if thing.parent else None
@@ -165,12 +144,10 @@ class HouseholdEnvironment:
         return False
 
     def in_sight(self) -> list[str]:
-        """Things drawn in a view: every free-standing thing, and what is reachable from here."""
         return [k for k, t in self.things.items()
                 if self._accessible(t) and (t.parent is None or self._reachable(k))]
 
     def seen(self) -> list[Seen]:
-        """Every thing as the legality rule sees it (module doc)."""
         return [Seen(k, k, self._accessible(t), SMALL_BOX if t.pickupable else LARGE_BOX,
                      BESIDE_M if self.at is not None and self._reachable(k) else ACROSS_M)
                 for k, t in self.things.items()]
@@ -218,8 +195,6 @@ class HouseholdEnvironment:
         self.legality.observe(self.seen())
         return StepResult(True, [self._save(self._render(), name)], self.legal_objects())
 
-    # -- the interface ----------------------------------------------------------------
-
     def reset(self, task: dict[str, Any], out_dir: Path) -> StepResult:
         self.things = scene_from_task(task)
         self.at, self.holding, self.steps = None, None, 0
@@ -229,7 +204,7 @@ class HouseholdEnvironment:
         return self._view("init")
 
     def _fail(self, action: str, obj: str | None, reason: str, acted: bool = True) -> StepResult:
-        """A failed action; one that was tried (not refused as illegal) updates the lists."""
+        # An action tried (not refused as illegal) updates the lists.
         if acted:
             self.legality.observe(self.seen())
         text = f"{action} {obj}" if obj else action
@@ -258,7 +233,7 @@ class HouseholdEnvironment:
         if action == "navigate to":
             if not self._accessible(thing):
                 return self._fail(action, obj, "it is not in sight")
-            self.at = obj
+            self.at = obj  # a teleport, as the original's navigation is
             inside = [k for k, t in self.things.items() if t.parent == obj]
             if inside or thing.openable or obj in SURFACES:
                 self.legality.enter(inside)  # a receptacle: what is in it may be acted on once visible

@@ -1,22 +1,4 @@
-"""Which actions the agent may take, by the original evaluator's rules; pure, no simulator.
-
-The original agent keeps two lists and checks every action against them before it acts:
-
-- **navigable** types, a running set: the task's ``navigable_objects`` at the start, plus every
-  type seen navigable after any action (never removed). ``navigate to X`` is legal only when X
-  is in it.
-- **legal interactions**, recomputed after each action: the types navigable from where the
-  agent stands now, and the visible types inside the container it last navigated to.
-  ``pickup``/``put``/``open``/``close``/``toggle`` on X is legal only when X is in it. This
-  list is also ``legal_objects``, what the single-search ``end`` rule reads.
-
-"Navigable from here" is the original's size-and-distance rule (``is_navigable``): a visible
-object is navigable when it is big for its distance (volume over distance above 0.02) or, failing
-that, when its largest face or volume is large enough for how near it is. Distances are on the
-floor plane, from the agent to the centre of the object's axis-aligned box; the floor itself
-never counts. Both environments, AI2-THOR and the built-in house, describe what the agent sees
-as ``Seen`` records and go through these functions, so their figures mean the same thing.
-"""
+"""Which actions the agent may take, by the original evaluator's rules; pure, shared by both environments."""
 
 from __future__ import annotations
 
@@ -39,8 +21,6 @@ _MIN_RATE = 0.02  # volume / distance at or below which a big object is too far
 
 @dataclass(frozen=True)
 class Seen:
-    """One object as the agent sees it after an action."""
-
     object_id: str
     type: str
     visible: bool
@@ -49,7 +29,6 @@ class Seen:
 
 
 def seen_in(metadata: dict[str, Any]) -> list[Seen]:
-    """``Seen`` records from an AI2-THOR event's metadata (objects and agent position)."""
     agent = metadata["agent"]["position"]
     out = []
     for obj in metadata["objects"]:
@@ -82,7 +61,7 @@ def is_navigable(seen: Seen) -> bool:
 
 
 def navigable_now(seen: Iterable[Seen]) -> list[str]:
-    """Types navigable from here, nearest-for-their-size last as the original orders them."""
+    """Types navigable from here, ordered as the original orders them."""
     ranked = sorted((s for s in seen if is_navigable(s)),
                     key=lambda s: s.size[0] * s.size[1] * s.size[2] / s.distance if s.distance > 0 else 0.0)
     return list(dict.fromkeys(s.type for s in ranked))
@@ -90,8 +69,7 @@ def navigable_now(seen: Iterable[Seen]) -> list[str]:
 
 def interactions_now(seen: Iterable[Seen], container: Iterable[str],
                      near: Iterable[str] | None = None) -> list[str]:
-    """Types the agent may act on now: navigable from here (``near``, when already worked
-    out by ``navigable_now``), or visible in the container."""
+    """Types navigable from here (``near``, when already worked out) or visible in the container."""
     inside = set(container)
     seen = list(seen)
     near = set(navigable_now(seen) if near is None else near)
@@ -111,9 +89,8 @@ class Legality:
         return cls(navigable=list(dict.fromkeys(task.get("navigable_objects") or [])))
 
     def observe(self, seen: Iterable[Seen], navigable: bool = True, interactions: bool = True) -> None:
-        """Add what is navigable now and recompute the legal interactions; the original's
-        ``observe`` grows the navigable list at each of its three views and takes the
-        interactions once, at the heading it turns back to."""
+        """Add what is navigable now and recompute the legal interactions (the original's ``observe``
+        grows the navigable list at each of its views, the interactions at the heading it returns to)."""
         seen = list(seen)
         near = navigable_now(seen) if navigable or interactions else []
         if navigable:

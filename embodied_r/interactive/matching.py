@@ -1,13 +1,5 @@
-"""Object matching by a sentence-embedding model, as the original evaluator matches names.
-
-The original sends the whole action text ("navigate to fridge") and the scene's object types
-(unique, in order) to an embedding service: each text is embedded (bge-small-en-v1.5 through
-FlagEmbedding: the first token's hidden state, L2-normalised, no query instruction for plain
-``encode``), the type with the highest cosine wins when that cosine exceeds 0.2, else nothing
-matches ("No Suitable Object"). Here the same model is loaded with ``transformers`` in this
-process (sentence-transformers is not a dependency); the model must be a local folder or
-already in the Hugging Face cache, as nothing is downloaded at run time.
-"""
+"""Object matching by a sentence embedding, as the original evaluator matches names; the model is loaded
+from a local folder or the Hugging Face cache, never downloaded at run time."""
 
 from __future__ import annotations
 
@@ -27,8 +19,7 @@ def _missing(model: str) -> str:
 
 
 def embedding_model_problem(model: str) -> str | None:
-    """Why ``model`` cannot be loaded here (checked before a run starts, not at its evaluation
-    hours later), or None."""
+    """Why ``model`` cannot be loaded here, or None: checked before a run, not hours later."""
     if Path(model).expanduser().is_dir():
         return None
     from huggingface_hub import try_to_load_from_cache
@@ -41,6 +32,8 @@ def embedding_model_problem(model: str) -> str | None:
 
 
 class EmbeddingMatcher:
+    """The type with the highest cosine to the whole action text, when it exceeds ``threshold``."""
+
     def __init__(self, model: str, threshold: float = 0.2, device: str = "cpu"):
         from transformers import AutoModel, AutoTokenizer
 
@@ -55,7 +48,6 @@ class EmbeddingMatcher:
         self._cache: dict[str, Any] = {}
 
     def embed(self, texts: list[str]) -> Any:
-        """L2-normalised first-token embeddings, one row per text."""
         import torch
 
         # Cleared before ``todo`` is taken: a clear after it would drop texts found cached here.
@@ -71,15 +63,12 @@ class EmbeddingMatcher:
         return torch.stack([self._cache[t] for t in texts])
 
     def scores(self, text: str, types: list[str]) -> list[float]:
-        return self._cosines(text, list(dict.fromkeys(types)))
-
-    def _cosines(self, text: str, unique: list[str]) -> list[float]:
-        return (self.embed(unique) @ self.embed([text])[0]).tolist()
+        return (self.embed(list(dict.fromkeys(types))) @ self.embed([text])[0]).tolist()
 
     def __call__(self, text: str, types: list[str]) -> str | None:
         unique = list(dict.fromkeys(types))
         if not unique:
             return None
-        sims = self._cosines(text, unique)
+        sims = self.scores(text, unique)
         best = max(range(len(unique)), key=sims.__getitem__)
         return unique[best] if sims[best] > self.threshold else None

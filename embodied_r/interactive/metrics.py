@@ -1,34 +1,4 @@
-"""Episode metrics exactly as the original evaluator computes them, and their aggregation.
-
-An episode's ``trajectory`` is a list of steps ``{"action", "object", "legal_objects",
-"success"}`` that starts with the ``init`` step. Rules (from the original ``metric``):
-
-- total = the key actions other than navigate/observe/move forward; ``end`` is included;
-- +1 for each successful pickup/put/open/close/toggle that matches a key action not yet
-  matched, in any order (``put in`` counts as ``put``); a repeated key action
-  (``pickup Lettuce`` three times) scores once per occurrence;
-- +1 at a successful ``end``; for ``single_search`` only when one of the end step's legal
-  object types occurs in the task name, or else when the last successful action is a key
-  action (then the count stops there);
-- failed steps score nothing and do not change "the last successful action";
-- success = int(reward / total), completeness = reward / total,
-  efficiency = (len(key_actions) + 1) / len(trajectory) when successful, else 0.
-
-Beside these three, the original's result script reports (``extra_metrics``):
-
-- completeness_ordered = the longest common subsequence of the scored actions (in the order
-  they scored, ``end`` included) with the key actions other than navigate/observe/move
-  forward, over the count of those; for ``single_search`` it is the completeness;
-- repeat_rate = the share of ``navigate to`` steps (successful or not) whose object was
-  navigated to before in the episode;
-- key_action_steps = len(key_actions) - 1 (2 for ``single_search_from_closerep``), by which
-  success is also reported, in buckets 1 ... 8 and "9+".
-
-Episodes whose generation failed can be dropped from every mean (the original's way: such an
-episode writes no result); ``aggregate`` counts them apart.
-
-All functions here are pure.
-"""
+"""Episode metrics exactly as the original evaluator computes them, their aggregation and Table 2; pure."""
 
 from __future__ import annotations
 
@@ -43,7 +13,6 @@ _UNSCORED = ("init", "observe", "move forward", "navigate to", "error")
 
 
 def scoring_actions(key_actions: list[str]) -> list[str]:
-    """The key actions that score, in order: all but navigation, observing and moving."""
     return [k for k in key_actions if not any(v in k for v in NON_INTERACTIVE)]
 
 
@@ -57,19 +26,17 @@ def _named(action: str, item: str | None) -> str:
 
 def episode_metrics(task: dict[str, Any], trajectory: list[dict[str, Any]],
                     key_actions: list[str]) -> dict[str, float]:
-    """``{"success", "efficiency", "completeness"}`` of one episode (see the module doc)."""
     return all_metrics(task, trajectory, key_actions)[0]
 
 
 def extra_metrics(task: dict[str, Any], trajectory: list[dict[str, Any]],
                   key_actions: list[str]) -> dict[str, float]:
-    """``{"completeness_ordered", "repeat_rate", "key_action_steps"}`` (see the module doc)."""
     return all_metrics(task, trajectory, key_actions)[1]
 
 
 def all_metrics(task: dict[str, Any], trajectory: list[dict[str, Any]],
                 key_actions: list[str]) -> tuple[dict[str, float], dict[str, float]]:
-    """``episode_metrics`` and ``extra_metrics`` of one episode, its trajectory scored once."""
+    """``episode_metrics`` and ``extra_metrics`` of a trajectory from its ``init`` step, scored once."""
     reward, scored = _score(task, trajectory, key_actions)
     ordered = scoring_actions(key_actions)
     total = len(ordered)
@@ -92,7 +59,6 @@ def all_metrics(task: dict[str, Any], trajectory: list[dict[str, Any]],
 
 
 def lcs_length(a: list[str], b: list[str]) -> int:
-    """Length of the longest common subsequence of two action lists."""
     prev = [0] * (len(b) + 1)
     for x in a:
         cur = [0]
@@ -113,7 +79,8 @@ def step_bucket(steps: int) -> str:
 
 def _score(task: dict[str, Any], trajectory: list[dict[str, Any]],
            key_actions: list[str]) -> tuple[int, list[str]]:
-    """The reward and the actions that scored, in order (``end`` as "end")."""
+    """The reward and the actions that scored, in order; each key action scores once per occurrence,
+    in any order (``put in`` as ``put``), failed steps never."""
     unmatched = list(key_actions)
     scored: list[str] = []
     task_type, task_name = task["tasktype"], task["taskname"]
@@ -148,15 +115,13 @@ def _score(task: dict[str, Any], trajectory: list[dict[str, Any]],
 
 
 def _mean(rows: list[dict[str, float]]) -> dict[str, float]:
-    # A figure is averaged only where every row has it (results written before it existed).
+    # Only figures every row has: results written before a figure existed lack it.
     return {m: sum(r[m] for r in rows) / len(rows) for m in METRICS if all(m in r for r in rows)} if rows else {}
 
 
 def aggregate(results: Iterable[dict[str, Any]]) -> dict[str, Any]:
-    """Plain means over episodes (a failure counts with efficiency 0): overall, per group and
-    per task type, and success by number of key actions. Each result holds ``tasktype`` and
-    the metrics; one marked ``dropped`` (its generation failed, under the ``drop`` policy)
-    is left out of every mean and counted in ``dropped``."""
+    """Plain means over episodes: overall, per group, per task type, and success by number of key
+    actions; a result marked ``dropped`` (its generation failed) is only counted."""
     results = list(results)
     dropped = [r for r in results if r.get("dropped")]
     results = [r for r in results if not r.get("dropped")]
@@ -197,8 +162,6 @@ def _pct(row: dict[str, Any], m: str) -> str:
 
 
 def table2(summary: dict[str, Any], name: str = "this run") -> str:
-    """A Markdown table of this run beside the paper's Table 2 (percentages), per group too,
-    with the original's extra figures and the count of dropped episodes."""
     lines = ["| model | SR | SE | TC |", "|---|---:|---:|---:|"]
     for model, (sr, se, tc) in PAPER_TABLE2.items():
         lines.append(f"| {model} (paper) | {sr:.2f} | {se:.2f} | {tc:.2f} |")
@@ -224,8 +187,6 @@ def table2(summary: dict[str, Any], name: str = "this run") -> str:
 
 
 def flat_metrics(summary: dict[str, Any]) -> dict[str, float]:
-    """``success/all``, ``success/search``, ..., ``completeness/type/<task type>``,
-    ``success/key_actions/<n>`` and ``dropped`` for MLflow."""
     out: dict[str, float] = {}
     for m in METRICS:
         if m in (summary.get("all") or {}):

@@ -1,13 +1,4 @@
-"""What the agent is told, in this project's words, with the original's structure: a system
-prompt, a first turn with the task and the action list, a turn after each successful action
-(its image first), a ``<|feedback|>`` turn after an illegal one, and a turn for a reply
-with no usable action. The same texts build the synthetic training conversations, so what
-a model learns and what it is evaluated with agree.
-
-``ReasonerTexts`` carries the original's own texts into an evaluation from the user's
-checkout (``embodied-r prompts import-official``); the episode then builds every turn from
-them as the original's loop does (the turn's images, then the text; after an illegal action
-or a reply without one, the feedback followed by the error turn's text)."""
+"""What the agent is told: this project's texts in the original's structure, or the original's (``ReasonerTexts``)."""
 
 from __future__ import annotations
 
@@ -62,10 +53,8 @@ INVALID = f"That reply holds no available action.\n{THINK}\n{FORMAT}"
 
 
 class ReasonerTexts(BaseModel):
-    """The original's texts, each a ``str.format`` template: ``first_turn`` with
-    ``{task_name}``; ``after_action`` and ``after_move_forward`` with ``{action}``; the
-    feedback with ``{action}``, ``{item}`` and ``{raw_action}`` (the verb, the matched object,
-    the action as the model wrote it)."""
+    """The original's ``str.format`` templates: the feedback's fields are ``{action}`` (the verb),
+    ``{item}`` (the matched object) and ``{raw_action}`` (as written)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -83,8 +72,7 @@ class ReasonerTexts(BaseModel):
 
 
 def official_feedback(texts: ReasonerTexts, verb: str, obj: str | None, raw: str, unmatched: bool) -> str:
-    """The original's turn after an illegal action: which of its four texts depends on the
-    verb and on whether the object matched anything in the room."""
+    """The original's turn after an illegal action, by the verb and whether the object matched."""
     if verb == "navigate to":
         feedback = texts.feedback_navigate_unmatched if unmatched else texts.feedback_navigate_unreachable
     else:

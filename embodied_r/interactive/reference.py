@@ -1,9 +1,4 @@
-"""What a trained agent's figures are read beside, in the built-in house: the scripted
-ceiling (each task's key actions replayed by the scripted expert, through the same episode
-loop and rules) and the free point (a policy that says ``end`` at once: the metric's
-always-appended ``end`` gives it completeness for nothing); and the verdict that reads an
-evaluation against both.
-"""
+"""What an agent's figures are read beside in the built-in house (scripted ceiling, free point), and the verdict."""
 
 from __future__ import annotations
 
@@ -22,8 +17,7 @@ FIGURES = ("success", "completeness")
 
 def scripted(cases: list[dict[str, Any]], policy: Callable[[dict[str, Any]], list[str]], out: Path,
              episode: EpisodeConfig, match: Any = None) -> dict[str, float]:
-    """Success and completeness over ``cases`` of a fixed policy: ``policy(task)`` gives its
-    replies in order (``end`` once they run out); ``match`` an embedding matcher loaded once."""
+    """Success and completeness of a policy whose replies ``policy(task)`` gives (then ``end``)."""
     results = []
     for case in cases:
         replies = iter(policy(case))
@@ -35,8 +29,7 @@ def scripted(cases: list[dict[str, Any]], policy: Callable[[dict[str, Any]], lis
 
 
 def references(cases: list[dict[str, Any]], out: Path, episode: EpisodeConfig) -> dict[str, dict[str, float]]:
-    """The scripted ceiling and the free point on ``cases`` under ``episode``'s rules (its
-    step limit included: a limit shorter than a task's key actions lowers the ceiling)."""
+    """The scripted ceiling and the free point under ``episode``'s rules, its step limit included."""
     match = embedding_matcher(episode)
     return {"ceiling": scripted(cases, lambda t: expert_replies(t, 1, random.Random(0)), Path(out) / "ceiling",
                                 episode, match),
@@ -45,9 +38,8 @@ def references(cases: list[dict[str, Any]], out: Path, episode: EpisodeConfig) -
 
 def verdict(success: float, completeness: float, episodes: int, ceiling: dict[str, float],
             free: dict[str, float], trained_here: bool = True) -> str:
-    """One sentence on what an agent's figures show beside the free point and the ceiling:
-    the pipeline's SFT-trained agent (``trained_here``), or any model evaluated alone.
-    Learning is claimed only when it beats the free point on both figures."""
+    """One sentence on the figures of the SFT-trained agent (``trained_here``) or any model; learning
+    is claimed only when it beats the free point on both figures."""
     won = round(success * episodes)
     gain = 100 * (completeness - free["completeness"])
     who = "The SFT-trained agent" if trained_here else "The model"

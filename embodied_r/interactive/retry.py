@@ -1,22 +1,4 @@
-"""Failed generations: the original's long-context retry, and replies for the episode loop.
-
-The original's inference server (its transformers predictor, which its local evaluation
-calls) answers a call that raised (most often a context too long for the GPU) by trying again
-with less, at most ``2 * images`` more times, and then gives up with an empty reply. After
-failed try ``t`` (1, 2, ...) it changes one thing:
-
-1. while the conversation holds more than ``t`` images, image ``t`` (0-based: never the first)
-   is cut to half the pixel budget (nearest-neighbour, as its ``preprocess_image``);
-2. once every image but the first is halved, one try changes nothing and marks the history
-   for shortening;
-3. from then on, when the conversation has more than ``2t + 2`` messages, it keeps
-   ``messages[2:2t]``: the original's slice, kept as it is, which drops the system prompt and
-   the first turn, and the latest turns as well.
-
-``retry_variants`` yields those conversations in order; ``replies`` runs them through a
-backend and returns None for a generation that still failed. An infrastructure failure (the
-server down, a refused key) is no item's fault: it stops the stage.
-"""
+"""Failed generations: the original inference server's long-context retry, and the episode loop's replies."""
 
 from __future__ import annotations
 
@@ -52,7 +34,7 @@ def _replace_image(conversation: Conversation, index: int, path: str) -> Convers
 
 
 def halve_image(path: str, max_pixels: int) -> str:
-    """A copy of the image within ``max_pixels // 2`` pixels beside it (PNG, nearest)."""
+    """A copy within ``max_pixels // 2`` pixels beside it (PNG, nearest-neighbour)."""
     budget = max_pixels // 2
     target = Path(path).with_name(f"{Path(path).stem}.half{budget}.png")
     if not target.exists():
@@ -61,7 +43,11 @@ def halve_image(path: str, max_pixels: int) -> str:
 
 
 def retry_variants(conversation: Conversation, halve: Callable[[str], str]) -> Iterator[Conversation]:
-    """The conversations of the retries after a failed call, in order (module doc)."""
+    """The conversations of the retries after a failed call, at most ``2 * images``: after try ``t``,
+    image ``t`` (never the first) halved while there is one; then one unchanged try marks the history
+    for shortening, and from then on a conversation of over ``2t + 2`` messages keeps ``[2:2t]``."""
+    # The original's slice, kept as it is: it drops the system prompt and the first turn, and the
+    # latest turns as well.
     current = conversation
     shorten = False
     for attempt in range(1, 2 * len(image_paths(conversation)) + 1):
@@ -77,8 +63,7 @@ def retry_variants(conversation: Conversation, halve: Callable[[str], str]) -> I
 
 def replies(generate: Callable[[list[Conversation]], list[Any]], conversations: list[Conversation],
             max_pixels: int, retry: bool) -> list[str | None]:
-    """One reply per conversation (``Generation.text``), None where the call failed after its
-    retries; ``retry``: the long-context retry above."""
+    """One reply per conversation, None where the call failed (after the long-context retry with ``retry``)."""
     out: list[str | None] = []
     for conversation, gen in zip(conversations, generate(conversations)):
         _raise_if_infra(gen)
@@ -95,6 +80,7 @@ def replies(generate: Callable[[list[Conversation]], list[Any]], conversations: 
 
 
 def _raise_if_infra(gen: Any) -> None:
+    # The server down or a refused key is no item's fault: it stops the stage.
     if getattr(gen, "infra_failed", False):
         raise GenerationUnavailable(f"the model service failed: {gen.error}; start it (or fix its key) and run "
                                     "again: finished episodes are kept")

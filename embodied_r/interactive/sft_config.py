@@ -1,5 +1,4 @@
-"""Settings of one Embodied-Reasoner SFT stage: the shared SFT settings (the paper's values are
-their defaults) and what its multi-image conversations add."""
+"""Settings of one Embodied-Reasoner SFT stage: the shared SFT settings and what multi-image turns add."""
 
 from __future__ import annotations
 

@@ -1,12 +1,4 @@
-"""What an Embodied-Reasoner SFT stage trains on: ``conversations``, the hook its stage runner
-names for the SFT child both pipelines share (``training.sft_child``).
-
-Multi-image conversations through this module's collator, images loaded at most ``max_pixels``
-each. Labels: loss on assistant turns only; in a conversation with a ``<|feedback|>`` turn, every
-assistant turn before the first such turn is masked too. That is the original's rule (mask every
-token up to the first ``<|feedback|>``) stated per turn: what lies between the last masked
-assistant turn and the marker is user text, masked anyway, so no special token is needed.
-"""
+"""What an Embodied-Reasoner SFT stage trains on: its multi-image conversations, their collator and labels."""
 
 from __future__ import annotations
 
@@ -26,14 +18,15 @@ IGNORE = -100
 
 
 def supervised_turns(messages: list[dict[str, str]]) -> list[bool]:
-    """For each assistant message in order: does it carry loss?"""
+    """For each assistant message: does it carry loss? Those before the first ``<|feedback|>`` turn do
+    not: the original masks every token up to it, and what lies between is user text, masked anyway."""
     first_feedback = next((i for i, m in enumerate(messages) if m["role"] == "user" and FEEDBACK in m["content"]),
                           -1)
     return [i > first_feedback for i, m in enumerate(messages) if m["role"] == "assistant"]
 
 
 def assistant_spans(ids: list[int], start_ids: list[int], end_id: int) -> list[tuple[int, int]]:
-    """Token spans of assistant replies (content and closing ``<|im_end|>``), in order."""
+    """Token spans of assistant replies, their closing ``<|im_end|>`` included."""
     spans, n, i = [], len(start_ids), 0
     while i <= len(ids) - n:
         if ids[i:i + n] == start_ids:
@@ -84,8 +77,7 @@ class Collator:
 
 
 def freeze_vision(model: Any) -> None:
-    """The vision tower and the projector (the merger lives inside ``visual``), whatever wraps
-    the model (LoRA's adapters in them included)."""
+    """The vision tower and the projector (the merger is inside ``visual``), whatever wraps the model."""
     for name, module in model.named_modules():
         if name.rsplit(".", 1)[-1] == "visual":
             for p in module.parameters():
@@ -93,7 +85,6 @@ def freeze_vision(model: Any) -> None:
 
 
 def conversations(spec: dict[str, Any]) -> SFTData:
-    """The stage's trajectories (``SPEC["data"]``), each a conversation with its images."""
     from datasets import Dataset
 
     cfg = ReasonerSFTConfig.model_validate(spec["sft"])

@@ -1,9 +1,4 @@
-"""Stage runners of the ``embodied-reasoner`` pipeline (registered in ``embodied_r.runners``):
-the three SFT stages, self-exploration by rejection sampling, and evaluation.
-
-Each follows the stage convention: ``(out, config, inputs, mlflow_run_id) -> summary``,
-written aside and renamed into place (``io.stage_folder``); a finished folder is reused.
-"""
+"""Stage runners of the ``embodied-reasoner`` pipeline: the three SFT stages, exploration and evaluation."""
 
 from __future__ import annotations
 
@@ -31,8 +26,8 @@ from embodied_r.training.sft_run import check_sft_disk, sft_in_child
 
 @contextmanager
 def torch_threads(n: int | None) -> Iterator[None]:
-    """torch's CPU threads set to ``n`` for the block (None: left as they are), then put back:
-    the setting is the whole process's."""
+    """torch's CPU threads set to ``n`` for the block (None: as they are), then put back: the
+    setting is the whole process's."""
     if not n:
         yield
         return
@@ -55,7 +50,6 @@ def _generator(backend_cfg: dict[str, Any], model: str, retry: bool = False):
     backend = make_backend(cfg)
 
     def generate(conversations: list[list[dict[str, Any]]]) -> list[str | None]:
-        # None: a failed generation, which the episode handles by its ``failed_generation``.
         return replies(backend.generate, conversations, cfg.max_pixels, retry)
 
     return backend, generate
@@ -63,9 +57,8 @@ def _generator(backend_cfg: dict[str, Any], model: str, retry: bool = False):
 
 def run_sft_stage(out: Path, config: dict[str, Any], inputs: dict[str, str],
                   mlflow_run_id: str | None = None) -> dict[str, Any]:
-    """One SFT stage in the SFT child both pipelines share, on ``interactive.sft_data``'s
-    conversations: stage 1 on the catalog's stage-1 trajectories, stage 2 on the exploration
-    stage's kept trajectories, stage 3 on the stage-3 ones. A killed stage resumes from its checkpoint."""
+    """One SFT stage in the shared SFT child: stage 2 on the exploration stage's trajectories, the
+    others on the catalog's; a killed stage resumes from its checkpoint."""
     out = Path(out)
     if is_complete(out):
         return read_summary(out)
@@ -95,9 +88,7 @@ def run_sft_stage(out: Path, config: dict[str, Any], inputs: dict[str, str],
 
 def run_explore_stage(out: Path, config: dict[str, Any], inputs: dict[str, str],
                       mlflow_run_id: str | None = None) -> dict[str, Any]:
-    """Self-exploration data: the trajectories the catalog assigns to stage 2 (its heuristic,
-    ``interactive.catalog``) and/or the stage-1 model's own
-    successful episodes on fresh tasks in the built-in house (rejection sampling)."""
+    """The catalog's stage-2 trajectories and/or the stage-1 model's successful episodes on fresh tasks."""
     from embodied_r.interactive.synthetic import make_test_cases
 
     out = Path(out)
@@ -117,8 +108,7 @@ def run_explore_stage(out: Path, config: dict[str, Any], inputs: dict[str, str],
             tries = [{**t, "identity": f"{t['identity']}-{k}"} for t in tasks for k in range(explore["samples_per_task"])]
             backend, generate = _generator(config["backend"], inputs["model"])
             try:
-                # In the evaluation's texts: with a prompts file, the original's, which the
-                # hub's trajectories (and so the stage-1 model) are written in.
+                # The evaluation's texts: with a prompts file, the original's, as the hub's trajectories.
                 texts = (config.get("episode") or {}).get("texts")
                 with torch_threads(config.get("torch_threads")):
                     episodes = run_episodes(tries, EnvironmentMaker("builtin"), generate, work / "rollouts",
@@ -126,7 +116,7 @@ def run_explore_stage(out: Path, config: dict[str, Any], inputs: dict[str, str],
             finally:
                 backend.close()
             good = [e for e in episodes if e.result()["success"] == 1]
-            # The views are written in the partial folder, which becomes ``out``: name them there.
+            # The views lie in the partial folder, which becomes ``out``: name them there.
             kept += [{"id": f"rollout-{e.task['identity']}", "messages": e.messages,
                       "images": [str(out.resolve() / Path(p).relative_to(work.resolve())) for p in e.images]}
                      for e in good]
@@ -141,8 +131,7 @@ def run_explore_stage(out: Path, config: dict[str, Any], inputs: dict[str, str],
 
 def run_evaluate_stage(out: Path, config: dict[str, Any], inputs: dict[str, str],
                        mlflow_run_id: str | None = None) -> dict[str, Any]:
-    """Episodes on the catalog's test cases, resumed from the shards' logs of an interrupted
-    run; metrics per group, task type and number of key actions beside Table 2."""
+    """Episodes on the catalog's test cases, resumed from an interrupted run's logs, and their metrics."""
     out = Path(out)
     if is_complete(out):
         return read_summary(out)
@@ -151,7 +140,6 @@ def run_evaluate_stage(out: Path, config: dict[str, Any], inputs: dict[str, str]
     cases = read_test_cases(Path(inputs["catalog"]))[: ev.get("limit") or None]
     started = time.monotonic()
     with stage_folder(out) as work:
-        # One environment, and for AI2-THOR one controller, per running episode.
         make_env = EnvironmentMaker(ev["environment"], ev.get("original_checkout"))
         backend, generate = _generator(config["backend"], inputs["model"], episode.retry_long_context)
         try:
@@ -178,7 +166,6 @@ def run_evaluate_stage(out: Path, config: dict[str, Any], inputs: dict[str, str]
                    "failed_generation": episode.failed_generation, "prompts_source": source,
                    "stops": stops, "seconds": round(time.monotonic() - started, 2), "metrics": flat_metrics(agg)}
         if ev["environment"] == "builtin":
-            # No model: the key actions replayed, and ending at once, under the same rules.
             summary["reference"] = references(cases, work / "reference", episode)
             shutil.rmtree(work / "reference", ignore_errors=True)  # their views only
         write_summary(work, summary)

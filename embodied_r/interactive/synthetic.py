@@ -1,16 +1,5 @@
-"""A synthetic Embodied-Reasoner dataset in the real file layouts, made in the built-in house.
-
-Test cases follow ``test_809.json``; training trajectories follow ``train_multiturn_9390.json``
-(ShareGPT ``messages`` with ``<image>`` markers paired in order with ``images``) and
-``data_engine_origin_trajectory_9390.json`` (scene, task type, task name, key actions, the
-agent's turns, images). Trajectories are played by a scripted expert through the same
-episode loop that evaluates models, so their turns are exactly what a model sees:
-
-- stage 1 (imitation): the key actions, each with an observation or a plan;
-- stage 2 (self-exploration): the key actions with a look around before one of them;
-- stage 3 (self-correction): the key actions with one slip at a random step (an interaction
-  tried before going to its object), its ``<|feedback|>`` turn and a reflection, then the rest.
-"""
+"""A synthetic dataset in the hub's file layouts, played by a scripted expert through the episode loop that
+evaluates models, so that its turns are exactly what a model sees."""
 
 from __future__ import annotations
 
@@ -96,15 +85,12 @@ def make_test_case(identity: int, task_type: str, seed: int) -> dict[str, Any]:
 
 
 def make_test_cases(n: int, seed: int = 0, start: int = 1) -> list[dict[str, Any]]:
-    """``n`` cases cycling through the 11 task types."""
     return [make_test_case(start + i, TASK_TYPES[i % len(TASK_TYPES)], seed) for i in range(n)]
 
 
 def _slip(task: dict[str, Any], steps: list[str], r: random.Random) -> tuple[int, str]:
-    """Where stage 3's expert slips and how: before a ``navigate to X`` that an interaction
-    with X follows, it tries that interaction at once (too far away: it fails). The place is
-    drawn among all such steps, so a model learns to reflect after the feedback turn, not
-    at a fixed turn. A search with nothing to act on reaches for the object looked for."""
+    """Where stage 3's expert tries an interaction before the ``navigate to`` it needs, and which: drawn
+    among all such steps, so that a model learns to reflect after feedback, not at a fixed turn."""
     spots = [i for i, k in enumerate(steps[:-1]) if k.startswith("navigate to ")
              and not steps[i + 1].startswith("navigate to ")
              and steps[i + 1].split(" ", 1)[-1] == k.removeprefix("navigate to ")]
@@ -116,7 +102,8 @@ def _slip(task: dict[str, Any], steps: list[str], r: random.Random) -> tuple[int
 
 
 def expert_replies(task: dict[str, Any], stage: int, r: random.Random) -> list[str]:
-    """The scripted expert's replies for one task at one stage (module doc)."""
+    """The scripted expert's replies: the key actions after a plan, each with a thought; stage 2 looks
+    around before one step, stage 3 slips once (``_slip``) and reflects."""
     t = EXPERT_TEXTS
     steps = [k for k in key_actions(task) if k != "end"]
     first = (f"<Observation>{t['goal']}</Observation>"
@@ -140,8 +127,6 @@ def expert_replies(task: dict[str, Any], stage: int, r: random.Random) -> list[s
 
 
 def play(tasks: list[dict[str, Any]], stage: int, out: Path, seed: int) -> list[dict[str, Any]]:
-    """Run the expert through the built-in house; returns one record per trajectory with
-    absolute image paths (made relative by the writer)."""
     records = []
     for task in tasks:
         replies = iter(expert_replies(task, stage, random.Random(f"{seed}/{task['identity']}")))
@@ -152,7 +137,7 @@ def play(tasks: list[dict[str, Any]], stage: int, out: Path, seed: int) -> list[
 
 
 def write_dataset(root: Path, n_train: int = 33, n_test: int = 22, seed: int = 0) -> dict[str, int]:
-    """The three files and the images under ``root`` (the hub repo's layout)."""
+    """The three files and the images under ``root``, in the hub repo's layout."""
     import json
 
     root = Path(root)
@@ -183,17 +168,14 @@ def write_dataset(root: Path, n_train: int = 33, n_test: int = 22, seed: int = 0
 
 
 def object_types() -> tuple[str, ...]:
-    """Every object type a synthetic task or the built-in house names."""
     names = (*SURFACES, *CONTAINERS, *SMALL, *APPLIANCES, "SinkBasin", *household.SURFACES, *household.SMALL,
              *household.BIG, *sorted(household.OPENABLE), *sorted(household.TOGGLEABLE))
     return tuple(dict.fromkeys(names))
 
 
 def fixed_texts() -> tuple[str, ...]:
-    """The fixed words of the agent's turns in this project's texts (``prompts``) and of the
-    scripted expert's replies, with the reply tags and the object types: what a tokenizer
-    built for the synthetic sample keeps whole, so that a tiny model reads and writes them
-    as one token each."""
+    """What a tokenizer built for the synthetic sample keeps whole: the fixed words of the agent's
+    turns and of the expert's replies, the reply tags and the object types."""
     hole = "\x00"
 
     def parts(text: str) -> list[str]:

@@ -1,8 +1,4 @@
-"""The benchmark's rules: task types, their groups, step limits, key actions, test cases.
-
-Task types and groups follow the original evaluator's aggregation; the step limits follow
-its ``get_max_steps`` (a type it does not list, such as the long-range tasks, gets 36).
-"""
+"""The benchmark's rules: task types and their groups, step limits, key actions and test cases."""
 
 from __future__ import annotations
 
@@ -25,7 +21,7 @@ GROUP_OF: dict[str, str] = {t: g for g, types in GROUPS.items() for t in types}
 # Test-set sizes per group in test_809.json (checked against the real file in the tests).
 GROUP_COUNTS = {"search": 155, "manipulation": 299, "transport": 250, "composite": 105}
 
-# Step limits by group of task types; ``init`` counts as a step.
+# The original's ``get_max_steps``; ``init`` counts as a step, a type it does not list gets 36.
 _LIMITS = {"search": 22, "manipulation": 24, "transport": 30, "composite": 36}
 DEFAULT_STEP_LIMIT = 36
 
@@ -33,7 +29,6 @@ ACTION_VERBS: tuple[str, ...] = ("init", "navigate to", "pickup", "put", "put in
                                  "observe", "move forward", "end")
 # Verbs that move or look, never rewarded by the metric.
 NON_INTERACTIVE: tuple[str, ...] = ("navigate to", "observe", "move forward")
-INTERACTIVE: tuple[str, ...] = ("pickup", "put", "open", "close", "toggle")
 
 SHARED_TEST_RELPATH = Path("benchmarks") / "embodied-reasoner" / "test_809.json"
 _CHECKOUT = Path(__file__).resolve().parents[2]
@@ -50,7 +45,6 @@ def group_of(task_type: str) -> str:
 
 
 def step_limit(task_type: str) -> int:
-    """22 for search, 24 for pickup/toggle, 30 for transport, 36 for the rest."""
     return _LIMITS.get(group_of(task_type), DEFAULT_STEP_LIMIT)
 
 
@@ -85,7 +79,6 @@ def load_test_cases(path: Path) -> list[dict[str, Any]]:
 
 
 def counts(cases: Iterable[dict[str, Any]]) -> dict[str, Any]:
-    """Cases per task type and per group, and key actions per verb."""
     cases = list(cases)
     types = Counter(c["tasktype"] for c in cases)
     verbs = Counter(a["action"] for c in cases for a in c["task_metadata"]["actions"])

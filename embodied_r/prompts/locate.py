@@ -1,16 +1,5 @@
-"""Find a text by its place in a Python file, without running the file.
-
-A place is a file, a scope (``Class.method``, ``function``, or ``""`` for the module's own
-statements, ``if __name__ == "__main__":`` blocks included), and what holds the text there:
-the value assigned to a variable (the n-th such assignment in source order), the function's
-``return`` value, the ``content`` of a chat message with a given role in a dict literal, or
-a named argument of a call.
-
-The text comes back as a ``str.format`` template: an f-string's ``{name}`` fields keep the
-names of the variables they read, ``"..." % (a, b)`` becomes ``"...{a}...{b}..."`` and every
-literal brace is doubled, so ``template.format(**values)`` gives exactly the string the
-original code built.
-"""
+"""Find a text by its place in a Python file, without running the file, as a ``str.format`` template that
+gives exactly the string the original code built."""
 
 from __future__ import annotations
 
@@ -28,7 +17,8 @@ Holder = Literal["assign", "return", "message", "keyword"]
 
 @dataclass(frozen=True)
 class Spot:
-    """Where one text lives: ``key`` names it in the prompts file."""
+    """Where one text lives: ``key`` names it in the prompts file; the n-th ``occurrence`` in source
+    order, in ``scope`` (``Class.method``, ``function``, or ``""``: the module's own statements)."""
 
     key: str
     file: str
@@ -57,7 +47,6 @@ def _escape(text: str) -> str:
 
 
 def _percent(fmt: str, names: list[str], spot: Spot) -> str:
-    """A ``%``-format string with one ``%s`` per name, as a ``str.format`` template."""
     out, i, used = [], 0, 0
     while i < len(fmt):
         ch = fmt[i]
@@ -81,7 +70,8 @@ def _percent(fmt: str, names: list[str], spot: Spot) -> str:
 
 
 def template_of(node: ast.expr, spot: Spot) -> Template:
-    """The template an expression builds, or a ``PromptsError`` for any other expression."""
+    """The template a literal, f-string (its fields keep the variables' names), ``+`` or ``%s``
+    expression builds; literal braces doubled."""
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
         return Template(_escape(node.value), ())
     if isinstance(node, ast.JoinedStr):
@@ -128,7 +118,7 @@ def _scope_body(tree: ast.Module, scope: str) -> list[ast.stmt] | None:
 
 
 def _walk_scope(body: list[ast.stmt]):
-    """Every node of a scope in source order, not entering nested functions or classes."""
+    """Every node of a scope in source order, nested functions and classes left out."""
     stack = list(reversed(body))
     while stack:
         node = stack.pop()
@@ -161,7 +151,6 @@ def _candidates(body: list[ast.stmt], spot: Spot) -> list[ast.expr]:
 
 
 def locate(checkout: Path, spot: Spot) -> Template:
-    """The text at ``spot`` in the checkout, with the fields the lookup table expects."""
     path = Path(checkout) / spot.file
     if not path.is_file():
         raise PromptsError(f"{spot.key}: {spot.file} not found in {checkout}; the checkout is not the "
@@ -184,8 +173,7 @@ def locate(checkout: Path, spot: Spot) -> Template:
 
 
 def rename_fields(template: str, mapping: dict[str, str]) -> str:
-    """``template`` with each ``{field}`` replaced by ``mapping[field]`` (itself template
-    text: it may hold other fields); literal text stays escaped."""
+    """``template`` with each ``{field}`` replaced by ``mapping[field]``, itself template text."""
     out = []
     for literal, field, spec, conversion in Formatter().parse(template):
         out.append(_escape(literal))

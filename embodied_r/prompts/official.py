@@ -1,11 +1,4 @@
-"""The lookup tables of the two papers' repositories, and the import of a checkout.
-
-Each table lists where every text the project can take from the original code lives. A
-repository is told by its files: Embodied-R (EmbodiedCity/Embodied-R.code) by its
-perception and preprocessing scripts, Embodied-Reasoner (zwq2018/embodied_reasoner) by its
-evaluation's prompt module. The checkout's commit is read from ``.git`` as files (``HEAD``,
-the branch's ref or ``packed-refs``), so no git is needed.
-"""
+"""Where the two papers' repositories hold their texts, and the import of a checkout (its commit read without git)."""
 
 from __future__ import annotations
 
@@ -23,15 +16,13 @@ URLS: dict[str, str] = {
     "embodied-reasoner": "https://github.com/zwq2018/embodied_reasoner",
 }
 
-# Embodied-R's perception ran in one of two scripts: the API one (the 72B on a hosted
-# OpenAI-compatible endpoint) and the local one (ms-swift); their texts differ in layout
-# (the local script's continuation lines carry the source's indentation).
+# Embodied-R's perception scripts: the API one (a hosted endpoint) and the local one (ms-swift),
+# whose continuation lines carry the source's indentation.
 PERCEPTION_SCRIPTS = {
     "api": ("train/conver_format/VLM_perception_API.py", "VideoProcessorAPI.analyze_video"),
     "local": ("train/conver_format/VLM_perception_local.py", "VideoProcessor.analyze_video"),
 }
-# Consistency rewards: the 8-GPU script's plug-in asks a hosted reference, the 5-GPU one a
-# local server; the template is the same place in both, the system text is held differently.
+# The consistency reward's reference: hosted (8-GPU script) or a local server (5-GPU script).
 REFERENCE_SCRIPTS = {
     "api": ("train/reward/consistency_reward_API.py", "ConsistencyReward.call_api_for_inference"),
     "local": ("train/reward/consistency_reward_local.py", "ConsistencyReward.call_local_model_for_inference"),
@@ -68,10 +59,8 @@ REASONER_SPOTS: list[Spot] = [
     Spot("reasoner.after_move_forward", REASONER_FILE, "", "assign", "USER_IMAGE_PREFIX_MOVE_FORWARD"),
     Spot("reasoner.match_object", REASONER_FILE, "", "assign", "MATCH_PROMPT"),
     Spot("reasoner.invalid_action", REASONER_FILE, "", "assign", "INVALID_ACTION_PROMPT"),
-    # The feedback after an illegal action, written inline in the episode loop: its 1st and
-    # 2nd assignments of ``user_text`` are the invalid-reply text and "", then a navigation
-    # to an unknown object, to a known one not reachable, an interaction with an unknown
-    # object, with a known one not available.
+    # The feedback, inline in the episode loop: assignments 1 and 2 of ``user_text`` are the
+    # invalid-reply text and "", then one per case below, in this order.
     *(Spot(f"reasoner.feedback_{name}", "evaluate/evaluate.py", "get_trajectory", "assign", "user_text", n, fields)
       for n, name, fields in ((3, "navigate_unmatched", ("action",)),
                               (4, "navigate_unreachable", ("action", "item", "raw_action")),
@@ -79,7 +68,6 @@ REASONER_SPOTS: list[Spot] = [
                               (6, "interact_unavailable", ("raw_action", "item", "action")))),
 ]
 
-# The files that tell the repositories apart.
 MARKERS: dict[str, tuple[str, ...]] = {
     "embodied-r": ("dataset/data_preprocess.py", "train/conver_format"),
     "embodied-reasoner": (REASONER_FILE, "data_engine"),
@@ -100,7 +88,6 @@ def detect(checkout: Path) -> Repository:
 
 
 def read_commit(checkout: Path) -> str:
-    """The commit checked out, read from ``.git`` without running git."""
     git = Path(checkout) / ".git"
     if git.is_file():  # a worktree or submodule: "gitdir: <path>"
         target = git.read_text().strip().removeprefix("gitdir:").strip()
@@ -135,7 +122,6 @@ def _sha(text: str, where: Path) -> str:
 
 
 def import_checkout(checkout: Path, perception: str = "api", reference: str = "api") -> PromptsFile:
-    """Every text of the checkout's repository, with its commit and the hashes of the files read."""
     checkout = Path(checkout).expanduser().resolve()
     repository = detect(checkout)
     commit = read_commit(checkout)

@@ -1,11 +1,4 @@
-"""The prompts file: the texts taken from a checkout, where each was found, the checkout's
-commit and the sha256 of every file read. It is written under the home and named by a
-recipe (``prompts.file``); the run records ``official@<commit>`` from it.
-
-With ``prompts.file`` the perception, convert and training stages get the original texts as
-plain strings in their own configs (so the texts are part of their stage keys), turned into
-each stage's template fields; the evaluation records the file's label. Without it, every
-stage keeps this project's own wording and the run records ``paraphrase``."""
+"""The prompts file (texts, places, commit, files' sha256), the recipe's ``prompts`` section and what a file sets."""
 
 from __future__ import annotations
 
@@ -88,7 +81,7 @@ def load(path: Path | str) -> PromptsFile:
 
 
 def content_hash(prompts: PromptsFile) -> str:
-    """What a stage key holds of the file: its texts and where they came from."""
+    """What a stage key holds of the file: its texts and its commit."""
     payload = json.dumps({"commit": prompts.commit, "texts": prompts.model_dump(mode="json")["texts"]},
                          sort_keys=True)
     return hashlib.sha256(payload.encode()).hexdigest()
@@ -97,8 +90,7 @@ def content_hash(prompts: PromptsFile) -> str:
 class PromptsConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    # A prompts file written by `embodied-r prompts import-official PATH`; a relative path is
-    # read from the home. None: this project's own wording.
+    # Written by `embodied-r prompts import-official PATH`, relative to the home; None: this project's wording.
     file: str | None = None
     # What the run records: "paraphrase", or "official@<commit>" (set from the file).
     source: str = PARAPHRASE
@@ -110,8 +102,7 @@ def resolve(file: str) -> Path:
 
 
 def _question_block(prompts: PromptsFile, path: Path) -> str:
-    """The question with its options as the original perception and user turn take it: the
-    preprocessing's text, less everything up to its "Question:" label (what the original's
+    """The preprocessing's question text after its "Question:" label (what the original's
     ``extract_qa`` keeps), its option lines under ``{options}``."""
     text = prompts.text("convert.question", path).text
     label = "Question:"
@@ -121,7 +112,6 @@ def _question_block(prompts: PromptsFile, path: Path) -> str:
 
 
 def embodied_r_settings(prompts: PromptsFile, path: Path) -> dict[str, Any]:
-    """The recipe values a prompts file of Embodied-R sets, as a nested dict to merge."""
     if prompts.repository != "embodied-r":
         raise PromptsError(f"prompts file {path} holds {prompts.repository} texts; an Embodied-R recipe needs "
                            "an import of EmbodiedCity/Embodied-R.code")
@@ -157,15 +147,14 @@ def embodied_r_settings(prompts: PromptsFile, path: Path) -> dict[str, Any]:
     }
 
 
-# Embodied-Reasoner's module constants are templates the original fills with format itself:
-# each is stored as the constant's own text. The feedback is an f-string: a template here.
+# The original fills its module constants with format itself; its feedback is an f-string.
 REASONER_CONSTANTS = ("system", "first_turn", "after_action", "after_move_forward", "after_error", "invalid_action")
 REASONER_FEEDBACK = ("navigate_unmatched", "navigate_unreachable", "interact_unmatched", "interact_unavailable")
 
 
 def reasoner_settings(prompts: PromptsFile, path: Path) -> dict[str, Any]:
-    """The reasoner recipe values a prompts file of Embodied-Reasoner sets. The first turn is
-    the one of the original's local mode ("put <object>"), which its released models ran in."""
+    """The reasoner recipe values a prompts file of Embodied-Reasoner sets; the first turn is the
+    original's local mode's ("put <object>"), which its released models ran in."""
     if prompts.repository != "embodied-reasoner":
         raise PromptsError(f"prompts file {path} holds {prompts.repository} texts; an Embodied-Reasoner recipe "
                            "needs an import of zwq2018/embodied_reasoner")
@@ -176,8 +165,7 @@ def reasoner_settings(prompts: PromptsFile, path: Path) -> dict[str, Any]:
 
 
 def apply_prompts(data: dict[str, Any], merge: Any, reasoner: bool = False) -> dict[str, Any]:
-    """``data`` (a raw recipe) with the settings of the prompts file it names merged in;
-    ``merge(base, over)`` is the recipe loader's deep merge."""
+    """A raw recipe with the settings of the prompts file it names merged in by ``merge(base, over)``."""
     section = data.get("prompts") or {}
     file = section.get("file") if isinstance(section, dict) else None
     if not file:
