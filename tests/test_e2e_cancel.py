@@ -55,6 +55,7 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1500)
 def test_a_cancel_after_a_server_restart_stops_the_pipeline_and_its_stage_run(tmp_path, monkeypatch):
     port = free_port()
     api = f"http://127.0.0.1:{port}/api"
