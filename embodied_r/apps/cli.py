@@ -253,7 +253,7 @@ EXTENSIONS: tuple[str, ...] = ("embodied_r.apps.cli_data", "embodied_r.apps.cli_
                                "embodied_r.apps.cli_prompts", "embodied_r.apps.cli_experiment", "embodied_r.checks.gpu")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(stages: bool = True) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="embodied-r", description=__doc__)
     parser.add_argument("--home", help="project home (default $EMBODIED_R_HOME or ~/.embodied-r)")
     parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
@@ -278,7 +278,7 @@ def build_parser() -> argparse.ArgumentParser:
     recipe_args(run)
     run.add_argument("--refresh", action="append", default=[], metavar="STAGE",
                      help="recompute STAGE and every stage after it (repeatable)")
-    for name, text in stage_commands().items():
+    for name, text in (stage_commands() if stages else {}).items():
         p = sub.add_parser(name, help=text)
         recipe_args(p)
         p.add_argument("--refresh", dest="refresh_stage", action="store_true",
@@ -313,8 +313,28 @@ def _cmd_relocate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _command_word(argv: list[str]) -> str | None:
+    words = iter(argv)
+    for word in words:
+        if word == "--home":
+            next(words, None)
+        elif not word.startswith("-"):
+            return word
+    return None
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    # The stage commands come from the stage declarations, which build every config model: a
+    # command that is none of them parses without them, so that it starts at once.
+    light = build_parser(stages=False)
+    fixed = next(a for a in light._actions if isinstance(a, argparse._SubParsersAction)).choices
+    if _command_word(sys.argv[1:] if argv is None else argv) in fixed:
+        return light.parse_args(argv)
+    return build_parser().parse_args(argv)
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = _parse(argv)
     if args.debug:
         os.environ.setdefault("PREFECT_LOGGING_LEVEL", "WARNING")
     _setup_env(args.home)
@@ -326,7 +346,8 @@ def main(argv: list[str] | None = None) -> int:
         from embodied_r.apps.interrupt import install
 
         install()
-    if argv is None and args.command in ("demo", "run", *stage_commands()):
+    stage = getattr(args, "stage", None)
+    if argv is None and (args.command in ("demo", "run") or stage):
         # A real command line: whatever it starts (Prefect's server included) ends with it.
         from embodied_r.apps.prefect_watch import start_watch
         from embodied_r.apps.reaper import start_reaper
@@ -349,8 +370,8 @@ def main(argv: list[str] | None = None) -> int:
             return args.handler(args)
         if args.command in ("demo", "run"):
             return _cmd_run(args)
-        if args.command in stage_commands():
-            return _cmd_run(args, stage=args.stage)
+        if stage:
+            return _cmd_run(args, stage=stage)
         return {"plan": _cmd_plan, "validate": _cmd_validate, "recipes": _cmd_recipes}[args.command](args)
     except Exception as exc:  # noqa: BLE001 - one line for the user; --debug shows the traceback
         if args.debug:

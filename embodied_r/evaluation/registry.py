@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from embodied_r.errors import RegistryError
-from embodied_r.tracking.config import MODEL_NAME
+from embodied_r.tracking.names import MODEL_NAME
 CHAMPION = "champion"
 CHAMPION_URI = f"models:/{MODEL_NAME}@{CHAMPION}"
 _URI_RE = re.compile(r"^models:/(?P<name>[^/@]+)(?:@(?P<alias>[^/]+)|/(?P<version>\d+))/?$")

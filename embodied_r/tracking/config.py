@@ -8,8 +8,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from embodied_r.settings import operational
+from embodied_r.tracking.names import MODEL_NAME
 
-MODEL_NAME = "embodied-r-reasoner"  # the registered model's name unless a recipe names another
 # A server restart takes minutes; what a run logs meanwhile is kept and sent once it answers.
 DEFAULT_OUTAGE_S = 600.0
 

@@ -15,6 +15,7 @@ from embodied_r.io import OUTPUTS_KEY
 # Keys that could hold a secret are never logged, whatever section they sit in.
 _SECRET_WORDS = ("api_key", "token", "secret", "password")
 _PARAM_MAX = 6000  # MLflow's limit on a param value
+MODEL_NAME = "embodied-r-reasoner"  # the registered model's name unless a recipe names another
 
 
 def flatten(data: Any, prefix: str = "") -> dict[str, Any]:
