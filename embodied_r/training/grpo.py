@@ -1,11 +1,6 @@
-"""The trainer process of one GRPO stage: ``python -m embodied_r.training.grpo SPEC``.
-
-SPEC is the JSON written by ``training.run_training_stage``. This process builds TRL's
-``GRPOTrainer`` on the stage's records, resumes from the last checkpoint in the stage's
-work folder if there is one, saves the final model and tokenizer to ``work/model`` and
-writes ``work/train_result.json`` for the parent. What every trainer child shares (the
-command line, precision, LoRA, saving) is ``training.child``'s.
-"""
+"""The trainer process of one GRPO stage (``python -m embodied_r.training.grpo SPEC``): TRL's
+``GRPOTrainer`` on the stage's records, resumed from the work folder's last checkpoint, saving
+``work/model`` and ``work/train_result.json`` for the parent."""
 
 from __future__ import annotations
 
@@ -57,10 +52,9 @@ def read_records(records: Path, split: str = "train") -> list[dict[str, Any]]:
 
 def load_dataset(records: Path, max_prompt_length: int | None = None, model: str | None = None,
                  split: str = "train") -> Any:
-    """``<split>.parquet`` as a conversational dataset: prompt = system + user turns. With
-    ``max_prompt_length`` and any prompt longer, every prompt becomes its chat-templated
-    text, the long ones cut from the left (``truncation.limit_prompts``), and one line says
-    what the cut removes: a warning only where it takes a question's options."""
+    """``<split>.parquet`` as a conversational dataset. Past ``max_prompt_length`` every prompt
+    becomes chat-templated text, the long ones cut from the left; a warning where a cut takes
+    a question's options."""
     from datasets import Dataset
 
     data = [{"prompt": conversation(r), **{c: r[c] for c in REWARD_COLUMNS}} for r in read_records(records, split)]
@@ -75,9 +69,7 @@ def load_dataset(records: Path, max_prompt_length: int | None = None, model: str
 
 
 def reward_setup(stage: GRPOStageConfig, cfg: TrainingConfig) -> tuple[list[Any], list[float]]:
-    """Reward functions and weights of a stage, as TRL's ``reward_funcs`` and ``reward_weights``:
-    each reward of positive weight (``GRPOStageConfig.scored``), built from ``REWARDS`` with the
-    run's scoring and reference."""
+    """TRL's ``reward_funcs`` and ``reward_weights`` of a stage."""
     # An HTTP reference's concurrency is shared by all trainer processes.
     world = int(os.environ.get("WORLD_SIZE", "1"))
     run = cfg.model_copy(update={"reference": reference_for_rank(cfg.reference, world)})
@@ -86,15 +78,13 @@ def reward_setup(stage: GRPOStageConfig, cfg: TrainingConfig) -> tuple[list[Any]
 
 
 def stage_seed(cfg: TrainingConfig, stage_index: int) -> int:
-    """The trainer seed of the ``stage_index``-th stage (1 for the first): ``training.stage_seeds``."""
     return cfg.seed + (stage_index - 1 if cfg.stage_seeds == "offset" else 0)
 
 
 def grpo_kwargs(stage: GRPOStageConfig, cfg: TrainingConfig, work: Path, weights: list[float],
                 report_to: list[str], world: int = 1) -> dict[str, Any]:
-    """Every keyword argument of a stage's GRPOConfig for a launch of ``world`` processes (a
-    pure function: no trainer, no TRL). The batch shape is checked here again, where the
-    process count is always known."""
+    """A stage's GRPOConfig arguments for ``world`` processes; the batch shape is checked again
+    here, where the process count is always known."""
     kwargs = common_args(cfg, work, stage.name, report_to)
     settings = cfg.grpo_settings(world)
     per_step = world * cfg.per_device_train_batch_size * settings["gradient_accumulation_steps"]
@@ -124,8 +114,8 @@ def grpo_kwargs(stage: GRPOStageConfig, cfg: TrainingConfig, work: Path, weights
 
 def memory_refusal(cfg: TrainingConfig, model: str, dataset: Any, world: int, card_gib: float | None,
                    name: str = "this recipe") -> str | None:
-    """One line refusing the launch when the memory estimate at the longest prompt the loss
-    will see does not fit ``card_gib`` (the card found; None: no GPU, nothing to judge)."""
+    """One line refusing the launch when the estimate at the longest prompt the loss sees does
+    not fit ``card_gib`` (None: no GPU)."""
     from embodied_r.training.memory import launch_refusal
     from embodied_r.training.shapes import shape_of
     from embodied_r.training.policy import load_tokenizer
@@ -178,8 +168,7 @@ def main(spec_path: str) -> int:
         raise SystemExit(refusal)
     funcs, weights = reward_setup(stage, cfg)
     run_id, uri = os.environ.get("MLFLOW_RUN_ID"), os.environ.get("MLFLOW_TRACKING_URI")
-    # Our own reporting callback logs to MLflow (prefixed names, one global step over the
-    # stages); TRL's would log flat names from step 1 and rename the run.
+    # TRL's own reporting would log flat names from step 1 and rename the run.
     args = grpo_args(stage, cfg, work, weights, [], world)
     offset = int(spec.get("global_step_offset", 0))
     reporting = reporting_callback(spec.get("run_name", stage.name), int(spec.get("stage_index", 1)), offset,
@@ -241,7 +230,6 @@ def main(spec_path: str) -> int:
         **(sync_check.summary() if sync_check is not None else {}),
         "processes": int(trainer.accelerator.num_processes),
         "completion_tables": reporting.tables,
-        # The stage chain: where the schedule started and left off, and what carried over.
         "stage_chain": cfg.stage_chain,
         "chain_initial_model": chain.get("initial_model") or spec["init_model"],
         "reference_model": model,  # TRL's KL reference is built from the policy's model id
@@ -255,9 +243,7 @@ def main(spec_path: str) -> int:
         # First and last quarter of the steps: did the stage raise the rewards it weights?
         "quarters": quarter_stats(trainer.state.log_history, reward_names),
     }
-    # Only the main process reports; the others of a multi-GPU launch just exit.
     if trainer.accelerator.is_main_process:
-        # Per-step figures, for the reward curves of the report.
         write_json_atomic(work / HISTORY_FILE, {"reward_funcs": reward_names, "weights": weights,
                                                 "history": trainer.state.log_history})
         write_json_atomic(work / RESULT_NAME, result)

@@ -1,11 +1,7 @@
-"""GRPO records: the reasoning prompt built from the perception text of each question.
-
-One record per catalog question that has a perception text. The user turn holds the
-video as text (frame-by-frame observations), the question and its options, and, when the
-recipe asks for one, an answer-format instruction (the official user turn has none: the
-format is asked for only in the system prompt); ``question`` holds the question and
-options alone, for the consistency reference, which must not see the video text.
-"""
+"""The convert stage: one GRPO record per catalog question with a perception text. The user
+turn holds the video as text, the question with its options and an optional answer-format
+instruction; ``question`` holds the question alone, for the consistency reference, which must
+not see the video text."""
 
 from __future__ import annotations
 
@@ -27,9 +23,9 @@ from embodied_r.scoring.answers import parse_choice, parse_number
 # ``ood``: the evaluation-only benchmarks' questions, which no training stage reads.
 SPLITS = ALL_SPLITS
 
+
 def question_with_options(question: str, options: list[str] | None,
                           template: str = RecordsConfig.model_fields["question_template"].default) -> str:
-    """The question followed by its option lines ("A. ..."), in ``template``'s layout."""
     question = (question or "").strip()
     if not options:
         return question
@@ -37,7 +33,6 @@ def question_with_options(question: str, options: list[str] | None,
 
 
 def solution_problem(row: dict[str, Any]) -> str | None:
-    """Why a catalog row's answer cannot be scored, or None when it can."""
     answer = str(row.get("answer") or "").strip()
     kind = row.get("answer_type")
     options = list(row.get("options") or [])
@@ -53,7 +48,6 @@ def solution_problem(row: dict[str, Any]) -> str | None:
 
 
 def build_record(row: dict[str, Any], video_text: str, cfg: RecordsConfig) -> dict[str, Any]:
-    """One GRPO record (schema ``RECORDS``) from a catalog row and its perception text."""
     options = [str(o) for o in (row.get("options") or [])]
     question = question_with_options(row["question"], options, cfg.question_template)
     instruction = cfg.number_instruction if row["answer_type"] == "number" else cfg.choice_instruction
@@ -79,13 +73,10 @@ def build_record(row: dict[str, Any], video_text: str, cfg: RecordsConfig) -> di
 
 
 def conversation(record: dict[str, Any]) -> list[dict[str, str]]:
-    """The policy's prompt for a record: the system turn and the user turn."""
     return [{"role": "system", "content": record["system"]}, {"role": "user", "content": record["prompt"]}]
 
 
 def prompt_lengths(records: list[dict[str, Any]], tokenizer: str) -> list[int]:
-    """Tokens of each record's chat-formatted prompt, generation prompt included, as the
-    trainer tokenizes it."""
     from embodied_r.training.policy import load_tokenizer
 
     tok = load_tokenizer(tokenizer)
@@ -104,13 +95,9 @@ def _table_path(path: Path, default_name: str) -> Path:
 
 
 def run_records(catalog: Path, perception: Path, out: Path, cfg: RecordsConfig) -> dict[str, Any]:
-    """Write ``train/val/test/ood.parquet`` (schema ``RECORDS``) into ``out``; return the summary.
-
-    ``catalog`` is the catalog Parquet file or the folder holding ``catalog.parquet``;
-    ``perception`` the perception stage folder (``perception.parquet``) or the file.
-    Questions without a usable perception text or with an unscorable answer are left out
-    and listed in ``failures.parquet`` with their reason.
-    """
+    """``train/val/test/ood.parquet`` into ``out``; a question without a usable perception text
+    or with an unscorable answer goes to ``failures.parquet``. ``catalog`` and ``perception``
+    are the stage folders or their tables."""
     out = Path(out)
     if is_complete(out):
         return read_summary(out)
@@ -189,10 +176,8 @@ def run_records(catalog: Path, perception: Path, out: Path, cfg: RecordsConfig) 
 
 def measure_prompts(records: dict[str, list[dict[str, Any]]], failures: list[dict[str, Any]],
                     cfg: RecordsConfig) -> dict[str, Any]:
-    """Measure every prompt with ``cfg.tokenizer``; move the training records over
-    ``cfg.max_prompt_tokens`` to ``failures`` (in place). Validation and test records stay:
-    evaluation reports its own failures, and dropping the longest questions would flatter
-    its accuracy; how many of them are over the limit is reported. Returns summary fields."""
+    """Summary fields; training records over ``cfg.max_prompt_tokens`` move to ``failures`` (in
+    place). The others stay: dropping the longest questions would flatter evaluation's accuracy."""
     if cfg.tokenizer is None:
         return {}
     limit = cfg.max_prompt_tokens
@@ -218,6 +203,5 @@ def measure_prompts(records: dict[str, list[dict[str, Any]]], failures: list[dic
 
 def run_stage(out: Path, config: dict[str, Any], inputs: dict[str, str],
               mlflow_run_id: str | None = None) -> dict[str, Any]:
-    """The pipeline's entry point: GRPO records from the catalog and the perception text."""
     return run_records(Path(inputs["catalog"]), Path(inputs["perception"]), out,
                        RecordsConfig.model_validate(config))
