@@ -217,11 +217,37 @@ def aggregate(rows: Iterable[Mapping[str, Any]]) -> dict[str, float]:
         return out
     out["accuracy/overall"] = float(statistics.fmean(float(r["score"]) for r in rows))
     _with_interval(out, "accuracy/overall", accuracy_interval(sum(float(r["score"]) for r in rows), len(rows)))
-
-    task_scores: dict[str, float] = {}
-    # (group weight within its task, score sum, count) of each subtype: the macro's interval.
-    task_groups: dict[str, list[tuple[float, float, int]]] = {}
+    task_scores, task_groups, tasks_by_benchmark = _task_metrics(out, rows)
     by_benchmark: dict[str, list[float]] = defaultdict(list)
+    for row in rows:
+        by_benchmark[slug(row.get("benchmark", "unknown"))].append(float(row["score"]))
+    out["accuracy/macro"] = float(statistics.fmean(task_scores.values()))
+    _with_interval(out, "accuracy/macro", mean_of_means_interval(
+        [(w / len(task_groups), s, n) for groups in task_groups.values() for w, s, n in groups]))
+    for name, scores in sorted(by_benchmark.items()):
+        out[f"accuracy_by_benchmark/{name}"] = float(statistics.fmean(scores))
+        out[f"macro_by_benchmark/{name}"] = float(statistics.fmean(tasks_by_benchmark[name]))
+        out[f"count_by_benchmark/{name}"] = float(len(scores))
+    paper = [float(r["score"]) for r in rows if r.get("category") in _PAPER_CATEGORIES]
+    if paper:
+        out["accuracy/paper_tasks"] = float(statistics.fmean(paper))
+        _with_interval(out, "accuracy/paper_tasks", accuracy_interval(sum(paper), len(paper)))
+        out["count/paper_tasks"] = float(len(paper))
+    if all("prediction" in r for r in rows):
+        out["parsed/overall"] = float(statistics.fmean(1.0 if r["prediction"] else 0.0 for r in rows))
+    tokens = [float(r["completion_tokens"]) for r in rows if r.get("completion_tokens") is not None]
+    out.update(_length_stats("response_tokens", tokens))
+    chars = [float(len(r["completion"])) for r in rows if isinstance(r.get("completion"), str)]
+    out.update(_length_stats("response_chars", chars))
+    return out
+
+
+def _task_metrics(out: dict[str, float], rows: list[Mapping[str, Any]]) -> tuple[
+        dict[str, float], dict[str, list[tuple[float, float, int]]], dict[str, list[float]]]:
+    """Each task's figures into ``out``; its score by VSI-Bench's rule, the (weight within the
+    task, score sum, count) of its subtypes for the macro's interval, and the scores by benchmark."""
+    task_scores: dict[str, float] = {}
+    task_groups: dict[str, list[tuple[float, float, int]]] = {}
     tasks_by_benchmark: dict[str, list[float]] = defaultdict(list)
     for (bench, cat), subtasks in sorted(_groups(rows).items()):
         name = category_slug(cat)
@@ -238,28 +264,7 @@ def aggregate(rows: Iterable[Mapping[str, Any]]) -> dict[str, float]:
                 out[f"accuracy/{name}/{slug(sub)}"] = float(statistics.fmean(scores))
                 out[f"count/{name}/{slug(sub)}"] = float(len(scores))
         tasks_by_benchmark[slug(bench)].append(score)
-    for row in rows:
-        by_benchmark[slug(row.get("benchmark", "unknown"))].append(float(row["score"]))
-    out["accuracy/macro"] = float(statistics.fmean(task_scores.values()))
-    _with_interval(out, "accuracy/macro", mean_of_means_interval(
-        [(w / len(task_groups), s, n) for groups in task_groups.values() for w, s, n in groups]))
-    for name, scores in sorted(by_benchmark.items()):
-        out[f"accuracy_by_benchmark/{name}"] = float(statistics.fmean(scores))
-        out[f"macro_by_benchmark/{name}"] = float(statistics.fmean(tasks_by_benchmark[name]))
-        out[f"count_by_benchmark/{name}"] = float(len(scores))
-
-    paper = [float(r["score"]) for r in rows if r.get("category") in _PAPER_CATEGORIES]
-    if paper:
-        out["accuracy/paper_tasks"] = float(statistics.fmean(paper))
-        _with_interval(out, "accuracy/paper_tasks", accuracy_interval(sum(paper), len(paper)))
-        out["count/paper_tasks"] = float(len(paper))
-    if all("prediction" in r for r in rows):
-        out["parsed/overall"] = float(statistics.fmean(1.0 if r["prediction"] else 0.0 for r in rows))
-    tokens = [float(r["completion_tokens"]) for r in rows if r.get("completion_tokens") is not None]
-    out.update(_length_stats("response_tokens", tokens))
-    chars = [float(len(r["completion"])) for r in rows if isinstance(r.get("completion"), str)]
-    out.update(_length_stats("response_chars", chars))
-    return out
+    return task_scores, task_groups, tasks_by_benchmark
 
 
 def category_table(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:

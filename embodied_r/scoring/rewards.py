@@ -218,31 +218,8 @@ class ConsistencyReward:
         n = len(texts)
         rewards: list[float | None] = [0.0] * n
         replies: list[str | None] = [None] * n
-        asked: list[int] = []
-        conversations: list[list[dict[str, str]]] = []
-        policy_answers: dict[int, str | float] = {}
-        thinks: dict[int, tuple[str, str]] = {}  # asked completions: (reasoning, answer type)
-        for i, text in enumerate(texts):
-            think = extract_think(text)
-            answer = _policy_answer(text, answer_types[i], _n_options(options[i]), self.parser)
-            if not think or answer is None:
-                continue
-            if self.require_correct:
-                _, score = score_answer(text, solutions[i], answer_types[i], _n_options(options[i]),
-                                        choice_parser=self.parser)
-                if score < 1.0:
-                    continue
-            template = REFERENCE_TEMPLATE_NUMBER if answer_types[i] == "number" else self.template
-            conversations.append(
-                [
-                    {"role": "system", "content": self.system},
-                    {"role": "user", "content": template.format(question=questions[i], think=think)},
-                ]
-            )
-            asked.append(i)
-            policy_answers[i] = answer
-            thinks[i] = (think, answer_types[i])
-
+        conversations, policy_answers, thinks = self._questions(texts, solutions, questions, answer_types, options)
+        asked = list(policy_answers)
         if log_metric is not None:
             log_metric("consistency/asked", float(len(asked)))
         if not asked:
@@ -281,6 +258,32 @@ class ConsistencyReward:
             log_metric("consistency/reference_failed", float(failed))
         self._log_skipped(rewards, log_metric)
         return rewards, replies
+
+    def _questions(self, texts: list[str], solutions: list[Any], questions: list[Any], answer_types: list[str],
+                   options: list[Any]) -> tuple[list[list[dict[str, str]]], dict[int, str | float],
+                                                dict[int, tuple[str, str]]]:
+        # The conversations to ask, and each asked completion's answer and (reasoning, answer type).
+        conversations: list[list[dict[str, str]]] = []
+        policy_answers: dict[int, str | float] = {}
+        thinks: dict[int, tuple[str, str]] = {}
+        for i, text in enumerate(texts):
+            think = extract_think(text)
+            answer = _policy_answer(text, answer_types[i], _n_options(options[i]), self.parser)
+            if not think or answer is None:
+                continue
+            if self.require_correct:
+                _, score = score_answer(text, solutions[i], answer_types[i], _n_options(options[i]),
+                                        choice_parser=self.parser)
+                if score < 1.0:
+                    continue
+            template = REFERENCE_TEMPLATE_NUMBER if answer_types[i] == "number" else self.template
+            conversations.append([
+                {"role": "system", "content": self.system},
+                {"role": "user", "content": template.format(question=questions[i], think=think)},
+            ])
+            policy_answers[i] = answer
+            thinks[i] = (think, answer_types[i])
+        return conversations, policy_answers, thinks
 
     @staticmethod
     def _log_skipped(rewards: list[float | None], log_metric: Callable[[str, float], None] | None,

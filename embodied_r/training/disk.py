@@ -21,7 +21,6 @@ from embodied_r.training.environment import TrainerEnvironment
 
 log = logging.getLogger(__name__)
 
-GB = 1e9
 ADAM_STATES = 8  # two fp32 moments per trained parameter
 MASTER_FP32 = 4  # DeepSpeed's fp32 copy of the weights, beside its 16-bit ones
 

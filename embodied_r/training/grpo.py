@@ -118,20 +118,13 @@ def memory_refusal(cfg: TrainingConfig, model: str, dataset: Any, world: int, ca
     not fit ``card_gib`` (None: no GPU)."""
     from embodied_r.training.memory import launch_refusal
     from embodied_r.training.shapes import shape_of
-    from embodied_r.training.policy import load_tokenizer
+    from embodied_r.training.policy import load_tokenizer, prompt_ids
 
     shape = shape_of(model)
     if card_gib is None or shape is None or len(dataset) == 0:
         return None
     tok = load_tokenizer(model)
-    longest = 0
-    for prompt in dataset["prompt"]:
-        # A cut prompt is already chat-templated text; an uncut one is the conversation.
-        ids = (tok(prompt, add_special_tokens=False)["input_ids"] if isinstance(prompt, str)
-               else tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True))
-        if hasattr(ids, "keys"):
-            ids = ids["input_ids"]
-        longest = max(longest, len(ids))
+    longest = max(len(prompt_ids(tok, prompt)) for prompt in dataset["prompt"])
     return launch_refusal(cfg, shape, world, card_gib, longest, name)
 
 

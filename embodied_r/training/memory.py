@@ -5,6 +5,7 @@ library behaviour it follows and the measurement the estimate is set against."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -217,16 +218,10 @@ CARDS: tuple[tuple[str, float], ...] = (
 def card_needed(est: MemoryEstimate) -> str | None:
     """The smallest card the estimate fits, vLLM's share taken at what it needs."""
     for name, gib in CARDS:
-        fitted = est if not est.card_share else _with_share(est, vllm_share(est, gib))
+        fitted = est if not est.card_share else dataclasses.replace(est, card_share=vllm_share(est, gib))
         if verdict(fitted, gib)[0]:
             return name
     return None
-
-
-def _with_share(est: MemoryEstimate, share: float) -> MemoryEstimate:
-    return MemoryEstimate(parts=est.parts, generation_peak=est.generation_peak, update_peak=est.update_peak,
-                          step_peak=est.step_peak, assumptions=est.assumptions, card_share=share,
-                          vllm_needs=est.vllm_needs, phases=est.phases)
 
 
 def launch_refusal(training: TrainingConfig, shape: ModelShape, world: int, card_gib: float,

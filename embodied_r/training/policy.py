@@ -136,6 +136,15 @@ def training_model(ref: str) -> str:
     return str(extract_language_model(src, dest))
 
 
+def prompt_ids(tok: Any, prompt: list[dict[str, Any]] | str) -> list[int]:
+    """A prompt's token ids as the trainer sees it: cut (chat-templated text) as it is, a
+    conversation through the chat template with the generation prompt."""
+    if isinstance(prompt, str):
+        return tok(prompt, add_special_tokens=False)["input_ids"]
+    ids = tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
+    return ids["input_ids"] if hasattr(ids, "keys") else ids  # a BatchEncoding in recent transformers
+
+
 def load_tokenizer(ref: str) -> Any:
     # A Qwen2.5-VL folder may keep the chat template beside the processor, not in the tokenizer.
     from transformers import AutoTokenizer

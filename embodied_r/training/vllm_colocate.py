@@ -30,12 +30,9 @@ def engine_dtype(dtype: str) -> None:
 
 def probe_ids(tokenizer: Any, prompt: list[dict[str, Any]] | str) -> tuple[list[int], int]:
     """Token ids of ``prompt`` and ``PROBE_COMPLETION``, and how many are the prompt's."""
-    if isinstance(prompt, str):
-        head = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-    else:
-        head = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
-        if hasattr(head, "keys"):
-            head = head["input_ids"]
+    from embodied_r.training.policy import prompt_ids
+
+    head = prompt_ids(tokenizer, prompt)
     tail = tokenizer(PROBE_COMPLETION, add_special_tokens=False)["input_ids"]
     return list(head) + list(tail), len(head)
 

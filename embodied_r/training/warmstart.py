@@ -11,10 +11,10 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from embodied_r.scoring.rewards import REFERENCE_SYSTEM, REFERENCE_TEMPLATE_CHOICE, REFERENCE_TEMPLATE_NUMBER
+from embodied_r.scoring.reference_prompts import REFERENCE_SYSTEM, REFERENCE_TEMPLATE_CHOICE, REFERENCE_TEMPLATE_NUMBER
 from embodied_r.training.config import WarmstartConfig
-from embodied_r.training.sft import run_sft
-from embodied_r.training.traces import fact_think, frames
+from embodied_r.training.sft import run_sft, sft_target
+from embodied_r.training.traces import UNKNOWN, fact_think, frames
 
 _WORD_RE = re.compile(r"[a-z]+")
 # Words too common to tie a frame to a question.
@@ -35,7 +35,7 @@ def think_text(record: dict[str, Any], max_actions: int = 4, max_objects: int = 
     """What the frames say that bears on the question, then the conclusion: from the record's
     own prompt and gold answer only."""
     seen = frames(record["prompt"])
-    actions = [a for _, a, _ in seen if a and a != "unknown"][:max_actions]
+    actions = [a for _, a, _ in seen if a and a != UNKNOWN][:max_actions]
     words = question_words(record["question"])
     observed = " ".join(o.lower() for _, _, o in seen)
     shown = [w for w in words if w in observed][:max_objects]
@@ -59,7 +59,7 @@ def _option_gist(record: dict[str, Any], words: int = 6) -> str:
 
 
 def trace(record: dict[str, Any], max_actions: int = 4, max_objects: int = 2) -> str:
-    return f"<think>{think_text(record, max_actions, max_objects)}</think><answer>{record['solution']}</answer>"
+    return sft_target(record, think_text(record, max_actions, max_objects))
 
 
 def reference_example(record: dict[str, Any], think: str) -> dict[str, Any]:
@@ -77,7 +77,7 @@ def traces(records: list[dict[str, Any]], cfg: WarmstartConfig) -> list[dict[str
                              "traces are written for the train split only")
         think = (fact_think(record, cfg.max_objects) if cfg.trace == "fact"
                  else think_text(record, cfg.max_actions, cfg.max_objects))
-        rows.append({**record, "target": f"<think>{think}</think><answer>{record['solution']}</answer>"})
+        rows.append({**record, "target": sft_target(record, think)})
         if cfg.reference_examples:
             rows.append(reference_example(record, think))
     return rows
