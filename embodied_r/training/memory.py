@@ -79,7 +79,6 @@ def estimate(training: TrainingConfig, shape: ModelShape, prompt_tokens: int | N
     mixed = training.bf16 is not False  # on a GPU bf16 (or fp16) mixed precision unless turned off
     weights16 = training.bf16_weights(mixed)
     shard = world if zero3 else 1
-    params = shape.parameters()
     wbytes = 2 if weights16 else 4
     prompt = prompt_tokens or training.max_prompt_length or 1024
     completion = completion_tokens or training.max_completion_length
@@ -89,63 +88,13 @@ def estimate(training: TrainingConfig, shape: ModelShape, prompt_tokens: int | N
              f"prompts of {prompt} and completions of {completion} tokens"]
     if ddp:
         notes.append(f"gradient_as_bucket_view {'on: gradients are views into the buckets' if views else 'off'}")
-
-    parts: dict[str, float] = {"policy": params * wbytes / shard}
-    if training.lora is not None:
-        from embodied_r.training.disk import lora_parameters
-
-        trained = lora_parameters(_linear_shapes(shape), training.lora.r, training.lora.target_modules)
-        parts["policy"] += trained * 4  # peft keeps the adapters in fp32
-        gbytes = 4
-    else:
-        trained = params
-        gbytes = 2 if deepspeed and mixed else wbytes
-    parts["reference"] = params * wbytes / shard if training.beta > 0 and training.lora is None else 0.0
-    parts["gradients"] = 0.0 if views else trained * gbytes / shard
-    parts["ddp_buckets"] = trained * gbytes if ddp else 0.0
-    parts["optimizer"] = trained * (8 + (4 if deepspeed and training.lora is None else 0)) / shard
-    if zero3:
-        # ZeRO-3 gathers a layer's (and the embeddings') full weights while it computes.
-        parts["gathered"] = 2 * (params / shape.num_hidden_layers + shape.vocab_size * shape.hidden_size)
-    fp32_trained = training.lora is not None or not weights16
-    parts["autocast_copies"] = 2 * trained if mixed and fp32_trained else 0.0
-
+    parts, trained = _model_state(training, shape, shard, wbytes, deepspeed, ddp, views, zero3, mixed, weights16)
     act = 2 if mixed else 4  # bytes of an activation under autocast
-    h, inter, kv = shape.hidden_size, shape.intermediate_size, shape.kv_width
-    batch = training.per_device_train_batch_size
-    tokens = batch * (prompt + completion)
-    layer = tokens * (4 * h + 2 * kv + 4 * inter) * act  # one layer's activations, recomputed in backward
-    if training.gradient_checkpointing:
-        # Saved layer inputs: the residual stream, in the weights' dtype.
-        saved = shape.num_hidden_layers * tokens * h * wbytes
-        recomputed = layer
-    else:
-        saved = shape.num_hidden_layers * (layer + tokens * h * wbytes)
-        recomputed = 0.0
+    saved, recomputed = _activations(training, shape, prompt, completion, wbytes, act)
     parts["activations"] = saved + recomputed
-
-    # The fused head scores the completion tokens only (labels -100 elsewhere).
-    scored = batch * completion
-    tile = min(scored, HEAD_TILE_TOKENS) * min(shape.vocab_size, HEAD_TILE_VOCAB) * act
-    head_forward = tile + scored * h * wbytes  # the tile and the scored hidden states it saves
-    head_backward = (tile + scored * h * 4  # the tile again, the hidden states' fp32 gradient
-                     + (shape.vocab_size * h * 4 if training.lora is None else 0)  # the head's fp32 gradient
-                     + (min(shape.vocab_size, HEAD_TILE_VOCAB) * h * act if wbytes != act else 0))  # a cast slice
+    head_forward, head_backward = _lm_head(training, shape, completion, wbytes, act)
     parts["lm_head"] = max(head_forward, head_backward)
-
-    generating = batch * training.accumulation_steps(world)  # completions a process generates at once
-    share, vllm_needs = 0.0, 0.0
-    if training.vllm is not None and training.vllm.mode == "colocate":
-        share = training.vllm.gpu_memory_utilization
-        parts["generation"] = 0.0
-        vllm_needs = vllm_memory(training, shape, prompt + completion, generating)
-        parts["vllm"] = vllm_needs
-        notes.append(f"vLLM colocated: {share:.0%} of the card, which must hold {vllm_needs / GIB:.1f} GiB")
-    else:
-        cache = 2 * shape.num_hidden_layers * kv * generating * (prompt + completion) * act
-        prefill = generating * prompt * (2 * inter + 4 * h) * act
-        parts["generation"] = cache + prefill
-        notes.append(f"transformers generation of {generating} completions at once")
+    share, vllm_needs = _generation(training, shape, world, prompt, completion, act, parts, notes)
     consistency = consistency_reference(training)
     if consistency:
         parts["consistency_reference"] = consistency
@@ -172,6 +121,76 @@ def estimate(training: TrainingConfig, shape: ModelShape, prompt_tokens: int | N
     return MemoryEstimate(parts=parts, generation_peak=generation_peak, update_peak=update_peak,
                           step_peak=step_peak, assumptions=notes, card_share=share, vllm_needs=vllm_needs,
                           phases=phases)
+
+
+def _model_state(training: TrainingConfig, shape: ModelShape, shard: int, wbytes: int, deepspeed: bool, ddp: bool,
+                 views: bool, zero3: bool, mixed: bool, weights16: bool) -> tuple[dict[str, float], int]:
+    # The weights, the KL reference, gradients, DDP's buckets, the optimizer; and the trained parameters.
+    params = shape.parameters()
+    parts: dict[str, float] = {"policy": params * wbytes / shard}
+    if training.lora is not None:
+        from embodied_r.training.disk import lora_parameters
+
+        trained = lora_parameters(_linear_shapes(shape), training.lora.r, training.lora.target_modules)
+        parts["policy"] += trained * 4  # peft keeps the adapters in fp32
+        gbytes = 4
+    else:
+        trained = params
+        gbytes = 2 if deepspeed and mixed else wbytes
+    parts["reference"] = params * wbytes / shard if training.beta > 0 and training.lora is None else 0.0
+    parts["gradients"] = 0.0 if views else trained * gbytes / shard
+    parts["ddp_buckets"] = trained * gbytes if ddp else 0.0
+    parts["optimizer"] = trained * (8 + (4 if deepspeed and training.lora is None else 0)) / shard
+    if zero3:
+        # ZeRO-3 gathers a layer's (and the embeddings') full weights while it computes.
+        parts["gathered"] = 2 * (params / shape.num_hidden_layers + shape.vocab_size * shape.hidden_size)
+    fp32_trained = training.lora is not None or not weights16
+    parts["autocast_copies"] = 2 * trained if mixed and fp32_trained else 0.0
+    return parts, trained
+
+
+def _activations(training: TrainingConfig, shape: ModelShape, prompt: int, completion: int, wbytes: int,
+                 act: int) -> tuple[float, float]:
+    # (saved through the update, recomputed in the backward) of one micro-batch.
+    h, inter, kv = shape.hidden_size, shape.intermediate_size, shape.kv_width
+    tokens = training.per_device_train_batch_size * (prompt + completion)
+    layer = tokens * (4 * h + 2 * kv + 4 * inter) * act  # one layer's activations, recomputed in backward
+    if training.gradient_checkpointing:
+        # Saved layer inputs: the residual stream, in the weights' dtype.
+        return shape.num_hidden_layers * tokens * h * wbytes, layer
+    return shape.num_hidden_layers * (layer + tokens * h * wbytes), 0.0
+
+
+def _lm_head(training: TrainingConfig, shape: ModelShape, completion: int, wbytes: int, act: int,
+             ) -> tuple[float, float]:
+    # (forward, backward) of TRL's fused head, which scores the completion tokens only.
+    h = shape.hidden_size
+    scored = training.per_device_train_batch_size * completion
+    tile = min(scored, HEAD_TILE_TOKENS) * min(shape.vocab_size, HEAD_TILE_VOCAB) * act
+    head_forward = tile + scored * h * wbytes  # the tile and the scored hidden states it saves
+    head_backward = (tile + scored * h * 4  # the tile again, the hidden states' fp32 gradient
+                     + (shape.vocab_size * h * 4 if training.lora is None else 0)  # the head's fp32 gradient
+                     + (min(shape.vocab_size, HEAD_TILE_VOCAB) * h * act if wbytes != act else 0))  # a cast slice
+    return head_forward, head_backward
+
+
+def _generation(training: TrainingConfig, shape: ModelShape, world: int, prompt: int, completion: int, act: int,
+                parts: dict[str, float], notes: list[str]) -> tuple[float, float]:
+    # Into ``parts`` and ``notes``; returns (vLLM's share of the card, what that share must hold).
+    generating = training.per_device_train_batch_size * training.accumulation_steps(world)  # at once, per process
+    if training.vllm is not None and training.vllm.mode == "colocate":
+        share = training.vllm.gpu_memory_utilization
+        parts["generation"] = 0.0
+        vllm_needs = vllm_memory(training, shape, prompt + completion, generating)
+        parts["vllm"] = vllm_needs
+        notes.append(f"vLLM colocated: {share:.0%} of the card, which must hold {vllm_needs / GIB:.1f} GiB")
+        return share, vllm_needs
+    kv, inter, h = shape.kv_width, shape.intermediate_size, shape.hidden_size
+    cache = 2 * shape.num_hidden_layers * kv * generating * (prompt + completion) * act
+    prefill = generating * prompt * (2 * inter + 4 * h) * act
+    parts["generation"] = cache + prefill
+    notes.append(f"transformers generation of {generating} completions at once")
+    return 0.0, 0.0
 
 
 def vllm_memory(training: TrainingConfig, shape: ModelShape, sequence: int, generating: int) -> float:
