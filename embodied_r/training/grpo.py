@@ -135,31 +135,31 @@ def grpo_args(stage: GRPOStageConfig, cfg: TrainingConfig, work: Path, weights: 
     return build_config(GRPOConfig, grpo_kwargs(stage, cfg, work, weights, report_to, world))
 
 
-def main(spec_path: str) -> int:
-    spec = read_json(Path(spec_path))
-    cfg = TrainingConfig.model_validate(spec["training"])
-    stage = GRPOStageConfig.model_validate(spec["stage"])
-    cfg = cfg.model_copy(update={"seed": stage_seed(cfg, int(spec.get("stage_index", 1)))})
-    work = Path(spec["work"])
-    chain = spec.get("chain") or {}
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+def _card_gib(cfg: TrainingConfig) -> float | None:
+    if cfg.use_cpu:
+        return None
+    import torch
 
+    return torch.cuda.get_device_properties(0).total_memory / 1024 ** 3 if torch.cuda.is_available() else None
+
+
+def _datasets(spec: dict[str, Any], cfg: TrainingConfig, world: int) -> tuple[Any, Any]:
     # prompt_cut both: the dataset's prompts are cut; rollout_only: only generation's.
     cut_here = cfg.max_prompt_length if cfg.prompt_cut == "both" else None
     dataset = load_dataset(Path(spec["records"]), cut_here, spec["init_model"])
     evaluation = (load_dataset(Path(spec["records"]), cut_here, spec["init_model"], split="val")
                   if cfg.eval_steps is not None else None)
-    card = None
-    if not cfg.use_cpu:
-        import torch
-
-        if torch.cuda.is_available():
-            card = torch.cuda.get_device_properties(0).total_memory / 1024 ** 3
-    refusal = memory_refusal(cfg, spec["init_model"], dataset, world, card, spec.get("recipe", "this recipe"))
+    refusal = memory_refusal(cfg, spec["init_model"], dataset, world, _card_gib(cfg), spec.get("recipe", "this recipe"))
     if refusal:
         # Before any weight is loaded: a run that would stop on CUDA out of memory minutes in.
         raise SystemExit(refusal)
-    funcs, weights = reward_setup(stage, cfg)
+    return dataset, evaluation
+
+
+def _trainer(spec: dict[str, Any], cfg: TrainingConfig, stage: GRPOStageConfig, dataset: Any, evaluation: Any,
+             funcs: list[Any], weights: list[float], world: int, adapter_chain: bool) -> tuple[Any, Any, Any, str]:
+    """The trainer, its reporting and chain callbacks, and the model id it was built from."""
+    work, chain = Path(spec["work"]), spec.get("chain") or {}
     run_id, uri = os.environ.get("MLFLOW_RUN_ID"), os.environ.get("MLFLOW_TRACKING_URI")
     # TRL's own reporting would log flat names from step 1 and rename the run.
     args = grpo_args(stage, cfg, work, weights, [], world)
@@ -171,11 +171,9 @@ def main(spec_path: str) -> int:
     cls = trainer_class(cfg.max_prompt_length if cfg.prompt_cut == "rollout_only" else None,
                         chain.get("schedule_steps"), offset if chain.get("state") else 0,
                         bucket_view=cfg.ddp_gradient_as_bucket_view)
-    # TRL builds the KL reference from the same model id as the policy. Full training starts
-    # from the previous stage's model, as ms-swift 3.3's resume loads both from the checkpoint;
-    # LoRA builds on the chain's initial weights and loads the previous adapter, so the
-    # reference (adapters off) is the base, as ms-swift's LoRA resume has it.
-    adapter_chain = bool(chain.get("state")) and cfg.lora is not None
+    # TRL builds the KL reference from the policy's model id. Full training starts from the previous
+    # stage's model, as ms-swift 3.3's resume loads both; LoRA from the chain's initial weights with
+    # the previous adapter loaded, so the reference (adapters off) is the base, as in ms-swift.
     model = chain["initial_model"] if adapter_chain else spec["init_model"]
     if cfg.vllm is not None and cfg.vllm.dtype is not None:
         from embodied_r.training.vllm_colocate import engine_dtype
@@ -186,14 +184,12 @@ def main(spec_path: str) -> int:
     holder["trainer"] = trainer
     drop_raw_log_printers(trainer)
     reporting.trainer = trainer
-    timer = PhaseTimer(trainer)
-    trainer.add_callback(timer.callback())
-    sync_check = None
-    if cfg.vllm is not None and cfg.vllm.sync_check:
-        from embodied_r.training.vllm_colocate import SyncCheck
+    return trainer, reporting, chained, model
 
-        sync_check = SyncCheck(trainer, dataset[0]["prompt"], cfg.vllm.sync_tolerance, work)
 
+def _train(trainer: Any, cfg: TrainingConfig, stage: GRPOStageConfig, work: Path, chain: dict[str, Any],
+           adapter_chain: bool) -> tuple[int, float, dict[str, Any]]:
+    """Resume or start the stage, train and save; the start step, seconds trained and best-model figures."""
     resume, start_step = last_checkpoint(work)
     if resume:
         log.info("resuming stage %s from %s", stage.name, resume)
@@ -203,7 +199,54 @@ def main(spec_path: str) -> int:
     trainer.train(resume_from_checkpoint=resume)
     seconds = time.monotonic() - started
     save_trained_model(trainer, work, lora=cfg.lora is not None)
-    best = keep_best_model(trainer, work) if cfg.keep_best else {}
+    return start_step, seconds, keep_best_model(trainer, work) if cfg.keep_best else {}
+
+
+def _chain_figures(cfg: TrainingConfig, chain: dict[str, Any], init_model: str, model: str, chained: Any,
+                   trainer: Any) -> dict[str, Any]:
+    return {
+        "stage_chain": cfg.stage_chain,
+        "chain_initial_model": chain.get("initial_model") or init_model,
+        "reference_model": model,  # TRL's KL reference is built from the policy's model id
+        "chain_loaded": chained.loaded,
+        "first_learning_rate": chained.first_lr,
+        "first_adam_step": chained.first_adam_step,
+        "last_learning_rate": last_lr(trainer),
+        "schedule_steps": chain.get("schedule_steps") or int(trainer.state.max_steps),
+    }
+
+
+def _finish(trainer: Any, cfg: TrainingConfig, work: Path, history: dict[str, Any], result: dict[str, Any]) -> None:
+    if trainer.accelerator.is_main_process:
+        write_json_atomic(work / HISTORY_FILE, history)
+        write_json_atomic(work / RESULT_NAME, result)
+    if cfg.vllm is not None and cfg.vllm.mode == "colocate":
+        from embodied_r.training.vllm_colocate import shut_down
+
+        shut_down(trainer)
+
+
+def main(spec_path: str) -> int:
+    spec = read_json(Path(spec_path))
+    cfg = TrainingConfig.model_validate(spec["training"])
+    stage = GRPOStageConfig.model_validate(spec["stage"])
+    cfg = cfg.model_copy(update={"seed": stage_seed(cfg, int(spec.get("stage_index", 1)))})
+    work = Path(spec["work"])
+    chain = spec.get("chain") or {}
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    dataset, evaluation = _datasets(spec, cfg, world)
+    funcs, weights = reward_setup(stage, cfg)
+    adapter_chain = bool(chain.get("state")) and cfg.lora is not None
+    trainer, reporting, chained, model = _trainer(spec, cfg, stage, dataset, evaluation, funcs, weights, world,
+                                                  adapter_chain)
+    timer = PhaseTimer(trainer)
+    trainer.add_callback(timer.callback())
+    sync_check = None
+    if cfg.vllm is not None and cfg.vllm.sync_check:
+        from embodied_r.training.vllm_colocate import SyncCheck
+
+        sync_check = SyncCheck(trainer, dataset[0]["prompt"], cfg.vllm.sync_tolerance, work)
+    start_step, seconds, best = _train(trainer, cfg, stage, work, chain, adapter_chain)
     for func in funcs:
         close = getattr(func, "close", None)
         if close is not None:
@@ -215,7 +258,8 @@ def main(spec_path: str) -> int:
         **timer.split(seconds),
         **peak_gpu_memory(),
         "train_records": len(dataset),
-        **schedule_figures(trainer.state, stage.epochs, cfg.max_steps_per_stage, offset),
+        **schedule_figures(trainer.state, stage.epochs, cfg.max_steps_per_stage,
+                           int(spec.get("global_step_offset", 0))),
         "reward_funcs": reward_names,
         "reward_weights": weights,
         "lora": cfg.lora is not None,
@@ -223,27 +267,14 @@ def main(spec_path: str) -> int:
         **(sync_check.summary() if sync_check is not None else {}),
         "processes": int(trainer.accelerator.num_processes),
         "completion_tables": reporting.tables,
-        "stage_chain": cfg.stage_chain,
-        "chain_initial_model": chain.get("initial_model") or spec["init_model"],
-        "reference_model": model,  # TRL's KL reference is built from the policy's model id
-        "chain_loaded": chained.loaded,
-        "first_learning_rate": chained.first_lr,
-        "first_adam_step": chained.first_adam_step,
-        "last_learning_rate": last_lr(trainer),
-        "schedule_steps": chain.get("schedule_steps") or int(trainer.state.max_steps),
+        **_chain_figures(cfg, chain, spec["init_model"], model, chained, trainer),
         **best,
         **result_figures(trainer.state.log_history, reward_names),
         # First and last quarter of the steps: did the stage raise the rewards it weights?
         "quarters": quarter_stats(trainer.state.log_history, reward_names),
     }
-    if trainer.accelerator.is_main_process:
-        write_json_atomic(work / HISTORY_FILE, {"reward_funcs": reward_names, "weights": weights,
-                                                "history": trainer.state.log_history})
-        write_json_atomic(work / RESULT_NAME, result)
-    if cfg.vllm is not None and cfg.vllm.mode == "colocate":
-        from embodied_r.training.vllm_colocate import shut_down
-
-        shut_down(trainer)
+    _finish(trainer, cfg, work, {"reward_funcs": reward_names, "weights": weights,
+                                 "history": trainer.state.log_history}, result)
     return 0
 
 
