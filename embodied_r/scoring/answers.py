@@ -1,15 +1,7 @@
-"""Reading answers out of model completions.
-
-The reasoner writes ``<think>...</think><answer>...</answer>``. Two ways of reading it:
-
-- ``strict`` (this project's): the answer is read only from inside the last ``<answer>``
-  block, never from the reasoning. An answer that names several options ("A or B") or
-  none is unparseable and scores 0, so hedging never earns a reward.
-- ``official``: the official code's readers, kept so that a run can reproduce it
-  (``official_reward_choice``, ``official_eval_choice``, ``OFFICIAL_FORMAT_RE``). Its
-  reward scans the whole completion, reasoning included, so a thought like
-  "Option A. is wrong" is read as the answer A whatever the ``<answer>`` block says.
-"""
+"""Reading answers out of ``<think>...</think><answer>...</answer>`` completions, two ways:
+``strict`` reads only inside the last ``<answer>`` block and takes an answer naming several
+options or none as unparseable (hedging never earns a reward); ``official`` are the official
+code's readers, kept so a run can reproduce them."""
 
 from __future__ import annotations
 
@@ -62,7 +54,6 @@ _NUMBER_WORDS = {
 
 
 def extract_answer(completion: str) -> str | None:
-    """Text inside the last ``<answer>...</answer>``, stripped; None when there is none."""
     found = _ANSWER_RE.findall(completion or "")
     if not found:
         return None
@@ -70,7 +61,6 @@ def extract_answer(completion: str) -> str | None:
 
 
 def extract_think(completion: str) -> str | None:
-    """Text inside the first ``<think>...</think>``, stripped; None when there is none."""
     match = _THINK_RE.search(completion or "")
     if match is None:
         return None
@@ -87,12 +77,9 @@ def _normalise(text: str) -> str:
 
 
 def parse_choice(text: str | None, n_options: int | None = None) -> str | None:
-    """The single option letter an answer names, upper case; None when it names none or several.
-
-    Accepts ``C``, ``C.``, ``(C)``, ``C. the red door``, ``Option C``, ``option c``,
-    ``Answer: C``. A lower-case letter counts only alone or after "option"/"answer", so
-    the article in "a red door" is not read as option A.
-    """
+    """The one option letter an answer names (``C``, ``(C)``, ``C. the red door``, ``Option c``,
+    ``Answer: C``), upper case; None for none or several. A lower-case letter counts only alone
+    or after "option"/"answer", so the article in "a red door" is not option A."""
     if text is None:
         return None
     text = _normalise(text)
@@ -120,10 +107,8 @@ def parse_choice(text: str | None, n_options: int | None = None) -> str | None:
 
 
 def parse_number(text: str | None) -> float | None:
-    """The one number an answer gives (``3.5``, ``3.5 meters``, ``1,200``, ``three``).
-
-    None when it gives none, several ("3 or 4", "2-3"), or a non-finite value.
-    """
+    """The one number an answer gives (``3.5 meters``, ``1,200``, ``three``); None for none,
+    several ("3 or 4", "2-3") or a non-finite value."""
     if text is None:
         return None
     text = _normalise(text)
@@ -142,15 +127,11 @@ def parse_number(text: str | None) -> float | None:
 
 
 def format_number(value: float) -> str:
-    """A parsed number as text, without a trailing ``.0`` for whole numbers."""
     return f"{value:.15g}"
 
 
-# -- the official code's readers ----------------------------------------------------------
-#
-# ``official`` in a recipe: the training rewards read answers as ms-swift's plugin of the
-# official code does (train/reward/choice_accuracy_reward.py), the evaluation as its
-# scoring script does (calculate_acc in train/conver_format/VLM_perception_local.py).
+# The official code's readers: the rewards as ms-swift's plugin (train/reward/
+# choice_accuracy_reward.py), evaluation as calculate_acc (train/conver_format/VLM_perception_local.py).
 
 ChoiceParser = Literal["strict", "official_reward", "official_eval"]
 AnswerParser = Literal["strict", "official"]
@@ -177,15 +158,10 @@ def _last(pattern: re.Pattern[str], text: str) -> str | None:
 
 
 def official_reward_choice(completion: str | None) -> str | None:
-    """The letter the official accuracy and consistency rewards read from a whole
-    completion, reasoning included; None where they read no letter (the official code then
-    compares the upper-cased text, which matches no solution letter).
-
-    In order: the last ``$\\boxed{X}$``; else the first "answer X"; else the last letter
-    followed by a dot; else the last standalone letter (A-H, any case). So
-    ``"<think>Option A. is wrong</think><answer>B</answer>"`` reads as A, and
-    ``"<think>To answer based on ...</think>"`` as B (from "answer b").
-    """
+    """The letter the official rewards read from a whole completion, reasoning included: the
+    last ``$\\boxed{X}$``, else the first "answer X", else the last letter followed by a dot,
+    else the last standalone A-H (any case); None where they read none (their upper-cased text
+    then matches no solution). "To answer based on" reads as B."""
     text = (completion or "").strip()
     for pattern, pick in ((_OFFICIAL_BOXED, _last), (_OFFICIAL_ANSWER_WORD, _first),
                           (_OFFICIAL_DOT, _last), (_OFFICIAL_BARE, _last)):
@@ -195,8 +171,7 @@ def official_reward_choice(completion: str | None) -> str | None:
     return None
 
 
-# The conclusion phrases the official local reward looks for in the reasoning when no letter
-# pattern matched (a letter closing "so ...", "the answer is ...", "choose ...", "... is correct").
+# The official local reward's conclusion phrases, tried when no letter pattern matched.
 _OFFICIAL_CONCLUSIONS = (
     re.compile(r"(?:so|thus|in conclusion|the answer is|choose|select|option|answer)[^A-H]*([A-H])\b",
                re.IGNORECASE),
@@ -206,12 +181,9 @@ _OFFICIAL_CONCLUSIONS = (
 
 
 def official_think_choice(think: str | None) -> str | None:
-    """The letter the official local consistency reward (5-GPU script) takes from the
-    policy's ``<think>`` text when its reference server gives no reply: the *last* match of
-    the first of its letter patterns that matches (``$\\boxed{X}$``, "answer X", a letter
-    followed by a dot, a standalone letter A-H in any case), else of its conclusion phrases;
-    None when nothing matches. The standalone-letter pattern takes the article "a" too, so
-    most reasoning in English yields a letter, often A."""
+    """The letter the official local consistency reward (5-GPU script) reads from the policy's
+    ``<think>`` when its reference gives no reply: the *last* match of the first pattern that
+    matches. The standalone letter takes the article "a" too, so most reasoning yields A."""
     text = think or ""
     for pattern in (_OFFICIAL_BOXED, _OFFICIAL_ANSWER_WORD, _OFFICIAL_DOT, _OFFICIAL_BARE, *_OFFICIAL_CONCLUSIONS):
         letter = _last(pattern, text)
@@ -221,9 +193,8 @@ def official_think_choice(think: str | None) -> str | None:
 
 
 def think_fallback_reward(think: str, policy_answer: str | float | None, answer_type: str = "choice") -> float:
-    """The official local reward's score when its reference gives no reply: 1.0 when the
-    letter read from the policy's own ``<think>`` text (``official_think_choice``) is the
-    policy's answer, else 0.0. Only letters are compared: a numeric answer scores 0.0."""
+    """1.0 when ``official_think_choice`` of the policy's ``<think>`` is its answer; a numeric
+    answer scores 0.0."""
     if answer_type == "number" or not isinstance(policy_answer, str):
         return 0.0
     letter = official_think_choice(think)
@@ -231,16 +202,14 @@ def think_fallback_reward(think: str, policy_answer: str | float | None, answer_
 
 
 def official_eval_choice(completion: str | None) -> str | None:
-    """The letter the official evaluation script reads: the first letter right after an
-    ``<answer>`` tag, else the last letter followed by a dot anywhere; None where it reads
-    none (counted wrong there, as here)."""
+    """The official evaluation's letter: the first right after ``<answer>``, else the last
+    followed by a dot; None (wrong) where it reads none."""
     text = (completion or "").strip()
     return _first(_OFFICIAL_ANSWER_TAG, text) or _last(_OFFICIAL_DOT, text)
 
 
 def read_choice(completion: str | None, n_options: int | None = None,
                 parser: ChoiceParser = "strict") -> str | None:
-    """The option letter a completion gives, read the way ``parser`` says."""
     if parser == "strict":
         return parse_choice(extract_answer(completion or ""), n_options)
     if parser == "official_reward":
@@ -251,9 +220,6 @@ def read_choice(completion: str | None, n_options: int | None = None,
 
 
 def format_ok(completion: str | None, rule: AnswerParser = "strict") -> bool:
-    """Whether a completion is in the ``<think>..</think><answer>..</answer>`` format:
-    ``strict`` (this project's ``FORMAT_RE``: non-empty blocks, no nested or repeated tags,
-    whitespace around allowed) or ``official`` (ms-swift's ``format`` reward)."""
     if rule == "official":
         return OFFICIAL_FORMAT_RE.match(completion or "") is not None
     if rule == "strict":

@@ -1,4 +1,5 @@
-"""How the training rewards read completions: the named options a run records."""
+"""How the training rewards read completions: named options a run records, ``strict`` and
+``unscored`` this project's, the others the official code's."""
 
 from __future__ import annotations
 
@@ -14,28 +15,21 @@ NumberParsing = Literal["official", "lenient"]
 
 
 class ScoringConfig(BaseModel):
-    """How the training rewards read completions; each choice is a named option a run
-    records. ``strict``/``unscored`` are this project's; ``official``, ``zero`` and
-    ``think_last_letter`` the official code's."""
-
     model_config = ConfigDict(extra="forbid")
 
     # Option letters: "strict" only inside the last <answer> block, exactly one option;
-    # "official" the official reward's scan of the whole completion, reasoning included
-    # (it reads "Option A. is wrong ... <answer>B</answer>" as A).
+    # "official" scans the whole completion, reasoning included ("Option A. is wrong ...
+    # <answer>B</answer>" reads as A).
     answer_parser: AnswerParser = "strict"
-    # The format reward: "strict" (non-empty blocks, no repeated tags, whitespace around
-    # allowed) or "official" (ms-swift's `format`: nothing before <think>, nothing after
-    # </answer>, not even a newline).
+    # "strict": non-empty blocks, no repeated tags, whitespace around allowed; "official":
+    # ms-swift's `format`, nothing before <think> or after </answer>, not even a newline.
     format_rule: AnswerParser = "strict"
-    # The consistency reward when the reference model cannot be reached: "unscored" (None:
-    # unknown is not wrong), "zero" (the official API reward's 0, `train_8GPUs.sh`) or
-    # "think_last_letter" (the official local reward's fallback, `train_5GPUs.sh`: the letter
-    # its patterns find last in the policy's own <think> text stands in for the reference's
-    # answer; ``answers.official_think_choice``).
+    # The consistency reward when the reference cannot be reached: "unscored" (None: unknown is
+    # not wrong), "zero" (the official API reward, `train_8GPUs.sh`) or "think_last_letter"
+    # (the official local reward, `train_5GPUs.sh`: the last letter its patterns find in the
+    # policy's own <think> stands in for the reference's answer).
     consistency_when_reference_down: ReferenceDown = "unscored"
-    # The reference's system message and its template for multiple-choice questions
-    # ({question}, {think}), set from the recipe's prompts file; None: this project's.
+    # From the recipe's prompts file ({question}, {think}); None: this project's.
     reference_system: str | None = None
     reference_template: str | None = None
 

@@ -1,21 +1,7 @@
 """Two policies compared on the same questions: the paired difference of their scores, its
-95 % interval and a two-sided p-value.
-
-Two accuracies each with its own interval waste what the comparison knows: both policies
-answered the same questions, and most questions are answered alike by both. Pairing keeps
-only what differs, so a gain of a few points on 572 questions can be told from noise where
-the unpaired intervals overlap.
-
-- 0/1 scores (choice questions): McNemar's exact test, a two-sided binomial test on the
-  discordant pairs (one right, the other wrong), with no approximation at small counts.
-- Any other scores (mean relative accuracy of numeric answers among them): a sign-flip
-  randomisation test on the per-question differences.
-- The interval, for both: a paired bootstrap (questions resampled, both policies' scores kept
-  together), percentile method.
-
-The resampling draws from a generator seeded by ``seed``, so one set of scores always gives
-the same figures.
-"""
+95 % interval (paired bootstrap, percentile) and a two-sided p-value (McNemar's exact test for
+0/1 scores, else a sign-flip test). Pairing keeps only what differs, so a gain of a few points
+can be told from noise where unpaired intervals overlap; ``seed`` fixes the resampling."""
 
 from __future__ import annotations
 
@@ -45,15 +31,13 @@ class PairedResult:
         return self.p_value < ALPHA
 
     def figures(self, prefix: str) -> dict[str, float]:
-        """Flat MLflow metrics: ``<prefix>/difference`` with ``_ci_low``/``_ci_high``,
-        ``p_value``, ``n``, ``better``, ``worse``."""
         raw = asdict(self)
         raw.pop("method")
         return {f"{prefix}/{k}": float(v) for k, v in raw.items()}
 
     @classmethod
     def from_figures(cls, figures: Mapping[str, Any], prefix: str) -> "PairedResult | None":
-        """The result ``figures`` wrote under ``prefix``; None when they are not all there."""
+        """None when the figures are not all there."""
         names = ("n", "difference", "ci_low", "ci_high", "p_value", "better", "worse")
         values = [figures.get(f"{prefix}/{k}") for k in names]
         if not all(isinstance(v, (int, float)) for v in values):
@@ -63,7 +47,7 @@ class PairedResult:
 
 
 def _binomial_two_sided(k: int, n: int) -> float:
-    """P(X <= min(k, n-k)) doubled, X ~ Binomial(n, 1/2): the exact McNemar p-value."""
+    """The exact McNemar p-value: P(X <= min(k, n-k)) doubled, X ~ Binomial(n, 1/2)."""
     if n == 0:
         return 1.0
     low = min(k, n - k)
@@ -76,16 +60,14 @@ def _binomial_two_sided(k: int, n: int) -> float:
 
 
 def _chunked(total: int, n: int, draw) -> np.ndarray:
-    """``draw(k)`` for k resamples at a time: a (resamples x questions) matrix at once is
-    gigabytes for a benchmark of thousands of questions."""
+    # A (resamples x questions) matrix at once is gigabytes for thousands of questions.
     step = max(1, 2_000_000 // n)
     return np.concatenate([draw(min(step, total - i)) for i in range(0, total, step)])
 
 
 def paired_test(base: Sequence[float], other: Sequence[float], *, resamples: int = RESAMPLES,
                 seed: int = 0) -> PairedResult:
-    """``other`` against ``base``, question by question (``base[i]`` and ``other[i]`` score
-    the same question)."""
+    """``base[i]`` and ``other[i]`` score the same question."""
     a, b = np.asarray(base, dtype=float), np.asarray(other, dtype=float)
     if a.shape != b.shape or a.ndim != 1:
         raise ValueError(f"paired scores need the same questions: {a.shape} against {b.shape}")
@@ -111,7 +93,7 @@ def paired_test(base: Sequence[float], other: Sequence[float], *, resamples: int
 
 
 def format_paired(result: PairedResult) -> str:
-    """``+6.9 points [3.1, 10.6], p = 0.0004`` (points of accuracy, paired 95 % interval)."""
+    """``+6.9 points [3.1, 10.6], p = 0.0004``."""
     p = "p < 0.0001" if result.p_value < 1e-4 else f"p = {result.p_value:.4f}"
     return (f"{100 * result.difference:+.1f} points [{100 * result.ci_low:.1f}, {100 * result.ci_high:.1f}], "
             f"{p}")

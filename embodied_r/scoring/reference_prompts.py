@@ -1,8 +1,6 @@
-"""The consistency reference's prompts: a question with the policy's reasoning in, the
-answer the reasoning supports out. The consistency reward (``rewards``) sends them; the
-demo's tiny reasoner keeps their fixed texts as single tokens, and the warm start teaches it
-the same task, so they live apart from the reward's code.
-"""
+"""The consistency reference's prompts: a question and the policy's reasoning in, the answer
+the reasoning supports out. Apart from the reward's code: the demo's tiny reasoner keeps their
+fixed texts as single tokens, and the warm start teaches the same task."""
 
 REFERENCE_SYSTEM = "You are a careful assistant who answers multiple-choice questions."
 REFERENCE_TEMPLATE_CHOICE = (

@@ -1,8 +1,4 @@
-"""The rewards a GRPO stage names, each a factory building it for a training run.
-
-A reward is its function (``rewards``), one entry here, and its weight in a recipe's stage
-(``training.stages[].rewards``).
-"""
+"""The rewards a GRPO stage names: a reward is its function (``rewards``) and one entry here."""
 
 from __future__ import annotations
 
@@ -13,9 +9,7 @@ from embodied_r.backends.base import BackendConfig
 from embodied_r.scoring.config import ScoringConfig
 
 
-class RewardInputs(Protocol):
-    """What a reward's factory reads: the training config's fields of these names."""
-
+class RewardInputs(Protocol):  # the training config's fields a factory reads
     scoring: ScoringConfig
     reference: BackendConfig
     consistency_requires_correct: bool
@@ -23,8 +17,6 @@ class RewardInputs(Protocol):
 
 @dataclass(frozen=True)
 class Reward:
-    """One entry of ``REWARDS``: how a training run builds the reward."""
-
     make: Callable[[RewardInputs], Callable[..., list[Any]]]
     # It asks ``training.reference``: the memory estimate counts that model where a stage weighs it.
     asks_reference: bool = False
@@ -37,9 +29,8 @@ def _rewards() -> Any:
     return rewards
 
 
-# The rewards a GRPO stage names (``GRPOStageConfig.rewards``), in the order the trainer adds
-# them up whatever order a recipe lists them in. TRL logs each under its function's __name__
-# (format_reward, ...), which the learning figures, MLflow metrics and report read.
+# In the order the trainer adds them up, whatever a recipe's order. TRL logs each under its
+# function's __name__ (format_reward, ...), which the learning figures, MLflow and report read.
 REWARDS: dict[str, Reward] = {
     "format": Reward(lambda run: _rewards().make_format_reward(run.scoring.format_rule)),
     "accuracy": Reward(lambda run: _rewards().make_accuracy_reward(run.scoring.answer_parser)),

@@ -1,13 +1,6 @@
-"""GRPO reward functions, in TRL's calling convention.
-
-TRL calls each reward as ``f(prompts=..., completions=..., completion_ids=..., **columns,
-trainer_state=..., log_metric=..., log_extra=...)`` with one list entry per completion
-and expects one float (or None, "not scored") per completion. Completions are strings or,
-for conversational prompts, lists of chat messages.
-
-How answers and the format are read is a choice a run records (``ScoringConfig``):
-``strict``, this project's, or ``official``, the official code's (see ``answers``).
-"""
+"""The GRPO rewards, in TRL's calling convention: ``f(prompts=..., completions=..., **columns,
+log_metric=..., log_extra=...)`` with one entry per completion (a string or chat messages),
+returning one float, or None ("not scored"), per completion."""
 
 from __future__ import annotations
 
@@ -30,14 +23,13 @@ from embodied_r.backends.base import Backend, BackendConfig, completion_text
 from embodied_r.backends.factory import make_backend
 from embodied_r.scoring.config import ReferenceDown, ScoringConfig
 from embodied_r.scoring.metrics import mean_relative_accuracy, score_answer
-from embodied_r.scoring.reference_prompts import (  # noqa: F401  (re-exported)
+from embodied_r.scoring.reference_prompts import (
     REFERENCE_SYSTEM,
     REFERENCE_TEMPLATE_CHOICE,
     REFERENCE_TEMPLATE_NUMBER,
 )
 
 log = logging.getLogger(__name__)
-
 
 
 def _column(kwargs: dict[str, Any], name: str, n: int, default: Any = None) -> list[Any]:
@@ -66,7 +58,6 @@ def _format_scores(completions: list[Any], rule: AnswerParser) -> list[float]:
 
 
 def format_reward(completions: list[Any], **kwargs: Any) -> list[float]:
-    """1.0 when the whole completion is ``<think>...</think><answer>...</answer>``, else 0.0."""
     return _format_scores(completions, "strict")
 
 
@@ -89,13 +80,11 @@ def _accuracy_scores(completions: list[Any], solution: list[str], parser: Choice
 
 
 def accuracy_reward(completions: list[Any], solution: list[str], **kwargs: Any) -> list[float]:
-    """Score of the answer inside the last ``<answer>``: 0/1 by letter, or mean relative accuracy."""
     return _accuracy_scores(completions, solution, "strict", kwargs)
 
 
 def make_format_reward(rule: AnswerParser = "strict") -> Callable[..., list[float]]:
-    """The format reward under ``rule``; named ``format_reward`` whatever the rule, so the
-    logged metrics keep their names."""
+    # Named format_reward whatever the rule, so the logged metrics keep their names.
     if rule == "strict":
         return format_reward
 
@@ -107,7 +96,6 @@ def make_format_reward(rule: AnswerParser = "strict") -> Callable[..., list[floa
 
 
 def make_accuracy_reward(parser: AnswerParser = "strict") -> Callable[..., list[float]]:
-    """The accuracy reward reading letters with ``parser``; named ``accuracy_reward``."""
     if parser == "strict":
         return accuracy_reward
 
@@ -148,14 +136,9 @@ def _agrees(reference: str | float | None, policy: str | float, answer_type: str
 
 
 def fill_unscored(values: list[float | None], groups: list[Any]) -> list[float | None]:
-    """Each unknown (None) value replaced by the mean of the known values of its group.
-
-    GRPO ranks a completion against the other completions of its prompt (its group). TRL
-    adds the weighted rewards with ``nansum``, so an unknown score would count as 0 and
-    rank the completion exactly like a bad one. Filled with its group's mean, the unknown
-    score moves the completion neither above nor below its group on that reward's account.
-    A group with no known value keeps None: every member is then equal on that account.
-    """
+    """Each None replaced by the mean of its group's known values (a group with none keeps None).
+    TRL adds the rewards with ``nansum``, so an unknown score would rank a completion like a bad
+    one; its group's mean moves it neither above nor below the other completions of its prompt."""
     if len(values) != len(groups):
         raise ValueError(f"{len(values)} values for {len(groups)} group labels")
     known: dict[Any, list[float]] = {}
@@ -169,24 +152,11 @@ def fill_unscored(values: list[float | None], groups: list[Any]) -> list[float |
 
 
 class ConsistencyReward:
-    """Logical consistency: does a reference model, reading only the question and the
-    policy's ``<think>`` text (no video text), reach the policy's answer?
-
-    1.0 when it does (and, with ``require_correct``, the policy's answer is correct);
-    0.0 when it does not, when the policy gave no reasoning or no readable answer, or
-    when ``require_correct`` and the answer is wrong (the reference is then not asked).
-    None (unscored) where the reference could not answer: an unknown reward must not
-    look like a bad one (``when_down="unscored"``); 0.0 with ``"zero"``, as the official
-    API reward scored it; with ``"think_last_letter"``, as the official local reward, the
-    letter ``official_think_choice`` reads from the policy's own reasoning stands in for the
-    reference's answer (a numeric answer has no letter: 0.0). Answers are read with ``parser``. The reference is its own frozen model
-    behind a backend; the policy under training never grades its own reasoning.
-
-    With ``fill_unscored`` (the trainer's setting) an unscored completion gets the mean
-    of the known scores of its group (the completions of the same record, ``uid``, in
-    this call; see ``fill_unscored``), so it is ranked neither below nor above its group
-    on this reward's account. Without it (evaluation's ``consistency_ratio``) it stays None.
-    """
+    """Does a frozen reference model, reading only the question and the policy's ``<think>``
+    (no video text), reach the policy's answer? 1.0 when it does; 0.0 when not, without
+    reasoning or a readable answer, or (``require_correct``) for a wrong answer, which is not
+    asked. Where the reference could not answer: ``when_down``. With ``fill_unscored`` (the
+    trainer's) an unscored completion gets its group's mean (``fill_unscored``)."""
 
     def __init__(self, backend: Backend | BackendConfig, require_correct: bool = True,
                  fill_unscored: bool = False, parser: ChoiceParser = "strict",
@@ -244,35 +214,12 @@ class ConsistencyReward:
     def _score(self, texts: list[str], solutions: list[Any], questions: list[Any], answer_types: list[str],
                options: list[Any], log_metric: Callable[[str, float], None] | None,
                ) -> tuple[list[float | None], list[str | None]]:
-        """Rewards and the reference's parsed answers (None where it was not asked)."""
+        # Rewards, and the reference's parsed answers (None where it was not asked).
         n = len(texts)
         rewards: list[float | None] = [0.0] * n
         replies: list[str | None] = [None] * n
-        asked: list[int] = []
-        conversations: list[list[dict[str, str]]] = []
-        policy_answers: dict[int, str | float] = {}
-        thinks: dict[int, tuple[str, str]] = {}  # asked completions: (reasoning, answer type)
-        for i, text in enumerate(texts):
-            think = extract_think(text)
-            answer = _policy_answer(text, answer_types[i], _n_options(options[i]), self.parser)
-            if not think or answer is None:
-                continue
-            if self.require_correct:
-                _, score = score_answer(text, solutions[i], answer_types[i], _n_options(options[i]),
-                                        choice_parser=self.parser)
-                if score < 1.0:
-                    continue
-            template = REFERENCE_TEMPLATE_NUMBER if answer_types[i] == "number" else self.template
-            conversations.append(
-                [
-                    {"role": "system", "content": self.system},
-                    {"role": "user", "content": template.format(question=questions[i], think=think)},
-                ]
-            )
-            asked.append(i)
-            policy_answers[i] = answer
-            thinks[i] = (think, answer_types[i])
-
+        conversations, policy_answers, thinks = self._questions(texts, solutions, questions, answer_types, options)
+        asked = list(policy_answers)
         if log_metric is not None:
             log_metric("consistency/asked", float(len(asked)))
         if not asked:
@@ -312,11 +259,36 @@ class ConsistencyReward:
         self._log_skipped(rewards, log_metric)
         return rewards, replies
 
+    def _questions(self, texts: list[str], solutions: list[Any], questions: list[Any], answer_types: list[str],
+                   options: list[Any]) -> tuple[list[list[dict[str, str]]], dict[int, str | float],
+                                                dict[int, tuple[str, str]]]:
+        # The conversations to ask, and each asked completion's answer and (reasoning, answer type).
+        conversations: list[list[dict[str, str]]] = []
+        policy_answers: dict[int, str | float] = {}
+        thinks: dict[int, tuple[str, str]] = {}
+        for i, text in enumerate(texts):
+            think = extract_think(text)
+            answer = _policy_answer(text, answer_types[i], _n_options(options[i]), self.parser)
+            if not think or answer is None:
+                continue
+            if self.require_correct:
+                _, score = score_answer(text, solutions[i], answer_types[i], _n_options(options[i]),
+                                        choice_parser=self.parser)
+                if score < 1.0:
+                    continue
+            template = REFERENCE_TEMPLATE_NUMBER if answer_types[i] == "number" else self.template
+            conversations.append([
+                {"role": "system", "content": self.system},
+                {"role": "user", "content": template.format(question=questions[i], think=think)},
+            ])
+            policy_answers[i] = answer
+            thinks[i] = (think, answer_types[i])
+        return conversations, policy_answers, thinks
+
     @staticmethod
     def _log_skipped(rewards: list[float | None], log_metric: Callable[[str, float], None] | None,
                      ) -> list[float | None]:
-        """Log how many completions of this call went unscored (None), every call, so a
-        step's mean is over all its calls; docs/training.md, "Skipped consistency scores"."""
+        # Logged on every call, so a step's mean is over all its calls (docs/training.md).
         if log_metric is not None:
             skipped = sum(r is None for r in rewards)
             log_metric("consistency/skipped", float(skipped))
@@ -324,10 +296,8 @@ class ConsistencyReward:
         return rewards
 
     def _down_value(self, asked: tuple[str, str] | None = None, answer: str | float | None = None) -> float | None:
-        # Unknown, not wrong: a made-up 0 would punish the policy for the reference's outage,
-        # and falling back to the policy itself would let it grade its own reasoning. The
-        # official code did both ("zero", "think_last_letter"); each is reproduced as a named value.
-        # ``asked``: the completion's (reasoning, answer type), for the fallback to read.
+        # Unknown, not wrong: a made-up 0 punishes the policy for the reference's outage, and the
+        # policy's own reasoning would grade itself. The official code did both, kept as named values.
         if self.when_down == "think_last_letter" and asked is not None:
             think, answer_type = asked
             return think_fallback_reward(think, answer, answer_type)
@@ -350,10 +320,8 @@ class ConsistencyReward:
 
 
 def reference_for_rank(cfg: BackendConfig, world_size: int) -> BackendConfig:
-    """The reference config one of ``world_size`` trainer processes uses: an HTTP reference's
-    ``concurrency`` is the bound for all processes together, so each gets its share
-    (at least 1). Every process builds its own backend, and 8 processes x 16 requests
-    would otherwise hit a hosted API 128 at a time."""
+    """A served reference's ``concurrency`` bounds all trainer processes together: each gets
+    its share (at least 1), or 8 processes x 16 requests would hit a hosted API 128 at a time."""
     if not cfg.served or world_size <= 1:
         return cfg
     return cfg.model_copy(update={"concurrency": max(1, cfg.concurrency // world_size)})
@@ -363,7 +331,6 @@ def make_consistency_reward(
     backend_or_cfg: Backend | BackendConfig, require_correct: bool = True, fill_unscored: bool = False,
     scoring: ScoringConfig | None = None,
 ) -> ConsistencyReward:
-    """The consistency reward over a backend, or over a config whose backend is built lazily."""
     scoring = scoring or ScoringConfig()
     return ConsistencyReward(backend_or_cfg, require_correct=require_correct, fill_unscored=fill_unscored,
                              parser=scoring.choice_parser(), when_down=scoring.consistency_when_reference_down,
@@ -374,11 +341,8 @@ def consistency_ratio(
     backend: Backend, completions: list[str], questions: list[str], answer_types: list[str],
     options: list[Any] | None = None,
 ) -> tuple[float | None, list[bool | None]]:
-    """Share of readable answers a reference model reproduces from the reasoning alone.
-
-    The paper's "logically consistent" share, for evaluation: correctness is not required.
-    Returns (ratio or None when nothing could be judged, per-item verdicts or None).
-    """
+    """The paper's "logically consistent" share, for evaluation (correctness not required), and
+    the per-item verdicts; None where nothing could be judged."""
     reward = ConsistencyReward(backend, require_correct=False)
     n = len(completions)
     scored = reward(

@@ -1,19 +1,7 @@
-"""What a GRPO stage changes in TRL's trainer: the prompt-length rule, the stage chain and
-the best checkpoint by validation.
-
-- ``prompt_cut: rollout_only`` (ms-swift 3.3's GRPO): only the prompt handed to generation
-  loses its beginning past ``max_prompt_length``; the loss and the KL pass see it whole.
-- ``stage_chain: resume`` (the official maintainer's three runs without
-  ``--save_only_model``, each resuming the previous run's checkpoint): a stage carries on the
-  previous stage's Adam state and learning-rate schedule, and one schedule spans the chain.
-  ms-swift 3.3, resuming a full-parameter run, loads the policy from the checkpoint and, since
-  its reference defaults to ``--model``, the KL reference too: here the policy and TRL's
-  reference (built from the same model id) are the previous stage's model. With LoRA,
-  ms-swift loads the checkpoint's adapter onto the base and its reference is the base with
-  the adapter off: here too.
-- ``keep_best``: the checkpoint with the best validation accuracy is copied to
-  ``best_model/`` beside ``model/``.
-"""
+"""What a GRPO stage changes in TRL's trainer: prompts cut for generation only
+(``prompt_cut: rollout_only``), the stage chain (``stage_chain: resume``, as the official
+maintainer's three runs resumed each other's checkpoints: Adam state, one learning-rate
+schedule, and the previous model as policy and KL reference) and the best checkpoint."""
 
 from __future__ import annotations
 
@@ -34,8 +22,7 @@ BEST_METRIC = "eval_rewards/accuracy_reward/mean"
 
 
 def chain_source(init_model: str) -> tuple[str | None, str]:
-    """(the previous stage's chain state, the chain's initial model) for a stage starting at
-    ``init_model``: a finished stage's ``model/`` with its state kept, else (None, init_model)."""
+    """(the previous stage's chain state or None, the chain's initial model)."""
     path = Path(init_model).expanduser()
     state = path.parent / CHAIN_STATE
     if path.name != "model" or not state.is_dir() or not (path.parent / "summary.json").is_file():
@@ -45,16 +32,13 @@ def chain_source(init_model: str) -> tuple[str | None, str]:
 
 
 def chain_schedule_steps(steps: list[int]) -> int:
-    """The length of the one schedule of a resume chain: every stage's planned steps."""
     return max(sum(steps), 1)
 
 
 def trainer_class(limit: int | None, schedule_steps: int | None, steps_before: int = 0,
                   bucket_view: bool = False) -> type:
-    """TRL's GRPOTrainer with generation prompts cut at ``limit`` tokens (None: as given), the
-    schedule built over ``schedule_steps`` (None: this stage's steps), of which
-    ``steps_before`` were taken by earlier stages, and DDP's gradients as views into its
-    buckets when ``bucket_view``."""
+    """TRL's GRPOTrainer with generation prompts cut at ``limit`` tokens and the schedule over
+    ``schedule_steps``, ``steps_before`` of them taken by earlier stages."""
     from trl import GRPOTrainer
 
     class StageTrainer(GRPOTrainer):  # type: ignore[misc]
@@ -79,9 +63,8 @@ def trainer_class(limit: int | None, schedule_steps: int | None, steps_before: i
                 return super()._generate_single_turn(prompt_ids, *args, **kwargs)
             import torch
 
-            # Rollouts on a CPU: transformers' generate token by token, where autograd's
-            # bookkeeping for every small op costs more than the op. Inference mode skips it;
-            # the arithmetic, and so every sampled token, is the same as under no_grad.
+            # On a CPU autograd's bookkeeping costs more than each small op of generate; inference
+            # mode skips it with the same arithmetic, so every sampled token is the same.
             with torch.inference_mode():
                 return super()._generate_single_turn(prompt_ids, *args, **kwargs)
 
@@ -95,15 +78,14 @@ def trainer_class(limit: int | None, schedule_steps: int | None, steps_before: i
 
 
 def load_chain_weights(trainer: Any, state: str) -> None:
-    """The previous stage's trained weights (with LoRA: its adapter) into the policy, before
-    training starts (DeepSpeed loads them with the optimizer, in ``chain_callback``)."""
+    """The previous stage's weights (LoRA: its adapter); DeepSpeed's load in ``chain_callback``."""
     if not trainer.is_deepspeed_enabled:
         trainer._load_from_checkpoint(state)
 
 
 def chain_callback(trainer_ref: dict[str, Any], state: str | None) -> Any:
-    """At the start of a fresh stage: the previous stage's optimizer and scheduler state
-    (``state`` None: nothing); records the first step's learning rate and Adam step count."""
+    """Loads the previous stage's optimizer and scheduler state at the start; records the first
+    step's learning rate and Adam step count."""
     from transformers import TrainerCallback
 
     class Chain(TrainerCallback):
@@ -137,15 +119,12 @@ def chain_callback(trainer_ref: dict[str, Any], state: str | None) -> Any:
 
 
 def last_lr(trainer: Any) -> float:
-    """The learning rate the next step would take: where the schedule left off."""
     return float(trainer.optimizer.param_groups[0]["lr"])
 
 
 def keep_chain_state(work: Path, move: bool) -> str | None:
-    """Put the newest checkpoint in ``work/chain_state`` for the next stage, once the trainer
-    has ended well (till then it is the crashed trainer's resume point): moved when the
-    checkpoints are discarded next anyway, since weights and Adam state are tens of GB for a
-    3B model; copied when they are kept."""
+    """The newest checkpoint into ``work/chain_state`` once the trainer ended well (till then it
+    is the resume point): moved where the checkpoints go anyway (tens of GB for a 3B model)."""
     from embodied_r.training.checkpoints import last_checkpoint
 
     newest, _ = last_checkpoint(work)
@@ -161,7 +140,6 @@ def keep_chain_state(work: Path, move: bool) -> str | None:
 
 
 def keep_best_model(trainer: Any, work: Path) -> dict[str, Any]:
-    """Copy the best checkpoint by validation accuracy to ``work/best_model``."""
     best = trainer.state.best_model_checkpoint
     if not best or not Path(best).is_dir():
         return {"best_checkpoint": None}

@@ -1,9 +1,6 @@
-"""Which checkpoint a resumed trainer starts from.
-
-``transformers``' ``get_last_checkpoint`` takes the highest ``checkpoint-N`` without looking
-inside; a kill during a save leaves a folder with a cut weights file, and every later
-resume then fails on it. Here a checkpoint counts only when it is whole.
-"""
+"""Which checkpoint a resumed trainer starts from: only a whole one. ``transformers``'
+``get_last_checkpoint`` takes the highest ``checkpoint-N`` without looking inside, and a kill
+during a save leaves a cut weights file that every later resume fails on."""
 
 from __future__ import annotations
 
@@ -20,8 +17,6 @@ log = logging.getLogger(__name__)
 
 
 def checkpoint_is_whole(folder: Path) -> bool:
-    """Whether a ``checkpoint-N`` folder was written to the end: a kill during a save
-    leaves a folder that ``get_last_checkpoint`` would pick and the resume then fails on."""
     import struct
     import zipfile
 
@@ -48,7 +43,7 @@ def checkpoint_is_whole(folder: Path) -> bool:
 
 
 def last_checkpoint(work: Path) -> tuple[str | None, int]:
-    """The newest whole checkpoint; cut-short ones are removed so the trainer rewrites them."""
+    # Cut-short checkpoints are removed so the trainer rewrites them.
     checkpoints = work / CHECKPOINTS
     found = sorted(((int(p.name.rsplit("-", 1)[1]), p) for p in checkpoints.glob("checkpoint-*")
                     if p.is_dir() and p.name.rsplit("-", 1)[1].isdigit()), reverse=True) \
@@ -65,6 +60,5 @@ def last_checkpoint(work: Path) -> tuple[str | None, int]:
 
 
 def existing_checkpoints(out: Path) -> int:
-    """Bytes of the checkpoints an interrupted attempt left (a resume keeps them)."""
     folder = partial_path(Path(out)) / CHECKPOINTS
     return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file()) if folder.is_dir() else 0

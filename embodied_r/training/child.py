@@ -1,9 +1,7 @@
-"""What every trainer child shares, whichever pipeline starts it: the command line
-(``python -m MODULE SPEC``), the precision this machine trains in, the trainer arguments common to
-GRPO and SFT, LoRA, the saved model, the counts of a result, and a clean end of a multi-process
-launch. Kept apart from the GRPO child (``grpo``) so that a trainer of the other pipeline runs,
-and its stage's key hashes, none of GRPO's rewards and records.
-"""
+"""What every trainer child shares, whichever pipeline starts it: the command line, precision,
+the common trainer arguments, LoRA, the saved model, a result's counts and a clean end of a
+multi-process launch. Apart from ``grpo`` so that the other pipeline's trainer, and its key,
+involves none of GRPO's rewards and records."""
 
 from __future__ import annotations
 
@@ -23,7 +21,6 @@ log = logging.getLogger("embodied_r.training.child")
 
 
 def precision(env: TrainerEnvironment) -> Precision:
-    """The trainer's precision on this machine, its fallback said once in the log."""
     chosen = training_precision(env.bf16, env.use_cpu)
     if chosen.note:
         log.warning(chosen.note)
@@ -31,7 +28,6 @@ def precision(env: TrainerEnvironment) -> Precision:
 
 
 def common_args(env: TrainerEnvironment, work: Path, run_name: str, report_to: list[str]) -> dict[str, Any]:
-    """Trainer arguments shared by GRPO and SFT."""
     from transformers import TrainingArguments
 
     chosen = precision(env)
@@ -42,7 +38,6 @@ def common_args(env: TrainerEnvironment, work: Path, run_name: str, report_to: l
         "use_cpu": env.use_cpu,
         "bf16": bf16,
         "fp16": chosen.fp16,
-        # Named as the installed transformers names it (5.23 renamed it; 5.17 has the old name).
         field_name(TrainingArguments, "gradient_checkpointing"): env.gradient_checkpointing,
         "seed": env.seed,
         "logging_steps": env.logging_steps,
@@ -53,8 +48,7 @@ def common_args(env: TrainerEnvironment, work: Path, run_name: str, report_to: l
         "disable_tqdm": True,  # the parent streams our output into logs; bars only clutter them
     }
     if env.bf16_weights(bf16):
-        # bf16 weights where an fp32 master copy lives elsewhere (DeepSpeed, LoRA); else TRL
-        # loads fp32 and bf16 is mixed precision (TrainerEnvironment.bf16_weights).
+        # An fp32 master copy lives elsewhere (DeepSpeed, LoRA); else bf16 is mixed precision.
         kwargs["model_init_kwargs"] = {"dtype": "bfloat16"}
     # Several processes without CUDA (a rehearsal on a CPU) name their backend; on a GPU, nothing.
     kwargs.update(trainer_overrides(int(os.environ.get("WORLD_SIZE", "1"))))
@@ -71,8 +65,7 @@ def peft_config(lora: LoraSettings | None) -> Any:
 
 
 def run_counts(trainer: Any, start_step: int, seconds: float) -> dict[str, Any]:
-    """A trainer run's steps and time, counted the same way in every trainer child's result: a
-    resumed run's seconds per step are over the steps it ran itself."""
+    # A resumed run's seconds per step are over the steps it ran itself.
     steps = int(trainer.state.global_step)
     here = max(steps - start_step, 0)
     return {"steps": steps, "steps_this_run": here, "resumed_from_step": start_step, "seconds": round(seconds, 3),
@@ -80,9 +73,8 @@ def run_counts(trainer: Any, start_step: int, seconds: float) -> dict[str, Any]:
 
 
 def save_trained_model(trainer: Any, work: Path, lora: bool) -> None:
-    """Full weights and tokenizer in ``work/model``, loadable by the next stage and by
-    evaluation as they are. With LoRA the adapter goes to ``work/adapter`` and its
-    merge with the base weights to ``work/model``."""
+    """Full weights and tokenizer in ``work/model``; with LoRA the adapter in ``work/adapter``
+    and its merge in ``work/model``."""
     model_dir = work / "model"
     tokenizer = trainer.processing_class
     if not lora:
@@ -105,7 +97,6 @@ def quiet_known_warnings() -> None:
 
 
 def child_main(main: Callable[[str], int], module: str) -> None:
-    """The command line of a trainer child: ``python -m MODULE SPEC.json``."""
     if len(sys.argv) != 2:
         print(f"usage: python -m {module} SPEC.json", file=sys.stderr)
         sys.exit(2)
@@ -121,11 +112,9 @@ def child_main(main: Callable[[str], int], module: str) -> None:
 
 
 def end_process_group() -> None:
-    """Tear the launch's process group down while every rank is still alive.
-
-    Left to interpreter shutdown, a rank that finishes first destroys gloo's worker threads
-    while they are joinable, and aborts ("terminate called without an active exception",
-    SIGABRT) after its work is saved: the launcher then reports the whole stage failed."""
+    """Tear the process group down while every rank is alive: left to interpreter shutdown, a
+    rank that finishes first destroys gloo's joinable threads and aborts (SIGABRT) after its
+    work is saved, and the launcher reports the whole stage failed."""
     try:
         import torch.distributed as dist
     except ImportError:

@@ -1,11 +1,6 @@
-"""Disk for a training stage's checkpoints, checked before the stage starts.
-
-A ZeRO-3 checkpoint of the 3 B policy holds 16-bit weights and the optimizer's fp32 master
-weights and two Adam moments: about 14 bytes per parameter, 43 GB. Two are kept, one more
-exists while the oldest is rotated out, and the stage's final model comes on top. A disk
-that fills at step 200 of a 12-epoch schedule loses the step and maybe the checkpoint
-being written; this check fails before the first step, with the estimate and the knobs.
-"""
+"""Disk for a training stage's checkpoints, checked before the first step: a ZeRO-3 checkpoint
+of the 3 B policy is about 43 GB (16-bit weights, fp32 master weights, two Adam moments), and a
+disk that fills at step 200 loses the step and maybe the checkpoint being written."""
 
 from __future__ import annotations
 
@@ -26,7 +21,6 @@ from embodied_r.training.environment import TrainerEnvironment
 
 log = logging.getLogger(__name__)
 
-GB = 1e9
 ADAM_STATES = 8  # two fp32 moments per trained parameter
 MASTER_FP32 = 4  # DeepSpeed's fp32 copy of the weights, beside its 16-bit ones
 
@@ -38,8 +32,8 @@ def _safetensors_header(path: Path) -> dict[str, Any]:
 
 
 def tensor_shapes(model: str) -> dict[str, list[int]] | None:
-    """Every weight's shape, from the safetensors headers of a local folder, of the hub's
-    cache, or of the hub (headers only); None where none can be read."""
+    """Every weight's shape from the safetensors headers of a local folder, the hub's cache or
+    the hub; None where none can be read."""
     folder = Path(model).expanduser()
     files = sorted(folder.glob("*.safetensors")) if folder.is_dir() else []
     if not files and not folder.exists():
@@ -69,9 +63,8 @@ def tensor_shapes(model: str) -> dict[str, list[int]] | None:
 
 
 def lora_parameters(shapes: dict[str, list[int]], r: int, target_modules: str | list[str]) -> int:
-    """Parameters LoRA adds: r x (in + out) per adapted linear weight, chosen as peft does
-    (a string is a regular expression over the whole module name, a list matches name
-    endings, ``all-linear`` every linear layer but the output head)."""
+    """r x (in + out) per linear weight peft adapts: a string is a regular expression over the
+    module name, a list matches name endings, ``all-linear`` all but the output head."""
     total = 0
     for name, shape in shapes.items():
         if len(shape) != 2 or not name.endswith(".weight"):
@@ -102,15 +95,12 @@ class CheckpointEstimate:
 
 
 def planned_steps(records: int, epochs: float, per_step: int, max_steps: int | None) -> int:
-    """Optimizer steps of a stage: ``per_step`` records (GRPO: completions / generations)
-    per step, over ``epochs``, capped at ``max_steps``."""
     steps = max(1, math.ceil(records * epochs / max(per_step, 1)))
     return min(steps, max_steps) if max_steps else steps
 
 
 def world_size(env: TrainerEnvironment) -> int:
-    """Processes the stage will train in: the accelerate config's, else 1 (more steps, so
-    the estimate errs towards more checkpoints)."""
+    # Else 1: more steps, so the estimate errs towards more checkpoints.
     return env.accelerate_processes() or 1
 
 
@@ -144,9 +134,8 @@ def free_bytes(path: Path) -> int:
 def check_disk(out: Path, model: str, env: TrainerEnvironment, steps: int, what: str,
                existing: int = 0, kept_after: int = 0) -> CheckpointEstimate | None:
     """Fail before ``what`` starts when its checkpoints would not fit beside ``out``.
-    ``existing``: bytes of checkpoints already on the disk (a resumed stage), which count
-    as used by the estimate rather than as missing from the free space. ``kept_after``:
-    checkpoints copied out to stay after the stage (a resume chain's state)."""
+    ``existing``: bytes of checkpoints a resumed stage has on the disk already; ``kept_after``:
+    checkpoints that stay after the stage (a resume chain's state)."""
     shapes = tensor_shapes(model)
     if shapes is None:
         log.warning("%s: cannot estimate the checkpoints' size (the weights of %s are not readable "

@@ -1,11 +1,6 @@
-"""The trainer process of one GRPO stage: ``python -m embodied_r.training.grpo SPEC``.
-
-SPEC is the JSON written by ``training.run_training_stage``. This process builds TRL's
-``GRPOTrainer`` on the stage's records, resumes from the last checkpoint in the stage's
-work folder if there is one, saves the final model and tokenizer to ``work/model`` and
-writes ``work/train_result.json`` for the parent. What every trainer child shares (the
-command line, precision, LoRA, saving) is ``training.child``'s.
-"""
+"""The trainer process of one GRPO stage (``python -m embodied_r.training.grpo SPEC``): TRL's
+``GRPOTrainer`` on the stage's records, resumed from the work folder's last checkpoint, saving
+``work/model`` and ``work/train_result.json`` for the parent."""
 
 from __future__ import annotations
 
@@ -57,10 +52,9 @@ def read_records(records: Path, split: str = "train") -> list[dict[str, Any]]:
 
 def load_dataset(records: Path, max_prompt_length: int | None = None, model: str | None = None,
                  split: str = "train") -> Any:
-    """``<split>.parquet`` as a conversational dataset: prompt = system + user turns. With
-    ``max_prompt_length`` and any prompt longer, every prompt becomes its chat-templated
-    text, the long ones cut from the left (``truncation.limit_prompts``), and one line says
-    what the cut removes: a warning only where it takes a question's options."""
+    """``<split>.parquet`` as a conversational dataset. Past ``max_prompt_length`` every prompt
+    becomes chat-templated text, the long ones cut from the left; a warning where a cut takes
+    a question's options."""
     from datasets import Dataset
 
     data = [{"prompt": conversation(r), **{c: r[c] for c in REWARD_COLUMNS}} for r in read_records(records, split)]
@@ -75,9 +69,7 @@ def load_dataset(records: Path, max_prompt_length: int | None = None, model: str
 
 
 def reward_setup(stage: GRPOStageConfig, cfg: TrainingConfig) -> tuple[list[Any], list[float]]:
-    """Reward functions and weights of a stage, as TRL's ``reward_funcs`` and ``reward_weights``:
-    each reward of positive weight (``GRPOStageConfig.scored``), built from ``REWARDS`` with the
-    run's scoring and reference."""
+    """TRL's ``reward_funcs`` and ``reward_weights`` of a stage."""
     # An HTTP reference's concurrency is shared by all trainer processes.
     world = int(os.environ.get("WORLD_SIZE", "1"))
     run = cfg.model_copy(update={"reference": reference_for_rank(cfg.reference, world)})
@@ -86,15 +78,13 @@ def reward_setup(stage: GRPOStageConfig, cfg: TrainingConfig) -> tuple[list[Any]
 
 
 def stage_seed(cfg: TrainingConfig, stage_index: int) -> int:
-    """The trainer seed of the ``stage_index``-th stage (1 for the first): ``training.stage_seeds``."""
     return cfg.seed + (stage_index - 1 if cfg.stage_seeds == "offset" else 0)
 
 
 def grpo_kwargs(stage: GRPOStageConfig, cfg: TrainingConfig, work: Path, weights: list[float],
                 report_to: list[str], world: int = 1) -> dict[str, Any]:
-    """Every keyword argument of a stage's GRPOConfig for a launch of ``world`` processes (a
-    pure function: no trainer, no TRL). The batch shape is checked here again, where the
-    process count is always known."""
+    """A stage's GRPOConfig arguments for ``world`` processes; the batch shape is checked again
+    here, where the process count is always known."""
     kwargs = common_args(cfg, work, stage.name, report_to)
     settings = cfg.grpo_settings(world)
     per_step = world * cfg.per_device_train_batch_size * settings["gradient_accumulation_steps"]
@@ -124,24 +114,17 @@ def grpo_kwargs(stage: GRPOStageConfig, cfg: TrainingConfig, work: Path, weights
 
 def memory_refusal(cfg: TrainingConfig, model: str, dataset: Any, world: int, card_gib: float | None,
                    name: str = "this recipe") -> str | None:
-    """One line refusing the launch when the memory estimate at the longest prompt the loss
-    will see does not fit ``card_gib`` (the card found; None: no GPU, nothing to judge)."""
+    """One line refusing the launch when the estimate at the longest prompt the loss sees does
+    not fit ``card_gib`` (None: no GPU)."""
     from embodied_r.training.memory import launch_refusal
     from embodied_r.training.shapes import shape_of
-    from embodied_r.training.policy import load_tokenizer
+    from embodied_r.training.policy import load_tokenizer, prompt_ids
 
     shape = shape_of(model)
     if card_gib is None or shape is None or len(dataset) == 0:
         return None
     tok = load_tokenizer(model)
-    longest = 0
-    for prompt in dataset["prompt"]:
-        # A cut prompt is already chat-templated text; an uncut one is the conversation.
-        ids = (tok(prompt, add_special_tokens=False)["input_ids"] if isinstance(prompt, str)
-               else tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True))
-        if hasattr(ids, "keys"):
-            ids = ids["input_ids"]
-        longest = max(longest, len(ids))
+    longest = max(len(prompt_ids(tok, prompt)) for prompt in dataset["prompt"])
     return launch_refusal(cfg, shape, world, card_gib, longest, name)
 
 
@@ -152,34 +135,33 @@ def grpo_args(stage: GRPOStageConfig, cfg: TrainingConfig, work: Path, weights: 
     return build_config(GRPOConfig, grpo_kwargs(stage, cfg, work, weights, report_to, world))
 
 
-def main(spec_path: str) -> int:
-    spec = read_json(Path(spec_path))
-    cfg = TrainingConfig.model_validate(spec["training"])
-    stage = GRPOStageConfig.model_validate(spec["stage"])
-    cfg = cfg.model_copy(update={"seed": stage_seed(cfg, int(spec.get("stage_index", 1)))})
-    work = Path(spec["work"])
-    chain = spec.get("chain") or {}
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+def _card_gib(cfg: TrainingConfig) -> float | None:
+    if cfg.use_cpu:
+        return None
+    import torch
 
+    return torch.cuda.get_device_properties(0).total_memory / 1024 ** 3 if torch.cuda.is_available() else None
+
+
+def _datasets(spec: dict[str, Any], cfg: TrainingConfig, world: int) -> tuple[Any, Any]:
     # prompt_cut both: the dataset's prompts are cut; rollout_only: only generation's.
     cut_here = cfg.max_prompt_length if cfg.prompt_cut == "both" else None
     dataset = load_dataset(Path(spec["records"]), cut_here, spec["init_model"])
     evaluation = (load_dataset(Path(spec["records"]), cut_here, spec["init_model"], split="val")
                   if cfg.eval_steps is not None else None)
-    card = None
-    if not cfg.use_cpu:
-        import torch
-
-        if torch.cuda.is_available():
-            card = torch.cuda.get_device_properties(0).total_memory / 1024 ** 3
-    refusal = memory_refusal(cfg, spec["init_model"], dataset, world, card, spec.get("recipe", "this recipe"))
+    refusal = memory_refusal(cfg, spec["init_model"], dataset, world, _card_gib(cfg), spec.get("recipe", "this recipe"))
     if refusal:
         # Before any weight is loaded: a run that would stop on CUDA out of memory minutes in.
         raise SystemExit(refusal)
-    funcs, weights = reward_setup(stage, cfg)
+    return dataset, evaluation
+
+
+def _trainer(spec: dict[str, Any], cfg: TrainingConfig, stage: GRPOStageConfig, dataset: Any, evaluation: Any,
+             funcs: list[Any], weights: list[float], world: int, adapter_chain: bool) -> tuple[Any, Any, Any, str]:
+    """The trainer, its reporting and chain callbacks, and the model id it was built from."""
+    work, chain = Path(spec["work"]), spec.get("chain") or {}
     run_id, uri = os.environ.get("MLFLOW_RUN_ID"), os.environ.get("MLFLOW_TRACKING_URI")
-    # Our own reporting callback logs to MLflow (prefixed names, one global step over the
-    # stages); TRL's would log flat names from step 1 and rename the run.
+    # TRL's own reporting would log flat names from step 1 and rename the run.
     args = grpo_args(stage, cfg, work, weights, [], world)
     offset = int(spec.get("global_step_offset", 0))
     reporting = reporting_callback(spec.get("run_name", stage.name), int(spec.get("stage_index", 1)), offset,
@@ -189,11 +171,9 @@ def main(spec_path: str) -> int:
     cls = trainer_class(cfg.max_prompt_length if cfg.prompt_cut == "rollout_only" else None,
                         chain.get("schedule_steps"), offset if chain.get("state") else 0,
                         bucket_view=cfg.ddp_gradient_as_bucket_view)
-    # TRL builds the KL reference from the same model id as the policy. Full training starts
-    # from the previous stage's model, as ms-swift 3.3's resume loads both from the checkpoint;
-    # LoRA builds on the chain's initial weights and loads the previous adapter, so the
-    # reference (adapters off) is the base, as ms-swift's LoRA resume has it.
-    adapter_chain = bool(chain.get("state")) and cfg.lora is not None
+    # TRL builds the KL reference from the policy's model id. Full training starts from the previous
+    # stage's model, as ms-swift 3.3's resume loads both; LoRA from the chain's initial weights with
+    # the previous adapter loaded, so the reference (adapters off) is the base, as in ms-swift.
     model = chain["initial_model"] if adapter_chain else spec["init_model"]
     if cfg.vllm is not None and cfg.vllm.dtype is not None:
         from embodied_r.training.vllm_colocate import engine_dtype
@@ -204,14 +184,12 @@ def main(spec_path: str) -> int:
     holder["trainer"] = trainer
     drop_raw_log_printers(trainer)
     reporting.trainer = trainer
-    timer = PhaseTimer(trainer)
-    trainer.add_callback(timer.callback())
-    sync_check = None
-    if cfg.vllm is not None and cfg.vllm.sync_check:
-        from embodied_r.training.vllm_colocate import SyncCheck
+    return trainer, reporting, chained, model
 
-        sync_check = SyncCheck(trainer, dataset[0]["prompt"], cfg.vllm.sync_tolerance, work)
 
+def _train(trainer: Any, cfg: TrainingConfig, stage: GRPOStageConfig, work: Path, chain: dict[str, Any],
+           adapter_chain: bool) -> tuple[int, float, dict[str, Any]]:
+    """Resume or start the stage, train and save; the start step, seconds trained and best-model figures."""
     resume, start_step = last_checkpoint(work)
     if resume:
         log.info("resuming stage %s from %s", stage.name, resume)
@@ -221,7 +199,54 @@ def main(spec_path: str) -> int:
     trainer.train(resume_from_checkpoint=resume)
     seconds = time.monotonic() - started
     save_trained_model(trainer, work, lora=cfg.lora is not None)
-    best = keep_best_model(trainer, work) if cfg.keep_best else {}
+    return start_step, seconds, keep_best_model(trainer, work) if cfg.keep_best else {}
+
+
+def _chain_figures(cfg: TrainingConfig, chain: dict[str, Any], init_model: str, model: str, chained: Any,
+                   trainer: Any) -> dict[str, Any]:
+    return {
+        "stage_chain": cfg.stage_chain,
+        "chain_initial_model": chain.get("initial_model") or init_model,
+        "reference_model": model,  # TRL's KL reference is built from the policy's model id
+        "chain_loaded": chained.loaded,
+        "first_learning_rate": chained.first_lr,
+        "first_adam_step": chained.first_adam_step,
+        "last_learning_rate": last_lr(trainer),
+        "schedule_steps": chain.get("schedule_steps") or int(trainer.state.max_steps),
+    }
+
+
+def _finish(trainer: Any, cfg: TrainingConfig, work: Path, history: dict[str, Any], result: dict[str, Any]) -> None:
+    if trainer.accelerator.is_main_process:
+        write_json_atomic(work / HISTORY_FILE, history)
+        write_json_atomic(work / RESULT_NAME, result)
+    if cfg.vllm is not None and cfg.vllm.mode == "colocate":
+        from embodied_r.training.vllm_colocate import shut_down
+
+        shut_down(trainer)
+
+
+def main(spec_path: str) -> int:
+    spec = read_json(Path(spec_path))
+    cfg = TrainingConfig.model_validate(spec["training"])
+    stage = GRPOStageConfig.model_validate(spec["stage"])
+    cfg = cfg.model_copy(update={"seed": stage_seed(cfg, int(spec.get("stage_index", 1)))})
+    work = Path(spec["work"])
+    chain = spec.get("chain") or {}
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    dataset, evaluation = _datasets(spec, cfg, world)
+    funcs, weights = reward_setup(stage, cfg)
+    adapter_chain = bool(chain.get("state")) and cfg.lora is not None
+    trainer, reporting, chained, model = _trainer(spec, cfg, stage, dataset, evaluation, funcs, weights, world,
+                                                  adapter_chain)
+    timer = PhaseTimer(trainer)
+    trainer.add_callback(timer.callback())
+    sync_check = None
+    if cfg.vllm is not None and cfg.vllm.sync_check:
+        from embodied_r.training.vllm_colocate import SyncCheck
+
+        sync_check = SyncCheck(trainer, dataset[0]["prompt"], cfg.vllm.sync_tolerance, work)
+    start_step, seconds, best = _train(trainer, cfg, stage, work, chain, adapter_chain)
     for func in funcs:
         close = getattr(func, "close", None)
         if close is not None:
@@ -233,7 +258,8 @@ def main(spec_path: str) -> int:
         **timer.split(seconds),
         **peak_gpu_memory(),
         "train_records": len(dataset),
-        **schedule_figures(trainer.state, stage.epochs, cfg.max_steps_per_stage, offset),
+        **schedule_figures(trainer.state, stage.epochs, cfg.max_steps_per_stage,
+                           int(spec.get("global_step_offset", 0))),
         "reward_funcs": reward_names,
         "reward_weights": weights,
         "lora": cfg.lora is not None,
@@ -241,30 +267,14 @@ def main(spec_path: str) -> int:
         **(sync_check.summary() if sync_check is not None else {}),
         "processes": int(trainer.accelerator.num_processes),
         "completion_tables": reporting.tables,
-        # The stage chain: where the schedule started and left off, and what carried over.
-        "stage_chain": cfg.stage_chain,
-        "chain_initial_model": chain.get("initial_model") or spec["init_model"],
-        "reference_model": model,  # TRL's KL reference is built from the policy's model id
-        "chain_loaded": chained.loaded,
-        "first_learning_rate": chained.first_lr,
-        "first_adam_step": chained.first_adam_step,
-        "last_learning_rate": last_lr(trainer),
-        "schedule_steps": chain.get("schedule_steps") or int(trainer.state.max_steps),
+        **_chain_figures(cfg, chain, spec["init_model"], model, chained, trainer),
         **best,
         **result_figures(trainer.state.log_history, reward_names),
         # First and last quarter of the steps: did the stage raise the rewards it weights?
         "quarters": quarter_stats(trainer.state.log_history, reward_names),
     }
-    # Only the main process reports; the others of a multi-GPU launch just exit.
-    if trainer.accelerator.is_main_process:
-        # Per-step figures, for the reward curves of the report.
-        write_json_atomic(work / HISTORY_FILE, {"reward_funcs": reward_names, "weights": weights,
-                                                "history": trainer.state.log_history})
-        write_json_atomic(work / RESULT_NAME, result)
-    if cfg.vllm is not None and cfg.vllm.mode == "colocate":
-        from embodied_r.training.vllm_colocate import shut_down
-
-        shut_down(trainer)
+    _finish(trainer, cfg, work, {"reward_funcs": reward_names, "weights": weights,
+                                 "history": trainer.state.log_history}, result)
     return 0
 
 

@@ -1,10 +1,6 @@
-"""The GRPO settings that change results, declared once.
-
-Each field is named as TRL's ``GRPOConfig`` names its argument (open-r1's way), so the
-arguments passed to TRL and the names a recipe's ``grpo_args`` may not override both derive
-from this one class. The defaults are what the official script got from its arguments and
-from ms-swift 3.3's defaults (docs/fidelity.md), not TRL's.
-"""
+"""The GRPO settings that change results, named as TRL's ``GRPOConfig`` names them, so the
+arguments passed to TRL and those ``grpo_args`` may not override derive from one class. The
+defaults are the official script's and ms-swift 3.3's (docs/fidelity.md), not TRL's."""
 
 from __future__ import annotations
 
@@ -58,7 +54,6 @@ class GRPOSettings(BaseModel):
     vllm_importance_sampling_correction: bool = False
 
     def settings_kwargs(self, accumulation: int) -> dict[str, Any]:
-        """These fields under their GRPOConfig names; an unset optional one is left out."""
         kwargs: dict[str, Any] = {}
         for name in GRPOSettings.model_fields:
             value = accumulation if name == "gradient_accumulation_steps" else getattr(self, name)
@@ -68,15 +63,12 @@ class GRPOSettings(BaseModel):
 
 
 def owned_names(structural: set[str], vllm_fields: set[str]) -> frozenset[str]:
-    """Every GRPOConfig argument the training config sets itself: the settings above under
-    both names, the vLLM block's ``vllm_*`` and the ``structural`` ones."""
     names = set(GRPOSettings.model_fields) | set(TRL_NAMES.values())
     return frozenset(names | {f"vllm_{f}" for f in vllm_fields} | structural)
 
 
 def launch_world(launcher: str, accelerate_processes: int | None) -> int | None:
-    """Processes a stage trains in, where known before its launch: 1 without accelerate,
-    the accelerate config's count, else ``WORLD_SIZE`` (set inside a launched trainer)."""
+    """Processes a stage trains in where known: ``WORLD_SIZE`` is set inside a launched trainer."""
     if launcher != "accelerate":
         return 1
     if accelerate_processes is not None:
@@ -86,8 +78,6 @@ def launch_world(launcher: str, accelerate_processes: int | None) -> int | None:
 
 
 def accumulation_for(per_step: int, per_device: int, world: int, generations: int) -> int:
-    """Micro-steps so that ``world`` x ``per_device`` x accumulation = ``per_step``
-    completions; a one-line error with the numbers when they do not divide."""
     share = per_device * world
     if per_step % share or per_step % generations:
         raise ValueError(

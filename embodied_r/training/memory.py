@@ -1,68 +1,11 @@
-"""GPU memory of a recipe's GRPO training, estimated per GPU from the policy's shape.
-
-Each term names the library behaviour it follows (module and version: torch 2.13, TRL 1.16,
-accelerate 1.15, transformers 5.17, DeepSpeed 0.19, vLLM 0.31, the training environment's pins);
-docs/memory.md sets the terms out with their sources and each GPU recipe's figures. What one
-training process holds:
-
-- ``policy``: the weights. A plain AdamW (one process or DDP) steps fp32 weights; DeepSpeed's
-  bf16 optimizer and LoRA's frozen base hold them in 16 bits (``TrainerEnvironment.bf16_weights``);
-  ZeRO-3 shards them over the processes.
-- ``reference``: TRL's KL reference, a second copy of the policy whenever ``beta`` > 0 (with
-  LoRA the base with its adapters off serves).
-- ``gradients``: one per trained parameter in its dtype (torch autograd: fp32 under a plain
-  AdamW, fp32 LoRA adapters); under DeepSpeed ZeRO-3 a bf16 partition (``stage3.py``: the
-  flat gradient buffer has ``gradient_accumulation_dtype``, the model's dtype unless the
-  config sets ``data_types.grad_accum_dtype``). Under DDP with ``gradient_as_bucket_view`` the
-  gradients are views into the buckets and cost nothing beyond them.
-- ``ddp_buckets``: DDP's flat gradient buckets (torch ``DistributedDataParallel``'s reducer,
-  allocated when the model is wrapped), as large as the trained parameters in their dtype.
-  transformers' Trainer (``_build_accelerator_args``) passes accelerate's
-  ``DistributedDataParallelKwargs`` without ``gradient_as_bucket_view``, whose default is
-  False: each process then holds the buckets beside the gradients. ``training.
-  ddp_gradient_as_bucket_view`` turns the views on. No buckets on one process or DeepSpeed.
-- ``optimizer``: Adam's two fp32 moments; DeepSpeed adds fp32 master weights (16 bytes a
-  parameter in all under ZeRO-3: 2 + 2 + 12, the ZeRO paper's figure). At the optimizer step
-  ZeRO-3 also makes an fp32 copy of the gradient partition (``_prepare_fp32_grad_for_sub_group``,
-  up to ``sub_group_size``, 1e9 by default): ``step_fp32_gradients``, in the step's peak only.
-  DeepSpeed's own estimator (``estimate_zero3_model_states_mem_needs``) charges 18 bytes a
-  parameter, which sits between the 16 held through the update and the 20 of the step.
-- ``gathered``: ZeRO-3's full copy of the layer it computes and of the embeddings.
-- ``autocast_copies``: bf16 copies of fp32 weights. Under mixed precision accelerate wraps the
-  forward in ``torch.autocast`` with its cast cache on; torch caches the 16-bit cast of every
-  fp32 leaf parameter that requires gradients until the outermost autocast exits, so by the
-  end of a forward (the update's, or one decoding step's) a 16-bit copy of every trained
-  parameter is held.
-- ``activations``: one micro-batch's (with gradient checkpointing one saved input per layer,
-  and one layer recomputed in the backward).
-- ``lm_head``: TRL's fused LM head (``trl.kernels.chunked_logprob``), which never holds the
-  logits: the forward projects tiles of 4,096 tokens x 32,768 vocabulary entries in the
-  autocast dtype (bf16 under mixed precision, fp32 only with ``cast_lm_head_to_fp32``) and
-  folds them into fp32 per-token statistics; the backward recomputes each tile and
-  accumulates the head's gradient in an fp32 buffer as large as the head (vocabulary x hidden)
-  and the hidden states' gradient in fp32.
-- ``generation``: transformers' ``generate``: the KV cache of every completion a process
-  generates at once and one layer's activations over the prompts at prefill. With vLLM
-  colocated, vLLM holds its share of the card (``gpu_memory_utilization``) instead, and
-  ``vllm`` is what that share must hold: the KV cache of every sequence TRL lets the engine
-  run at once (``max_num_seqs`` = per-device batch x tensor parallel x steps per generation,
-  at ``max_model_len`` tokens each), the engine's 16-bit weights, its profiled activations
-  (TRL sets ``max_num_batched_tokens`` to 4,096) and ``VLLM_MARGIN`` for its CUDA graphs.
-- ``consistency_reference``: an in-process consistency reference (``training.reference`` of
-  kind transformers on a GPU), in its 16-bit inference dtype, in the stages that weight it.
-
-Three phases do not overlap: generation, the update (the larger of the end of the forward,
-with the autocast copies and the head's forward tile, and the backward, with a layer
-recomputed and the head's gradient buffers) and the optimizer step; the peak is the largest.
-A card fits when the peak, CUDA's context and the allocator's slack (``CUDA_OVERHEAD``) and
-vLLM's share stay within it. These are estimates set against one measurement: a
-Qwen2.5-0.5B-shaped policy at the ``paper`` recipe's settings, 950-token prompts and 512-token
-completions, peaked at 11.7 GiB on an H200 (torch 2.11, TRL 1.16). ``embodied-r check gpu``
-measures the peak of one real step of a recipe's own policy to set beside it.
-"""
+"""GPU memory of a recipe's GRPO training, estimated per GPU from the policy's shape: each part
+one training process holds, three phases that do not overlap (generation, the update, the
+optimizer step) and the peak, against a card. docs/memory.md sets out every term with the
+library behaviour it follows and the measurement the estimate is set against."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -76,8 +19,6 @@ GIB = 1024 ** 3
 
 @dataclass
 class MemoryEstimate:
-    """Bytes per GPU of each part, the phase peaks, and what the figures assume."""
-
     parts: dict[str, float]
     generation_peak: float
     update_peak: float
@@ -99,11 +40,9 @@ class MemoryEstimate:
         return out
 
     def on_card(self, card_gib: float) -> float:
-        """Bytes used on a card of ``card_gib``: the peak, CUDA's overhead, vLLM's share."""
         return self.peak + CUDA_OVERHEAD + self.card_share * card_gib * GIB
 
     def largest(self, count: int = 3) -> list[tuple[str, float]]:
-        """The largest parts held at the peak."""
         phase = max(("generation", self.generation_peak), ("update", self.update_peak), ("step", self.step_peak),
                     key=lambda item: item[1])[0]
         names = self.phases.get(phase) or tuple(n for n in self.parts if n != "vllm")
@@ -127,16 +66,12 @@ ZERO3_SUB_GROUP = 1_000_000_000
 
 
 def processes(training: TrainingConfig, gpus: int | None = None) -> int:
-    """Training processes of the recipe's launch: its accelerate config's, else ``gpus``
-    (DDP on every GPU), else 1."""
     return training.accelerate_processes() or gpus or 1
 
 
 def estimate(training: TrainingConfig, shape: ModelShape, prompt_tokens: int | None = None,
              completion_tokens: int | None = None, gpus: int | None = None) -> MemoryEstimate:
-    """Per-GPU memory of one GRPO step of ``training`` with a policy of ``shape``, prompts of
-    ``prompt_tokens`` (default the recipe's ``max_prompt_length``) and completions of
-    ``completion_tokens`` (default ``max_completion_length``)."""
+    """Per-GPU bytes of one GRPO step (docs/memory.md); the lengths default to the recipe's limits."""
     world = processes(training, gpus)
     zero3 = bool(training.accelerate_config) and zero_stage(resolve_config_file(training.accelerate_config)) == 3
     deepspeed = training.deepspeed()
@@ -144,7 +79,6 @@ def estimate(training: TrainingConfig, shape: ModelShape, prompt_tokens: int | N
     mixed = training.bf16 is not False  # on a GPU bf16 (or fp16) mixed precision unless turned off
     weights16 = training.bf16_weights(mixed)
     shard = world if zero3 else 1
-    params = shape.parameters()
     wbytes = 2 if weights16 else 4
     prompt = prompt_tokens or training.max_prompt_length or 1024
     completion = completion_tokens or training.max_completion_length
@@ -154,63 +88,13 @@ def estimate(training: TrainingConfig, shape: ModelShape, prompt_tokens: int | N
              f"prompts of {prompt} and completions of {completion} tokens"]
     if ddp:
         notes.append(f"gradient_as_bucket_view {'on: gradients are views into the buckets' if views else 'off'}")
-
-    parts: dict[str, float] = {"policy": params * wbytes / shard}
-    if training.lora is not None:
-        from embodied_r.training.disk import lora_parameters
-
-        trained = lora_parameters(_linear_shapes(shape), training.lora.r, training.lora.target_modules)
-        parts["policy"] += trained * 4  # peft keeps the adapters in fp32
-        gbytes = 4
-    else:
-        trained = params
-        gbytes = 2 if deepspeed and mixed else wbytes
-    parts["reference"] = params * wbytes / shard if training.beta > 0 and training.lora is None else 0.0
-    parts["gradients"] = 0.0 if views else trained * gbytes / shard
-    parts["ddp_buckets"] = trained * gbytes if ddp else 0.0
-    parts["optimizer"] = trained * (8 + (4 if deepspeed and training.lora is None else 0)) / shard
-    if zero3:
-        # ZeRO-3 gathers a layer's (and the embeddings') full weights while it computes.
-        parts["gathered"] = 2 * (params / shape.num_hidden_layers + shape.vocab_size * shape.hidden_size)
-    fp32_trained = training.lora is not None or not weights16
-    parts["autocast_copies"] = 2 * trained if mixed and fp32_trained else 0.0
-
+    parts, trained = _model_state(training, shape, shard, wbytes, deepspeed, ddp, views, zero3, mixed, weights16)
     act = 2 if mixed else 4  # bytes of an activation under autocast
-    h, inter, kv = shape.hidden_size, shape.intermediate_size, shape.kv_width
-    batch = training.per_device_train_batch_size
-    tokens = batch * (prompt + completion)
-    layer = tokens * (4 * h + 2 * kv + 4 * inter) * act  # one layer's activations, recomputed in backward
-    if training.gradient_checkpointing:
-        # Saved layer inputs: the residual stream, in the weights' dtype.
-        saved = shape.num_hidden_layers * tokens * h * wbytes
-        recomputed = layer
-    else:
-        saved = shape.num_hidden_layers * (layer + tokens * h * wbytes)
-        recomputed = 0.0
+    saved, recomputed = _activations(training, shape, prompt, completion, wbytes, act)
     parts["activations"] = saved + recomputed
-
-    # The fused head scores the completion tokens only (labels -100 elsewhere).
-    scored = batch * completion
-    tile = min(scored, HEAD_TILE_TOKENS) * min(shape.vocab_size, HEAD_TILE_VOCAB) * act
-    head_forward = tile + scored * h * wbytes  # the tile and the scored hidden states it saves
-    head_backward = (tile + scored * h * 4  # the tile again, the hidden states' fp32 gradient
-                     + (shape.vocab_size * h * 4 if training.lora is None else 0)  # the head's fp32 gradient
-                     + (min(shape.vocab_size, HEAD_TILE_VOCAB) * h * act if wbytes != act else 0))  # a cast slice
+    head_forward, head_backward = _lm_head(training, shape, completion, wbytes, act)
     parts["lm_head"] = max(head_forward, head_backward)
-
-    generating = batch * training.accumulation_steps(world)  # completions a process generates at once
-    share, vllm_needs = 0.0, 0.0
-    if training.vllm is not None and training.vllm.mode == "colocate":
-        share = training.vllm.gpu_memory_utilization
-        parts["generation"] = 0.0
-        vllm_needs = vllm_memory(training, shape, prompt + completion, generating)
-        parts["vllm"] = vllm_needs
-        notes.append(f"vLLM colocated: {share:.0%} of the card, which must hold {vllm_needs / GIB:.1f} GiB")
-    else:
-        cache = 2 * shape.num_hidden_layers * kv * generating * (prompt + completion) * act
-        prefill = generating * prompt * (2 * inter + 4 * h) * act
-        parts["generation"] = cache + prefill
-        notes.append(f"transformers generation of {generating} completions at once")
+    share, vllm_needs = _generation(training, shape, world, prompt, completion, act, parts, notes)
     consistency = consistency_reference(training)
     if consistency:
         parts["consistency_reference"] = consistency
@@ -239,10 +123,79 @@ def estimate(training: TrainingConfig, shape: ModelShape, prompt_tokens: int | N
                           phases=phases)
 
 
+def _model_state(training: TrainingConfig, shape: ModelShape, shard: int, wbytes: int, deepspeed: bool, ddp: bool,
+                 views: bool, zero3: bool, mixed: bool, weights16: bool) -> tuple[dict[str, float], int]:
+    # The weights, the KL reference, gradients, DDP's buckets, the optimizer; and the trained parameters.
+    params = shape.parameters()
+    parts: dict[str, float] = {"policy": params * wbytes / shard}
+    if training.lora is not None:
+        from embodied_r.training.disk import lora_parameters
+
+        trained = lora_parameters(_linear_shapes(shape), training.lora.r, training.lora.target_modules)
+        parts["policy"] += trained * 4  # peft keeps the adapters in fp32
+        gbytes = 4
+    else:
+        trained = params
+        gbytes = 2 if deepspeed and mixed else wbytes
+    parts["reference"] = params * wbytes / shard if training.beta > 0 and training.lora is None else 0.0
+    parts["gradients"] = 0.0 if views else trained * gbytes / shard
+    parts["ddp_buckets"] = trained * gbytes if ddp else 0.0
+    parts["optimizer"] = trained * (8 + (4 if deepspeed and training.lora is None else 0)) / shard
+    if zero3:
+        # ZeRO-3 gathers a layer's (and the embeddings') full weights while it computes.
+        parts["gathered"] = 2 * (params / shape.num_hidden_layers + shape.vocab_size * shape.hidden_size)
+    fp32_trained = training.lora is not None or not weights16
+    parts["autocast_copies"] = 2 * trained if mixed and fp32_trained else 0.0
+    return parts, trained
+
+
+def _activations(training: TrainingConfig, shape: ModelShape, prompt: int, completion: int, wbytes: int,
+                 act: int) -> tuple[float, float]:
+    # (saved through the update, recomputed in the backward) of one micro-batch.
+    h, inter, kv = shape.hidden_size, shape.intermediate_size, shape.kv_width
+    tokens = training.per_device_train_batch_size * (prompt + completion)
+    layer = tokens * (4 * h + 2 * kv + 4 * inter) * act  # one layer's activations, recomputed in backward
+    if training.gradient_checkpointing:
+        # Saved layer inputs: the residual stream, in the weights' dtype.
+        return shape.num_hidden_layers * tokens * h * wbytes, layer
+    return shape.num_hidden_layers * (layer + tokens * h * wbytes), 0.0
+
+
+def _lm_head(training: TrainingConfig, shape: ModelShape, completion: int, wbytes: int, act: int,
+             ) -> tuple[float, float]:
+    # (forward, backward) of TRL's fused head, which scores the completion tokens only.
+    h = shape.hidden_size
+    scored = training.per_device_train_batch_size * completion
+    tile = min(scored, HEAD_TILE_TOKENS) * min(shape.vocab_size, HEAD_TILE_VOCAB) * act
+    head_forward = tile + scored * h * wbytes  # the tile and the scored hidden states it saves
+    head_backward = (tile + scored * h * 4  # the tile again, the hidden states' fp32 gradient
+                     + (shape.vocab_size * h * 4 if training.lora is None else 0)  # the head's fp32 gradient
+                     + (min(shape.vocab_size, HEAD_TILE_VOCAB) * h * act if wbytes != act else 0))  # a cast slice
+    return head_forward, head_backward
+
+
+def _generation(training: TrainingConfig, shape: ModelShape, world: int, prompt: int, completion: int, act: int,
+                parts: dict[str, float], notes: list[str]) -> tuple[float, float]:
+    # Into ``parts`` and ``notes``; returns (vLLM's share of the card, what that share must hold).
+    generating = training.per_device_train_batch_size * training.accumulation_steps(world)  # at once, per process
+    if training.vllm is not None and training.vllm.mode == "colocate":
+        share = training.vllm.gpu_memory_utilization
+        parts["generation"] = 0.0
+        vllm_needs = vllm_memory(training, shape, prompt + completion, generating)
+        parts["vllm"] = vllm_needs
+        notes.append(f"vLLM colocated: {share:.0%} of the card, which must hold {vllm_needs / GIB:.1f} GiB")
+        return share, vllm_needs
+    kv, inter, h = shape.kv_width, shape.intermediate_size, shape.hidden_size
+    cache = 2 * shape.num_hidden_layers * kv * generating * (prompt + completion) * act
+    prefill = generating * prompt * (2 * inter + 4 * h) * act
+    parts["generation"] = cache + prefill
+    notes.append(f"transformers generation of {generating} completions at once")
+    return 0.0, 0.0
+
+
 def vllm_memory(training: TrainingConfig, shape: ModelShape, sequence: int, generating: int) -> float:
-    """Bytes a colocated vLLM engine needs to run every completion of a process's rollout at
-    once: TRL lets it run ``generating`` x tensor-parallel sequences of up to ``max_model_len``
-    tokens (the recipe's ``max_model_length``, else prompt plus completion)."""
+    """Bytes a colocated vLLM needs: TRL lets it run ``generating`` x tensor-parallel sequences
+    of up to ``max_model_len`` tokens at once."""
     assert training.vllm is not None
     tp = training.vllm.tensor_parallel_size
     length = training.vllm.max_model_length or sequence
@@ -256,13 +209,11 @@ def vllm_memory(training: TrainingConfig, shape: ModelShape, sequence: int, gene
 
 
 def vllm_share(est: MemoryEstimate, card_gib: float) -> float:
-    """The ``gpu_memory_utilization`` that holds what vLLM needs on a card of ``card_gib``,
-    rounded up to a step of 0.05."""
+    """The ``gpu_memory_utilization`` that holds what vLLM needs, rounded up to 0.05."""
     return math.ceil(est.vllm_needs / (card_gib * GIB) / 0.05 - 1e-9) * 0.05
 
 
 def verdict(est: MemoryEstimate, card_gib: float) -> tuple[bool, str]:
-    """Whether the estimate fits a card of ``card_gib``, and one line saying why."""
     used = est.on_card(card_gib) / GIB
     largest = ", ".join(f"{name} {value / GIB:.1f}" for name, value in est.largest())
     vllm = f" + vLLM {est.card_share:.0%} ({est.card_share * card_gib:.1f})" if est.card_share else ""
@@ -284,25 +235,16 @@ CARDS: tuple[tuple[str, float], ...] = (
 
 
 def card_needed(est: MemoryEstimate) -> str | None:
-    """The smallest card of ``CARDS`` the estimate fits (vLLM's share taken at what it needs),
-    or None when none does."""
+    """The smallest card the estimate fits, vLLM's share taken at what it needs."""
     for name, gib in CARDS:
-        fitted = est if not est.card_share else _with_share(est, vllm_share(est, gib))
+        fitted = est if not est.card_share else dataclasses.replace(est, card_share=vllm_share(est, gib))
         if verdict(fitted, gib)[0]:
             return name
     return None
 
 
-def _with_share(est: MemoryEstimate, share: float) -> MemoryEstimate:
-    return MemoryEstimate(parts=est.parts, generation_peak=est.generation_peak, update_peak=est.update_peak,
-                          step_peak=est.step_peak, assumptions=est.assumptions, card_share=share,
-                          vllm_needs=est.vllm_needs, phases=est.phases)
-
-
 def launch_refusal(training: TrainingConfig, shape: ModelShape, world: int, card_gib: float,
                    prompt_tokens: int, name: str = "this recipe") -> str | None:
-    """One line refusing a launch of ``world`` processes on cards of ``card_gib`` whose
-    estimate, at prompts of ``prompt_tokens``, does not fit; None when it fits."""
     est = estimate(training, shape, prompt_tokens, gpus=world)
     fits, why = verdict(est, card_gib)
     if fits:
@@ -319,8 +261,8 @@ def launch_refusal(training: TrainingConfig, shape: ModelShape, world: int, card
 
 
 def consistency_reference(training: TrainingConfig) -> float:
-    """Bytes of an in-process consistency reference on a GPU (16-bit, vision tower included),
-    when a stage weighs a reward that asks it and the reference's shape is known; else 0."""
+    """Bytes of an in-process reference on a GPU (16-bit, vision tower included) where a stage
+    weighs a reward that asks it."""
     reference = training.reference
     if (not reference.in_process or reference.device == "cpu" or not reference.model
             or not any(REWARDS[n].asks_reference for s in training.stages for n in s.scored())):
@@ -330,7 +272,6 @@ def consistency_reference(training: TrainingConfig) -> float:
 
 
 def _linear_shapes(shape: ModelShape) -> dict[str, list[int]]:
-    """Weight shapes of one model of ``shape`` by module name, for ``lora_parameters``."""
     h, kv, inter = shape.hidden_size, shape.kv_width, shape.intermediate_size
     per_layer = {"self_attn.q_proj": [h, h], "self_attn.k_proj": [kv, h], "self_attn.v_proj": [kv, h],
                  "self_attn.o_proj": [h, h], "mlp.gate_proj": [inter, h], "mlp.up_proj": [inter, h],
@@ -346,7 +287,6 @@ PARTS = ("policy", "reference", "gradients", "ddp_buckets", "optimizer", "autoca
 
 
 def describe(est: MemoryEstimate) -> str:
-    """One line: the peak, and its parts, in GiB."""
     g = est.gib()
     parts = ", ".join(f"{name} {g[name]:.1f}" for name in PARTS if g.get(name))
     extra = f" + {est.card_share:.0%} of the card (vLLM)" if est.card_share else ""

@@ -1,15 +1,7 @@
-"""The policy as the trainer loads it: a causal LM folder, and its tokenizer.
-
-The paper's policy is Qwen2.5-VL-3B-Instruct trained on text only (the video reaches it as
-text). TRL would load the whole vision-language class and its processor, whose video half
-needs torchvision; and the vision tower would be carried through every step, optimizer
-state and checkpoint (0.67 B of 3.75 B parameters) without ever seeing an input. So a
-Qwen2.5-VL policy is first reduced to its language model: the same weights and tokenizer in
-a ``Qwen2ForCausalLM`` folder. On text, Qwen2.5-VL's multimodal rotary positions give every
-section the same position, which is plain rotary embedding: the extracted model computes
-the same logits (``tests/test_policy.py`` checks it on the tiny VLM). The trained model is
-then a text model, which is what the reasoner is.
-"""
+"""The policy as the trainer loads it: a causal LM folder, and its tokenizer. A Qwen2.5-VL
+policy is reduced to its language model (same weights and tokenizer, ``Qwen2ForCausalLM``):
+its vision tower would never see an input yet cost every step, optimizer state and checkpoint,
+and on text its multimodal rotary positions are plain rotary embedding (same logits)."""
 
 from __future__ import annotations
 
@@ -43,8 +35,6 @@ def model_type(path: Path) -> str | None:
 
 
 def _local(ref: str, weights: bool = False) -> Path | None:
-    """A local folder for ``ref``: itself, a built tiny model, or the hub snapshot of its
-    config and tokenizer files (and its weights when asked)."""
     resolved = Path(resolve_model(ref)).expanduser()
     if resolved.exists():
         return resolved
@@ -59,8 +49,6 @@ def _local(ref: str, weights: bool = False) -> Path | None:
 
 
 def text_config(src: Path) -> Any:
-    """The ``Qwen2Config`` of a Qwen2.5-VL folder's language model: its text settings, with
-    the multimodal rotary sections dropped (plain rotary embedding on text)."""
     from transformers import AutoConfig, Qwen2Config
 
     full = AutoConfig.from_pretrained(str(src))
@@ -86,9 +74,7 @@ def _rename(key: str) -> str | None:
 
 
 def extract_language_model(src: Path, dest: Path) -> Path:
-    """Write ``src``'s (a Qwen2.5-VL folder) language model to ``dest`` as a causal LM
-    folder: weights shard by shard (never the whole model in memory), config, tokenizer
-    with its chat template, generation config."""
+    """Shard by shard: never the whole model in memory."""
     from safetensors import safe_open
     from safetensors.torch import save_file
 
@@ -130,9 +116,8 @@ def _fingerprint(src: Path) -> str:
 
 
 def training_model(ref: str) -> str:
-    """What the trainer loads for policy ``ref``: a Qwen2.5-VL model's language model,
-    extracted once under ``$EMBODIED_R_HOME/models``; any other reference unchanged (a
-    ``tiny:*`` one built)."""
+    """What the trainer loads: a Qwen2.5-VL model's language model, extracted once under
+    ``$EMBODIED_R_HOME/models``; any other reference as it is (``tiny:*`` built)."""
     resolved = resolve_model(ref)
     if Path(resolved).expanduser().exists():
         src: Path | None = Path(resolved).expanduser()
@@ -151,10 +136,17 @@ def training_model(ref: str) -> str:
     return str(extract_language_model(src, dest))
 
 
+def prompt_ids(tok: Any, prompt: list[dict[str, Any]] | str) -> list[int]:
+    """A prompt's token ids as the trainer sees it: cut (chat-templated text) as it is, a
+    conversation through the chat template with the generation prompt."""
+    if isinstance(prompt, str):
+        return tok(prompt, add_special_tokens=False)["input_ids"]
+    ids = tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
+    return ids["input_ids"] if hasattr(ids, "keys") else ids  # a BatchEncoding in recent transformers
+
+
 def load_tokenizer(ref: str) -> Any:
-    """The tokenizer of a model reference, with its chat template: a Qwen2.5-VL folder may
-    keep the template beside the processor (``chat_template.json`` or ``.jinja``) rather
-    than in the tokenizer's own config."""
+    # A Qwen2.5-VL folder may keep the chat template beside the processor, not in the tokenizer.
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(resolve_model(ref))

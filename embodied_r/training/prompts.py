@@ -1,13 +1,10 @@
-"""The policy's prompt texts: the system prompt, the user turn's template and the
-answer-format instructions. The convert stage (``records``) fills them in; the demo's tiny
-reasoner (``embodied_r.demo.tiny_reasoner``) keeps each fixed text as one token.
-"""
+"""The policy's prompt texts, which the convert stage fills in: the system prompt, the user
+turn's template and the answer-format instructions (the demo's tiny reasoner keeps each fixed
+text as one token)."""
 
-# This project's wording of the paper's three texts (the system prompt, the video preamble,
-# the user turn). The official texts are never shipped: `embodied-r prompts import-official`
-# reads them from the user's own clone, and a recipe's `prompts.file` puts them in place of
-# these (docs/fidelity.md, "prompts.source"). What is kept of the official shape: the four tags, and the "User: . Assistant:" tail the official evaluation script leaves at
-# the end of its system prompt (`reasoner.system_tail` in docs/fidelity.md).
+# This project's wording of the paper's texts; the official ones are never shipped (`embodied-r
+# prompts import-official` reads them from the user's clone). Kept of the official shape: the
+# four tags and the "User: . Assistant:" tail of its system prompt (docs/fidelity.md).
 DEFAULT_SYSTEM = (
     "The User asks a question and the Assistant answers it. The Assistant reasons about the "
     "question first and answers after: the reasoning goes inside <think> </think> and the answer "
@@ -29,8 +26,7 @@ DEFAULT_TEMPLATE = (
     "{instruction}"
 )
 
-# This project's answer-format instructions. The official user turn has none; the paper
-# recipes set both to "" (then the user turn ends with the question and its options).
+# The official user turn has none: the paper recipes set both to "".
 DEFAULT_CHOICE_INSTRUCTION = (
     "Think about the question inside <think> </think>, then give only the letter of the "
     "one correct option inside <answer> </answer>."

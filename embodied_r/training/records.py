@@ -1,11 +1,7 @@
-"""GRPO records: the reasoning prompt built from the perception text of each question.
-
-One record per catalog question that has a perception text. The user turn holds the
-video as text (frame-by-frame observations), the question and its options, and, when the
-recipe asks for one, an answer-format instruction (the official user turn has none: the
-format is asked for only in the system prompt); ``question`` holds the question and
-options alone, for the consistency reference, which must not see the video text.
-"""
+"""The convert stage: one GRPO record per catalog question with a perception text. The user
+turn holds the video as text, the question with its options and an optional answer-format
+instruction; ``question`` holds the question alone, for the consistency reference, which must
+not see the video text."""
 
 from __future__ import annotations
 
@@ -27,9 +23,9 @@ from embodied_r.scoring.answers import parse_choice, parse_number
 # ``ood``: the evaluation-only benchmarks' questions, which no training stage reads.
 SPLITS = ALL_SPLITS
 
+
 def question_with_options(question: str, options: list[str] | None,
                           template: str = RecordsConfig.model_fields["question_template"].default) -> str:
-    """The question followed by its option lines ("A. ..."), in ``template``'s layout."""
     question = (question or "").strip()
     if not options:
         return question
@@ -37,7 +33,6 @@ def question_with_options(question: str, options: list[str] | None,
 
 
 def solution_problem(row: dict[str, Any]) -> str | None:
-    """Why a catalog row's answer cannot be scored, or None when it can."""
     answer = str(row.get("answer") or "").strip()
     kind = row.get("answer_type")
     options = list(row.get("options") or [])
@@ -53,7 +48,6 @@ def solution_problem(row: dict[str, Any]) -> str | None:
 
 
 def build_record(row: dict[str, Any], video_text: str, cfg: RecordsConfig) -> dict[str, Any]:
-    """One GRPO record (schema ``RECORDS``) from a catalog row and its perception text."""
     options = [str(o) for o in (row.get("options") or [])]
     question = question_with_options(row["question"], options, cfg.question_template)
     instruction = cfg.number_instruction if row["answer_type"] == "number" else cfg.choice_instruction
@@ -79,23 +73,14 @@ def build_record(row: dict[str, Any], video_text: str, cfg: RecordsConfig) -> di
 
 
 def conversation(record: dict[str, Any]) -> list[dict[str, str]]:
-    """The policy's prompt for a record: the system turn and the user turn."""
     return [{"role": "system", "content": record["system"]}, {"role": "user", "content": record["prompt"]}]
 
 
 def prompt_lengths(records: list[dict[str, Any]], tokenizer: str) -> list[int]:
-    """Tokens of each record's chat-formatted prompt, generation prompt included, as the
-    trainer tokenizes it."""
-    from embodied_r.training.policy import load_tokenizer
+    from embodied_r.training.policy import load_tokenizer, prompt_ids
 
     tok = load_tokenizer(tokenizer)
-    lengths = []
-    for record in records:
-        ids = tok.apply_chat_template(conversation(record), add_generation_prompt=True, tokenize=True)
-        if hasattr(ids, "keys"):  # a BatchEncoding in recent transformers
-            ids = ids["input_ids"]
-        lengths.append(len(ids))
-    return lengths
+    return [len(prompt_ids(tok, conversation(record))) for record in records]
 
 
 def _table_path(path: Path, default_name: str) -> Path:
@@ -104,25 +89,40 @@ def _table_path(path: Path, default_name: str) -> Path:
 
 
 def run_records(catalog: Path, perception: Path, out: Path, cfg: RecordsConfig) -> dict[str, Any]:
-    """Write ``train/val/test/ood.parquet`` (schema ``RECORDS``) into ``out``; return the summary.
-
-    ``catalog`` is the catalog Parquet file or the folder holding ``catalog.parquet``;
-    ``perception`` the perception stage folder (``perception.parquet``) or the file.
-    Questions without a usable perception text or with an unscorable answer are left out
-    and listed in ``failures.parquet`` with their reason.
-    """
+    """``train/val/test/ood.parquet`` into ``out``; a question without a usable perception text
+    or with an unscorable answer goes to ``failures.parquet``. ``catalog`` and ``perception``
+    are the stage folders or their tables."""
     out = Path(out)
     if is_complete(out):
         return read_summary(out)
     catalog_file = _table_path(catalog, "catalog.parquet")
     perception_file = _table_path(perception, "perception.parquet")
+    _check_inputs(catalog_file, perception_file, cfg)
+    started = time.monotonic()
+    rows = pq.read_table(catalog_file).to_pylist()
+    texts = {str(p["uid"]): p["video_text"] or ""
+             for p in pq.read_table(perception_file, columns=["uid", "video_text"]).to_pylist()}
+    records, failures = _sort_rows(rows, texts, cfg)
+    lengths = measure_prompts(records, failures, cfg)
+    with stage_folder(out) as work:
+        for split in SPLITS:
+            write_parquet_atomic(table_from_records(records[split], schemas.RECORDS), work / f"{split}.parquet")
+            item_done("convert")  # items, for a test's kill at a known point: the files written
+        write_parquet_atomic(table_from_records(failures, schemas.RECORD_FAILURES), work / "failures.parquet")
+        item_done("convert")
+        summary = {**_counts(rows, records, failures), **lengths, "seconds": round(time.monotonic() - started, 3)}
+        write_summary(work, summary)
+    return summary
+
+
+def _check_inputs(catalog_file: Path, perception_file: Path, cfg: RecordsConfig) -> None:
     for name, path, fix in (
         ("catalog", catalog_file, "run the preprocess stage first"),
         ("perception", perception_file, "run the perception stage first"),
     ):
         if not path.is_file():
             raise FileNotFoundError(f"records: {name} table {path} does not exist ({fix})")
-    # Built before any work so a broken template fails at once, not per item.
+    # Before any work, so a broken template fails at once, not per item.
     try:
         cfg.template.format(preamble="", video_text="", question="", instruction="")
     except (KeyError, IndexError) as exc:
@@ -131,68 +131,57 @@ def run_records(catalog: Path, perception: Path, out: Path, cfg: RecordsConfig) 
             "{question}, {instruction}"
         ) from exc
 
-    started = time.monotonic()
-    rows = pq.read_table(catalog_file).to_pylist()
-    texts: dict[str, str] = {}
-    for p in pq.read_table(perception_file, columns=["uid", "video_text"]).to_pylist():
-        texts[str(p["uid"])] = p["video_text"] or ""
 
-    # A pure, in-memory pass over the catalog: it takes a second, so it is redone whole
-    # after a crash rather than logged item by item.
+def _failure_reason(row: dict[str, Any], texts: dict[str, str]) -> str | None:
+    uid = str(row["uid"])
+    if uid not in texts:
+        return "no_perception"
+    if not texts[uid].strip():
+        return "empty_video_text"
+    if row.get("split") not in SPLITS:
+        return "unknown_split"
+    if evaluation_only(str(row.get("benchmark"))) != (row.get("split") == OOD):
+        # A catalog made elsewhere must not slip a held-out question into training.
+        return "split_against_benchmark_role"
+    return solution_problem(row)
+
+
+def _sort_rows(rows: list[dict[str, Any]], texts: dict[str, str], cfg: RecordsConfig,
+               ) -> tuple[dict[str, list[dict[str, Any]]], list[dict[str, Any]]]:
+    # A pure, in-memory pass of about a second: redone whole after a crash, not logged per item.
     records: dict[str, list[dict[str, Any]]] = {s: [] for s in SPLITS}
-    failures: list[dict[str, str]] = []
+    failures: list[dict[str, Any]] = []
     for row in rows:
-        uid = str(row["uid"])
-        if uid not in texts:
-            reason = "no_perception"
-        elif not texts[uid].strip():
-            reason = "empty_video_text"
-        elif row.get("split") not in SPLITS:
-            reason = "unknown_split"
-        elif evaluation_only(str(row.get("benchmark"))) != (row.get("split") == OOD):
-            # A catalog made elsewhere must not slip a held-out question into training.
-            reason = "split_against_benchmark_role"
-        else:
-            reason = solution_problem(row)
+        reason = _failure_reason(row, texts)
         if reason is not None:
-            failures.append({"stage": "records", "item": uid, "reason": reason})
+            failures.append({"stage": "records", "item": str(row["uid"]), "reason": reason})
             continue
-        records[row["split"]].append(build_record(row, texts[uid], cfg))
+        records[row["split"]].append(build_record(row, texts[str(row["uid"])], cfg))
+    return records, failures
 
-    lengths = measure_prompts(records, failures, cfg)
 
-    with stage_folder(out) as work:
-        for split in SPLITS:
-            write_parquet_atomic(table_from_records(records[split], schemas.RECORDS), work / f"{split}.parquet")
-            item_done("convert")  # items, for a test's kill at a known point: the files written
-        write_parquet_atomic(table_from_records(failures, schemas.RECORD_FAILURES), work / "failures.parquet")
-        item_done("convert")
-        done = sum(len(v) for v in records.values())
-        all_records = [r for v in records.values() for r in v]
-        summary: dict[str, Any] = {
-            "items": len(rows),
-            "done": done,
-            "failed": len(failures),
-            "failure_reasons": dict(Counter(f["reason"] for f in failures)),
-            "records_train": len(records["train"]),
-            "records_val": len(records["val"]),
-            "records_test": len(records["test"]),
-            "records_ood": len(records[OOD]),
-            "categories": dict(Counter(r["category"] for r in all_records)),
-            "prompt_chars_mean": (sum(len(r["prompt"]) for r in all_records) / done) if done else 0.0,
-            **lengths,
-            "seconds": round(time.monotonic() - started, 3),
-        }
-        write_summary(work, summary)
-    return summary
+def _counts(rows: list[dict[str, Any]], records: dict[str, list[dict[str, Any]]],
+            failures: list[dict[str, Any]]) -> dict[str, Any]:
+    done = sum(len(v) for v in records.values())
+    all_records = [r for v in records.values() for r in v]
+    return {
+        "items": len(rows),
+        "done": done,
+        "failed": len(failures),
+        "failure_reasons": dict(Counter(f["reason"] for f in failures)),
+        "records_train": len(records["train"]),
+        "records_val": len(records["val"]),
+        "records_test": len(records["test"]),
+        "records_ood": len(records[OOD]),
+        "categories": dict(Counter(r["category"] for r in all_records)),
+        "prompt_chars_mean": (sum(len(r["prompt"]) for r in all_records) / done) if done else 0.0,
+    }
 
 
 def measure_prompts(records: dict[str, list[dict[str, Any]]], failures: list[dict[str, Any]],
                     cfg: RecordsConfig) -> dict[str, Any]:
-    """Measure every prompt with ``cfg.tokenizer``; move the training records over
-    ``cfg.max_prompt_tokens`` to ``failures`` (in place). Validation and test records stay:
-    evaluation reports its own failures, and dropping the longest questions would flatter
-    its accuracy; how many of them are over the limit is reported. Returns summary fields."""
+    """Summary fields; training records over ``cfg.max_prompt_tokens`` move to ``failures`` (in
+    place). The others stay: dropping the longest questions would flatter evaluation's accuracy."""
     if cfg.tokenizer is None:
         return {}
     limit = cfg.max_prompt_tokens
@@ -218,6 +207,5 @@ def measure_prompts(records: dict[str, list[dict[str, Any]]], failures: list[dic
 
 def run_stage(out: Path, config: dict[str, Any], inputs: dict[str, str],
               mlflow_run_id: str | None = None) -> dict[str, Any]:
-    """The pipeline's entry point: GRPO records from the catalog and the perception text."""
     return run_records(Path(inputs["catalog"]), Path(inputs["perception"]), out,
                        RecordsConfig.model_validate(config))

@@ -17,30 +17,23 @@ class RecordsConfig(BaseModel):
     video_preamble: str = DEFAULT_VIDEO_PREAMBLE
     # Fields: {preamble}, {video_text}, {question} (question with options), {instruction}.
     template: str = DEFAULT_TEMPLATE
-    # Appended to the user turn; "" adds nothing (the official user turn).
-    # The question and its option lines ({question}, {options}), in the user turn and for
-    # the consistency reference.
+    # {question}, {options}: in the user turn and for the consistency reference.
     question_template: str = "{question}\nOptions:\n{options}"
-    # Which texts these are: "paraphrase" (this project's), or "official@<commit>" when the
-    # recipe's prompts file set them.
+    # "paraphrase" (this project's), or "official@<commit>" when the recipe's prompts file set them.
     prompts: str = "paraphrase"
+    # Appended to the user turn; "" adds nothing (the official user turn).
     choice_instruction: str = DEFAULT_CHOICE_INSTRUCTION
     number_instruction: str = DEFAULT_NUMBER_INSTRUCTION
-    # Every prompt is measured in tokens of this tokenizer: the policy's, which the pipeline
-    # fills in from training.policy. None: prompts are not measured.
+    # The policy's, filled in by the pipeline; None: prompts are not measured.
     tokenizer: str | None = None
-    # Training records whose chat-formatted prompt is longer go to failures.parquet
-    # (reason prompt_too_long, with the length): a colocated vLLM step fails on a prompt
-    # longer than its max_model_length less max_completion_length, which the pipeline
-    # fills in from training.vllm. None: no limit.
+    # Longer training prompts go to failures.parquet (prompt_too_long): a colocated vLLM step
+    # fails on them. Filled in from training.vllm; None: no limit.
     max_prompt_tokens: int | None = Field(None, ge=1)
 
 
 def prompt_token_limit(training: Any) -> int | None:
-    """The longest prompt a training config's rollouts take: vLLM's ``max_model_length``
-    less ``max_completion_length`` (prompt and completion share vLLM's context); None
-    without vLLM rollouts or a set length, or when the trainer's own ``max_prompt_length``
-    already cuts every prompt to fit."""
+    """vLLM's ``max_model_length`` less ``max_completion_length`` (they share its context); None
+    without one, or when the trainer's ``max_prompt_length`` already cuts every prompt to fit."""
     vllm = getattr(training, "vllm", None)
     if vllm is None or vllm.max_model_length is None:
         return None
@@ -50,14 +43,11 @@ def prompt_token_limit(training: Any) -> int | None:
                          f"beside max_completion_length {training.max_completion_length}")
     cut = getattr(training, "max_prompt_length", None)
     if cut is not None and cut <= limit:
-        # The trainer cuts every prompt to max_prompt_length (from the left, as ms-swift
-        # did), so every record fits the rollouts: none is dropped here.
         return None
     return limit
 
 
 def for_policy(cfg: RecordsConfig, training: Any) -> RecordsConfig:
-    """``cfg`` with the policy's tokenizer and prompt limit filled in where it leaves them."""
     updates: dict[str, Any] = {}
     if cfg.tokenizer is None:
         updates["tokenizer"] = training.policy

@@ -1,18 +1,7 @@
-"""The SFT baseline: supervised fine-tuning on the same GRPO records, evaluated the same way.
-
-The paper sets RL against SFT (Table 1, "SFT Qwen2.5-VL-3B/7B"). Its SFT models learn the
-ground-truth answers of the training questions; the benchmarks hold no reasoning, so
-there is none to imitate. Here the reasoner LM learns, from the same prompt the policy
-sees (system + user turn with the video as text), the target
-``<think>{think}</think><answer>{solution}</answer>``: the answer supervised, wrapped in
-the output format so evaluation reads it as it reads the policy's, and a fixed neutral
-``think`` line that does not give the answer away (so the consistency measure is not
-handed a free pass).
-
-``run_sft`` follows the stage convention and trains in the SFT child both pipelines share
-(``sft_run.sft_in_child``, Embodied-Reasoner's too) on this module's examples (``record_examples``, the
-child's hook). ``embodied_r.lifecycle.sft_baseline`` trains it on a recipe's records and evaluates it.
-"""
+"""The SFT baseline on the GRPO records (the paper's Table 1 sets RL against SFT): from the
+policy's own prompt, the target ``<think>{think}</think><answer>{solution}</answer>``, the
+answer supervised in the output format and a fixed neutral ``think`` that does not give it away
+(the benchmarks hold no reasoning to imitate). Trained in the SFT child both pipelines share."""
 
 from __future__ import annotations
 
@@ -33,22 +22,20 @@ from embodied_r.training.stage import check_inputs, local_model
 
 
 def sft_target(record: dict[str, Any], think: str = DEFAULT_THINK) -> str:
-    """The completion SFT teaches for one record."""
     return f"<think>{think}</think><answer>{record['solution']}</answer>"
 
 
 def sft_examples(records: list[dict[str, Any]], think: str) -> list[dict[str, Any]]:
-    """Conversational prompt/completion pairs: the record's prompt, and its own ``target``
-    when it has one (the warm start's traces), else the fixed-think target."""
+    """Prompt/completion pairs: a record's own ``target`` (the warm start's traces), else the
+    fixed-think one."""
     return [{"uid": r["uid"], "prompt": conversation(r),
              "completion": [{"role": "assistant", "content": r.get("target") or sft_target(r, think)}]}
             for r in records]
 
 
 def cut_prompts(examples: list[dict[str, Any]], tokenizer: Any, max_prompt_length: int) -> list[dict[str, Any]]:
-    """Prompts cut to their last ``max_prompt_length`` tokens, as the GRPO stages and evaluation
-    cut them (``backends.truncation``). A cut prompt is chat-templated text, so every example
-    becomes text: its completion too, closed by the end-of-turn token TRL appends."""
+    """Prompts cut to their last ``max_prompt_length`` tokens, as GRPO and evaluation cut them.
+    A cut prompt is chat-templated text, so every completion becomes text too."""
     from embodied_r.backends.truncation import limit_prompts
 
     cut = [dict(e) for e in examples]  # limit_prompts rewrites rows in place
@@ -59,8 +46,7 @@ def cut_prompts(examples: list[dict[str, Any]], tokenizer: Any, max_prompt_lengt
 
 def split_by_length(examples: list[dict[str, Any]], tokenizer: Any, max_length: int
                     ) -> tuple[list[dict[str, Any]], list[str]]:
-    """Examples whose chat-formatted prompt and completion fit ``max_length`` tokens, and
-    the uids of those that do not."""
+    """The examples that fit ``max_length`` tokens, and the uids of those that do not."""
     kept, too_long = [], []
     for example in examples:
         if isinstance(example["prompt"], str):  # cut prompts: templated text
@@ -77,8 +63,7 @@ def split_by_length(examples: list[dict[str, Any]], tokenizer: Any, max_length: 
 
 
 def record_examples(spec: dict[str, Any]) -> SFTData:
-    """The SFT child's hook for Embodied-R: the records as prompt/completion conversations,
-    loss on the completion only."""
+    """The SFT child's hook for Embodied-R: loss on the completion only."""
     from datasets import Dataset
     from transformers import AutoTokenizer
 
@@ -97,16 +82,8 @@ def record_examples(spec: dict[str, Any]) -> SFTData:
 def run_sft(records: Path, init_model: str, out: Path, cfg: SFTConfig,
             mlflow_run_id: str | None = None, tracking_uri: str | None = None,
             traces: list[dict[str, Any]] | None = None, stage: str = "sft") -> dict[str, Any]:
-    """Fine-tune ``init_model`` on ``records/train.parquet`` into ``out/model``.
-
-    With ``traces`` (records with a ``target`` column, e.g. the warm start's reasoning
-    traces) it trains on those instead; they are kept in ``out/traces/train.parquet``.
-
-    Writes ``out/model/`` (full weights and tokenizer, LoRA merged in), ``train.log``,
-    ``failures.parquet`` (records too long for ``max_length``) and ``summary.json``. A
-    finished run is not redone; a crashed one resumes from its last checkpoint. ``stage``
-    names the trainer's step lines on the terminal.
-    """
+    """Fine-tune ``init_model`` on ``records/train.parquet``, or on ``traces`` (records with a
+    ``target``, kept in ``out/traces``), into ``out/model``; ``stage`` names the step lines."""
     out = Path(out)
     if is_complete(out):
         return read_summary(out)

@@ -1,15 +1,7 @@
-"""The trainer process of every SFT run: ``python -m embodied_r.training.sft_child SPEC``.
-
-Both pipelines start it (``training.sft.sft_in_child``): Embodied-R's warm start and SFT baseline,
-Embodied-Reasoner's three SFT stages. Here alone the trainer is set up: TRL's SFTConfig from the
-stage's ``SFTSettings``, LoRA, the resume from the last whole checkpoint, step lines and MLflow
-figures, the saved model and the result. What a pipeline trains on comes from a hook the spec names
-(``SPEC["examples"]``, ``module:function``), which validates the stage's settings and returns an
-``SFTData``: Embodied-R's ``training.sft.record_examples`` (prompt/completion conversations, loss on the
-completion), Embodied-Reasoner's ``interactive.sft_data.conversations`` (multi-image conversations,
-loss on assistant turns, in stage 3 none before the first ``<|feedback|>``), named by its stage
-runner, never imported here. Writes ``model/``, ``history.json`` and ``train_result.json``.
-"""
+"""The trainer process of every SFT run (``python -m embodied_r.training.sft_child SPEC``), in
+both pipelines. What it trains on comes from the hook ``SPEC["examples"]`` names
+(``module:function``), which validates the stage's settings and returns an ``SFTData``; writes
+``model/``, ``history.json`` and ``train_result.json``."""
 
 from __future__ import annotations
 
@@ -35,8 +27,6 @@ log = logging.getLogger("embodied_r.training.sft_child")
 
 @dataclass
 class SFTData:
-    """One pipeline's part of an SFT run: its settings and examples, and what its examples need."""
-
     cfg: SFTSettings
     dataset: Any  # a datasets.Dataset of the examples that fit max_length
     processing_class: Any  # the tokenizer, saved beside the model
@@ -78,7 +68,7 @@ def main(spec_path: str) -> int:
         raise ValueError(f"no example fits max_length={cfg.max_length} tokens; raise the stage's max_length")
     stage = spec.get("stage", "sft")
     args = sft_args(cfg, work, [], data.dataset_args, stage)
-    # Our step callback logs into the stage's run; TRL's own would rename it and log flat names.
+    # TRL's own reporting would rename the stage's run and log flat names.
     steps = sft_step_callback(stage, os.environ.get("MLFLOW_RUN_ID"), os.environ.get("MLFLOW_TRACKING_URI"))
     resume, start_step = last_checkpoint(work)
     # A resumed model is built from the checkpoint: from_pretrained maps a VL model's saved key

@@ -1,7 +1,5 @@
-"""The SFT run both pipelines share, on the parent's side: the disk check before it starts and
-the trainer child it runs (``sft_in_child``, ``python -m embodied_r.training.sft_child``).
-Embodied-R's warm start and SFT baseline (``training.sft``) and Embodied-Reasoner's three SFT
-stages (``interactive.stages``) call it; it imports nothing of either pipeline's own."""
+"""The SFT run both pipelines share, on the parent's side: the disk check and the trainer
+child. It imports nothing of either pipeline's own."""
 
 from __future__ import annotations
 
@@ -18,7 +16,6 @@ from embodied_r.training.sft_settings import SFTSettings
 
 
 def check_sft_disk(out: Path, init_model: str, cfg: SFTSettings, examples: int, what: str) -> None:
-    """Fail before ``what`` starts when its checkpoints would not fit beside ``out``."""
     per_step = world_size(cfg) * cfg.per_device_train_batch_size * cfg.gradient_accumulation_steps
     check_disk(out, init_model, cfg, planned_steps(examples, cfg.epochs, per_step, cfg.max_steps), what,
                existing_checkpoints(out))
@@ -26,10 +23,8 @@ def check_sft_disk(out: Path, init_model: str, cfg: SFTSettings, examples: int, 
 
 def sft_in_child(work: Path, spec: dict[str, Any], cfg: SFTSettings, stage: str, what: str,
                  mlflow_run_id: str | None = None, uri: str | None = None) -> dict[str, Any]:
-    """Train in the SFT child on ``spec`` (its hook, model and settings) in the stage's ``work``
-    folder, resuming from the checkpoints an interrupted attempt left there. Returns the child's
-    result with the stage's counts: the examples left out as too long are its failures
-    (``failures.parquet``). The checkpoints go once the model is saved, unless kept."""
+    """The child's result with the stage's counts: examples left out as too long are its
+    failures. The checkpoints go once the model is saved, unless kept."""
     spec = {**spec, "work": str(work.resolve()), "stage": stage}  # the stage names the step lines
     result = run_child("embodied_r.training.sft_child", spec, work, cfg, mlflow_run_id, what, uri=uri)
     if not cfg.keep_checkpoints:

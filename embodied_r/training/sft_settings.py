@@ -1,5 +1,5 @@
-"""What changes the result of an SFT run in either pipeline (``SFTSettings``): each pipeline's
-config derives from it with its own defaults, and the SFT child hands all of it to TRL."""
+"""What changes the result of an SFT run in either pipeline: each pipeline's config derives
+from ``SFTSettings`` with its own defaults, and the SFT child hands all of it to TRL."""
 
 from __future__ import annotations
 
@@ -15,10 +15,8 @@ TRL_SFT_NAMES = {"epochs": "num_train_epochs", "warmup_ratio": "warmup_steps"}
 
 
 class SFTSettings(TrainerEnvironment):
-    """What changes the result of an SFT run in either pipeline (Embodied-R's warm start and
-    baseline, Embodied-Reasoner's three stages), each with its own defaults; all of it reaches
-    TRL's SFTConfig (``trainer_settings``), none is left to a library default. The defaults are
-    the Embodied-Reasoner paper's, with the optimizer's as its trainer (transformers') kept them."""
+    """None is left to a library default. The defaults are the Embodied-Reasoner paper's, the
+    optimizer's as its trainer (transformers') kept them."""
 
     learning_rate: float = Field(1e-5, gt=0)
     epochs: float = Field(1.0, gt=0)

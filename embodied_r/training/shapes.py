@@ -1,6 +1,5 @@
-"""A policy's shape (vocabulary, width, depth, heads), the one input of the memory estimate
-(``training.memory``) that comes from the model: read from its ``config.json`` where there
-is one, else from the shapes of the models the recipes name."""
+"""A policy's shape, the one input of the memory estimate that comes from the model: from its
+``config.json`` where there is one, else from the shapes of the models the recipes name."""
 
 from __future__ import annotations
 
@@ -12,9 +11,8 @@ from typing import Any
 
 @dataclass(frozen=True)
 class ModelShape:
-    """A decoder's shape (Qwen2 layout: biased q/k/v, gated MLP); ``vision_parameters``: a VL
-    model's vision tower, which the policy drops (``training.policy``) and an in-process
-    reference loads."""
+    """Qwen2 layout (biased q/k/v, gated MLP); ``vision_parameters``: a VL model's vision
+    tower, which the policy drops and an in-process reference loads."""
 
     vocab_size: int
     hidden_size: int
@@ -34,7 +32,6 @@ class ModelShape:
         return self.num_key_value_heads * self.head_dim
 
     def parameters(self) -> int:
-        """The language model's parameters."""
         h, kv = self.hidden_size, self.kv_width
         attention = h * h + h + 2 * (h * kv + kv) + h * h
         layer = attention + 3 * h * self.intermediate_size + 2 * h
@@ -42,14 +39,12 @@ class ModelShape:
         return self.num_hidden_layers * layer + embeddings + h
 
     def config_kwargs(self) -> dict[str, Any]:
-        """``Qwen2Config`` keywords for a random-weight model of this shape."""
         data = asdict(self)
         data.pop("vision_parameters")
         return data
 
 
-# The shapes of the policies the shipped recipes name, for when neither their weights nor
-# their config are on this machine (from each model's published config.json).
+# The shipped recipes' policies, from their published config.json, for when it is not here.
 KNOWN_SHAPES: dict[str, ModelShape] = {
     "Qwen/Qwen2.5-VL-3B-Instruct": ModelShape(151936, 2048, 36, 16, 2, 11008, True, vision_parameters=668_000_000),
     "Qwen/Qwen2.5-0.5B-Instruct": ModelShape(151936, 896, 24, 14, 2, 4864, True),
@@ -57,7 +52,6 @@ KNOWN_SHAPES: dict[str, ModelShape] = {
 
 
 def shape_from_config(data: dict[str, Any]) -> ModelShape:
-    """The language model's shape from a ``config.json`` (a VL one's ``text_config`` first)."""
     text = {**data, **(data.get("text_config") or {})}
     names = [f for f in ModelShape.__dataclass_fields__ if f != "vision_parameters"]
     missing = [n for n in names if n != "tie_word_embeddings" and text.get(n) is None]
@@ -69,8 +63,7 @@ def shape_from_config(data: dict[str, Any]) -> ModelShape:
 
 
 def shape_of(model: str) -> ModelShape | None:
-    """The shape of a model reference: its local ``config.json``, else the hub cache's (never
-    downloaded), else ``KNOWN_SHAPES``; None when none of them has it."""
+    """From a local ``config.json``, else the hub cache's (never downloaded), else ``KNOWN_SHAPES``."""
     folder = Path(model).expanduser()
     config = folder / "config.json" if folder.is_dir() else None
     if config is None:

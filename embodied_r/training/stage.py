@@ -1,8 +1,5 @@
-"""The GRPO training stage: the parent side that launches one stage's trainer.
-
-The child (``python -m embodied_r.training.grpo SPEC``) resumes from the last checkpoint in
-the stage's partial folder, so a killed stage picks up where it stopped.
-"""
+"""The GRPO training stage's parent side: it launches one stage's trainer child, which resumes
+from the last checkpoint in the stage's partial folder."""
 
 from __future__ import annotations
 
@@ -22,9 +19,8 @@ from embodied_r.training.checkpoints import existing_checkpoints
 from embodied_r.training.environment import CHECKPOINTS, run_child
 
 def schedule_position(init_model: str) -> tuple[int, int]:
-    """(global step offset, stage index) of a stage that starts from ``init_model``: when that
-    is an earlier stage's ``model/``, this stage continues its step count, so stages 1 -> 3
-    draw one curve in MLflow."""
+    """(global step offset, stage index): a stage from an earlier stage's ``model/`` continues its
+    step count, so stages 1 -> 3 draw one curve in MLflow."""
     summary_file = Path(init_model).expanduser().parent / "summary.json"
     if Path(init_model).expanduser().name != "model" or not summary_file.is_file():
         return 0, 1
@@ -37,8 +33,6 @@ def schedule_position(init_model: str) -> tuple[int, int]:
 
 def chain_spec(records: Path, init_model: str, stage: GRPOStageConfig, cfg: TrainingConfig,
                chain: list[GRPOStageConfig] | None) -> dict[str, Any]:
-    """Under ``stage_chain: resume``: the previous stage's state, the chain's initial model and
-    the steps of the one schedule over every stage of ``chain`` (None: this stage alone)."""
     if cfg.stage_chain != "resume":
         return {}
     state, initial = chain_source(init_model)
@@ -47,7 +41,6 @@ def chain_spec(records: Path, init_model: str, stage: GRPOStageConfig, cfg: Trai
 
 
 def stage_steps(records: Path, stages: list[GRPOStageConfig], cfg: TrainingConfig) -> list[int]:
-    """The optimizer steps each of ``stages`` is planned to take on the records' train split."""
     rows = pq.read_metadata(Path(records) / "train.parquet").num_rows
     prompts = max(completions_per_step(cfg) // cfg.num_generations, 1)
     return [planned_steps(rows, s.epochs, prompts, cfg.max_steps_per_stage) for s in stages]
@@ -92,7 +85,6 @@ def check_inputs(records: Path, init_model: str, stage: str = "training") -> Non
 
 def check_stage_disk(records: Path, init_model: str, out: Path, stage: GRPOStageConfig,
                      cfg: TrainingConfig) -> None:
-    """Fail before training when the stage's checkpoints would not fit on the disk."""
     (steps,) = stage_steps(records, [stage], cfg)
     # A resume chain keeps each stage's last checkpoint (chain_state/) for the next one.
     check_disk(out, init_model, cfg, steps, f"training stage {stage.name!r}", existing_checkpoints(out),
@@ -100,8 +92,7 @@ def check_stage_disk(records: Path, init_model: str, out: Path, stage: GRPOStage
 
 
 def local_model(init_model: str) -> str:
-    """``tiny:*`` built, a vision-language policy reduced to its language model
-    (``training.policy``), and a local folder made absolute (the child runs elsewhere)."""
+    """``training.policy.training_model``, a local folder made absolute (the child runs elsewhere)."""
     from embodied_r.training.policy import training_model
 
     resolved = training_model(init_model)
@@ -113,14 +104,7 @@ def run_training_stage(records: Path, init_model: str, out: Path, stage: GRPOSta
                        cfg: TrainingConfig, mlflow_run_id: str | None = None,
                        chain: list[GRPOStageConfig] | None = None) -> dict[str, Any]:
     """Train one GRPO stage from ``init_model`` on ``records/train.parquet`` into ``out``.
-
-    Writes ``out/model/`` (full weights and tokenizer, LoRA merged in; with LoRA the
-    adapter alone also goes to ``out/adapter/``), ``train.log`` and ``summary.json``
-    (steps, seconds, seconds per step, final reward means, KL). A finished stage is not
-    retrained; a crashed one resumes from its last checkpoint. With ``mlflow_run_id`` the
-    trainer logs its per-step metrics and a completions table into that run. ``chain``: every
-    stage of the schedule, which one learning-rate schedule spans under ``stage_chain: resume``.
-    """
+    ``chain``: every stage of the schedule, which one schedule spans under ``stage_chain: resume``."""
     out = Path(out)
     if is_complete(out):
         return read_summary(out)
@@ -158,7 +142,6 @@ def run_training_stage(records: Path, init_model: str, out: Path, stage: GRPOSta
 
 def run_stage(out: Path, config: dict[str, Any], inputs: dict[str, str],
               mlflow_run_id: str | None = None) -> dict[str, Any]:
-    """The pipeline's entry point: one stage of the schedule, from its plan's config."""
     training = TrainingConfig.model_validate({**config["training"], "stages": [config["stage"]],
                                               "python": inputs.get("python") or None})
     chain = [GRPOStageConfig.model_validate(s) for s in config["chain"]] if config.get("chain") else None

@@ -1,18 +1,7 @@
-"""Reasoning traces that read: the perception words that decide a question, then the option
-they point to.
-
-A trace of the warm start shows a small policy the two steps a reader takes: *find* what the
-frames say that decides the question, and *map* it to an option. The first step quotes the
-record's own perception text (where the perceiver erred, the trace quotes what it said, not
-the truth); which part to quote is the record's ``fact``, which the synthetic benchmark's
-generator writes for every question it makes (``synthetic.truth.FACT_KINDS``) and no prompt
-ever contains. The second step names the gold option's text and its letter, for example::
-
-    Frame 6: the green sphere is on my left. The option that says I turn left is D.
-
-Everything here is a pure function of a record; a record without a fact (the real benchmarks)
-gets a trace of its answer alone.
-"""
+"""Reasoning traces that read: the perception words that decide a question (the record's
+``fact``, which the synthetic generator writes and no prompt contains; quoted as perception said
+them, errors included), then the option they point to ("Frame 6: the green sphere is on my left.
+The option that says I turn left is D."). A record without a fact gets its answer alone."""
 
 from __future__ import annotations
 
@@ -29,7 +18,6 @@ UNKNOWN = "unknown"  # what perception writes when the perceiver named no moveme
 
 
 def frames(prompt: str) -> list[tuple[int, str | None, str]]:
-    """(index, action or None, observation) of each ``Frame i:`` line of a policy prompt."""
     found = []
     for line in prompt.splitlines():
         match = _FRAME_RE.match(line.strip())
@@ -39,8 +27,7 @@ def frames(prompt: str) -> list[tuple[int, str | None, str]]:
 
 
 def clause(observation: str, name: str) -> str | None:
-    """The clause of ``observation`` that last mentions ``name`` ("the red cube is on my
-    left"), from the mention (with its article) to the clause's end; None without a mention."""
+    """The clause that last mentions ``name``, from the mention (with its article) to its end."""
     text = observation
     at = text.lower().rfind(name.lower())
     if at < 0:
@@ -59,7 +46,6 @@ def _first_mention(seen: list[tuple[int, str | None, str]], name: str) -> tuple[
 
 
 def quote(fact: dict[str, Any], prompt: str, max_objects: int = 2) -> str:
-    """What the frames of ``prompt`` say about the ``fact`` that decides the question."""
     seen = frames(prompt)
     kind, objects = fact.get("kind"), list(fact.get("objects") or [])
     if kind == "place_now":
@@ -102,7 +88,6 @@ def quote(fact: dict[str, Any], prompt: str, max_objects: int = 2) -> str:
 
 
 def _option_texts(record: dict[str, Any]) -> dict[str, str]:
-    """Letter -> option text, without the letter and the final full stop."""
     out = {}
     for option in record.get("options") or []:
         text = str(option).strip()
@@ -112,8 +97,8 @@ def _option_texts(record: dict[str, Any]) -> dict[str, str]:
 
 
 def option_text(record: dict[str, Any]) -> str:
-    """What sets the gold option apart: its text less the words every option begins with
-    ("on my left" of "The red cube is on my left"); "" when the option is not found."""
+    """The gold option less the words every option begins with ("on my left" of "The red cube
+    is on my left")."""
     texts = _option_texts(record)
     gold = texts.get(str(record["solution"]).upper(), "")
     words = [t.split() for t in texts.values()]
@@ -129,8 +114,6 @@ def read_fact(record: dict[str, Any]) -> dict[str, Any] | None:
 
 
 def fact_think(record: dict[str, Any], max_objects: int = 2) -> str:
-    """The reasoning of a reading trace: the deciding words quoted, then the option they
-    point to; without a fact, the option alone."""
     fact = read_fact(record)
     answer = str(record["solution"])
     if record.get("answer_type") == "number":

@@ -1,12 +1,7 @@
-"""TRL's trainer configs, built only from keyword names the installed library has.
-
-The trainer process runs in the training environment, whose transformers (5.17, held there
-by vLLM 0.31) is older than the base environment's: a name that only a newer release
-knows, such as ``activation_checkpointing`` (transformers 5.23), fails there with a
-TypeError at start-up. Names that changed between releases are therefore read from the
-installed config class's fields, and an unknown name fails with the versions and the
-fields it could have meant instead of a bare TypeError.
-"""
+"""TRL's trainer configs, built only from keyword names the installed library has: the
+training environment's transformers (5.17, held there by vLLM) is older than the base one's,
+so renamed names are read from the installed class and an unknown one fails with the versions
+and the names it could have meant, not a bare TypeError."""
 
 from __future__ import annotations
 
@@ -22,12 +17,10 @@ RENAMED: dict[str, tuple[str, ...]] = {
 
 
 def init_fields(cls: type) -> set[str]:
-    """The keyword arguments a dataclass config takes."""
     return {f.name for f in dataclasses.fields(cls) if f.init}
 
 
 def field_name(cls: type, setting: str) -> str:
-    """The installed ``cls``'s name for ``setting`` (a key of ``RENAMED``)."""
     names = RENAMED[setting]
     fields = init_fields(cls)
     for name in names:
@@ -49,7 +42,6 @@ def library_versions() -> str:
 
 
 def build_config(cls: type, kwargs: dict[str, Any]) -> Any:
-    """``cls(**kwargs)``, after checking every name against the installed fields."""
     fields = init_fields(cls)
     unknown = sorted(set(kwargs) - fields)
     if unknown:

@@ -1,20 +1,7 @@
-"""What the project adds to TRL's colocated vLLM engine: its dtype, and the check that its
-rollouts come from the policy being trained.
-
-TRL 1.16 builds the engine without a dtype, so vLLM's ``auto`` runs a float32 checkpoint in
-bfloat16 (``_resolve_auto_dtype`` in ``vllm/config/model.py``); ``training.vllm.dtype`` names it
-(``engine_dtype``), for example float32 where the policy trains in float32.
-
-With ``training.vllm.mode: colocate`` TRL copies the policy's weights into each process's vLLM
-engine before the rollouts of every step (``VLLMGeneration.sync_weights``). A sync that writes
-nothing (a renamed parameter, a layer that keeps a packed copy, a tied head computed from its
-old matrix) raises no error: the rollouts then come from the first weights while the loss
-trains the policy, and the run looks healthy for days. ``training.vllm.sync_check`` guards it:
-after each sync, one fixed completion of a training prompt is scored by both, token by token,
-and the largest difference of their log-probabilities is logged; above the tolerance the stage
-stops with a sentence that says so. Each process checks its own engine; under ZeRO-3 the
-policy's forward pass is a collective, which every process makes at each sync.
-"""
+"""What the project adds to TRL's colocated vLLM engine: its dtype (TRL passes none, so
+vLLM's auto runs a float32 checkpoint in bfloat16), and ``sync_check``: a weight sync that
+writes nothing raises no error, and rollouts would come from the first weights for days. Each
+process checks its own engine (under ZeRO-3 the policy's forward is a collective)."""
 
 from __future__ import annotations
 
@@ -34,7 +21,6 @@ PROBE_COMPLETION = "<think>I moved forward, so the landmark is on my left now.</
 
 
 def engine_dtype(dtype: str) -> None:
-    """Build TRL's colocated engines of this process with ``dtype`` (TRL passes none)."""
     import functools
 
     import trl.generation.vllm_generation as generation
@@ -43,20 +29,15 @@ def engine_dtype(dtype: str) -> None:
 
 
 def probe_ids(tokenizer: Any, prompt: list[dict[str, Any]] | str) -> tuple[list[int], int]:
-    """Token ids of ``prompt`` (a conversation, chat-templated as TRL's rollouts are, or text)
-    followed by ``PROBE_COMPLETION``, and how many of them are the prompt's."""
-    if isinstance(prompt, str):
-        head = tokenizer(prompt, add_special_tokens=False)["input_ids"]
-    else:
-        head = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True)
-        if hasattr(head, "keys"):
-            head = head["input_ids"]
+    """Token ids of ``prompt`` and ``PROBE_COMPLETION``, and how many are the prompt's."""
+    from embodied_r.training.policy import prompt_ids
+
+    head = prompt_ids(tokenizer, prompt)
     tail = tokenizer(PROBE_COMPLETION, add_special_tokens=False)["input_ids"]
     return list(head) + list(tail), len(head)
 
 
 def policy_logprobs(model: Any, ids: list[int], start: int) -> list[float]:
-    """The policy's log-probability of each token of ``ids`` from ``start`` on."""
     import torch
 
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
@@ -67,7 +48,6 @@ def policy_logprobs(model: Any, ids: list[int], start: int) -> list[float]:
 
 
 def engine_logprobs(llm: Any, ids: list[int], start: int) -> list[float]:
-    """vLLM's log-probability of each token of ``ids`` from ``start`` on (its prompt log-probs)."""
     from vllm import SamplingParams
 
     params = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0)
@@ -76,14 +56,13 @@ def engine_logprobs(llm: Any, ids: list[int], start: int) -> list[float]:
 
 
 def gap(a: list[float], b: list[float]) -> float:
-    """The largest difference of two log-probability lists (their lengths must agree)."""
     if len(a) != len(b) or not a:
         raise ValueError(f"log-probabilities of {len(a)} and {len(b)} tokens cannot be compared")
     return max(abs(x - y) for x, y in zip(a, b))
 
 
 class SyncCheck:
-    """Wraps a trainer's ``vllm_generation.sync_weights``: after the original, both score the probe."""
+    """After each ``sync_weights``, the engine and the policy score the probe."""
 
     def __init__(self, trainer: Any, prompt: Any, tolerance: float, work: Path):
         self.trainer = trainer
@@ -115,18 +94,15 @@ class SyncCheck:
                 "dtype) before training on")
 
     def summary(self) -> dict[str, Any]:
-        """What the stage's result records: how many syncs were checked and the largest gap."""
-        return {"vllm_sync_checks": len(self.checks),
+            return {"vllm_sync_checks": len(self.checks),
                 "vllm_sync_max_gap": max((c["max_logprob_gap"] for c in self.checks), default=None),
                 "vllm_sync_tolerance": self.tolerance}
 
 
 def shut_down(trainer: Any) -> None:
-    """Stop the colocated engine while every rank is alive (after a barrier). Left to the
-    interpreter's exit, the engine's finalizer tears down process groups that the trainer's
-    own teardown (``child.end_process_group``) has already destroyed, and each rank prints a
-    ``ValueError: Invalid process group specified`` traceback after its work is saved. The
-    engine's shutdown destroys the default group too, which ends the launch's group here."""
+    """Stop the engine while every rank is alive: at exit its finalizer would tear down groups
+    ``child.end_process_group`` already destroyed (a traceback per rank). Its shutdown ends the
+    default group too."""
     generation = getattr(trainer, "vllm_generation", None)
     llm = getattr(generation, "llm", None)
     if llm is None:

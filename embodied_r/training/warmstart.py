@@ -1,16 +1,7 @@
-"""The warm start: a short SFT on reasoning traces, so GRPO starts from a policy that answers.
-
-A random tiny policy never writes ``<think>...</think><answer>...</answer>``: every reward is
-0, every advantage is 0 and GRPO updates nothing. The warm start teaches the output format
-on the train split only, with traces written from what the policy itself is shown (the
-frame-by-frame perception text of its prompt) and the gold answer: the actions the frames
-report, the question's objects the frames mention, then the answer. It is the cold start
-of R1-style training, kept short so GRPO has the accuracy left to learn.
-
-With ``reference_examples`` the same model also learns the consistency reference's task
-(question and ``<think>`` text in, the answer's letter out), so a frozen copy of it can
-serve as a reference that actually reads the reasoning.
-"""
+"""The warm start: a short SFT on reasoning traces of the train split, so GRPO starts from a
+policy that writes the format (a random one earns no reward, so no advantage, and GRPO updates
+nothing). With ``reference_examples`` it also learns the consistency reference's task, so a
+frozen copy can serve as a reference that reads the reasoning."""
 
 from __future__ import annotations
 
@@ -20,10 +11,10 @@ from typing import Any
 
 import pyarrow.parquet as pq
 
-from embodied_r.scoring.rewards import REFERENCE_SYSTEM, REFERENCE_TEMPLATE_CHOICE, REFERENCE_TEMPLATE_NUMBER
+from embodied_r.scoring.reference_prompts import REFERENCE_SYSTEM, REFERENCE_TEMPLATE_CHOICE, REFERENCE_TEMPLATE_NUMBER
 from embodied_r.training.config import WarmstartConfig
-from embodied_r.training.sft import run_sft
-from embodied_r.training.traces import fact_think, frames
+from embodied_r.training.sft import run_sft, sft_target
+from embodied_r.training.traces import UNKNOWN, fact_think, frames
 
 _WORD_RE = re.compile(r"[a-z]+")
 # Words too common to tie a frame to a question.
@@ -33,7 +24,6 @@ question options choose choices following""".split())
 
 
 def question_words(question: str) -> list[str]:
-    """Content words of a question and its options, in order, once each."""
     seen: dict[str, None] = {}
     for word in _WORD_RE.findall(question.lower()):
         if len(word) > 2 and word not in _STOP:
@@ -42,11 +32,10 @@ def question_words(question: str) -> list[str]:
 
 
 def think_text(record: dict[str, Any], max_actions: int = 4, max_objects: int = 2) -> str:
-    """The reasoning of a trace: what the frames say that bears on the question, then the
-    conclusion. Built from the record's own prompt and gold answer only."""
+    """What the frames say that bears on the question, then the conclusion: from the record's
+    own prompt and gold answer only."""
     seen = frames(record["prompt"])
-    # "unknown" is what perception writes when the perceiver named no action.
-    actions = [a for _, a, _ in seen if a and a != "unknown"][:max_actions]
+    actions = [a for _, a, _ in seen if a and a != UNKNOWN][:max_actions]
     words = question_words(record["question"])
     observed = " ".join(o.lower() for _, _, o in seen)
     shown = [w for w in words if w in observed][:max_objects]
@@ -60,7 +49,6 @@ def think_text(record: dict[str, Any], max_actions: int = 4, max_objects: int = 
 
 
 def _option_gist(record: dict[str, Any], words: int = 6) -> str:
-    """The first words of the gold option's text, so the reasoning names what it chose."""
     letter = str(record["solution"])
     for option in record.get("options") or []:
         text = str(option).strip()
@@ -71,11 +59,10 @@ def _option_gist(record: dict[str, Any], words: int = 6) -> str:
 
 
 def trace(record: dict[str, Any], max_actions: int = 4, max_objects: int = 2) -> str:
-    return f"<think>{think_text(record, max_actions, max_objects)}</think><answer>{record['solution']}</answer>"
+    return sft_target(record, think_text(record, max_actions, max_objects))
 
 
 def reference_example(record: dict[str, Any], think: str) -> dict[str, Any]:
-    """The consistency reference's prompt for this record's reasoning, with the gold answer."""
     template = REFERENCE_TEMPLATE_NUMBER if record["answer_type"] == "number" else REFERENCE_TEMPLATE_CHOICE
     return {**record, "uid": f"{record['uid']}#reference", "system": REFERENCE_SYSTEM,
             "prompt": template.format(question=record["question"], think=think),
@@ -83,7 +70,6 @@ def reference_example(record: dict[str, Any], think: str) -> dict[str, Any]:
 
 
 def traces(records: list[dict[str, Any]], cfg: WarmstartConfig) -> list[dict[str, Any]]:
-    """Training rows (records with a ``target``) for the train split's records only."""
     rows = []
     for record in records:
         if record.get("split") != "train":
@@ -91,7 +77,7 @@ def traces(records: list[dict[str, Any]], cfg: WarmstartConfig) -> list[dict[str
                              "traces are written for the train split only")
         think = (fact_think(record, cfg.max_objects) if cfg.trace == "fact"
                  else think_text(record, cfg.max_actions, cfg.max_objects))
-        rows.append({**record, "target": f"<think>{think}</think><answer>{record['solution']}</answer>"})
+        rows.append({**record, "target": sft_target(record, think)})
         if cfg.reference_examples:
             rows.append(reference_example(record, think))
     return rows
@@ -99,7 +85,6 @@ def traces(records: list[dict[str, Any]], cfg: WarmstartConfig) -> list[dict[str
 
 def run_warmstart(records: Path, init_model: str, out: Path, cfg: WarmstartConfig,
                   mlflow_run_id: str | None = None) -> dict[str, Any]:
-    """SFT ``init_model`` on traces of ``records/train.parquet`` into ``out/model``."""
     rows = pq.read_table(Path(records) / "train.parquet").to_pylist()
     summary = run_sft(Path(records), init_model, Path(out), cfg, mlflow_run_id=mlflow_run_id,
                       traces=traces(rows, cfg), stage="warmstart")
@@ -108,6 +93,5 @@ def run_warmstart(records: Path, init_model: str, out: Path, cfg: WarmstartConfi
 
 def run_stage(out: Path, config: dict[str, Any], inputs: dict[str, str],
               mlflow_run_id: str | None = None) -> dict[str, Any]:
-    """The pipeline's entry point: the warm start between convert and the GRPO stages."""
     cfg = WarmstartConfig.model_validate({**config, "python": inputs.get("python") or None})
     return run_warmstart(Path(inputs["records"]), inputs["init_model"], out, cfg, mlflow_run_id=mlflow_run_id)
