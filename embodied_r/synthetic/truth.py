@@ -49,6 +49,7 @@ QUESTION_FACTS = pa.schema(
     ]
 )
 
+
 def side(x: float) -> str:
     """The third of the frame a thing is in; the question writers and the perceiver share it."""
     return "left" if x < 1 / 3 else "right" if x > 2 / 3 else "ahead"
