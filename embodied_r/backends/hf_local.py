@@ -1,11 +1,5 @@
-"""The ``transformers`` backend: a text LM or a Qwen2.5-VL model in this process.
-
-Used for the tiny CPU models and for real checkpoints (Qwen2.5-3B, Qwen2.5-VL-3B/7B)
-on a GPU. Prompts are batched with left padding; an item that fails (an unreadable
-image, a prompt too long for memory) comes back with ``error`` set and the others go on.
-transformers has no structured output of its own: reply schemas are accepted and not
-enforced, and the caller reads plain text.
-"""
+"""The ``transformers`` backend: a text LM or a Qwen2-VL / Qwen2.5-VL model in this process,
+prompts batched with left padding. Reply schemas are accepted and not enforced."""
 
 from __future__ import annotations
 
@@ -28,8 +22,7 @@ VLM_TYPES = set(VLM_CLASSES)
 
 def split_images(conversation: Conversation, max_pixels: int,
                  encoding: str = "jpeg-bilinear") -> tuple[Conversation, list[Image.Image]]:
-    """Replace each ``{"type": "image", "path": ...}`` part by a bare image placeholder
-    for the chat template, and return the loaded images in order."""
+    """The conversation with bare image placeholders, and the loaded images in order."""
     images: list[Image.Image] = []
 
     def placeholder(path: str) -> dict[str, Any]:
@@ -47,8 +40,6 @@ def split_images(conversation: Conversation, max_pixels: int,
 
 class TransformersBackend:
     def __init__(self, cfg: BackendConfig):
-        # torch is imported here, not at module level, so code that only talks HTTP
-        # can import this module's image functions cheaply.
         import torch
         from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -65,8 +56,6 @@ class TransformersBackend:
                 "or vllm backend for it"
             )
 
-        # "auto" on a GPU spreads a model too big for one device over all of them; in one
-        # rank of a multi-process launch it means that rank's own GPU (backends.devices).
         self.device, device_map = placement(cfg.device, cuda_available(), launch_rank()[0])
         on_gpu = self.device.startswith("cuda")
         load_kwargs: dict[str, Any] = {"dtype": getattr(torch, inference_dtype(on_gpu))}
@@ -99,8 +88,6 @@ class TransformersBackend:
             ids.append(self.tokenizer.eos_token_id)
         return set(ids)
 
-    # -- preparation -------------------------------------------------------------------
-
     def _prepare(self, conversation: Conversation) -> tuple[str, list[Image.Image], bool]:
         """The templated prompt, its images, and whether the prompt was cut."""
         messages, images = split_images(conversation, self.cfg.max_pixels, self.cfg.image_encoding)
@@ -127,8 +114,6 @@ class TransformersBackend:
                 text=texts, images=images or None, return_tensors="pt", padding=True, **extra
             )
         return self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
-
-    # -- generation --------------------------------------------------------------------
 
     def _run_batch(self, items: list[tuple[str, list[Image.Image]]], max_new_tokens: int) -> list[Generation]:
         import torch
@@ -172,8 +157,7 @@ class TransformersBackend:
         max_new_tokens: int | None = None,
         on_result: Callable[[int, Generation], None] | None = None,
     ) -> list[Generation]:
-        """One generation per conversation, in order; ``on_result(index, generation)`` is
-        called as each batch finishes. ``schemas`` are not enforced (see the module doc)."""
+        """``on_result`` is called as each batch finishes; ``schemas`` are not enforced."""
         budget = max_new_tokens or self.cfg.max_new_tokens
         results: list[Generation | None] = [None] * len(conversations)
 
