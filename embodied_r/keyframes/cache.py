@@ -17,8 +17,9 @@ from typing import Any
 import cv2
 
 from embodied_r.io import payload_key, read_json, sha256_file, write_json_atomic
-from embodied_r.keyframes.extract import KeyframeResult, extract_keyframes
+from embodied_r.keyframes.extract import extract_keyframes
 from embodied_r.keyframes.config import KeyframeConfig
+from embodied_r.keyframes.video import KeyframeResult
 from embodied_r.paths import home
 from embodied_r.errors import VideoError
 

@@ -15,28 +15,7 @@ import cv2
 import numpy as np
 
 from embodied_r.keyframes.config import KeyframeConfig
-from embodied_r.keyframes.video import FrameSampler, JpegSpool, encode_jpeg
-
-
-@dataclass
-class KeyframeResult:
-    video_path: str
-    fps: float
-    n_frames: int  # frames actually decoded
-    width: int
-    height: int
-    sample_step: int
-    n_samples: int
-    indices: list[int]
-    timestamps: list[float]
-    overlaps: list[float]  # NaN where not measured (first, failed match, fill)
-    reasons: list[str]
-    images: list[bytes] | None = None  # JPEG bytes, one per kept frame
-    seconds: float = 0.0
-    passes: int = 1  # decoding passes: more than 1 only for containers that miscount their frames
-
-    def __len__(self) -> int:
-        return len(self.indices)
+from embodied_r.keyframes.video import FrameSampler, JpegSpool, KeyframeResult, encode_jpeg
 
 
 @dataclass
@@ -208,7 +187,7 @@ def extract_keyframes(video_path: str | Path, config: KeyframeConfig | None = No
     if cfg.mode == "official":
         from embodied_r.keyframes.official import extract_official
 
-        return KeyframeResult(**extract_official(video_path, cfg, keep_images=keep_images))
+        return extract_official(video_path, cfg, keep_images=keep_images)
     start = time.perf_counter()
     spool = JpegSpool() if keep_images else None
     try:
@@ -227,15 +206,8 @@ def extract_keyframes(video_path: str | Path, config: KeyframeConfig | None = No
                     spool.put(index, encode_jpeg(image, cfg))
             n_frames, passes = sampler.frames_read, sampler.passes
         kept = final_selection(kept, n_frames, cfg, step)
-        images = None
-        if spool is not None:
-            passes += spool.fill(video_path, [k[0] for k in kept], cfg)
-            images = [spool.get(k[0]) for k in kept]
+        images, more = spool.take(video_path, [k[0] for k in kept], cfg) if spool is not None else (None, 0)
     finally:
         if spool is not None:
             spool.close()
-    return KeyframeResult(
-        video_path=str(video_path), fps=info.fps, n_frames=n_frames, width=info.width, height=info.height,
-        sample_step=step, n_samples=n_samples, indices=[k[0] for k in kept],
-        timestamps=[k[0] / info.fps for k in kept], overlaps=[k[1] for k in kept],
-        reasons=[k[2] for k in kept], images=images, seconds=time.perf_counter() - start, passes=passes)
+    return KeyframeResult.of(video_path, info, step, n_frames, n_samples, kept, images, start, passes + more)

@@ -13,7 +13,7 @@ from typing import Any, Sequence
 import cv2
 import numpy as np
 
-from embodied_r.keyframes.video import FrameSampler, JpegSpool, encode_jpeg, probe_video
+from embodied_r.keyframes.video import FrameSampler, JpegSpool, KeyframeResult, encode_jpeg, probe_video
 
 
 def constrained_sampling(items: Sequence[Any], m: int) -> list[Any]:
@@ -94,9 +94,8 @@ def mask_overlap(corners: np.ndarray, warped: np.ndarray, w: int, h: int) -> flo
     return float(np.count_nonzero(cv2.bitwise_and(a, b))) / (w * h)
 
 
-def extract_official(video_path: str | Path, cfg: Any, *, keep_images: bool = True) -> dict[str, Any]:
-    """Key frames of one video by the official rule, as the fields of a ``KeyframeResult``.
-    ``cfg`` is a ``KeyframeConfig``; the fast mode's ratio test, inlier count and matching
+def extract_official(video_path: str | Path, cfg: Any, *, keep_images: bool = True) -> KeyframeResult:
+    """``cfg``: a ``KeyframeConfig``; the fast mode's ratio test, inlier count and matching
     width are not read."""
     start = time.perf_counter()
     info = probe_video(video_path)
@@ -115,18 +114,11 @@ def extract_official(video_path: str | Path, cfg: Any, *, keep_images: bool = Tr
             kept = [by_index.get(i) or (i, math.nan, "fill") for i in chosen]
         elif len(kept) > cfg.max_frames:
             kept = constrained_sampling(kept, cfg.max_frames)
-        images = None
-        if spool is not None:
-            passes += spool.fill(video_path, [k[0] for k in kept], cfg)
-            images = [spool.get(k[0]) for k in kept]
+        images, more = spool.take(video_path, [k[0] for k in kept], cfg) if spool is not None else (None, 0)
     finally:
         if spool is not None:
             spool.close()
-    return dict(
-        video_path=str(video_path), fps=info.fps, n_frames=n_frames, width=info.width, height=info.height,
-        sample_step=step, n_samples=len(samples), indices=[k[0] for k in kept],
-        timestamps=[k[0] / info.fps for k in kept], overlaps=[k[1] for k in kept],
-        reasons=[k[2] for k in kept], images=images, seconds=time.perf_counter() - start, passes=passes)
+    return KeyframeResult.of(video_path, info, step, n_frames, len(samples), kept, images, start, passes + more)
 
 
 def _scan(video_path: str | Path, cfg: Any, rate: float, matcher: OfficialMatcher, planned: set[int],

@@ -1,6 +1,7 @@
 """Reading videos without holding them in memory: unused frames are only ``grab()``-ed (the
 colour conversion is paid on ``retrieve()``), decoding may run ahead in a second thread behind
-a bounded queue, and the chosen frames' JPEGs wait in a temporary file."""
+a bounded queue, and the chosen frames' JPEGs wait in a temporary file; and the
+``KeyframeResult`` both extraction modes return."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import os
 import queue
 import tempfile
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Iterator
@@ -26,6 +28,36 @@ TRUNCATION_MIN_FRAMES = 3
 
 # Frames of more pixels than this are decoded with FFmpeg's own threads by default.
 AUTO_THREADS_MAX_PIXELS = 640 * 480
+
+
+@dataclass
+class KeyframeResult:
+    video_path: str
+    fps: float
+    n_frames: int  # frames actually decoded
+    width: int
+    height: int
+    sample_step: int
+    n_samples: int
+    indices: list[int]
+    timestamps: list[float]
+    overlaps: list[float]  # NaN where not measured (first, failed match, fill)
+    reasons: list[str]
+    images: list[bytes] | None = None  # JPEG bytes, one per kept frame
+    seconds: float = 0.0
+    passes: int = 1  # decoding passes: more than 1 only for containers that miscount their frames
+
+    @classmethod
+    def of(cls, video_path: str | Path, info: "VideoInfo", step: int, n_frames: int, n_samples: int,
+           kept: list[tuple[int, float, str]], images: list[bytes] | None, start: float,
+           passes: int) -> "KeyframeResult":
+        """From the kept ``(index, overlap, reason)``; ``start``: ``time.perf_counter()`` at the start."""
+        return cls(str(video_path), info.fps, n_frames, info.width, info.height, step, n_samples,
+                   [k[0] for k in kept], [k[0] / info.fps for k in kept], [k[1] for k in kept], [k[2] for k in kept],
+                   images, time.perf_counter() - start, passes)
+
+    def __len__(self) -> int:
+        return len(self.indices)
 
 
 @dataclass(frozen=True)
@@ -253,18 +285,17 @@ class JpegSpool:
         self.file.seek(offset)
         return self.file.read(size)
 
-    def fill(self, path: str | Path, indices: Iterable[int], cfg: Any) -> int:
-        """Decode again the frames of ``indices`` not held (a container that miscounted its
-        frames); the extra passes that took."""
+    def take(self, path: str | Path, indices: list[int], cfg: Any) -> tuple[list[bytes], int]:
+        """The JPEGs of ``indices``, those not held decoded again (a container that miscounted
+        its frames); and the extra passes that took."""
         missing = [i for i in indices if i not in self.where]
-        if not missing:
-            return 0
-        frames = read_frames(path, missing, cfg.decode_threads)
-        for i in missing:
-            if i not in frames:
-                raise VideoError("unreadable", path, f"frame {i} could not be decoded again")
-            self.put(i, encode_jpeg(frames[i], cfg))
-        return 1
+        if missing:
+            frames = read_frames(path, missing, cfg.decode_threads)
+            for i in missing:
+                if i not in frames:
+                    raise VideoError("unreadable", path, f"frame {i} could not be decoded again")
+                self.put(i, encode_jpeg(frames[i], cfg))
+        return [self.get(i) for i in indices], int(bool(missing))
 
     def close(self) -> None:
         self.file.close()
