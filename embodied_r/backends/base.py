@@ -141,14 +141,9 @@ class Generation:
 
 
 class Backend(Protocol):
-    def generate(
-        self,
-        conversations: list[Conversation],
-        *,
-        schemas: list[dict[str, Any] | None] | None = None,
-        max_new_tokens: int | None = None,
-        on_result: Callable[[int, Generation], None] | None = None,
-    ) -> list[Generation]:
+    def generate(self, conversations: list[Conversation], *, schemas: list[dict[str, Any] | None] | None = None,
+                 max_new_tokens: int | None = None, on_result: Callable[[int, Generation], None] | None = None
+                 ) -> list[Generation]:
         """One generation per conversation, in order; a failed item comes back with ``error``
         set, never raised. ``schemas``: a reply JSON schema per conversation (transformers
         ignores them); ``on_result(index, generation)`` fires once per item as it finishes
@@ -193,9 +188,7 @@ def completion_text(completion: object) -> str:
         if isinstance(content, str):
             parts.append(content)
         elif isinstance(content, list):
-            parts.extend(
-                p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text"
-            )
+            parts.extend(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
     return "".join(parts)
 
 

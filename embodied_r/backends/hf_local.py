@@ -50,18 +50,14 @@ class TransformersBackend:
         config = AutoConfig.from_pretrained(self.path)
         self.is_vlm = config.model_type in VLM_TYPES
         if not self.is_vlm and hasattr(config, "vision_config"):
-            raise ValueError(
-                f"{self.path}: vision-language model type {config.model_type!r} is not supported "
-                f"by the transformers backend (supported: {sorted(VLM_TYPES)}); use the openai "
-                "or vllm backend for it"
-            )
-
+            raise ValueError(f"{self.path}: vision-language model type {config.model_type!r} is not supported by the "
+                             f"transformers backend (supported: {sorted(VLM_TYPES)}); use the openai or vllm backend "
+                             "for it")
         self.device, device_map = placement(cfg.device, cuda_available(), launch_rank()[0])
         on_gpu = self.device.startswith("cuda")
         load_kwargs: dict[str, Any] = {"dtype": getattr(torch, inference_dtype(on_gpu))}
         if device_map is not None:
             load_kwargs["device_map"] = device_map
-
         if self.is_vlm:
             self.processor = load_vlm_processor(self.path)
             self.tokenizer = self.processor.tokenizer
@@ -73,7 +69,6 @@ class TransformersBackend:
         if "device_map" not in load_kwargs:
             self.model.to(self.device)
         self.model.eval()
-
         self.tokenizer.padding_side = "left"
         safe_pad(self.tokenizer, self.path)
         self.stop_ids = self._stop_ids()
@@ -110,9 +105,7 @@ class TransformersBackend:
             if images:
                 floor = self.processor.image_processor.size.get("shortest_edge", 28 * 28)
                 extra["size"] = {"longest_edge": self.cfg.max_pixels, "shortest_edge": min(floor, self.cfg.max_pixels)}
-            return self.processor(
-                text=texts, images=images or None, return_tensors="pt", padding=True, **extra
-            )
+            return self.processor(text=texts, images=images or None, return_tensors="pt", padding=True, **extra)
         return self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
 
     def _run_batch(self, items: list[tuple[str, list[Image.Image]]], max_new_tokens: int) -> list[Generation]:
@@ -120,11 +113,8 @@ class TransformersBackend:
 
         batch = self._encode(items).to(self.model.device)
         sampling = self.cfg.temperature > 0
-        kwargs: dict[str, Any] = {
-            "max_new_tokens": max_new_tokens,
-            "do_sample": sampling,
-            "pad_token_id": self.tokenizer.pad_token_id,
-        }
+        kwargs: dict[str, Any] = {"max_new_tokens": max_new_tokens, "do_sample": sampling,
+                                  "pad_token_id": self.tokenizer.pad_token_id}
         if "repetition_penalty" in self.decoding:
             # Applied in greedy decoding too, as transformers and ms-swift apply it.
             kwargs["repetition_penalty"] = self.decoding["repetition_penalty"]
@@ -149,14 +139,9 @@ class TransformersBackend:
             results.append(Generation(text=text, prompt_tokens=int(n_prompt), completion_tokens=stop))
         return results
 
-    def generate(
-        self,
-        conversations: list[Conversation],
-        *,
-        schemas: list[dict[str, Any] | None] | None = None,
-        max_new_tokens: int | None = None,
-        on_result: Callable[[int, Generation], None] | None = None,
-    ) -> list[Generation]:
+    def generate(self, conversations: list[Conversation], *, schemas: list[dict[str, Any] | None] | None = None,
+                 max_new_tokens: int | None = None, on_result: Callable[[int, Generation], None] | None = None
+                 ) -> list[Generation]:
         """``on_result`` is called as each batch finishes; ``schemas`` are not enforced."""
         budget = max_new_tokens or self.cfg.max_new_tokens
         results: list[Generation | None] = [None] * len(conversations)

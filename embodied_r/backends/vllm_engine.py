@@ -17,13 +17,11 @@ from embodied_r.errors import BackendUnavailable
 
 log = logging.getLogger(__name__)
 
-INSTALL_HINT = (
-    "backend 'vllm' needs the vllm package, which pins its own torch and transformers and "
-    "so cannot share the base environment. Make a separate environment for it (README, "
-    "'vLLM in process'): install vllm first, then this package with `pip install --no-deps "
-    "-e .` and its other requirements; or serve the model with `vllm serve MODEL --host "
-    "127.0.0.1` and use backend kind 'openai' with its base_url."
-)
+INSTALL_HINT = ("backend 'vllm' needs the vllm package, which pins its own torch and transformers and so cannot "
+                "share the base environment. Make a separate environment for it (README, 'vLLM in process'): "
+                "install vllm first, then this package with `pip install --no-deps -e .` and its other "
+                "requirements; or serve the model with `vllm serve MODEL --host 127.0.0.1` and use backend kind "
+                "'openai' with its base_url.")
 # A per_video pass shows a window of key frames (at most 32), plus headroom.
 MAX_IMAGES_PER_PROMPT = 40
 
@@ -38,8 +36,8 @@ def import_vllm() -> Any:
 
 def to_vllm_messages(conversation: Conversation, max_pixels: int,
                      encoding: str = "jpeg-bilinear") -> list[dict[str, Any]]:
-    return map_image_parts(
-        conversation, lambda path: {"type": "image_pil", "image_pil": load_image(path, max_pixels, encoding)})
+    return map_image_parts(conversation,
+                           lambda path: {"type": "image_pil", "image_pil": load_image(path, max_pixels, encoding)})
 
 
 def _gpu_count() -> int:
@@ -55,12 +53,9 @@ def engine_kwargs(cfg: BackendConfig, gpus: int) -> dict[str, Any]:
     while tp * 2 <= gpus:
         tp *= 2
     kwargs: dict[str, Any] = {
-        "model": resolve_model(cfg.model),
-        "seed": cfg.seed,
-        "tensor_parallel_size": tp,
+        "model": resolve_model(cfg.model), "seed": cfg.seed, "tensor_parallel_size": tp,
         "limit_mm_per_prompt": {"image": MAX_IMAGES_PER_PROMPT},
-        # The processor's own budget matches ours, so vLLM's memory profiling does not
-        # reserve room for images far larger than any it will be sent.
+        # The processor's budget matches ours, so vLLM's memory profiling reserves no room for larger images.
         "mm_processor_kwargs": {"max_pixels": cfg.max_pixels},
     }
     kwargs.update(getattr(cfg, "engine_kwargs", None) or {})
@@ -105,14 +100,9 @@ class VLLMBackend:
         outputs = self.llm.chat(messages, sampling_params=params, use_tqdm=False)
         return [generation_from_output(out) for out in outputs]
 
-    def generate(
-        self,
-        conversations: list[Conversation],
-        *,
-        schemas: list[dict[str, Any] | None] | None = None,
-        max_new_tokens: int | None = None,
-        on_result: Callable[[int, Generation], None] | None = None,
-    ) -> list[Generation]:
+    def generate(self, conversations: list[Conversation], *, schemas: list[dict[str, Any] | None] | None = None,
+                 max_new_tokens: int | None = None, on_result: Callable[[int, Generation], None] | None = None
+                 ) -> list[Generation]:
         """``on_result`` is called for each once vLLM returns the batch."""
         budget = max_new_tokens or self.cfg.max_new_tokens
         schemas = list(schemas) if schemas is not None else [None] * len(conversations)
@@ -209,8 +199,5 @@ def generation_from_output(out: Any) -> Generation:
     if not out.outputs:
         return Generation(text="", error="vLLM returned no completion")
     first = out.outputs[0]
-    return Generation(
-        text=first.text,
-        prompt_tokens=len(out.prompt_token_ids or []),
-        completion_tokens=len(first.token_ids or []),
-    )
+    return Generation(text=first.text, prompt_tokens=len(out.prompt_token_ids or []),
+                      completion_tokens=len(first.token_ids or []))

@@ -21,13 +21,8 @@ FULL_RESOLUTION_PIXELS = 16384 * 28 * 28
 
 
 def _paper_perceiver() -> BackendConfig:
-    return BackendConfig(
-        kind="openai",
-        model="Qwen/Qwen2.5-VL-72B-Instruct",
-        base_url="http://127.0.0.1:8000/v1",
-        max_new_tokens=4096,
-        max_pixels=FULL_RESOLUTION_PIXELS,
-    )
+    return BackendConfig(kind="openai", model="Qwen/Qwen2.5-VL-72B-Instruct", base_url="http://127.0.0.1:8000/v1",
+                         max_new_tokens=4096, max_pixels=FULL_RESOLUTION_PIXELS)
 
 
 class PerceptionConfig(BaseModel):
@@ -66,10 +61,8 @@ class PerceptionConfig(BaseModel):
     @classmethod
     def _known_version(cls, value: str) -> str:
         if value not in SUPPORTED_PROMPT_VERSIONS:
-            raise ValueError(
-                f"prompt_version {value!r} is not available in this code "
-                f"(available: {sorted(SUPPORTED_PROMPT_VERSIONS)})"
-            )
+            raise ValueError(f"prompt_version {value!r} is not available in this code "
+                             f"(available: {sorted(SUPPORTED_PROMPT_VERSIONS)})")
         return value
 
     @model_validator(mode="after")

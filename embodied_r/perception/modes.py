@@ -142,14 +142,11 @@ class PerVideo(_Mode):
         # Questions of one video together: they share the image prefix of every pass.
         for q in sorted(questions, key=lambda q: (q.video_id, q.uid)):
             for span in windows(len(q.frames), self.window):
-                conv = prompts.question_pass_conversation(
-                    q.frames[span.start : span.stop], span.start, q.text, self.style
-                )
-                question_calls.append(
-                    Call(self.question_key(q.uid, span.start), QUESTION_PHASE, conv,
-                         self._schema(prompts.question_pass_schema(span)),
-                         needs=tuple(self.video_key(q.video_id, f) for f in range(len(q.frames))))
-                )
+                conv = prompts.question_pass_conversation(q.frames[span.start : span.stop], span.start, q.text,
+                                                          self.style)
+                question_calls.append(Call(self.question_key(q.uid, span.start), QUESTION_PHASE, conv,
+                                           self._schema(prompts.question_pass_schema(span)),
+                                           needs=tuple(self.video_key(q.video_id, f) for f in range(len(q.frames)))))
         return [c for *_, c in video_calls] + question_calls
 
     def assemble(self, q: Question, done: dict[str, dict[str, Any]],

@@ -61,24 +61,13 @@ def _reason_kind(reason: str) -> str:
     return "empty_reply" if "empty_reply" in reason else "call_failed"
 
 
-def write_outputs(
-    work: Path,
-    mode: Any,
-    ready: list[Question],
-    calls: list[Call],
-    done: dict[str, dict[str, Any]],
-    errors: dict[str, str],
-    failures: dict[str, str],
-    n_questions: int,
-    question_label: str = "",
-    on_failure: str = "drop",
-) -> dict[str, Any]:
+def write_outputs(work: Path, mode: Any, ready: list[Question], calls: list[Call], done: dict[str, dict[str, Any]],
+                  errors: dict[str, str], failures: dict[str, str], n_questions: int, question_label: str = "",
+                  on_failure: str = "drop") -> dict[str, Any]:
     rows, frame_rows, parsed_as, with_placeholder = _assemble(mode, ready, done, errors, failures, question_label,
                                                               on_failure)
     write_parquet_atomic(table_from_records(rows, schemas.PERCEPTION), work / "perception.parquet")
-    write_parquet_atomic(
-        table_from_records(frame_rows, schemas.PERCEPTION_FRAMES), work / "perception_frames.parquet"
-    )
+    write_parquet_atomic(table_from_records(frame_rows, schemas.PERCEPTION_FRAMES), work / "perception_frames.parquet")
     fail_rows = [{"stage": STAGE, "item": uid, "reason": why} for uid, why in sorted(failures.items())]
     write_parquet_atomic(table_from_records(fail_rows, schemas.FAILURES), work / "failures.parquet")
     return _summary(mode, calls, done, failures, n_questions, rows, frame_rows, parsed_as, with_placeholder)
@@ -103,21 +92,12 @@ def _assemble(mode: Any, ready: list[Question], done: dict[str, dict[str, Any]],
         with_placeholder += any(info.parsed_as == FAILED for info in built.infos)
         for f, (info, raw) in enumerate(zip(built.infos, built.raws)):
             parsed_as[info.parsed_as] += 1
-            frame_rows.append(
-                {"uid": q.uid, "frame": f, "action": info.action, "new_info": info.new_info,
-                 "question_info": info.question_info, "raw": raw}
-            )
+            frame_rows.append({"uid": q.uid, "frame": f, "action": info.action, "new_info": info.new_info,
+                               "question_info": info.question_info, "raw": raw})
         recs = [done[k] for k in built.keys]
-        rows.append(
-            {
-                "uid": q.uid,
-                "video_text": video_text(built.infos, question_label),
-                "n_frames": len(built.infos),
-                "n_calls": len(recs),
-                "prompt_tokens": sum(int(r["prompt_tokens"]) for r in recs),
-                "completion_tokens": sum(int(r["completion_tokens"]) for r in recs),
-            }
-        )
+        rows.append({"uid": q.uid, "video_text": video_text(built.infos, question_label), "n_frames": len(built.infos),
+                     "n_calls": len(recs), "prompt_tokens": sum(int(r["prompt_tokens"]) for r in recs),
+                     "completion_tokens": sum(int(r["completion_tokens"]) for r in recs)})
     return rows, frame_rows, parsed_as, with_placeholder
 
 
@@ -129,20 +109,12 @@ def _summary(mode: Any, calls: list[Call], done: dict[str, dict[str, Any]], fail
     unknown = sum(1 for r in frame_rows if r["frame"] > 0 and r["action"] == prompts.UNKNOWN_ACTION)
     later = sum(1 for r in frame_rows if r["frame"] > 0)
     return {
-        "stage": STAGE,
-        "mode": mode.name,
-        "prompt_version": prompts.PROMPT_VERSION,
-        "items": n_questions,
-        "questions": n_questions,
-        "done": len(rows),
-        "failed": len(failures),
+        "stage": STAGE, "mode": mode.name, "prompt_version": prompts.PROMPT_VERSION,
+        "items": n_questions, "questions": n_questions, "done": len(rows), "failed": len(failures),
         # Counted apart from the failed (dropped) questions, never hidden among the done ones.
-        "questions_with_placeholder": with_placeholder,
-        "placeholder_frames": parsed_as[FAILED],
+        "questions_with_placeholder": with_placeholder, "placeholder_frames": parsed_as[FAILED],
         "reasons": dict(Counter(_reason_kind(r) for r in failures.values())),
-        "calls": len(logged),
-        "calls_needed": len(calls),
-        "calls_by_kind": dict(Counter(c.kind for c, _ in logged)),
+        "calls": len(logged), "calls_needed": len(calls), "calls_by_kind": dict(Counter(c.kind for c, _ in logged)),
         "calls_per_question": len(logged) / n_questions if n_questions else 0.0,
         "prompt_tokens": sum(int(r["prompt_tokens"]) for _, r in logged),
         "completion_tokens": sum(int(r["completion_tokens"]) for _, r in logged),

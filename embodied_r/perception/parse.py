@@ -12,32 +12,14 @@ from typing import Any, Iterable
 from embodied_r.perception.prompts import ACTIONS, UNKNOWN_ACTION, ReplyFormat
 
 _SYNONYMS: dict[str, str] = {
-    "go forward": "move forward",
-    "fly forward": "move forward",
-    "forward": "move forward",
-    "go backward": "move backward",
-    "move back": "move backward",
-    "backward": "move backward",
-    "go left": "move left",
-    "strafe left": "move left",
-    "go right": "move right",
-    "strafe right": "move right",
-    "ascend": "move up",
-    "fly up": "move up",
-    "rise": "move up",
-    "descend": "move down",
-    "fly down": "move down",
-    "turn left": "rotate left",
-    "yaw left": "rotate left",
-    "turn right": "rotate right",
-    "yaw right": "rotate right",
-    "look up": "tilt up",
-    "pitch up": "tilt up",
-    "look down": "tilt down",
-    "pitch down": "tilt down",
+    "go forward": "move forward", "fly forward": "move forward", "forward": "move forward",
+    "go backward": "move backward", "move back": "move backward", "backward": "move backward",
+    "go left": "move left", "strafe left": "move left", "go right": "move right", "strafe right": "move right",
+    "ascend": "move up", "fly up": "move up", "rise": "move up", "descend": "move down", "fly down": "move down",
+    "turn left": "rotate left", "yaw left": "rotate left", "turn right": "rotate right", "yaw right": "rotate right",
+    "look up": "tilt up", "pitch up": "tilt up", "look down": "tilt down", "pitch down": "tilt down",
 }
 _PHRASES = sorted([(a, a) for a in ACTIONS] + list(_SYNONYMS.items()), key=lambda p: -len(p[0]))
-
 
 _INFLECTIONS = [
     # "move upward", "tilt downward" (the official list's words), "forwards".
@@ -77,19 +59,10 @@ class FrameInfo:
 
 _KEYS = {
     "action": "action",
-    "new_info": "new_info",
-    "newinfo": "new_info",
-    "new_information": "new_info",
-    "new_spatial_information": "new_info",
-    "newly_seen": "new_info",
-    "scene": "new_info",
-    "description": "new_info",
-    "observation": "new_info",
-    "question_info": "question_info",
-    "question_information": "question_info",
-    "question_related": "question_info",
-    "question_related_objects": "question_info",
-    "question_objects": "question_info",
+    **dict.fromkeys(("new_info", "newinfo", "new_information", "new_spatial_information", "newly_seen", "scene",
+                     "description", "observation"), "new_info"),
+    **dict.fromkeys(("question_info", "question_information", "question_related", "question_related_objects",
+                     "question_objects"), "question_info"),
 }
 
 
@@ -253,18 +226,11 @@ def parse_frame_response(text: str, first: bool, reply_format: ReplyFormat = "js
     if not fields:
         fields = {"new_info": text.strip()}
     action = "" if first else normalize_action(fields.get("action", ""))
-    return FrameInfo(
-        action=action,
-        new_info=fields.get("new_info", ""),
-        question_info=fields.get("question_info", ""),
-        parsed_as=parsed_as,
-    )
+    return FrameInfo(action, fields.get("new_info", ""), fields.get("question_info", ""), parsed_as)
 
 
 _FRAME_KEY = re.compile(r"^\s*(?:frame|key ?frame)?[\s_\-#]*(\d+)\s*$", re.IGNORECASE)
-_FRAME_LINE = re.compile(
-    r"^[\s>*#\-]*(?:key ?)?frame[\s_#]*(\d+)\s*\**\s*[:\-.)]\s*\**\s*(.*)$", re.IGNORECASE
-)
+_FRAME_LINE = re.compile(r"^[\s>*#\-]*(?:key ?)?frame[\s_#]*(\d+)\s*\**\s*[:\-.)]\s*\**\s*(.*)$", re.IGNORECASE)
 
 
 def _by_frame(pairs: dict[str, Any], frames: range) -> dict[int, str]:

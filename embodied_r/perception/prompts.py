@@ -18,18 +18,8 @@ PROMPT_VERSION = "2"
 ReplyFormat = Literal["numbered", "json"]
 ImageOrder = Literal["text_first", "images_first"]
 
-ACTIONS: tuple[str, ...] = (
-    "move forward",
-    "move backward",
-    "move left",
-    "move right",
-    "move up",
-    "move down",
-    "rotate left",
-    "rotate right",
-    "tilt up",
-    "tilt down",
-)
+ACTIONS: tuple[str, ...] = ("move forward", "move backward", "move left", "move right", "move up", "move down",
+                            "rotate left", "rotate right", "tilt up", "tilt down")
 UNKNOWN_ACTION = "unknown"
 
 
@@ -213,21 +203,14 @@ def question_pass_conversation(images: list[str], first: int, question: str,
 
 def _object_schema(title: str, properties: dict[str, dict[str, Any]]) -> dict[str, Any]:
     # Every key required and no others: what strict structured-output modes accept.
-    return {
-        "title": title,
-        "type": "object",
-        "properties": properties,
-        "required": list(properties),
-        "additionalProperties": False,
-    }
+    return {"title": title, "type": "object", "properties": properties, "required": list(properties),
+            "additionalProperties": False}
 
 
 _TEXT = {"type": "string"}
 _ACTION = {"type": "string", "enum": list(ACTIONS)}
 FIRST_FRAME_SCHEMA = _object_schema("first_frame", {"new_info": _TEXT, "question_info": _TEXT})
-PAIR_SCHEMA = _object_schema(
-    "frame_pair", {"action": _ACTION, "new_info": _TEXT, "question_info": _TEXT}
-)
+PAIR_SCHEMA = _object_schema("frame_pair", {"action": _ACTION, "new_info": _TEXT, "question_info": _TEXT})
 SCENE_SCHEMA = _object_schema("scene", {"new_info": _TEXT})
 VIDEO_PAIR_SCHEMA = _object_schema("video_pair", {"action": _ACTION, "new_info": _TEXT})
 

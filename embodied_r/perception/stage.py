@@ -37,24 +37,16 @@ def _read_inputs(catalog: Path, keyframes: Path,
         raise FileNotFoundError(f"catalog {catalog} not found: run the preprocess stage first")
     kf_file = keyframes / "keyframes.parquet"
     if not kf_file.is_file():
-        raise FileNotFoundError(
-            f"{kf_file} not found: point `keyframes` at a finished key-frame stage folder "
-            "(run the keyframes stage first)"
-        )
+        raise FileNotFoundError(f"{kf_file} not found: point `keyframes` at a finished key-frame stage folder "
+                                "(run the keyframes stage first)")
     cat = pq.read_table(catalog, columns=["uid", "video_id", "question", "options"]).to_pylist()
     rows = pq.read_table(kf_file, columns=["video_id", "rank", "image_path"]).to_pylist()
     by_video: dict[str, list[tuple[int, str]]] = defaultdict(list)
     for row in rows:
         by_video[row["video_id"]].append((row["rank"], str(keyframes / row["image_path"])))
     frames = {vid: [p for _, p in sorted(items)] for vid, items in by_video.items()}
-    questions = [
-        Question(
-            uid=r["uid"],
-            video_id=r["video_id"],
-            text=prompts.question_with_options(r["question"], r["options"], texts),
-        )
-        for r in cat
-    ]
+    questions = [Question(r["uid"], r["video_id"], prompts.question_with_options(r["question"], r["options"], texts))
+                 for r in cat]
     if len({q.uid for q in questions}) != len(questions):
         raise ValueError(f"catalog {catalog} has duplicate uids: rebuild it with the preprocess stage")
     return questions, frames
@@ -85,9 +77,7 @@ class _Runner:
         self.errors: dict[str, str] = {}
         self.outage: str | None = None
         self.unwritable: WriteFailure | None = None
-        self.made = 0
-        self.failed = 0
-        self.skipped = 0
+        self.made = self.failed = self.skipped = 0
         self.total = 0  # calls of the whole stage, for progress
         self._lock = threading.Lock()
 
@@ -101,13 +91,8 @@ class _Runner:
                 if gen.infra_failed and self.outage is None:
                     self.outage = f"call {call.key}: {self.errors[call.key]}"
                 return
-        rec = {
-            "key": call.key,
-            "kind": call.kind,
-            "raw": gen.text,
-            "prompt_tokens": gen.prompt_tokens,
-            "completion_tokens": gen.completion_tokens,
-        }
+        rec = {"key": call.key, "kind": call.kind, "raw": gen.text, "prompt_tokens": gen.prompt_tokens,
+               "completion_tokens": gen.completion_tokens}
         if gen.truncated:
             rec["truncated"] = True
         try:
@@ -143,12 +128,9 @@ class _Runner:
                 reported.add(i)
                 self._record(chunk[i], gen)
 
-            gens = self.backend.generate(
-                [c.conversation for c in chunk],
-                schemas=[c.schema for c in chunk] if self.structured else None,
-                max_new_tokens=max_new_tokens,
-                on_result=on_result,
-            )
+            gens = self.backend.generate([c.conversation for c in chunk],
+                                         schemas=[c.schema for c in chunk] if self.structured else None,
+                                         max_new_tokens=max_new_tokens, on_result=on_result)
             for i, gen in enumerate(gens):
                 if i not in reported:
                     self._record(chunk[i], gen)
@@ -198,13 +180,9 @@ def _work(work: Path, ready: list[Question], cfg: PerceptionConfig, catalog: Pat
         runner.run([c for c in pending if c.kind == QUESTION_PHASE], size, cfg.question_max_new_tokens)
     finally:
         backend.close()
-    stats.update(
-        calls_made=runner.made,
-        calls_failed=runner.failed,
-        calls_skipped=runner.skipped,
-        retries=len(getattr(backend, "retry_log", [])),
-        structured_output_refused=int(bool(getattr(backend, "structured_output_refused", False))),
-    )
+    stats.update(calls_made=runner.made, calls_failed=runner.failed, calls_skipped=runner.skipped,
+                 retries=len(getattr(backend, "retry_log", [])),
+                 structured_output_refused=int(bool(getattr(backend, "structured_output_refused", False))))
     # A shard's done and failed count its calls (logged, and failed or not sent).
     return {**stats, "errors": runner.errors, "done": len(done), "failed": len(runner.errors)}
 
