@@ -7,12 +7,7 @@ from typing import Literal
 from embodied_r.benchmarks import egoschema, mvbench, urbanvideo, vsibench
 from embodied_r.benchmarks.base import OOD, SPLITS, Benchmark
 
-BENCHMARKS: tuple[Benchmark, ...] = (
-    urbanvideo.BENCHMARK,
-    vsibench.BENCHMARK,
-    egoschema.BENCHMARK,
-    mvbench.BENCHMARK,
-)
+BENCHMARKS: tuple[Benchmark, ...] = (urbanvideo.BENCHMARK, vsibench.BENCHMARK, egoschema.BENCHMARK, mvbench.BENCHMARK)
 
 NAMES = tuple(b.name for b in BENCHMARKS)
 Name = Literal[NAMES]  # type: ignore[valid-type]

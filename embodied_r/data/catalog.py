@@ -197,13 +197,10 @@ def run_catalog(raw: Path, out: Path, cfg: CatalogConfig) -> dict:
             for name, sql in _VIEWS.items():
                 con.execute(f"CREATE VIEW {name} AS {sql}")
         item_done("preprocess")
-        summary: dict = {
-            "questions": len(rows),
-            "videos": len({r["video_path"] for r in rows}),
-            "failed": len(failures),
-            "failure_reasons": dict(Counter(f["reason"].split(":")[0] for f in failures)),
-            "seconds": round(time.time() - start, 3),
-        }
+        summary: dict = {"questions": len(rows), "videos": len({r["video_path"] for r in rows}),
+                         "failed": len(failures),
+                         "failure_reasons": dict(Counter(f["reason"].split(":")[0] for f in failures)),
+                         "seconds": round(time.time() - start, 3)}
         for split in ALL_SPLITS:
             summary[f"n_{split}"] = sum(1 for r in rows if r["split"] == split)
         summary["splits"] = {b: {s: sum(n[s] for n in tasks.values()) for s in registry.splits_of(b)}

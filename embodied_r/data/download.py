@@ -145,16 +145,10 @@ def run_download(out: Path, cfg: DownloadConfig, sources_root: Path) -> dict:
         hash_seconds = time.time() - hash_start
         extracted = sum(_extract_videos(work, registry.get(b), cfg.max_zip_bytes) for b in cfg.benchmarks)
         write_json_atomic(work / "manifest.json", {"source": cfg.source, "benchmarks": origin, "files": files})
-        summary = {
-            "source": cfg.source,
-            "files": len(files),
-            "bytes": sum(f["size"] for f in files.values()),
-            "videos": sum(1 for _ in work.rglob("*.mp4")),
-            "extracted": extracted,
-            "revisions": {b: o["revision"] or "" for b, o in origin.items()},
-            "hash_seconds": round(hash_seconds, 3),
-            "seconds": round(time.time() - start, 3),
-        }
+        summary = {"source": cfg.source, "files": len(files), "bytes": sum(f["size"] for f in files.values()),
+                   "videos": sum(1 for _ in work.rglob("*.mp4")), "extracted": extracted,
+                   "revisions": {b: o["revision"] or "" for b, o in origin.items()},
+                   "hash_seconds": round(hash_seconds, 3), "seconds": round(time.time() - start, 3)}
         write_summary(work, summary)
     return summary
 

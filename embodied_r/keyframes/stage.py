@@ -199,8 +199,7 @@ def _finish(work: Path, videos: list[tuple[str, str]], workers: int, seconds: fl
     counts = [len(r["rows"]) for r in ok]
     return {
         "videos": len(videos), "done": len(ok), "failed": len(bad),
-        "failure_reasons": dict(Counter(r["code"] for r in bad)),
-        "keyframes_total": sum(counts),
+        "failure_reasons": dict(Counter(r["code"] for r in bad)), "keyframes_total": sum(counts),
         "keyframes_mean": round(sum(counts) / len(counts), 3) if counts else 0.0,
         "keyframes_min": min(counts, default=0), "keyframes_max": max(counts, default=0),
         "frames_decoded": sum(r["n_frames"] for r in ok if not r.get("cache_hit")),

@@ -17,18 +17,8 @@ from embodied_r.io import table_from_records, write_parquet_atomic
 from embodied_r.synthetic.config import SyntheticConfig
 from embodied_r.synthetic.filming import Crew, Shot
 from embodied_r.synthetic.truth import fact, side, video_truth, write_facts, write_truth
-from embodied_r.synthetic.world import (
-    LETTERS,
-    Balancer,
-    Pose,
-    Segment,
-    Thing,
-    backdrop,
-    options,
-    pose_at,
-    visibility,
-    wrap180,
-)
+from embodied_r.synthetic.world import (LETTERS, Balancer, Pose, Segment, Thing, backdrop, options, pose_at, visibility,
+                                         wrap180)
 
 
 URBAN_THINGS = [("red", "cube"), ("blue", "cylinder"), ("green", "sphere"), ("yellow", "cone"),

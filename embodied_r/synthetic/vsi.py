@@ -22,20 +22,8 @@ from embodied_r.io import table_from_records, write_parquet_atomic
 from embodied_r.synthetic.config import SyntheticConfig
 from embodied_r.synthetic.filming import Crew, Shot
 from embodied_r.synthetic.truth import fact, video_truth, write_facts, write_truth
-from embodied_r.synthetic.world import (
-    EXTENT,
-    LETTERS,
-    Balancer,
-    Pose,
-    Segment,
-    Thing,
-    backdrop,
-    options,
-    pose_at,
-    segments_from,
-    visibility,
-    wrap180,
-)
+from embodied_r.synthetic.world import (EXTENT, LETTERS, Balancer, Pose, Segment, Thing, backdrop, options, pose_at,
+                                         segments_from, visibility, wrap180)
 
 
 # VSI-style categories: (name, colour, shape, typical longest dimension in cm)
