@@ -18,12 +18,12 @@ import pytest
 
 from embodied_r import schemas
 from embodied_r.io import table_from_records, write_parquet_atomic
-from embodied_r.keyframes.extract import _jpeg, extract_keyframes, fill_indices, thin_evenly
+from embodied_r.keyframes.extract import extract_keyframes, fill_indices, thin_evenly
 from embodied_r.keyframes.config import KeyframeConfig
 from embodied_r.keyframes.stage import run_keyframes
 from embodied_r.keyframes.stage import safe_name
 from embodied_r.synthetic.world import write_motion_video
-from embodied_r.keyframes.video import read_frames
+from embodied_r.keyframes.video import encode_jpeg, read_frames
 from embodied_r.errors import VideoError
 from tests.killing import kill_at_item
 
@@ -126,7 +126,7 @@ def test_miscounted_frames_still_keep_the_true_last_frame(tmp_path, videos, clai
     assert r.passes == (3 if claimed > 180 else 2)
     cfg = KeyframeConfig()
     frames = read_frames(video, r.indices)
-    assert r.images == [_jpeg(frames[i], cfg) for i in r.indices]
+    assert r.images == [encode_jpeg(frames[i], cfg) for i in r.indices]
 
 
 def test_bad_files_raise_clear_errors(tmp_path, videos, monkeypatch):

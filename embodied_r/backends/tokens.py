@@ -1,15 +1,7 @@
-"""The pad token, checked against what the chat template writes.
-
-Trainers mask a prompt's padding by token id: TRL's GRPO takes every position that holds the
-pad token (the end-of-sequence token when a tokenizer has no pad token) as padding. A pad
-token that the chat template itself writes into every prompt (``<|im_start|>``, which
-begins each turn, or ``<|im_end|>``, which ends it) is then masked wherever the template
-wrote it: a prompt's first token masked leaves its attention row empty, the policy's
-probabilities turn to NaN and sampling dies on the GPU with "probability tensor contains
-either inf, nan or element < 0". A model folder with such a pad token is refused before a
-trainer starts (``check_folder_pad``); a backend, which masks by position, replaces it and
-says so (``safe_pad``).
-"""
+"""The pad token, checked against what the chat template writes: trainers mask padding by
+token id, so a pad token the template writes into every prompt is masked there too, and
+sampling dies on NaN probabilities. A model folder with one is refused before training
+(``check_folder_pad``); a backend replaces it and says so (``safe_pad``)."""
 
 from __future__ import annotations
 
@@ -26,9 +18,8 @@ PREFERRED_PAD = "<|endoftext|>"
 
 
 def template_token_ids(tokenizer: Any) -> set[int]:
-    """The token ids the chat template writes around empty turns (system, user, a generation
-    prompt; and an assistant turn): its own markers, none of the messages' text. Empty
-    when the tokenizer has no chat template or it cannot render empty turns."""
+    """The ids the chat template writes around empty turns: its own markers. Empty when it
+    has no template or cannot render empty turns."""
     if not getattr(tokenizer, "chat_template", None):
         return set()
     ids: set[int] = set()
@@ -44,16 +35,13 @@ def template_token_ids(tokenizer: Any) -> set[int]:
 
 
 def effective_pad(tokenizer: Any) -> tuple[str | None, bool]:
-    """(the token trainers pad with, whether it is the tokenizer's own pad token): the pad
-    token, else the end-of-sequence token, as TRL's trainers fall back to."""
+    """(the token trainers pad with, whether it is the tokenizer's own pad token)."""
     if tokenizer.pad_token is not None:
         return tokenizer.pad_token, True
     return tokenizer.eos_token, False
 
 
 def pad_candidate(tokenizer: Any, template: set[int]) -> str | None:
-    """A special token the template never writes, to pad with: ``<|endoftext|>`` when the
-    vocabulary has it, else the first such added special token."""
     vocab = tokenizer.get_vocab()
     if PREFERRED_PAD in vocab and vocab[PREFERRED_PAD] not in template:
         return PREFERRED_PAD
@@ -65,8 +53,6 @@ def pad_candidate(tokenizer: Any, template: set[int]) -> str | None:
 
 
 def pad_problem(tokenizer: Any, folder: str) -> str | None:
-    """One line saying why ``folder``'s pad token breaks training, with the fix; None when
-    it does not."""
     pad, own = effective_pad(tokenizer)
     if pad is None:
         return None
@@ -86,9 +72,7 @@ def pad_problem(tokenizer: Any, folder: str) -> str | None:
 
 
 def check_folder_pad(model: str) -> None:
-    """Refuse, before a trainer starts, a local model folder whose pad token (or the
-    end-of-sequence token trainers pad with) is a chat-template token. A hub id or a folder
-    without a tokenizer is left to the trainer."""
+    """A hub id or a folder without a tokenizer is left to the trainer."""
     folder = Path(model).expanduser()
     if not (folder / "tokenizer_config.json").is_file():
         return
@@ -100,9 +84,7 @@ def check_folder_pad(model: str) -> None:
 
 
 def safe_pad(tokenizer: Any, folder: str) -> None:
-    """Give ``tokenizer`` a pad token the chat template never writes, for batched inference:
-    the end-of-sequence token when none is set and that is safe, else a safe special token
-    (logged, naming the folder, when it replaces the folder's own)."""
+    """Give ``tokenizer`` a pad token the chat template never writes, for batched inference."""
     pad, own = effective_pad(tokenizer)
     template = template_token_ids(tokenizer)
     if pad is None or tokenizer.convert_tokens_to_ids(pad) not in template:

@@ -1,13 +1,6 @@
-"""The prompt length limit of the official training: prompts cut from the left.
-
-ms-swift, which ran the official GRPO training, encodes each prompt with the chat template
-and, when it is longer than ``max_length`` (6144 tokens in the official script), keeps its
-last ``max_length`` tokens: a long video text loses its system prompt and first frames, and
-keeps the question. TRL 1.16 has no prompt limit, so ``limit_prompts`` does the same before
-the trainer sees the data. Evaluation bounds its prompts with the same function, so a model
-is asked at test time what it was trained on, and an over-long perception text cannot make
-an in-process model allocate without bound.
-"""
+"""The official training's prompt limit: ms-swift keeps a templated prompt's last
+``max_length`` tokens (6144), losing the system prompt and first frames, keeping the question.
+TRL has no limit, so ``limit_prompts`` cuts before the trainer; evaluation cuts the same way."""
 
 from __future__ import annotations
 
@@ -19,9 +12,8 @@ log = logging.getLogger(__name__)
 
 
 def load_processing_class(model: str) -> Any:
-    """What TRL's GRPOTrainer loads for ``model`` (a processor, or a tokenizer); the
-    tokenizer alone when the processor cannot be built (its chat template is the same for
-    text-only conversations)."""
+    """What TRL's GRPOTrainer loads for ``model``; the tokenizer alone when the processor
+    cannot be built (its chat template is the same for text-only conversations)."""
     from transformers import AutoProcessor, AutoTokenizer
 
     try:
@@ -36,7 +28,6 @@ def templated(processing_class: Any, conversation: list[dict[str, Any]]) -> str:
 
 
 def _cut_each(texts: list[str], tokenizer: Any, max_tokens: int) -> list[tuple[str, int]]:
-    """Each text cut to its last ``max_tokens`` tokens, with its length in tokens before."""
     out = []
     for text in texts:
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -47,16 +38,13 @@ def _cut_each(texts: list[str], tokenizer: Any, max_tokens: int) -> list[tuple[s
 
 
 def left_truncate(texts: list[str], tokenizer: Any, max_tokens: int) -> tuple[list[str], int]:
-    """Each text cut to its last ``max_tokens`` tokens; and how many were cut."""
     done = _cut_each(texts, tokenizer, max_tokens)
     return [text for text, _ in done], sum(1 for _, n in done if n > max_tokens)
 
 
 @dataclass(frozen=True)
 class PromptCut:
-    """What a prompt limit did to a set of prompts: how many lost their beginning and how many
-    tokens they lost; how many lost more than their system turn; and, of the parts that
-    should reach the model whole (``limit_prompts``'s ``parts``), how many lost some of each."""
+    """What a prompt limit did to a set of prompts."""
 
     limit: int
     prompts: int
@@ -67,7 +55,6 @@ class PromptCut:
     lost: Mapping[str, int] = field(default_factory=dict)  # part -> cut prompts that lost some of it
 
     def describe(self) -> str:
-        """One line on what the cut removes."""
         if not self.cut:
             return f"prompts read whole: all {self.prompts} fit max_prompt_length={self.limit} tokens"
         line = (f"prompts read from their end, max_prompt_length={self.limit} tokens: {self.cut} of {self.prompts} "
@@ -93,12 +80,9 @@ def _tokens(processing_class: Any, tokenizer: Any, conversation: list[dict[str, 
 
 def limit_prompts(rows: list[dict[str, Any]], model: str | Any, max_prompt_length: int,
                   parts: Mapping[str, Callable[[dict[str, Any]], Sequence[Any]]] | None = None) -> PromptCut:
-    """Apply the limit to dataset rows (``prompt``: the conversation) in place and say what it
-    cut (``PromptCut.cut``: how many prompts). When none is too long the rows stay
-    conversational; otherwise every prompt becomes its chat-templated text (a dataset holds
-    one kind or the other), and TRL then passes those texts on as they are. ``parts``: texts of
-    a row that should reach the model whole (its question, its options), by name, each
-    counted where the cut reaches into it."""
+    """Apply the limit to rows' ``prompt`` in place. When none is too long the rows stay
+    conversational; else every prompt becomes its templated text (a dataset holds one kind).
+    ``parts``: texts of a row that should reach the model whole, counted where the cut reaches."""
     processing_class = load_processing_class(model) if isinstance(model, str) else model
     tokenizer = getattr(processing_class, "tokenizer", processing_class)
     done = _cut_each([templated(processing_class, row["prompt"]) for row in rows], tokenizer, max_prompt_length)

@@ -1,11 +1,5 @@
-"""The ``vllm`` backend: vLLM's offline engine in this process (GPU).
-
-vLLM pins its own torch and transformers, so it cannot share the base environment; this
-module imports it only when a backend is built and otherwise says how to install it.
-Conversations go through ``LLM.chat`` with each image as a PIL frame scaled to the pixel
-budget; one ``chat`` call hands vLLM's scheduler the whole list, which batches it
-continuously. Reply schemas are enforced with vLLM's structured outputs.
-"""
+"""The ``vllm`` backend: vLLM's offline engine in this process (GPU), imported only when a
+backend is built; one ``LLM.chat`` call hands the scheduler the whole list."""
 
 from __future__ import annotations
 
@@ -23,15 +17,12 @@ from embodied_r.errors import BackendUnavailable
 
 log = logging.getLogger(__name__)
 
-INSTALL_HINT = (
-    "backend 'vllm' needs the vllm package, which pins its own torch and transformers and "
-    "so cannot share the base environment. Make a separate environment for it (README, "
-    "'vLLM in process'): install vllm first, then this package with `pip install --no-deps "
-    "-e .` and its other requirements; or serve the model with `vllm serve MODEL --host "
-    "127.0.0.1` and use backend kind 'openai' with its base_url."
-)
-# Images one prompt may carry: a per_video question pass shows a whole window of key
-# frames (at most 32 after key-frame selection), plus headroom.
+INSTALL_HINT = ("backend 'vllm' needs the vllm package, which pins its own torch and transformers and so cannot "
+                "share the base environment. Make a separate environment for it (README, 'vLLM in process'): "
+                "install vllm first, then this package with `pip install --no-deps -e .` and its other "
+                "requirements; or serve the model with `vllm serve MODEL --host 127.0.0.1` and use backend kind "
+                "'openai' with its base_url.")
+# A per_video pass shows a window of key frames (at most 32), plus headroom.
 MAX_IMAGES_PER_PROMPT = 40
 
 
@@ -45,10 +36,8 @@ def import_vllm() -> Any:
 
 def to_vllm_messages(conversation: Conversation, max_pixels: int,
                      encoding: str = "jpeg-bilinear") -> list[dict[str, Any]]:
-    """``{"type": "image", "path": ...}`` parts become PIL images within the pixel budget,
-    in place, so images keep their position before the text."""
-    return map_image_parts(
-        conversation, lambda path: {"type": "image_pil", "image_pil": load_image(path, max_pixels, encoding)})
+    return map_image_parts(conversation,
+                           lambda path: {"type": "image_pil", "image_pil": load_image(path, max_pixels, encoding)})
 
 
 def _gpu_count() -> int:
@@ -58,19 +47,15 @@ def _gpu_count() -> int:
 
 
 def engine_kwargs(cfg: BackendConfig, gpus: int) -> dict[str, Any]:
-    """Arguments of ``vllm.LLM`` for a config. Tensor parallelism spans the largest power
-    of two of the visible GPUs (attention heads divide evenly); ``engine_kwargs`` in the
-    config, where present, overrides any of them."""
+    """Tensor parallelism spans the largest power of two of the visible GPUs (attention heads
+    divide evenly); the config's ``engine_kwargs`` override."""
     tp = 1
     while tp * 2 <= gpus:
         tp *= 2
     kwargs: dict[str, Any] = {
-        "model": resolve_model(cfg.model),
-        "seed": cfg.seed,
-        "tensor_parallel_size": tp,
+        "model": resolve_model(cfg.model), "seed": cfg.seed, "tensor_parallel_size": tp,
         "limit_mm_per_prompt": {"image": MAX_IMAGES_PER_PROMPT},
-        # The processor's own budget matches ours, so vLLM's memory profiling does not
-        # reserve room for images far larger than any it will be sent.
+        # The processor's budget matches ours, so vLLM's memory profiling reserves no room for larger images.
         "mm_processor_kwargs": {"max_pixels": cfg.max_pixels},
     }
     kwargs.update(getattr(cfg, "engine_kwargs", None) or {})
@@ -78,8 +63,7 @@ def engine_kwargs(cfg: BackendConfig, gpus: int) -> dict[str, Any]:
 
 
 def model_generation_config(path: str) -> dict[str, Any]:
-    """The model folder's ``generation_config.json`` ({} where it has none): vLLM's
-    ``SamplingParams`` take every value explicitly, so the model's own are read here."""
+    """vLLM's ``SamplingParams`` take every value explicitly, so the model's own are read here."""
     file = Path(path) / "generation_config.json"
     return json.loads(file.read_text()) if file.is_file() else {}
 
@@ -116,16 +100,10 @@ class VLLMBackend:
         outputs = self.llm.chat(messages, sampling_params=params, use_tqdm=False)
         return [generation_from_output(out) for out in outputs]
 
-    def generate(
-        self,
-        conversations: list[Conversation],
-        *,
-        schemas: list[dict[str, Any] | None] | None = None,
-        max_new_tokens: int | None = None,
-        on_result: Callable[[int, Generation], None] | None = None,
-    ) -> list[Generation]:
-        """One generation per conversation, in order; ``on_result(index, generation)`` is
-        called for each once vLLM returns the batch."""
+    def generate(self, conversations: list[Conversation], *, schemas: list[dict[str, Any] | None] | None = None,
+                 max_new_tokens: int | None = None, on_result: Callable[[int, Generation], None] | None = None
+                 ) -> list[Generation]:
+        """``on_result`` is called for each once vLLM returns the batch."""
         budget = max_new_tokens or self.cfg.max_new_tokens
         schemas = list(schemas) if schemas is not None else [None] * len(conversations)
         results: list[Generation | None] = [None] * len(conversations)
@@ -159,8 +137,7 @@ class VLLMBackend:
         return final
 
     def close(self) -> None:
-        """Release the engine and its GPU memory, so the next model of this process (the
-        evaluation after perception, say) finds the GPU free."""
+        """Release the engine and its GPU memory for the next model of this process."""
         llm, self.llm = getattr(self, "llm", None), None
         if llm is None:
             return
@@ -183,12 +160,8 @@ class VLLMBackend:
 
 
 def shutdown_engine(llm: Any) -> str:
-    """Stop ``llm``'s engine through the API its vLLM has; returns which one it used.
-
-    ``LLM.shutdown`` where a release has it; in vLLM 0.31 neither ``LLM`` nor its
-    ``LLMEngine`` has one, and the engine is stopped through its core client,
-    ``llm.llm_engine.engine_core.shutdown()`` (the engine-core process in multiprocess
-    mode, the in-process core otherwise; both idempotent)."""
+    """Stop ``llm``'s engine through the API its vLLM has (in 0.31 only the engine core has
+    one); returns which one it used."""
     shutdown = getattr(llm, "shutdown", None)
     if callable(shutdown):
         shutdown()
@@ -207,8 +180,7 @@ def shutdown_engine(llm: Any) -> str:
 
 
 def structured_kwargs(vllm: Any, schema: dict[str, Any]) -> dict[str, Any]:
-    """SamplingParams arguments that hold the reply to ``schema``: ``structured_outputs``
-    in current vLLM, ``guided_decoding`` in releases before 0.12."""
+    """``structured_outputs``, or ``guided_decoding`` before vLLM 0.12."""
     try:
         params = importlib.import_module("vllm.sampling_params")
     except ImportError:
@@ -224,12 +196,8 @@ def structured_kwargs(vllm: Any, schema: dict[str, Any]) -> dict[str, Any]:
 
 
 def generation_from_output(out: Any) -> Generation:
-    """A ``Generation`` from one ``vllm.RequestOutput``."""
     if not out.outputs:
         return Generation(text="", error="vLLM returned no completion")
     first = out.outputs[0]
-    return Generation(
-        text=first.text,
-        prompt_tokens=len(out.prompt_token_ids or []),
-        completion_tokens=len(first.token_ids or []),
-    )
+    return Generation(text=first.text, prompt_tokens=len(out.prompt_token_ids or []),
+                      completion_tokens=len(first.token_ids or []))

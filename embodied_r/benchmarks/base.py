@@ -30,20 +30,18 @@ class Benchmark:
     repo: str  # on the Hugging Face Hub, and the revision asked for by default
     revision: str
     allow_patterns: list[str]  # the files it needs, ``fnmatch`` patterns as huggingface_hub applies them
-    # Its folder into catalog rows (less ``split``, ``fold``, ``fact``), each bad row's failure
-    # appended; it may skip the files of tasks the catalog does not keep.
+    # Its folder into catalog rows (less ``split``, ``fold``, ``fact``), each bad row's failure appended.
     read: Callable[[Path, list[dict], Keep], list[dict]]
     tasks: tuple[str, ...]  # what ``catalog.tasks: paper`` keeps
     archives: dict[str, str] = field(default_factory=dict)  # video archive pattern -> folder under videos/
-    # Per archive pattern, the lower-case names of the videos its questions use (all that is
-    # extracted); None: every video.
+    # Per archive pattern, the lower-case names of the videos its questions use; None: every video.
     videos: Callable[[Path], dict[str, set[str]]] | None = None
     evaluation_only: bool = False  # never trained on: every question is in the ``ood`` split
     synthetic: str | None = None  # ``module:function`` writing its synthetic twin
 
 
 def arrow_schema(columns: tuple[tuple[str, str], ...]):
-    """A source schema declared as ``(name, type)`` pairs ("int64", "list<string>") in pyarrow's terms."""
+    """``(name, type)`` pairs ("int64", "list<string>") in pyarrow's terms."""
     import pyarrow as pa
 
     def of(kind: str):
@@ -53,7 +51,6 @@ def arrow_schema(columns: tuple[tuple[str, str], ...]):
 
 
 def read_checked(path: Path, columns: tuple[tuple[str, str], ...]) -> list[dict]:
-    """The rows of a Parquet source file with ``columns``, cast to their types."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -102,9 +99,8 @@ def failure(uid: str, reason: str) -> dict:
 
 
 def outside(base: Path, uid: str, video_id: str, relative: str) -> dict | None:
-    """The failure of a row whose video path leaves its benchmark folder (``..``, an absolute
-    path), or None. Judged on the path as written, not as resolved: a mirror's videos may be
-    links to elsewhere, and those are the user's own."""
+    """The failure of a row whose video path leaves its benchmark folder, or None; judged as
+    written, not resolved: a mirror's videos may be links to elsewhere."""
     folder = os.path.normpath(base)
     path = os.path.normpath(os.path.join(folder, "videos", relative))
     if os.path.commonpath([folder, path]) == folder:
@@ -114,8 +110,7 @@ def outside(base: Path, uid: str, video_id: str, relative: str) -> dict | None:
 
 
 class VideoIndex:
-    """The files under a folder by lower-case name, to find a video whatever folders its
-    archive wrapped it in."""
+    """Files by lower-case name, to find a video whatever folders its archive wrapped it in."""
 
     def __init__(self, folder: Path):
         self.folder = Path(folder)
@@ -126,15 +121,13 @@ class VideoIndex:
                     self.by_name.setdefault(path.name.lower(), []).append(path)
 
     def find(self, relative: str) -> tuple[Path | None, int]:
-        """The one file whose path ends with ``relative`` (case aside), and how many did."""
         tail = "/" + relative.lower().lstrip("/")
         hits = [p for p in self.by_name.get(Path(relative).name.lower(), [])
                 if ("/" + p.relative_to(self.folder).as_posix().lower()).endswith(tail)]
         return (hits[0] if len(hits) == 1 else None), len(hits)
 
     def place(self, relative: str, uid: str) -> tuple[str, dict | None]:
-        """Where a row's video is (its expected place when absent, for the catalog's
-        video_missing line), or the row's failure when several files match."""
+        """Where a row's video is (or would be), or the row's failure when several files match."""
         found, n = self.find(relative)
         if n > 1:
             return "", failure(uid, f"video_ambiguous: {n} files under {self.folder} end with {relative!r}; the "
@@ -143,8 +136,7 @@ class VideoIndex:
 
 
 def lettered_options(options: list[str] | None) -> list[str]:
-    """Options as ``["A. ...", "B. ...", ...]`` in their given order; a marker an option
-    already carries for its own position ("A. ", "A) ", "(A) ") is not repeated."""
+    """``["A. ...", "B. ...", ...]``; a marker an option already carries is not repeated."""
     out = []
     for i, opt in enumerate(options or []):
         letter = chr(65 + i)
@@ -154,8 +146,6 @@ def lettered_options(options: list[str] | None) -> list[str]:
 
 
 def question_block(template: str, question: str, options: list[str] | tuple[str, ...] | None) -> str:
-    """A question and its option lines in a prompt's own layout: ``template`` holds
-    ``{question}`` and ``{options}`` (the lines joined by newlines). The result is stripped,
-    as the original code stripped the text it cut the question from."""
+    """``template`` holds ``{question}`` and ``{options}``; stripped, as the original code did."""
     lines = [str(o).strip() for o in options or [] if o and str(o).strip()]
     return template.format(question=(question or "").strip(), options="\n".join(lines)).strip()

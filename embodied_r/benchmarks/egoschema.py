@@ -14,8 +14,7 @@ NAME = "egoschema"
 # are neither fetched nor evaluated here.
 FILE = "Subset/test-00000-of-00001.parquet"
 TASK = "egoschema_subset"  # its category: the subset has no task types
-# All 5,031 clips come in five archives (about 21 GB each); the subset's 500 lie across all of
-# them, so every archive is fetched and only the subset's clips are extracted.
+# Five archives (about 21 GB each) hold all 5,031 clips and the subset's 500 lie across them.
 ZIPS = "videos_chunked_*.zip"
 # Read as text whatever the file stores them as (``question_idx`` and ``answer`` are cast).
 COLUMNS = (("question_idx", "string"), ("question", "string"), ("video_idx", "string"),
@@ -23,8 +22,7 @@ COLUMNS = (("question_idx", "string"), ("question", "string"), ("video_idx", "st
 
 
 def answer_letter(answer: object, n_options: int) -> str | None:
-    """The letter of the answer, which is the right option's 0-based index ("0" is A); None
-    when it is not an index of one of the ``n_options`` options."""
+    """The answer is the right option's 0-based index; None when it is no option's."""
     text = "" if answer is None else str(answer).strip()
     if text.isdigit() and int(text) < n_options:
         return chr(65 + int(text))
@@ -42,7 +40,6 @@ def read(base: Path, failures: list[dict], keep: Keep) -> list[dict]:
             failures.append(failure(uid, why))
             continue
         if r["answer"] is None or not str(r["answer"]).strip():
-            # The full set's answers are withheld (its server scores them): nothing to score here.
             failures.append(failure(uid, "answer_unknown: the question has no public answer, so it cannot be "
                                          f"scored; only {FILE} (answers public) is evaluated"))
             continue
@@ -72,7 +69,6 @@ def read(base: Path, failures: list[dict], keep: Keep) -> list[dict]:
 
 
 def videos(base: Path) -> dict[str, set[str]]:
-    """The subset's clips, of the archives that hold all 5,031."""
     import pyarrow.parquet as pq
 
     path = base / FILE
@@ -84,8 +80,7 @@ def videos(base: Path) -> dict[str, set[str]]:
     return {ZIPS: {f"{str(v).strip()}.mp4".lower() for v in ids if v is not None}}
 
 
-# Asked at main, resolved to its commit at the first download and recorded in the manifest (pin
-# download.hub.egoschema_revision from there; its head carried the fifth archive, "add 05",
-# commit 5835052...). Each file is checked against the sha256 the hub lists for it.
+# Asked at main, resolved and recorded at the first download (its head carried the fifth
+# archive, "add 05", commit 5835052...).
 BENCHMARK = Benchmark(NAME, "EgoSchema", FILE, "lmms-lab/egoschema", "main", allow_patterns=[FILE, ZIPS],
                       read=read, tasks=(TASK,), archives={ZIPS: ""}, videos=videos, evaluation_only=True)

@@ -10,22 +10,18 @@ from embodied_r.benchmarks.base import Benchmark, Keep, VideoIndex, failure, fir
 from embodied_r.errors import CatalogError, DataSourceError
 
 NAME = "mvbench"
-# Its tasks whose videos are egocentric, each with its videos' archive: of its 20 tasks only
-# egocentric_navigation (VLN-CE routes in Matterport3D homes) is seen from the moving agent's own
-# camera; the others are third-person recordings or renders (docs/ood-benchmarks.md). Widen
-# transfer by adding a task and its archive here: download, catalog and evaluation follow.
+# Of its 20 tasks only egocentric_navigation is seen from the moving agent's own camera
+# (docs/ood-benchmarks.md); a task and its archive added here is downloaded and evaluated.
 EGOCENTRIC = {"egocentric_navigation": "video/vlnqa.zip"}
 JSON = "json/{task}.json"
 ARCHIVES = sorted(set(EGOCENTRIC.values()))
-# Keys of a task file's entries (a JSON list of objects).
 KEYS = ("video", "question", "candidates", "answer")
 # Entries with these ask about a stretch of their video; key frames are taken from whole videos.
 SEGMENT_KEYS = ("start", "end")
 
 
 def answer_letter(answer: object, candidates: list[str]) -> str | None:
-    """The letter of the answer, which is the text of the right candidate; None when it
-    matches no candidate or more than one."""
+    """The answer is the right candidate's text; None when it matches none or several."""
     hits = [i for i, c in enumerate(candidates) if " ".join(str(c).split()) == " ".join(str(answer).split())]
     return chr(65 + hits[0]) if len(hits) == 1 else None
 
@@ -42,7 +38,6 @@ def _task_items(path: Path) -> list:
 
 
 def read(base: Path, failures: list[dict], keep: Keep) -> list[dict]:
-    """The task files ``keep`` keeps."""
     rows = []
     for path in sorted(base.glob(JSON.format(task="*"))):
         task = path.stem
@@ -90,7 +85,6 @@ def read(base: Path, failures: list[dict], keep: Keep) -> list[dict]:
 
 
 def videos(base: Path) -> dict[str, set[str]]:
-    """Per archive, the videos its egocentric tasks' questions use."""
     names: dict[str, set[str]] = {}
     for task, archive in EGOCENTRIC.items():
         path = base / JSON.format(task=task)
@@ -103,10 +97,8 @@ def videos(base: Path) -> dict[str, set[str]]:
     return names
 
 
-# Its main at the commit it pointed to when this was written: json/<task>.json and the
-# video/*.zip archives (the ``video`` branch holds the same videos unpacked). The task files
-# are small and all fetched (a task named in ``catalog.tasks`` is then known), the archives
-# only for the egocentric tasks.
+# Every task file is fetched (so a task named in ``catalog.tasks`` is known), the archives only
+# for the egocentric tasks.
 BENCHMARK = Benchmark(NAME, "MVBench", JSON.format(task=next(iter(EGOCENTRIC))), "OpenGVLab/MVBench",
                       "230a2d4fac8900333c61754641c7a13e069ac9c6", allow_patterns=[JSON.format(task="*"), *ARCHIVES],
                       read=read, tasks=tuple(EGOCENTRIC), archives={a: Path(a).stem for a in ARCHIVES},

@@ -7,17 +7,10 @@ from typing import Literal
 from embodied_r.benchmarks import egoschema, mvbench, urbanvideo, vsibench
 from embodied_r.benchmarks.base import OOD, SPLITS, Benchmark
 
-BENCHMARKS: tuple[Benchmark, ...] = (
-    urbanvideo.BENCHMARK,
-    vsibench.BENCHMARK,
-    egoschema.BENCHMARK,
-    mvbench.BENCHMARK,
-)
+BENCHMARKS: tuple[Benchmark, ...] = (urbanvideo.BENCHMARK, vsibench.BENCHMARK, egoschema.BENCHMARK, mvbench.BENCHMARK)
 
 NAMES = tuple(b.name for b in BENCHMARKS)
 Name = Literal[NAMES]  # type: ignore[valid-type]
-# The paper trains and tests on these (scene-disjoint splits), and measures out-of-distribution
-# transfer on the evaluation-only ones, which no split ever trains on.
 TRAINING_BENCHMARKS = tuple(b.name for b in BENCHMARKS if not b.evaluation_only)
 EVALUATION_BENCHMARKS = tuple(b.name for b in BENCHMARKS if b.evaluation_only)
 _NAMED = {b.name: b for b in BENCHMARKS}
@@ -32,5 +25,4 @@ def evaluation_only(name: str) -> bool:
 
 
 def splits_of(name: str) -> tuple[str, ...]:
-    """The splits a benchmark's questions can be in."""
     return (OOD,) if evaluation_only(name) else SPLITS

@@ -21,8 +21,8 @@ _QUOTES = "\"'`“”‘’ "
 
 
 def _option_marker(letter: str, inline: bool) -> re.Pattern[str]:
-    # At a line start the space after the dot may be missing ("C.The ..."); inside a
-    # line (options written on one line) a space before and after is required.
+    # At a line start the space after the dot may be missing ("C.The ..."); inside a line
+    # a space before and after is required.
     line_start = rf"(?:^|\n)[ \t]*(?:Answer:\s*)?{letter}[.)]\s*"
     return re.compile(rf"(?:{line_start}|(?<=\s){letter}[.)]\s)" if inline else line_start)
 
@@ -46,12 +46,8 @@ def _clean(text: str) -> str:
 
 
 def split_question(text: str) -> tuple[str, list[str]]:
-    """Split a question into its stem and ``["A. ...", "B. ..."]``.
-
-    The published text has several layouts (``Choices:`` / ``Options:`` / ``choose:`` headers,
-    options on one line or many, code fences around the whole); options are read as the
-    sequence A, B, C, ... of markers after the header.
-    """
+    """The stem and ``["A. ...", "B. ..."]``, whatever the published layout (``Choices:`` /
+    ``Options:`` / ``choose:``, options on one line or many, code fences)."""
     header = _OPTION_HEADER.search(text)
     if header:
         stem, body = text[: header.start()], text[header.end() :]
@@ -75,11 +71,8 @@ def split_question(text: str) -> tuple[str, list[str]]:
 
 
 def scene(video_id: str) -> str:
-    """A clip's scene, by the benchmark's own naming rules.
-
-    ``EmbodiedCity_X[_k]`` -> ``EmbodiedCity_X``; ``AerialVLN_a_b[_k]`` -> ``AerialVLN_a_b``;
-    ``RealWorld_n...`` -> ``RealWorld_n``; anything else is its own scene.
-    """
+    """``EmbodiedCity_X[_k]`` -> ``EmbodiedCity_X``; ``AerialVLN_a_b[_k]`` -> ``AerialVLN_a_b``;
+    ``RealWorld_n...`` -> ``RealWorld_n``; anything else is its own scene."""
     stem = Path(video_id).stem
     parts = stem.split("_")
     if parts[0] == "EmbodiedCity" and len(parts) >= 2:

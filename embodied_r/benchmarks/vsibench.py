@@ -27,7 +27,6 @@ def category(question_type: str) -> str:
 
 
 def normalise_options(options: list[str] | None) -> list[str]:
-    """The options already carry their letters ("A. left"); make sure they do."""
     spaced = [" ".join(str(opt).split()) for opt in options or []]
     return [opt if re.match(rf"^{chr(65 + i)}[.)]\s*", opt) else f"{chr(65 + i)}. {opt}" for i, opt in enumerate(spaced)]
 

@@ -1,5 +1,4 @@
-"""The data stages, generic over ``benchmarks.registry``: download (hub, local mirror or the
-synthetic benchmark; ``hub`` fetches and verifies a pinned revision), the catalog (one questions
-table, seeded scene-disjoint splits; an evaluation-only benchmark's questions all in ``ood``)
-and their config models (``config``, light). May import: the foundation and ``synthetic``.
+"""The data stages, generic over the benchmark registry: download (hub, local mirror or the
+synthetic benchmark) and the catalog with its seeded scene-disjoint splits. May import: the
+foundation and ``synthetic``.
 """

@@ -25,8 +25,7 @@ from embodied_r.synthetic.truth import FACTS_FILE
 
 
 def _facts(base: Path) -> dict[str, str]:
-    """Question id -> what decides its answer (JSON), from a benchmark folder that says (the
-    synthetic benchmark's ``question_facts.parquet``); empty for the real benchmarks."""
+    """Question id -> what decides its answer (JSON); empty for the real benchmarks."""
     path = base / FACTS_FILE
     if not path.is_file():
         return {}
@@ -39,7 +38,7 @@ _PAPER = frozenset(t for b in registry.BENCHMARKS for t in b.tasks)
 
 
 def _keep(tasks: Literal["paper", "all"] | list[str]) -> Keep:
-    """Whether ``tasks`` keeps a task: its name as written in the source or in its metric form."""
+    """A task is named as written in the source or in its metric form."""
     if tasks == "all":
         return lambda category: True
     if tasks == "paper":
@@ -50,7 +49,6 @@ def _keep(tasks: Literal["paper", "all"] | list[str]) -> Keep:
 
 def _wanted(rows: list[dict], tasks: Literal["paper", "all"] | list[str]) -> list[dict]:
     if isinstance(tasks, list):
-        # Named tasks match as written in the source or in their metric form ("start_end_position").
         known = {metric_name(r["category"]) for r in rows}
         unknown = [t for t in tasks if metric_name(t) not in known]
         if unknown:
@@ -66,9 +64,8 @@ def _stable_rank(seed: int, key: str) -> str:
 
 
 def assign_splits(rows: list[dict], cfg: SplitConfig) -> None:
-    """Scene-disjoint split by ``cfg.rule``, written into each row's ``split`` and ``fold``.
-    An evaluation-only benchmark's rows take no part: each is in ``ood`` (fold 0), so no
-    rule, seed or fraction can put one in training."""
+    """Into each row's ``split`` and ``fold``; an evaluation-only benchmark's rows are all in
+    ``ood``, so no rule, seed or fraction can put one in training."""
     held = [r for r in rows if registry.evaluation_only(r["benchmark"])]
     split = [r for r in rows if not registry.evaluation_only(r["benchmark"])]
     split_of = pooled_scene_splits(split, cfg) if cfg.rule == "pooled_scenes" else per_benchmark_splits(split, cfg)
@@ -79,8 +76,6 @@ def assign_splits(rows: list[dict], cfg: SplitConfig) -> None:
 
 
 def per_benchmark_splits(rows: list[dict], cfg: SplitConfig) -> dict[tuple[str, str], tuple[str, int]]:
-    """Per benchmark: scenes in a seeded order fill train, val, test by question count;
-    folds deal scenes round-robin in the same order."""
     by_bench: dict[str, Counter] = {}
     for r in rows:
         by_bench.setdefault(r["benchmark"], Counter())[r["scene"]] += 1
@@ -101,9 +96,8 @@ def per_benchmark_splits(rows: list[dict], cfg: SplitConfig) -> dict[tuple[str, 
 
 
 def pooled_scene_splits(rows: list[dict], cfg: SplitConfig) -> dict[tuple[str, str], tuple[str, int]]:
-    """The official rule: the scene names of all benchmarks in one pool (a name two
-    benchmarks share is one scene), in a seeded order; the first ``int(n * train)`` scenes
-    train, the next ``int(n * val)`` validate, the rest test. Folds deal the pool round-robin."""
+    """The official rule: all benchmarks' scene names in one seeded pool (a shared name is one
+    scene), cut by scene count."""
     scenes = sorted({r["scene"] for r in rows}, key=lambda s: _stable_rank(cfg.seed, s))
     # The official sizes are truncated; the epsilon keeps 0.05 * 20 at 1 despite binary floats.
     n_train = int(len(scenes) * cfg.train + 1e-9)
@@ -126,7 +120,6 @@ def _cap(rows: list[dict], cap: int | None, seed: int) -> list[dict]:
 
 
 def build_catalog(raw: Path, cfg: CatalogConfig) -> tuple[list[dict], list[dict]]:
-    """Rows of the catalog and the rows left out with their reasons."""
     raw = Path(raw)
     failures: list[dict] = []
     rows: list[dict] = []
@@ -153,7 +146,6 @@ def build_catalog(raw: Path, cfg: CatalogConfig) -> tuple[list[dict], list[dict]
 
 
 def split_counts(rows: list[dict]) -> dict[str, dict[str, dict[str, int]]]:
-    """Questions per benchmark, task (as the source names it) and split."""
     out: dict[str, dict[str, dict[str, int]]] = {}
     for r in rows:
         per_split = out.setdefault(r["benchmark"], {}).setdefault(r["category"],
@@ -163,14 +155,11 @@ def split_counts(rows: list[dict]) -> dict[str, dict[str, dict[str, int]]]:
 
 
 def metric_name(task: str) -> str:
-    """A task name as one segment of an MLflow metric name: ``Start/End Position`` becomes
-    ``start_end_position`` (a '/' would add a level, and MLflow refuses most punctuation)."""
+    """``Start/End Position`` -> ``start_end_position``: a '/' would add a metric level."""
     return re.sub(r"[^a-z0-9]+", "_", task.lower()).strip("_") or "unnamed"
 
 
 def metric_counts(rows: list[dict]) -> dict[str, dict[str, dict[str, int]]]:
-    """``split_counts`` keyed by metric-safe task names; the flow logs it as
-    ``counts/<benchmark>/<task>/<split>``."""
     out: dict[str, dict[str, dict[str, int]]] = {}
     for bench, tasks in split_counts(rows).items():
         for task, per_split in tasks.items():
@@ -202,20 +191,16 @@ def run_catalog(raw: Path, out: Path, cfg: CatalogConfig) -> dict:
         db = work / "catalog.duckdb"
         db.unlink(missing_ok=True)
         with duckdb.connect(str(db)) as con:
-            # The table is copied in rather than read from the Parquet file by path, so the
-            # database stays valid when the stage folder is renamed or moved.
+            # Copied in, not read by path: the database survives the folder being moved.
             con.execute("CREATE TABLE questions AS SELECT * FROM read_parquet(?)",
                         [str(work / "catalog.parquet")])
             for name, sql in _VIEWS.items():
                 con.execute(f"CREATE VIEW {name} AS {sql}")
         item_done("preprocess")
-        summary: dict = {
-            "questions": len(rows),
-            "videos": len({r["video_path"] for r in rows}),
-            "failed": len(failures),
-            "failure_reasons": dict(Counter(f["reason"].split(":")[0] for f in failures)),
-            "seconds": round(time.time() - start, 3),
-        }
+        summary: dict = {"questions": len(rows), "videos": len({r["video_path"] for r in rows}),
+                         "failed": len(failures),
+                         "failure_reasons": dict(Counter(f["reason"].split(":")[0] for f in failures)),
+                         "seconds": round(time.time() - start, 3)}
         for split in ALL_SPLITS:
             summary[f"n_{split}"] = sum(1 for r in rows if r["split"] == split)
         summary["splits"] = {b: {s: sum(n[s] for n in tasks.values()) for s in registry.splits_of(b)}
@@ -227,5 +212,4 @@ def run_catalog(raw: Path, out: Path, cfg: CatalogConfig) -> dict:
 
 def run_stage(out: Path, config: dict[str, Any], inputs: dict[str, str],
               mlflow_run_id: str | None = None) -> dict[str, Any]:
-    """The pipeline's entry point: the catalog of the downloaded benchmarks."""
     return run_catalog(Path(inputs["raw"]), out, CatalogConfig.model_validate(config))

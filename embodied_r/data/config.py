@@ -23,9 +23,8 @@ class _Hub(BaseModel):
         return getattr(self, f"{benchmark}_repo"), getattr(self, f"{benchmark}_revision")
 
 
-# Per benchmark ``<name>_repo`` and ``<name>_revision`` (a branch, tag or commit, resolved to a commit
-# and recorded), from its module. ``endpoint``: a mirror of the hub, serving the same files at the
-# same commit (None: huggingface_hub's default, HF_ENDPOINT, else huggingface.co).
+# Per benchmark ``<name>_repo`` and ``<name>_revision`` (resolved to a commit and recorded);
+# ``endpoint``: a mirror of the hub (None: huggingface_hub's default).
 HubConfig = create_model(
     "HubConfig", __base__=_Hub,
     **{f"{b.name}_{field}": (str, value) for b in registry.BENCHMARKS
@@ -40,8 +39,7 @@ class DownloadConfig(BaseModel):
 
     source: Literal["synthetic", "local", "hub"] = "hub"
     source_dir: str | None = None  # local: folder holding UrbanVideo-Bench/, VSI-Bench/, ...
-    # The paper's two by default; egoschema and mvbench add the evaluation-only benchmarks
-    # (the ``ood`` split), which no training stage reads.
+    # egoschema and mvbench: evaluation-only (the ``ood`` split).
     benchmarks: list[registry.Name] = Field(default_factory=lambda: list(registry.TRAINING_BENCHMARKS))
     synthetic: SyntheticConfig = Field(default_factory=SyntheticConfig)
     hub: HubConfig = Field(default_factory=HubConfig)  # type: ignore[valid-type]
@@ -66,10 +64,8 @@ class SplitConfig(BaseModel):
     test: float = Field(0.20, ge=0, le=1)
     seed: int = 0
     folds: int = Field(5, ge=1)
-    # "per_benchmark": each benchmark's scenes fill train, val and test by question count;
-    # "pooled_scenes": the official preprocessing's rule, both benchmarks' scenes in one pool
-    # cut by scene count (75 % of the scenes, truncated, then 5 %, the rest test), whatever
-    # the questions per scene. Both are scene-disjoint and seeded.
+    # "per_benchmark": each benchmark's scenes cut by question count; "pooled_scenes": the
+    # official rule, every scene in one pool cut by scene count.
     rule: Literal["per_benchmark", "pooled_scenes"] = "per_benchmark"
 
     @model_validator(mode="after")
@@ -82,8 +78,7 @@ class SplitConfig(BaseModel):
 class CatalogConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    # "paper": each benchmark's ``tasks`` (the paper's, and the transfer tasks of the
-    # evaluation-only benchmarks); "all"; or task names.
+    # "paper": each benchmark's ``tasks``; "all"; or task names.
     tasks: Literal["paper", "all"] | list[str] = "paper"
     split: SplitConfig = Field(default_factory=SplitConfig)
     max_questions_per_task: int | None = Field(None, ge=1)  # a cap for small runs; None keeps all

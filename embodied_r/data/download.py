@@ -1,7 +1,6 @@
-"""Download stage: the benchmarks' files into a stage folder, never touching the source (the
-``synthetic`` benchmark made on the spot, a ``local`` mirror laid out like the hub repos, or the
-``hub``), only those a benchmark needs; a manifest of where they came from and each file's size
-and sha256; then the video archives extracted safely, only the videos the questions use."""
+"""Download stage: a benchmark's needed files into a stage folder (from the synthetic benchmark,
+a local mirror laid out like the hub repos, or the hub), never touching the source; a manifest
+of their origin, sizes and sha256; the video archives extracted safely."""
 
 from __future__ import annotations
 
@@ -27,18 +26,14 @@ from embodied_r.synthetic.truth import FACTS_FILE, TRUTH_FILE
 
 
 def _needed(root: Path, benchmark: str) -> list[str]:
-    """Paths (relative to the benchmark's folder) of the files the benchmark needs."""
     base = root / registry.get(benchmark).folder
     names = [p.relative_to(base).as_posix() for p in base.rglob("*") if p.is_file()] if base.is_dir() else []
     return download_hub.needed_files(names, benchmark)
 
 
 def source_fingerprint(cfg: DownloadConfig) -> str:
-    """What identifies the source's content, for the stage's cache key.
-
-    A local mirror is fingerprinted by the needed files' names, sizes and modification times
-    (a stat walk, cheap even for large mirrors); synthetic and hub sources by their config.
-    """
+    """The source's content for the stage's key: a local mirror's needed files' names, sizes
+    and modification times (a cheap stat walk); the other sources' config."""
     if cfg.source != "local":
         return json.dumps(result_settings(cfg), sort_keys=True)
     root = _check_local(cfg)
@@ -68,8 +63,7 @@ def _check_local(cfg: DownloadConfig) -> Path:
 
 
 def _mirror_revision(root: Path, benchmark: str) -> str | None:
-    """The commit a mirror was fetched at, when it was made by ``hf download --local-dir``
-    (which notes the commit beside each file); None otherwise."""
+    """The commit ``hf download --local-dir`` noted beside the files; None otherwise."""
     b = registry.get(benchmark)
     note = root / b.folder / ".cache" / "huggingface" / "download" / f"{b.question_file}.metadata"
     try:
@@ -86,8 +80,7 @@ def _link_or_copy(src: Path, dst: Path) -> None:
     tmp = dst.with_name(dst.name + ".tmp")
     tmp.unlink(missing_ok=True)
     try:
-        # No second copy of the videos when on the same filesystem. Later stages only read
-        # these files, so the shared inode never sees a write.
+        # Later stages only read these files, so the shared inode never sees a write.
         os.link(src, tmp)
     except OSError:
         shutil.copy2(src, tmp)
@@ -95,15 +88,13 @@ def _link_or_copy(src: Path, dst: Path) -> None:
 
 
 def _from_folder(root: Path, cfg: DownloadConfig, work: Path) -> dict[str, dict]:
-    """Link the needed files of a folder laid out like the hub repos into the stage folder."""
     origin: dict[str, dict] = {}
     for benchmark in cfg.benchmarks:
         sub = registry.get(benchmark).folder
         for name in _needed(root, benchmark):
             _link_or_copy(root / sub / name, work / sub / name)
             item_done("download")
-        # A synthetic benchmark's per-frame truth, which the demo's world perceiver reads, and
-        # what decides each question, which the warm start's traces quote.
+        # The synthetic benchmark's truth (for the demo's perceiver) and facts (for the traces).
         for extra in (TRUTH_FILE, FACTS_FILE):
             if (root / sub / extra).is_file():
                 _link_or_copy(root / sub / extra, work / sub / extra)
@@ -114,15 +105,13 @@ def _from_folder(root: Path, cfg: DownloadConfig, work: Path) -> dict[str, dict]
 
 
 def generator_version() -> str:
-    """A hash of the synthetic generator's code: the modules it runs of its own package and of
-    the benchmarks' (the layouts and schemas it writes)."""
+    """A hash of the synthetic generator's code and the benchmark layouts it writes."""
     modules = runners.closure(make_synthetic_benchmark.__module__, frozenset({"synthetic"}))
     return runners.modules_version([m for m in modules if m.startswith(("embodied_r.synthetic", "embodied_r.benchmarks"))])
 
 
 def _synthetic_root(cfg: DownloadConfig, sources_root: Path) -> Path:
-    """The synthetic benchmark's folder, made once per config and generator code: a benchmark
-    left by an earlier version of the generator is never taken for this one's."""
+    """Made once per config and generator code, so an older generator's is never taken."""
     key = hashlib.sha256((cfg.synthetic.model_dump_json() + generator_version()).encode()).hexdigest()[:12]
     root = Path(sources_root) / f"synthetic-{key}"
     if not (root / ".complete").exists():
@@ -132,7 +121,6 @@ def _synthetic_root(cfg: DownloadConfig, sources_root: Path) -> Path:
 
 
 def run_download(out: Path, cfg: DownloadConfig, sources_root: Path) -> dict:
-    """Fill ``out`` with a folder per benchmark (videos extracted) and a manifest."""
     out = Path(out)
     if is_complete(out):
         return read_summary(out)
@@ -157,24 +145,17 @@ def run_download(out: Path, cfg: DownloadConfig, sources_root: Path) -> dict:
         hash_seconds = time.time() - hash_start
         extracted = sum(_extract_videos(work, registry.get(b), cfg.max_zip_bytes) for b in cfg.benchmarks)
         write_json_atomic(work / "manifest.json", {"source": cfg.source, "benchmarks": origin, "files": files})
-        summary = {
-            "source": cfg.source,
-            "files": len(files),
-            "bytes": sum(f["size"] for f in files.values()),
-            "videos": sum(1 for _ in work.rglob("*.mp4")),
-            "extracted": extracted,
-            "revisions": {b: o["revision"] or "" for b, o in origin.items()},
-            "hash_seconds": round(hash_seconds, 3),
-            "seconds": round(time.time() - start, 3),
-        }
+        summary = {"source": cfg.source, "files": len(files), "bytes": sum(f["size"] for f in files.values()),
+                   "videos": sum(1 for _ in work.rglob("*.mp4")), "extracted": extracted,
+                   "revisions": {b: o["revision"] or "" for b, o in origin.items()},
+                   "hash_seconds": round(hash_seconds, 3), "seconds": round(time.time() - start, 3)}
         write_summary(work, summary)
     return summary
 
 
 def _extract_videos(work: Path, benchmark: Benchmark, max_bytes: int) -> int:
-    """Extract a benchmark's video archives into its ``videos/`` folder; of archives that hold
-    more than its questions use (EgoSchema's five hold 5,031 clips for 500 questions), only
-    the videos they use."""
+    """Into its ``videos/``; only the videos its questions use (EgoSchema's five archives hold
+    5,031 clips for 500 questions)."""
     base = work / benchmark.folder
     names = benchmark.videos(base) if benchmark.videos else None
     extracted = 0
@@ -186,11 +167,9 @@ def _extract_videos(work: Path, benchmark: Benchmark, max_bytes: int) -> int:
 
 
 def fingerprint(config: dict[str, Any]) -> str:
-    """``source_fingerprint`` of a stage plan's config dict (the pipeline's extra key)."""
     return source_fingerprint(DownloadConfig.model_validate(config))
 
 
 def run_stage(out: Path, config: dict[str, Any], inputs: dict[str, str],
               mlflow_run_id: str | None = None) -> dict[str, Any]:
-    """The pipeline's entry point: the benchmark files, from the configured source."""
     return run_download(out, DownloadConfig.model_validate(config), Path(inputs["sources_root"]))

@@ -1,7 +1,6 @@
 """Fetching the benchmarks from the Hugging Face Hub: the revision resolved to its commit first
-(a branch that moves mid-download cannot mix two versions), only the files a benchmark needs,
-resumable in the stage's partial folder, then every file checked against the hub's listing
-(``snapshot_download`` hands back a half-filled folder when the hub goes away mid-run)."""
+(a moving branch cannot mix two versions), resumable, then every file checked against the
+hub's listing (``snapshot_download`` hands back a half-filled folder when the hub goes away)."""
 
 from __future__ import annotations
 
@@ -26,7 +25,6 @@ class RemoteFile:
 
 
 def needed_files(names: Iterable[str], benchmark: str) -> list[str]:
-    """The repo files a benchmark needs, matched as ``snapshot_download`` matches them."""
     from huggingface_hub.utils import filter_repo_objects
 
     return sorted(filter_repo_objects(list(names), allow_patterns=registry.get(benchmark).allow_patterns))
@@ -39,7 +37,6 @@ def unreachable(repo: str, benchmark: str, exc: BaseException) -> DataSourceErro
 
 
 def resolve(api, benchmark: str, cfg: HubConfig) -> tuple[str, dict[str, RemoteFile]]:
-    """The commit a revision points at, and the needed files listed there."""
     from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
 
     repo, revision = cfg.repo(benchmark)
@@ -65,8 +62,7 @@ def resolve(api, benchmark: str, cfg: HubConfig) -> tuple[str, dict[str, RemoteF
 
 
 def fetch(cfg: HubConfig, benchmarks: Iterable[str], work: Path) -> dict[str, dict]:
-    """Fetch each benchmark into ``work/<its folder>``; returns what the manifest records,
-    with the expected files under ``"expected"`` for :func:`verify`."""
+    """What the manifest records, the expected files under ``"expected"`` for ``verify``."""
     from huggingface_hub import HfApi, snapshot_download
 
     api = HfApi(endpoint=cfg.endpoint)
@@ -89,8 +85,8 @@ def fetch(cfg: HubConfig, benchmarks: Iterable[str], work: Path) -> dict[str, di
 
 
 def verify(work: Path, benchmark: str, expected: dict[str, RemoteFile], files: dict[str, dict]) -> None:
-    """Check the fetched files against the hub's listing; a bad file is removed so the next
-    run fetches it again. ``files`` maps ``<folder>/<path>`` to ``{"size", "sha256"}``."""
+    """A bad file is removed so the next run fetches it again. ``files``: ``<folder>/<path>`` ->
+    ``{"size", "sha256"}``."""
     folder = registry.get(benchmark).folder
     problems = []
     for name, remote in sorted(expected.items()):

@@ -1,22 +1,6 @@
-"""Key frames cached by video content and key-frame parameters.
-
-A video's key frames depend only on its bytes, on the parameters that pick and save frames
-(``KeyframeConfig.output_params``) and on the code and OpenCV build that ran. An entry lives in
-``<cache root>/<sha256 of the video file>-<hash of the rest>/``, holding the JPEGs and
-``entry.json`` (one record per kept frame, plus the extraction figures). So a later stage run
-with another recipe or another catalog that meets the same video with the same parameters
-reuses the frames instead of decoding the video again, whatever the file is called or where it
-lies.
-
-An entry is filled in a temporary folder beside it and renamed into place, so an entry that
-exists is complete, and two processes filling the same entry at once both succeed with one
-result kept. Stage folders get hard links to the entry's JPEGs (copies across filesystems), so
-the cache can be pruned at any time without harming finished stages. Failures are not cached:
-a video that could not be read is tried again on the next run.
-
-The video is hashed in 1 MiB blocks (memory does not grow with its size); the time spent is
-reported beside the extraction time in the stage summary.
-"""
+"""Key frames cached by video content, output parameters and code: an entry
+(``<sha256 of the video>-<hash of the rest>/``) is renamed into place once complete, and stage
+folders hard-link its JPEGs, so the cache can be pruned at any time. Failures are not cached."""
 
 from __future__ import annotations
 
@@ -33,8 +17,9 @@ from typing import Any
 import cv2
 
 from embodied_r.io import payload_key, read_json, sha256_file, write_json_atomic
-from embodied_r.keyframes.extract import KeyframeResult, extract_keyframes
+from embodied_r.keyframes.extract import extract_keyframes
 from embodied_r.keyframes.config import KeyframeConfig
+from embodied_r.keyframes.video import KeyframeResult
 from embodied_r.paths import home
 from embodied_r.errors import VideoError
 
@@ -47,7 +32,6 @@ def cache_root(cfg: KeyframeConfig) -> Path:
 
 @lru_cache(maxsize=1)
 def _code_version() -> str:
-    # The modules that decide which frames are kept and how they are encoded.
     h = hashlib.sha256(cv2.__version__.encode())
     for module in ("extract", "official", "video"):
         h.update((Path(__file__).parent / f"{module}.py").read_bytes())
@@ -68,7 +52,6 @@ class CachedKeyframes:
 
 
 def write_entry(folder: Path, res: KeyframeResult, extra: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Write one video's key frames (JPEGs and ``entry.json``) into ``folder``."""
     folder.mkdir(parents=True, exist_ok=True)
     frames = []
     for rank, (idx, ts, ov, reason, jpg) in enumerate(
@@ -85,10 +68,8 @@ def write_entry(folder: Path, res: KeyframeResult, extra: dict[str, Any] | None 
 
 
 def cached_keyframes(video_path: str | Path, cfg: KeyframeConfig, root: Path) -> CachedKeyframes:
-    """The key frames of a video from the cache, extracting and caching them on a miss.
-
-    Raises ``VideoError`` for a video that cannot be used (nothing is cached then).
-    """
+    """From the cache, extracting and caching them on a miss; ``VideoError`` for a video that
+    cannot be used."""
     path = Path(video_path)
     if not path.is_file():
         raise VideoError("missing", path, "no such file")
@@ -126,7 +107,7 @@ def _discard(folder: Path) -> None:
 
 
 def link_files(src_folder: Path, names: list[str], dst_folder: Path) -> None:
-    """Hard-link ``names`` from ``src_folder`` into a fresh ``dst_folder`` (copy across filesystems)."""
+    """Hard links into a fresh ``dst_folder`` (copies across filesystems)."""
     shutil.rmtree(dst_folder, ignore_errors=True)  # leftovers of an attempt killed mid-video
     dst_folder.mkdir(parents=True)
     for name in names:

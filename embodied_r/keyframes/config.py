@@ -13,13 +13,10 @@ from embodied_r.stage_plan import ITEMS, StageKind
 class KeyframeConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    # "fast": this module (matching at match_width, ratio test, even thinning); "official":
-    # the official code's rule, step by step (``keyframes.official``: full-resolution ORB,
-    # cross-check, comparison with the last key frame, its thinning and its fill rule).
+    # "official": the official code's rule, step by step (``keyframes.official``).
     mode: Literal["fast", "official"] = "fast"
     sample_fps: float = Field(1.0, gt=0, le=120, description="frames examined per second of video")
-    # 1.0 keeps every sampled frame that differs at all from the last key frame: the
-    # all-frames baseline of the key-frame experiment, clamped like key frames.
+    # 1.0: the key-frame experiment's all-frames baseline, clamped like key frames.
     overlap_threshold: float = Field(0.5, gt=0, le=1, description="keep a frame below this overlap")
     min_frames: int = Field(4, ge=2)
     max_frames: int = Field(32, ge=2)
@@ -32,8 +29,6 @@ class KeyframeConfig(BaseModel):
     match_width: int = Field(320, ge=0, description="match at this width; 0 = source width")
     jpeg_max_side: int = Field(640, ge=0, description="longest side of saved frames; 0 = source")
     jpeg_quality: int = Field(90, ge=1, le=100)
-    # How the work is spread over processes and threads, and where finished videos are kept:
-    # none of it changes which frames are kept.
     workers: int = operational(0, ge=0, description="video processes; 0 = one per core")
     cv_threads: int = operational(0, ge=0, description="OpenCV threads per process; 0 = its share of the cores")
     decode_threads: int | None = operational(None, ge=0, description="FFmpeg threads per video; 0 = one per "
@@ -51,8 +46,7 @@ class KeyframeConfig(BaseModel):
         return self
 
     def output_params(self) -> dict[str, Any]:
-        """The settings that decide which frames are kept and how they are saved (not how
-        the work is spread over processes and threads, nor where the cache lives)."""
+        """The settings that decide which frames are kept and how they are saved."""
         return result_settings(self, mode="python")
 
 

@@ -1,26 +1,7 @@
-"""Key frames by view overlap (the Embodied-R rule).
-
-Frames are sampled at about 1 fps. Each sample is matched to the last key frame with ORB
-features (Hamming distance, ratio test), a homography is fitted by RANSAC, and the sample
-becomes a key frame when the last key frame's view, warped by that homography, covers less than
-half of it, or when no homography can be found. The first and last frames are always kept;
-fewer than ``min_frames`` are topped up with evenly spaced frames and more than ``max_frames``
-are thinned evenly, first and last kept.
-
-Speed: unused frames are only grabbed; decoding runs in a second thread ahead of the matching,
-by default with one FFmpeg thread up to 640x480 (cheaper in CPU than FFmpeg's frame threads) and
-FFmpeg's own threads above (one thread would then be the slower path; see ``video``);
-matching runs at ``match_width`` pixels (the overlap is a ratio of areas, so it does not
-depend on scale) and the overlap is the area of the
-intersection of two convex polygons, not of two full-size masks. Memory does not grow with
-the video: only the last key frame's features are held, and the JPEGs of candidate frames go
-to a temporary file until the final choice is made. The few frames a top-up may need are
-planned from the container's frame count and encoded on the way; only when that count is
-wrong are they decoded again in a second pass.
-
-The stage that runs this over a catalog's videos is in ``keyframes_stage``, its per-video
-cache in ``keyframes_cache``.
-"""
+"""Key frames by view overlap (the Embodied-R rule): a sample is kept when the last key frame's
+view, warped by a RANSAC homography of ORB matches, covers less than ``overlap_threshold`` of it,
+or cannot be measured. Matching runs at ``match_width`` (the overlap is a ratio of areas) and
+the overlap is the intersection of two convex polygons, not of full-size masks."""
 
 from __future__ import annotations
 
@@ -33,32 +14,8 @@ from typing import Sequence
 import cv2
 import numpy as np
 
-from embodied_r.errors import VideoError
 from embodied_r.keyframes.config import KeyframeConfig
-from embodied_r.keyframes.video import FrameSampler, JpegSpool, read_frames
-
-REASONS = ("first", "last", "low_overlap", "match_failed", "fill")
-
-
-@dataclass
-class KeyframeResult:
-    video_path: str
-    fps: float
-    n_frames: int  # frames actually decoded
-    width: int
-    height: int
-    sample_step: int
-    n_samples: int
-    indices: list[int]
-    timestamps: list[float]
-    overlaps: list[float]  # NaN where not measured (first, failed match, fill)
-    reasons: list[str]
-    images: list[bytes] | None = None  # JPEG bytes, one per kept frame
-    seconds: float = 0.0
-    passes: int = 1  # decoding passes: more than 1 only for containers that miscount their frames
-
-    def __len__(self) -> int:
-        return len(self.indices)
+from embodied_r.keyframes.video import FrameSampler, JpegSpool, KeyframeResult, encode_jpeg
 
 
 @dataclass
@@ -109,8 +66,8 @@ class _OverlapMatcher:
         return float(area) / (self.size[0] * self.size[1])
 
     def _ratio_matches(self, query: np.ndarray, train: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Query and train indices of the nearest neighbours that pass the ratio test, in query
-        order: the pairs ``BFMatcher.knnMatch(k=2)`` and the test on its DMatch objects give."""
+        """Query and train indices passing the ratio test, in query order: what
+        ``BFMatcher.knnMatch(k=2)`` and the test on its matches give."""
         if len(train) < 2:  # knnMatch finds no second neighbour, so nothing passes
             return np.empty(0, np.intp), np.empty(0, np.intp)
         nearest, first, second = nearest_two(query, train)
@@ -123,14 +80,9 @@ _TABLE_CELLS = 1 << 18
 
 
 def nearest_two(query: np.ndarray, train: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """For each query descriptor (rows of bytes), the index of the nearest of at least two train
-    descriptors by Hamming distance, that distance and the second-nearest's.
-
-    Ties go to the lower index, as in OpenCV's ``batchDistance`` (what ``BFMatcher.knnMatch``
-    runs), so both give the same matches. With numpy >= 2 the distances are popcounts of 64-bit
-    words over a whole table, about a third cheaper than OpenCV's call per descriptor pair at
-    500 features (the largest cost of matching after ORB itself).
-    """
+    """Per query descriptor, the nearest train descriptor by Hamming distance, that distance and
+    the second-nearest's. Ties go to the lower index, as in OpenCV's ``batchDistance``, so both
+    match alike; numpy >= 2's popcounts over a whole table cost a third less at 500 features."""
     if _POPCOUNT is None or query.shape[1] % 8 or query.shape[1] > 4096:
         dist, index = cv2.batchDistance(query, train, cv2.CV_32S, normType=cv2.NORM_HAMMING, K=2, update=0,
                                         crosscheck=False)
@@ -164,25 +116,12 @@ def _signed_area(poly: np.ndarray) -> float:
     return 0.5 * float(np.dot(x, np.roll(y, -1)) - np.dot(y, np.roll(x, -1)))
 
 
-def _jpeg(image: np.ndarray, cfg: KeyframeConfig) -> bytes:
-    h, w = image.shape[:2]
-    if cfg.jpeg_max_side and max(h, w) > cfg.jpeg_max_side:
-        s = cfg.jpeg_max_side / max(h, w)
-        image = cv2.resize(image, (max(1, round(w * s)), max(1, round(h * s))), interpolation=cv2.INTER_AREA)
-    ok, buf = cv2.imencode(".jpg", image, [cv2.IMWRITE_JPEG_QUALITY, cfg.jpeg_quality])
-    if not ok:
-        raise VideoError("encode_failed", "", "JPEG encoding failed")
-    return buf.tobytes()
-
-
 def fill_spots(n_frames: int, target: int, step: int = 1) -> list[int]:
-    """``target`` evenly spaced frames, moved to the nearest sampled frame (a multiple of step)."""
     spots = (min(n_frames - 1, round(x / step) * step) for x in np.linspace(0, n_frames - 1, target))
     return list(dict.fromkeys(spots))
 
 
 def fill_indices(kept: Sequence[int], n_frames: int, target: int, step: int = 1) -> list[int]:
-    """Evenly spaced frames to add so that ``target`` frames are kept (as many as exist)."""
     chosen = set(kept)
     want = min(target, n_frames)
     spots = [c for c in fill_spots(n_frames, target, step) if c not in chosen]
@@ -200,17 +139,12 @@ def fill_indices(kept: Sequence[int], n_frames: int, target: int, step: int = 1)
 
 
 class OverlapRule:
-    """Whether each sampled frame, taken in order, is a key frame: the first and the last are,
-    and so is any frame whose overlap with the last key frame is below the threshold or
-    cannot be measured."""
-
     def __init__(self, cfg: KeyframeConfig):
         self.cfg = cfg
         self.matcher: _OverlapMatcher | None = None
         self.ref: _Features | None = None
 
     def consider(self, image: np.ndarray, is_last: bool) -> tuple[str | None, float]:
-        """The reason the frame is kept (None: skipped) and its overlap (NaN: not measured)."""
         if self.matcher is None:
             self.matcher = _OverlapMatcher(self.cfg, image.shape[1], image.shape[0])
         feats = self.matcher.features(image)
@@ -228,11 +162,7 @@ class OverlapRule:
 
 
 def thin_evenly(items: Sequence, m: int) -> list:
-    """Keep m evenly spaced items, first and last included.
-
-    The official formula (``round(i * (n-2)/(m-2)) + 1``) always keeps the second item and so
-    leans towards the start; evenly spaced positions do not.
-    """
+    """m evenly spaced items, first and last included (the official formula leans towards the start)."""
     n = len(items)
     if n <= m:
         return list(items)
@@ -241,9 +171,8 @@ def thin_evenly(items: Sequence, m: int) -> list:
 
 def final_selection(kept: Sequence[tuple[int, float, str]], n_frames: int, cfg: KeyframeConfig, step: int = 1
                     ) -> list[tuple[int, float, str]]:
-    """The rule's key frames ``(index, overlap, reason)``, topped up with evenly spaced
-    ``fill`` frames to ``min_frames`` and thinned evenly to ``max_frames``: the stage's last
-    word on a video."""
+    """The rule's key frames topped up with evenly spaced ``fill`` frames to ``min_frames`` and
+    thinned evenly to ``max_frames``."""
     kept = list(kept)
     if len(kept) < cfg.min_frames:
         fills = fill_indices([k[0] for k in kept], n_frames, cfg.min_frames, step)
@@ -258,7 +187,7 @@ def extract_keyframes(video_path: str | Path, config: KeyframeConfig | None = No
     if cfg.mode == "official":
         from embodied_r.keyframes.official import extract_official
 
-        return KeyframeResult(**extract_official(video_path, cfg, keep_images=keep_images))
+        return extract_official(video_path, cfg, keep_images=keep_images)
     start = time.perf_counter()
     spool = JpegSpool() if keep_images else None
     try:
@@ -274,25 +203,11 @@ def extract_keyframes(video_path: str | Path, config: KeyframeConfig | None = No
                 if reason is not None:
                     kept.append((index, overlap, reason))
                 if spool is not None and (reason is not None or index in planned):
-                    spool.put(index, _jpeg(image, cfg))
+                    spool.put(index, encode_jpeg(image, cfg))
             n_frames, passes = sampler.frames_read, sampler.passes
         kept = final_selection(kept, n_frames, cfg, step)
-        images = None
-        if spool is not None:
-            missing = [k[0] for k in kept if k[0] not in spool.where]
-            if missing:  # top-up frames that were not planned (a miscounted container): decode again
-                passes += 1
-                frames = read_frames(video_path, missing, cfg.decode_threads)
-                for i in missing:
-                    if i not in frames:
-                        raise VideoError("unreadable", video_path, f"frame {i} could not be decoded again")
-                    spool.put(i, _jpeg(frames[i], cfg))
-            images = [spool.get(k[0]) for k in kept]
+        images, more = spool.take(video_path, [k[0] for k in kept], cfg) if spool is not None else (None, 0)
     finally:
         if spool is not None:
             spool.close()
-    return KeyframeResult(
-        video_path=str(video_path), fps=info.fps, n_frames=n_frames, width=info.width, height=info.height,
-        sample_step=step, n_samples=n_samples, indices=[k[0] for k in kept],
-        timestamps=[k[0] / info.fps for k in kept], overlaps=[k[1] for k in kept],
-        reasons=[k[2] for k in kept], images=images, seconds=time.perf_counter() - start, passes=passes)
+    return KeyframeResult.of(video_path, info, step, n_frames, n_samples, kept, images, start, passes + more)

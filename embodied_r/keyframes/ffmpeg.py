@@ -17,8 +17,8 @@ _native_lock = threading.Lock()
 
 @contextmanager
 def ffmpeg_messages() -> Iterator[list[str]]:
-    """FFmpeg's messages printed inside the block, in the yielded list for the caller to attach to
-    its video (a bare "moov atom not found" names none); anything else is passed on."""
+    """FFmpeg's messages printed inside the block, for the caller to attach to its video (a bare
+    "moov atom not found" names none); anything else is passed on."""
     found: list[str] = []
     with _native_lock, tempfile.TemporaryFile() as held:
         sys.stderr.flush()

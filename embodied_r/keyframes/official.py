@@ -1,27 +1,7 @@
-"""Key frames chosen exactly as the official code chose them (``keyframes.mode: official``).
-
-The official code (``train/conver_format/utils.py`` of EmbodiedCity/Embodied-R.code):
-
-- samples one frame every ``int(fps)`` source frames (truncated: 29 for 29.97 fps), plus
-  the last frame;
-- runs ORB (OpenCV's defaults, 500 features) on each full-resolution sample, matches it
-  to the *last key frame* with a cross-check brute-force matcher (no ratio test, no
-  distance cut) and, with more than 10 matches, fits a homography by RANSAC (5 px);
-- measures the overlap by rasterising the reference frame and the current frame's warped
-  outline (corners truncated to integers) into two full-size masks;
-- keeps the sample as a key frame when the overlap is below the threshold, or when there
-  are no descriptors, no more than 10 matches or no homography; a kept frame becomes the
-  reference, a dropped one does not;
-- appends the last sample, then clamps the count: fewer than ``min_frames`` key frames are
-  discarded for ``min_frames`` frames taken from *all* samples, more than ``max_frames``
-  are thinned; both by ``constrained_sampling``, which keeps the first and last and picks
-  the rest at ``round(i * (n - 2) / (m - 2)) + 1``, so it leans towards the start.
-
-Differences kept on purpose: frames are streamed rather than all held in memory; a
-container that miscounts its frames still gets its true last frame; a sampling step
-below 1 frame (fps < 1) is 1 instead of the official crash; the chosen frames are saved
-as JPEGs directly, not first written to an mp4v video and read back.
-"""
+"""Key frames chosen exactly as the official code chose them (``keyframes.mode: official``;
+its ``train/conver_format/utils.py``). Apart on purpose: frames are streamed, a container that
+miscounts its frames still gets its true last frame, fps < 1 samples every frame instead of
+crashing, and the frames are saved as JPEGs directly."""
 
 from __future__ import annotations
 
@@ -33,8 +13,7 @@ from typing import Any, Sequence
 import cv2
 import numpy as np
 
-from embodied_r.errors import VideoError
-from embodied_r.keyframes.video import FrameSampler, JpegSpool, probe_video, read_frames
+from embodied_r.keyframes.video import FrameSampler, JpegSpool, KeyframeResult, encode_jpeg, probe_video
 
 
 def constrained_sampling(items: Sequence[Any], m: int) -> list[Any]:
@@ -65,7 +44,8 @@ def sample_positions(frame_count: int, step: int) -> list[int]:
 
 
 class OfficialMatcher:
-    """ORB at full resolution, cross-check matching, RANSAC homography, mask overlap."""
+    """ORB at full resolution, cross-check matching (no ratio test, no distance cut), RANSAC
+    homography, mask overlap; compared with the last *key* frame, not the last sample."""
 
     def __init__(self, orb_features: int = 500, ransac_reproj_threshold: float = 5.0, min_matches: int = 10):
         self.orb = cv2.ORB_create(nfeatures=orb_features)
@@ -114,27 +94,9 @@ def mask_overlap(corners: np.ndarray, warped: np.ndarray, w: int, h: int) -> flo
     return float(np.count_nonzero(cv2.bitwise_and(a, b))) / (w * h)
 
 
-def encode_jpeg(image: np.ndarray, max_side: int, quality: int) -> bytes:
-    """A frame as JPEG bytes, its longest side at most ``max_side`` (0: as it is)."""
-    h, w = image.shape[:2]
-    if max_side and max(h, w) > max_side:
-        s = max_side / max(h, w)
-        image = cv2.resize(image, (max(1, round(w * s)), max(1, round(h * s))), interpolation=cv2.INTER_AREA)
-    ok, buf = cv2.imencode(".jpg", image, [cv2.IMWRITE_JPEG_QUALITY, quality])
-    if not ok:
-        raise VideoError("encode_failed", "", "JPEG encoding failed")
-    return buf.tobytes()
-
-
-def extract_official(video_path: str | Path, cfg: Any, *, keep_images: bool = True) -> dict[str, Any]:
-    """Key frames of one video by the official rule, as the fields of a ``KeyframeResult``.
-    ``cfg`` is a ``KeyframeConfig``: sample_fps, overlap_threshold, min_frames, max_frames,
-    orb_features, ransac_reproj_threshold, min_matches, jpeg_max_side and jpeg_quality are
-    read; the fast mode's ratio test, inlier count and matching width are not."""
-
-    def encode(image: np.ndarray) -> bytes:
-        return encode_jpeg(image, cfg.jpeg_max_side, cfg.jpeg_quality)
-
+def extract_official(video_path: str | Path, cfg: Any, *, keep_images: bool = True) -> KeyframeResult:
+    """``cfg``: a ``KeyframeConfig``; the fast mode's ratio test, inlier count and matching
+    width are not read."""
     start = time.perf_counter()
     info = probe_video(video_path)
     step = official_step(info.fps, cfg.sample_fps)
@@ -144,30 +106,7 @@ def extract_official(video_path: str | Path, cfg: Any, *, keep_images: bool = Tr
     spool = JpegSpool() if keep_images else None
     matcher = OfficialMatcher(cfg.orb_features, cfg.ransac_reproj_threshold, cfg.min_matches)
     try:
-        # FrameSampler samples every round(fps / rate) frames: this rate gives the official step.
-        with FrameSampler(video_path, info.fps / step, threads=cfg.decode_threads, ahead=cfg.decode_ahead) as sampler:
-            samples: list[int] = []
-            kept: list[tuple[int, float, str]] = []
-            ref = None
-            for index, image, is_last in sampler:
-                samples.append(index)
-                feats = matcher.features(image)
-                overlap: float | None = None
-                if ref is None:
-                    reason: str | None = "first"
-                else:
-                    overlap = matcher.overlap(ref, feats)
-                    reason = ("match_failed" if overlap is None else
-                              "low_overlap" if overlap < cfg.overlap_threshold else None)
-                    if reason is None and is_last:
-                        reason = "last"  # appended after the loop in the official code
-                if reason is not None:
-                    if reason != "last":
-                        ref = feats
-                    kept.append((index, math.nan if overlap is None else overlap, reason))
-                if spool is not None and (reason is not None or index in planned):
-                    spool.put(index, encode(image))
-            n_frames, passes = sampler.frames_read, sampler.passes
+        samples, kept, n_frames, passes = _scan(video_path, cfg, info.fps / step, matcher, planned, spool)
         if len(kept) < cfg.min_frames:
             # Discard the key frames: min_frames of all the samples, by the same formula.
             by_index = {k[0]: k for k in kept}
@@ -175,22 +114,38 @@ def extract_official(video_path: str | Path, cfg: Any, *, keep_images: bool = Tr
             kept = [by_index.get(i) or (i, math.nan, "fill") for i in chosen]
         elif len(kept) > cfg.max_frames:
             kept = constrained_sampling(kept, cfg.max_frames)
-        images = None
-        if spool is not None:
-            missing = [k[0] for k in kept if k[0] not in spool.where]
-            if missing:  # samples the container's count did not foresee: decode them again
-                passes += 1
-                frames = read_frames(video_path, missing, cfg.decode_threads)
-                for i in missing:
-                    if i not in frames:
-                        raise VideoError("unreadable", video_path, f"frame {i} could not be decoded again")
-                    spool.put(i, encode(frames[i]))
-            images = [spool.get(k[0]) for k in kept]
+        images, more = spool.take(video_path, [k[0] for k in kept], cfg) if spool is not None else (None, 0)
     finally:
         if spool is not None:
             spool.close()
-    return dict(
-        video_path=str(video_path), fps=info.fps, n_frames=n_frames, width=info.width, height=info.height,
-        sample_step=step, n_samples=len(samples), indices=[k[0] for k in kept],
-        timestamps=[k[0] / info.fps for k in kept], overlaps=[k[1] for k in kept],
-        reasons=[k[2] for k in kept], images=images, seconds=time.perf_counter() - start, passes=passes)
+    return KeyframeResult.of(video_path, info, step, n_frames, len(samples), kept, images, start, passes + more)
+
+
+def _scan(video_path: str | Path, cfg: Any, rate: float, matcher: OfficialMatcher, planned: set[int],
+          spool: JpegSpool | None) -> tuple[list[int], list[tuple[int, float, str]], int, int]:
+    """One pass over the samples: (samples, key frames as (index, overlap, reason), frames
+    read, passes); the key frames and the planned fill frames go into ``spool``."""
+    # FrameSampler samples every round(fps / rate) frames: ``rate`` gives the official step.
+    with FrameSampler(video_path, rate, threads=cfg.decode_threads, ahead=cfg.decode_ahead) as sampler:
+        samples: list[int] = []
+        kept: list[tuple[int, float, str]] = []
+        ref = None
+        for index, image, is_last in sampler:
+            samples.append(index)
+            feats = matcher.features(image)
+            overlap: float | None = None
+            if ref is None:
+                reason: str | None = "first"
+            else:
+                overlap = matcher.overlap(ref, feats)
+                reason = ("match_failed" if overlap is None else
+                          "low_overlap" if overlap < cfg.overlap_threshold else None)
+                if reason is None and is_last:
+                    reason = "last"  # appended after the loop in the official code
+            if reason is not None:
+                if reason != "last":
+                    ref = feats
+                kept.append((index, math.nan if overlap is None else overlap, reason))
+            if spool is not None and (reason is not None or index in planned):
+                spool.put(index, encode_jpeg(image, cfg))
+        return samples, kept, sampler.frames_read, sampler.passes

@@ -1,13 +1,6 @@
-"""The key-frame stage: key frames of every distinct video of a catalog.
-
-One process per video across a pool (OpenCV's own threads set so the pool fits the cores),
-each finished video recorded in the stage's item log as it completes, so a killed run resumes
-at the next video. Videos go through the content-addressed cache (``keyframes_cache``): frames
-already extracted from the same bytes with the same parameters are linked, not recomputed. A
-corrupt, empty or zero-fps video is recorded as failed with its reason and the others go on.
-The stage writes ``keyframes.parquet`` (one row per kept frame), ``failures.parquet``, JPEGs
-under ``frames/<video>/`` and ``montage.jpg`` (one video's key frames, logged to MLflow).
-"""
+"""The key-frame stage: key frames of every distinct video of a catalog in a process pool,
+each video logged as it completes (a killed run resumes at the next); a video that cannot be
+used fails alone. Writes ``keyframes.parquet``, ``failures.parquet``, the JPEGs and a montage."""
 
 from __future__ import annotations
 
@@ -40,7 +33,7 @@ from embodied_r.shards import SHARD_INPUT, Sharding, parse_selection, run_sharde
 
 
 def safe_name(video_id: str) -> str:
-    """A folder name for a video id; ids that had to change get a short hash against clashes."""
+    """Ids that had to change get a short hash against clashes."""
     name = re.sub(r"[^A-Za-z0-9._-]", "_", video_id).strip("._") or "video"
     return name if name == video_id else f"{name[:120]}-{sha1(video_id.encode()).hexdigest()[:8]}"
 
@@ -57,8 +50,7 @@ def _caption(row: dict[str, Any]) -> str:
 
 def make_video_montage(videos: Sequence[tuple[str, Sequence[dict[str, Any]]]], folder: Path, out_path: Path, *,
                        frames: int = MONTAGE_FRAMES, tile_width: int = 400) -> Path:
-    """One row per video (its name above), up to ``frames`` key frames spread over it, each
-    captioned below with rank, time, overlap with the previous key frame and why it was kept."""
+    """One row per video, up to ``frames`` key frames spread over it, each captioned."""
     font, thick = cv2.FONT_HERSHEY_SIMPLEX, 1
     bar, title = 30, 36
     blocks = []
@@ -138,9 +130,7 @@ def _process_video(video_id: str, video_path: str, work: str, cfg: KeyframeConfi
 
 
 def opencv_threads(cfg: KeyframeConfig, workers: int, cores: int) -> int:
-    """OpenCV threads per process: the process's share of the cores, less the core its
-    decoding thread keeps busy when it decodes ahead (more threads would only contend with it
-    and spend CPU waiting)."""
+    """The process's share of the cores, less the one its decoding thread keeps busy."""
     if cfg.cv_threads:
         return cfg.cv_threads
     share = max(1, cores // workers)
@@ -176,8 +166,7 @@ def _process_all(todo: list[tuple[str, str]], work: Path, cfg: KeyframeConfig, c
 
 
 def _work(videos: list[tuple[str, str]], work: Path, cfg: KeyframeConfig) -> int:
-    """Key frames of ``videos`` not yet in the item log of ``work``, each logged as it ends;
-    the number of worker processes used."""
+    """The videos not yet in ``work``'s item log; the number of worker processes used."""
     log = ItemLog(work / "items.jsonl", key="video_id")
     done = log.done_ids()
     todo = [(v, p) for v, p in videos if v not in done]
@@ -194,7 +183,6 @@ def _work(videos: list[tuple[str, str]], work: Path, cfg: KeyframeConfig) -> int
 
 
 def _finish(work: Path, videos: list[tuple[str, str]], workers: int, seconds: float) -> dict[str, Any]:
-    """The stage's outputs from the item log of ``work``, in the catalog's order of videos."""
     records = {r["video_id"]: r for r in ItemLog(work / "items.jsonl", key="video_id").read()}
     finished = [records[v] for v, _ in videos if v in records]
     ok = [r for r in finished if r["status"] == "done"]
@@ -211,8 +199,7 @@ def _finish(work: Path, videos: list[tuple[str, str]], workers: int, seconds: fl
     counts = [len(r["rows"]) for r in ok]
     return {
         "videos": len(videos), "done": len(ok), "failed": len(bad),
-        "failure_reasons": dict(Counter(r["code"] for r in bad)),
-        "keyframes_total": sum(counts),
+        "failure_reasons": dict(Counter(r["code"] for r in bad)), "keyframes_total": sum(counts),
         "keyframes_mean": round(sum(counts) / len(counts), 3) if counts else 0.0,
         "keyframes_min": min(counts, default=0), "keyframes_max": max(counts, default=0),
         "frames_decoded": sum(r["n_frames"] for r in ok if not r.get("cache_hit")),
@@ -228,8 +215,7 @@ def _finish(work: Path, videos: list[tuple[str, str]], workers: int, seconds: fl
 
 def run_keyframes(catalog: Path, out: Path, cfg: KeyframeConfig | None = None,
                   shard: int | None = None) -> dict:
-    """Key frames for every distinct video of the catalog, resumable per video; in
-    ``cfg.shards`` shards (or only shard ``shard``, 0-based) when more than one."""
+    """``shard``: only that one of ``cfg.shards`` (0-based)."""
     out = Path(out)
     if is_complete(out):
         return read_summary(out)
@@ -260,6 +246,5 @@ def run_keyframes(catalog: Path, out: Path, cfg: KeyframeConfig | None = None,
 
 def run_stage(out: Path, config: dict[str, Any], inputs: dict[str, str],
               mlflow_run_id: str | None = None) -> dict[str, Any]:
-    """The pipeline's entry point: key frames of every video in the catalog."""
     cfg = KeyframeConfig.model_validate(config)
     return run_keyframes(Path(inputs["catalog"]), out, cfg, parse_selection(inputs.get(SHARD_INPUT), cfg.shards))

@@ -1,17 +1,7 @@
-"""Reading videos without holding them in memory.
-
-FFmpeg must decode every frame of a stream whose frames depend on each other, but the colour
-conversion that turns a decoded frame into an image is paid only on ``retrieve()``. So frames
-that are not used are ``grab()``-ed and only the sampled ones are retrieved.
-
-FFmpeg's own frame threads cost more CPU than they save on small streams and a 2-core machine
-(about a third more CPU for 360p MPEG-4 here), so a sampler can decode with fewer of them and
-instead decode ahead in a second thread, overlapping decoding with whatever the caller does with
-the frames. On large frames one FFmpeg thread becomes the slower path, so by default the number
-of threads follows the frame size (``auto_decode_threads``). OpenCV releases the GIL while it
-decodes, so the two run on two cores; a bounded queue keeps memory flat (at most ``ahead`` + 2
-frames held at once, whatever the length).
-"""
+"""Reading videos without holding them in memory: unused frames are only ``grab()``-ed (the
+colour conversion is paid on ``retrieve()``), decoding may run ahead in a second thread behind
+a bounded queue, and the chosen frames' JPEGs wait in a temporary file; and the
+``KeyframeResult`` both extraction modes return."""
 
 from __future__ import annotations
 
@@ -20,9 +10,10 @@ import os
 import queue
 import tempfile
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Any, Iterable, Iterator
 
 import cv2
 import numpy as np
@@ -39,6 +30,36 @@ TRUNCATION_MIN_FRAMES = 3
 AUTO_THREADS_MAX_PIXELS = 640 * 480
 
 
+@dataclass
+class KeyframeResult:
+    video_path: str
+    fps: float
+    n_frames: int  # frames actually decoded
+    width: int
+    height: int
+    sample_step: int
+    n_samples: int
+    indices: list[int]
+    timestamps: list[float]
+    overlaps: list[float]  # NaN where not measured (first, failed match, fill)
+    reasons: list[str]
+    images: list[bytes] | None = None  # JPEG bytes, one per kept frame
+    seconds: float = 0.0
+    passes: int = 1  # decoding passes: more than 1 only for containers that miscount their frames
+
+    @classmethod
+    def of(cls, video_path: str | Path, info: "VideoInfo", step: int, n_frames: int, n_samples: int,
+           kept: list[tuple[int, float, str]], images: list[bytes] | None, start: float,
+           passes: int) -> "KeyframeResult":
+        """From the kept ``(index, overlap, reason)``; ``start``: ``time.perf_counter()`` at the start."""
+        return cls(str(video_path), info.fps, n_frames, info.width, info.height, step, n_samples,
+                   [k[0] for k in kept], [k[0] / info.fps for k in kept], [k[1] for k in kept], [k[2] for k in kept],
+                   images, time.perf_counter() - start, passes)
+
+    def __len__(self) -> int:
+        return len(self.indices)
+
+
 @dataclass(frozen=True)
 class VideoInfo:
     path: str
@@ -50,23 +71,14 @@ class VideoInfo:
 
 def auto_decode_threads(width: int, height: int) -> int:
     """FFmpeg threads for frames of this size: 1 up to ``AUTO_THREADS_MAX_PIXELS``, else 0 (its own).
-
-    Measured on 2 cores with MPEG-4: at 640x360 FFmpeg's frame threads cost about a third more
-    CPU than one thread and gain little wall-clock time once the matching keeps the other core
-    busy. At 1280x720 one thread decodes 180 s of video in 6.3 s of wall-clock time against 3.7 s
-    with FFmpeg's threads: decoding, not matching (done at a fixed width), is then by far the
-    longer path, and the threads shorten it for a fifth to a third more CPU. A user who counts
-    CPU rather than waiting time sets ``decode_threads`` to 1.
-    """
+    Measured on 2 cores: at 640x360 its frame threads cost a third more CPU for little time; at
+    1280x720 decoding is the longer path and they shorten it (6.3 s to 3.7 s for 180 s of video)."""
     return 1 if width * height <= AUTO_THREADS_MAX_PIXELS else 0
 
 
 def open_video(path: str | Path, threads: int | None = 0) -> tuple[cv2.VideoCapture, VideoInfo]:
-    """Open a video for reading, or raise ``VideoError`` saying why it cannot be used.
-
-    ``threads``: FFmpeg decoding threads; 0 leaves OpenCV's default (one per core), None picks
-    by frame size (``auto_decode_threads``).
-    """
+    """Or raise ``VideoError`` saying why it cannot be used. ``threads``: FFmpeg's; 0: OpenCV's
+    default (one per core), None: by frame size."""
     p = Path(path)
     if not p.is_file():
         raise VideoError("missing", p, "no such file")
@@ -102,17 +114,10 @@ def probe_video(path: str | Path) -> VideoInfo:
 
 
 class FrameSampler:
-    """Yield ``(index, image, is_last)`` for frames 0, step, 2*step, ... and the last frame.
-
-    ``step = round(fps / sample_fps)``. The last frame is found without retrieving every frame:
-    frames from the container's reported count on are retrieved and only the final one is kept.
-    A container that over-reports its length is caught at the end of the stream, and the true
-    last frame is then decoded in a second pass. After iterating, ``frames_read`` is the number
-    of frames decoded and ``passes`` the number of decoding passes made.
-
-    ``ahead`` > 0 decodes in a second thread, at most that many yielded frames ahead of the
-    caller; the frames and their order are the same either way.
-    """
+    """Yield ``(index, image, is_last)`` for frames 0, step, 2*step, ... (``step = round(fps /
+    sample_fps)``) and the last, found from the container's count on; a container that
+    over-reports its length gets its true last frame in a second pass. ``ahead`` > 0 decodes in a
+    second thread that many frames ahead; the frames are the same either way."""
 
     def __init__(self, path: str | Path, sample_fps: float = 1.0, *, threads: int | None = 0, ahead: int = 0):
         if sample_fps <= 0:
@@ -177,8 +182,7 @@ class FrameSampler:
             self._stop_worker()
 
     def _stop_worker(self) -> None:
-        # The decoding thread must be gone before the capture is released under it; it
-        # looks at the flag at least once per frame it hands over.
+        # The decoding thread must be gone before the capture is released under it.
         if self._worker is not None:
             self._stop.set()
             self._worker.join()
@@ -217,8 +221,8 @@ class FrameSampler:
         self._check_complete()
 
     def _check_complete(self) -> None:
-        """A stream that stops well short of the container's count is damaged (zeroed or
-        cut-off data): its key frames would silently cover part of the video."""
+        """A stream that stops well short of the container's count is damaged: its key frames
+        would silently cover part of the video."""
         expected, got = self.info.frame_count, self.frames_read
         if (expected and expected - got > max(TRUNCATION_MIN_FRAMES, TRUNCATION_SHARE * expected)
                 and _decodes_at(self.info.path, (got + expected) // 2)):
@@ -237,7 +241,6 @@ class _Failure:
 
 
 def _decodes_at(path: str | Path, index: int) -> bool:
-    """Whether the frame at ``index`` can be reached by seeking and decoded."""
     cap = cv2.VideoCapture(str(path))
     try:
         cap.set(cv2.CAP_PROP_POS_FRAMES, index)
@@ -268,9 +271,6 @@ def read_frames(path: str | Path, indices: Iterable[int], threads: int | None = 
 
 
 class JpegSpool:
-    """JPEG bytes kept in a temporary file, so memory does not grow with the number of key
-    frames (both key-frame modes keep their chosen frames here until the end)."""
-
     def __init__(self) -> None:
         self.file = tempfile.TemporaryFile()
         self.where: dict[int, tuple[int, int]] = {}
@@ -285,5 +285,29 @@ class JpegSpool:
         self.file.seek(offset)
         return self.file.read(size)
 
+    def take(self, path: str | Path, indices: list[int], cfg: Any) -> tuple[list[bytes], int]:
+        """The JPEGs of ``indices``, those not held decoded again (a container that miscounted
+        its frames); and the extra passes that took."""
+        missing = [i for i in indices if i not in self.where]
+        if missing:
+            frames = read_frames(path, missing, cfg.decode_threads)
+            for i in missing:
+                if i not in frames:
+                    raise VideoError("unreadable", path, f"frame {i} could not be decoded again")
+                self.put(i, encode_jpeg(frames[i], cfg))
+        return [self.get(i) for i in indices], int(bool(missing))
+
     def close(self) -> None:
         self.file.close()
+
+
+def encode_jpeg(image: np.ndarray, cfg: Any) -> bytes:
+    """JPEG bytes, the longest side at most ``cfg.jpeg_max_side`` (0: as it is)."""
+    h, w = image.shape[:2]
+    if cfg.jpeg_max_side and max(h, w) > cfg.jpeg_max_side:
+        s = cfg.jpeg_max_side / max(h, w)
+        image = cv2.resize(image, (max(1, round(w * s)), max(1, round(h * s))), interpolation=cv2.INTER_AREA)
+    ok, buf = cv2.imencode(".jpg", image, [cv2.IMWRITE_JPEG_QUALITY, cfg.jpeg_quality])
+    if not ok:
+        raise VideoError("encode_failed", "", "JPEG encoding failed")
+    return buf.tobytes()

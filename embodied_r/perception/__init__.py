@@ -1,6 +1,3 @@
-"""The perception stage: the perceiver's prompts and reply schemas (``prompts``), robust
-reading of its replies (``parse``), per-question and per-video call plans (``modes``), and the
-resumable stage over every question (``stage``).
-
-May import: the core and ``backends``.
+"""The perception stage: the perceiver's prompts, the reading of its replies, the call plans
+of its modes and the resumable stage. May import: the core and ``backends``.
 """

@@ -16,22 +16,13 @@ from embodied_r.stage_plan import ITEMS, StageKind
 SUPPORTED_PROMPT_VERSIONS = {prompts.PROMPT_VERSION}
 
 
-# Qwen2.5-VL's own ceiling on an image (its processor's default max_pixels, 16384 patches
-# of 28 x 28): a frame up to 12.8 megapixels reaches the model at full resolution, as in
-# the official code, which sent full frames and set no limit.
+# Qwen2.5-VL's own ceiling (its processor's default): full frames, as the official code sent.
 FULL_RESOLUTION_PIXELS = 16384 * 28 * 28
 
 
 def _paper_perceiver() -> BackendConfig:
-    # The paper's perceiver, a 72B VLM, is served (e.g. `vllm serve`) rather than loaded
-    # in process; recipes point base_url elsewhere or swap the backend.
-    return BackendConfig(
-        kind="openai",
-        model="Qwen/Qwen2.5-VL-72B-Instruct",
-        base_url="http://127.0.0.1:8000/v1",
-        max_new_tokens=4096,
-        max_pixels=FULL_RESOLUTION_PIXELS,
-    )
+    return BackendConfig(kind="openai", model="Qwen/Qwen2.5-VL-72B-Instruct", base_url="http://127.0.0.1:8000/v1",
+                         max_new_tokens=4096, max_pixels=FULL_RESOLUTION_PIXELS)
 
 
 class PerceptionConfig(BaseModel):
@@ -39,61 +30,43 @@ class PerceptionConfig(BaseModel):
 
     backend: BackendConfig = Field(default_factory=_paper_perceiver)
     mode: Literal["per_question", "per_video"] = "per_question"
-    # How replies are asked for (the defaults are the official code's): "numbered" free
-    # text in numbered points, or "json" (a JSON object, held to a schema with
-    # ``structured_output``); the prompt's text before the images ("text_first") or after
-    # them ("images_first", which a server's prefix cache shares across the questions
-    # about the same frames); a system message framing the task, or none.
+    # The defaults are the official code's; "images_first" lets a server's prefix cache share
+    # the frames across their questions.
     reply_format: ReplyFormat = "numbered"
     image_order: ImageOrder = "text_first"
     system_message: bool = False
-    # Put before the question-related part of each frame's observation in the video text
-    # ("Question-related:"); "" joins it to the new information with a space, as the
-    # official text does.
+    # Before the question-related part of each frame's text; "" joins it with a space, as
+    # the official text does.
     question_label: str = ""
-    # Reply budget of one call about a frame or a pair of frames. The official calls set
-    # none; 4096 tokens is far beyond any reply seen, so nothing is cut.
+    # The official calls set none; 4096 is far beyond any reply seen.
     max_new_tokens: int = Field(4096, ge=1)
-    # per_video: key frames shown in one question pass, and that pass's reply budget
-    # (it answers for every frame it shows).
+    # per_video: key frames shown in one question pass, and its reply budget.
     question_window: int = Field(32, ge=2)
     question_max_new_tokens: int = Field(4096, ge=1)
-    # With reply_format json, hold replies to a JSON schema where the backend can (openai:
-    # response_format, falling back to plain text when the server refuses it; vllm:
-    # structured outputs). The transformers backend has no such option and is always read
-    # as plain text.
+    # With reply_format json, hold replies to the schema where the backend can.
     structured_output: bool = True
     prompt_version: str = prompts.PROMPT_VERSION
-    # The original texts, set from the recipe's prompts file (``prompts.file``); None: this
-    # project's instructions.
+    # The original texts, from the recipe's ``prompts.file``; None: this project's.
     texts: PerceiverTexts | None = None
-    # A question one of whose calls failed after its retries: "drop" leaves it out of
-    # training and test; "keep_placeholder" keeps it with the official text's "None" for
-    # that frame. Either way the failed calls are counted.
+    # A question a call failed for: dropped, or kept with the official text's "None" there.
     on_failure: Literal["drop", "keep_placeholder"] = "drop"
-    # Refuse to run without the original texts (the `released` recipe: the authors' reasoner
-    # read their perceiver's text); the recipe still validates without them.
+    # The `released` recipe: its reasoner read the authors' perceiver's texts.
     texts_required: bool = operational(False)
     # More failed questions than this share fails the stage (kept .partial, never cached).
     max_failed_fraction: float = operational(DEFAULT_MAX_FAILED_FRACTION, ge=0, le=1)
-    # Parts the videos (with their questions) are split into, each run on its own and merged
-    # into the same folder as one run; 1 = not split.
+    # Parts the videos are split into, each run on its own and merged as one run.
     shards: int = operational(1, ge=1)
 
     @field_validator("prompt_version")
     @classmethod
     def _known_version(cls, value: str) -> str:
         if value not in SUPPORTED_PROMPT_VERSIONS:
-            raise ValueError(
-                f"prompt_version {value!r} is not available in this code "
-                f"(available: {sorted(SUPPORTED_PROMPT_VERSIONS)})"
-            )
+            raise ValueError(f"prompt_version {value!r} is not available in this code "
+                             f"(available: {sorted(SUPPORTED_PROMPT_VERSIONS)})")
         return value
 
     @model_validator(mode="after")
     def _texts_fit(self) -> "PerceptionConfig":
-        # The original texts ask for one pass per question and numbered points: any other
-        # form would send them with instructions they do not have.
         if self.texts is not None and (self.mode, self.reply_format) != ("per_question", "numbered"):
             raise ValueError(f"perception: the prompts file's texts ({self.texts.source}) are the original "
                              "per-question prompts; set perception.mode: per_question and reply_format: numbered")
@@ -103,7 +76,6 @@ class PerceptionConfig(BaseModel):
         return PromptStyle(self.reply_format, self.image_order, self.system_message, self.texts)
 
     def plan(self) -> Any:
-        """The calls and parsing of this config's mode and prompt style (a ``perception.modes`` mode)."""
         from embodied_r.perception.modes import make_mode
 
         return make_mode(self.mode, self.question_window, self.style())
@@ -118,8 +90,8 @@ class PerceptionConfig(BaseModel):
         return [("backend", self.backend, True)]
 
     def missing_before_run(self) -> list[str]:
-        """A recipe that needs the user's own prompts file still validates; its run stops before
-        the key frames rather than after them."""
+        """A recipe that needs the user's prompts file still validates; its run stops before the
+        key frames."""
         found = []
         if self.texts_required and self.texts is None:
             found.append("prompts.file: this recipe needs the original texts; write them with `embodied-r prompts "

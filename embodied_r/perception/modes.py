@@ -1,18 +1,7 @@
-"""The two perception modes: which VLM calls a catalog needs, and how their replies make
-each question's frames.
-
-``per_question`` (the paper): every question gets its own pass, one call per key frame
-(frame 0 alone, then each pair of consecutive key frames), with the question in each.
-
-``per_video``: the scene (frame 0) and each pair's action and new information are asked
-once per video, without a question, and shared by all of the video's questions; each
-question then gets one question pass over all its key frames (in windows of
-``question_window`` frames) for what bears on it. A video with Q questions and F key
-frames costs F + Q calls instead of Q x F.
-
-Call keys name the lines of the stage's item log, so they must stay stable across runs:
-a resumed run skips every key already logged.
-"""
+"""The perception modes: which VLM calls a catalog needs and how their replies make each
+question's frames. ``per_question`` (the paper): a call per key frame (or pair) per question;
+``per_video``: the frames once per video, then a question pass per question (F + Q calls, not
+Q x F). Call keys name the item log's lines, so they stay stable across runs."""
 
 from __future__ import annotations
 
@@ -25,8 +14,7 @@ from embodied_r.perception.parse import FrameInfo, parse_frame_response, parse_q
 from embodied_r.perception.prompts import PAPER_STYLE, PromptStyle
 
 Mode = Literal["per_question", "per_video"]
-# Calls of one phase share a token budget; per_video's question passes run after the
-# video passes, with a budget that covers a reply for every frame of a window.
+# per_video's question passes run after the video passes, with a budget for a whole window.
 QUESTION_PHASE = "question"
 
 
@@ -44,13 +32,11 @@ class Call:
     kind: str  # per_question: "frame"; per_video: "scene", "pair" or "question"
     conversation: Conversation
     schema: dict[str, Any] | None  # the reply's JSON schema, for structured output
-    # Calls this one is worth nothing without: if one of them failed, it is not sent.
     needs: tuple[str, ...] = ()
 
 
-# What stands for a frame whose call failed, with ``perception.on_failure: keep_placeholder``:
-# the official text's rendering of a failed call (its description None), "After None,
-# Observe: None".
+# A failed call's frame under ``on_failure: keep_placeholder``, as the official text renders
+# it: "After None, Observe: None".
 FAILED_TEXT = "None"
 FAILED = "failed"  # parsed_as of such a frame
 
@@ -61,16 +47,14 @@ def placeholder() -> FrameInfo:
 
 @dataclass
 class Assembled:
-    """One question's frames and the logged calls they were built from."""
-
     infos: list[FrameInfo]
     raws: list[str]  # the reply each frame's action and observation were read from
     keys: list[str]
 
 
 def windows(n_frames: int, size: int) -> list[range]:
-    """Consecutive frame ranges of at most ``size``; a lone last frame joins the one
-    before it, so no question pass shows a single frame out of context."""
+    """Ranges of at most ``size``; a lone last frame joins the one before, so no question
+    pass shows a single frame out of context."""
     spans = [range(s, min(s + size, n_frames)) for s in range(0, n_frames, size)]
     if len(spans) > 1 and len(spans[-1]) == 1:
         last = spans.pop()
@@ -83,7 +67,6 @@ class _Mode:
         self.style = style
 
     def _schema(self, schema: dict[str, Any]) -> dict[str, Any] | None:
-        # Only JSON replies have a schema to hold them to.
         return schema if self.style.reply_format == "json" else None
 
 
@@ -104,8 +87,6 @@ class PerQuestion(_Mode):
                 else:
                     conv = prompts.pair_conversation(q.frames[f - 1], q.frames[f], q.text, self.style)
                     schema = self._schema(prompts.PAIR_SCHEMA)
-                # Each frame needs the one before: once a question's call has failed, its
-                # later rounds are not sent.
                 needs = (self.key(q.uid, f - 1),) if f else ()
                 out.append((f, q.video_id, q.uid, Call(self.key(q.uid, f), "frame", conv, schema, needs)))
         # Round by round, and within a round video by video: batches of similar length,
@@ -115,8 +96,6 @@ class PerQuestion(_Mode):
 
     def assemble(self, q: Question, done: dict[str, dict[str, Any]],
                  failed: frozenset[str] | set[str] = frozenset()) -> Assembled | str:
-        """The question's frames, or the key of the first call it still lacks; a call in
-        ``failed`` gives its frame the placeholder instead."""
         keys = [self.key(q.uid, f) for f in range(len(q.frames))]
         missing = next((k for k in keys if k not in done and k not in failed), None)
         if missing is not None:
@@ -163,20 +142,16 @@ class PerVideo(_Mode):
         # Questions of one video together: they share the image prefix of every pass.
         for q in sorted(questions, key=lambda q: (q.video_id, q.uid)):
             for span in windows(len(q.frames), self.window):
-                conv = prompts.question_pass_conversation(
-                    q.frames[span.start : span.stop], span.start, q.text, self.style
-                )
-                question_calls.append(
-                    Call(self.question_key(q.uid, span.start), QUESTION_PHASE, conv,
-                         self._schema(prompts.question_pass_schema(span)),
-                         needs=tuple(self.video_key(q.video_id, f) for f in range(len(q.frames))))
-                )
+                conv = prompts.question_pass_conversation(q.frames[span.start : span.stop], span.start, q.text,
+                                                          self.style)
+                question_calls.append(Call(self.question_key(q.uid, span.start), QUESTION_PHASE, conv,
+                                           self._schema(prompts.question_pass_schema(span)),
+                                           needs=tuple(self.video_key(q.video_id, f) for f in range(len(q.frames)))))
         return [c for *_, c in video_calls] + question_calls
 
     def assemble(self, q: Question, done: dict[str, dict[str, Any]],
                  failed: frozenset[str] | set[str] = frozenset()) -> Assembled | str:
-        """As ``PerQuestion.assemble``: a failed video call gives its frame the placeholder,
-        a failed question pass leaves its frames without question-related text."""
+        """A failed question pass leaves its frames without question-related text."""
         spans = windows(len(q.frames), self.window)
         video_keys = [self.video_key(q.video_id, f) for f in range(len(q.frames))]
         question_keys = [self.question_key(q.uid, s.start) for s in spans]

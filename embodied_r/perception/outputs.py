@@ -1,10 +1,6 @@
-"""What the perception stage writes once its calls are made, and the checks on it.
-
-``perception.parquet`` (each question's video text), ``perception_frames.parquet`` (every
-frame's parsed fields beside the raw reply), ``failures.parquet`` and the summary's counts.
-A served perceiver whose replies name no action at all, or that answers every call with no
-text, is named with its address: the fix is on the server, not in the questions.
-"""
+"""What the perception stage writes once its calls are made (``perception.parquet``, the
+frames' parsed fields beside the raw replies, failures and the summary), and the checks that
+name a served perceiver whose replies are unusable, since the fix is on the server."""
 
 from __future__ import annotations
 
@@ -27,7 +23,6 @@ def server_name(cfg: Any) -> str:
 
 
 def server_hint(cfg: Any, summary: dict[str, Any]) -> str:
-    """What to fix when every failure is an empty reply: the server, not the questions."""
     reasons = summary["reasons"]
     if not cfg.backend.served or set(reasons) != {"empty_reply"}:
         return ""
@@ -36,7 +31,6 @@ def server_hint(cfg: Any, summary: dict[str, Any]) -> str:
 
 
 def check_actions(cfg: Any, summary: dict[str, Any], work: Path) -> None:
-    """Stop when a served perceiver's replies name no action for any pair of frames."""
     if not cfg.backend.served or summary["unknown_action_rate"] < 1.0 or not summary["done"]:
         return
     raise StageFault(
@@ -50,9 +44,8 @@ SHOWN_VIDEOS = 3
 
 
 def without_keyframes(questions: list[Question], failures: dict[str, str], keyframes: Path) -> str:
-    """The videos the key-frame stage left out that questions here failed on, first few named,
-    and the file where that stage lists them all with why: the fix is in those videos, and
-    "fix the cause" alone sends the user looking."""
+    """The videos without key frames that questions here failed on, and the file where the
+    key-frame stage says why: the fix is in those videos."""
     videos = list(dict.fromkeys(q.video_id for q in questions if q.uid in failures and not q.frames))
     if not videos:
         return ""
@@ -68,18 +61,22 @@ def _reason_kind(reason: str) -> str:
     return "empty_reply" if "empty_reply" in reason else "call_failed"
 
 
-def write_outputs(
-    work: Path,
-    mode: Any,
-    ready: list[Question],
-    calls: list[Call],
-    done: dict[str, dict[str, Any]],
-    errors: dict[str, str],
-    failures: dict[str, str],
-    n_questions: int,
-    question_label: str = "",
-    on_failure: str = "drop",
-) -> dict[str, Any]:
+def write_outputs(work: Path, mode: Any, ready: list[Question], calls: list[Call], done: dict[str, dict[str, Any]],
+                  errors: dict[str, str], failures: dict[str, str], n_questions: int, question_label: str = "",
+                  on_failure: str = "drop") -> dict[str, Any]:
+    rows, frame_rows, parsed_as, with_placeholder = _assemble(mode, ready, done, errors, failures, question_label,
+                                                              on_failure)
+    write_parquet_atomic(table_from_records(rows, schemas.PERCEPTION), work / "perception.parquet")
+    write_parquet_atomic(table_from_records(frame_rows, schemas.PERCEPTION_FRAMES), work / "perception_frames.parquet")
+    fail_rows = [{"stage": STAGE, "item": uid, "reason": why} for uid, why in sorted(failures.items())]
+    write_parquet_atomic(table_from_records(fail_rows, schemas.FAILURES), work / "failures.parquet")
+    return _summary(mode, calls, done, failures, n_questions, rows, frame_rows, parsed_as, with_placeholder)
+
+
+def _assemble(mode: Any, ready: list[Question], done: dict[str, dict[str, Any]], errors: dict[str, str],
+              failures: dict[str, str], question_label: str, on_failure: str
+              ) -> tuple[list[dict], list[dict], Counter[str], int]:
+    """Each question's row and its frames' rows; a question a call failed for goes to ``failures``."""
     rows, frame_rows = [], []
     parsed_as: Counter[str] = Counter()
     # keep_placeholder: a call that failed after its retries stands as the placeholder text
@@ -95,48 +92,29 @@ def write_outputs(
         with_placeholder += any(info.parsed_as == FAILED for info in built.infos)
         for f, (info, raw) in enumerate(zip(built.infos, built.raws)):
             parsed_as[info.parsed_as] += 1
-            frame_rows.append(
-                {"uid": q.uid, "frame": f, "action": info.action, "new_info": info.new_info,
-                 "question_info": info.question_info, "raw": raw}
-            )
+            frame_rows.append({"uid": q.uid, "frame": f, "action": info.action, "new_info": info.new_info,
+                               "question_info": info.question_info, "raw": raw})
         recs = [done[k] for k in built.keys]
-        rows.append(
-            {
-                "uid": q.uid,
-                "video_text": video_text(built.infos, question_label),
-                "n_frames": len(built.infos),
-                "n_calls": len(recs),
-                "prompt_tokens": sum(int(r["prompt_tokens"]) for r in recs),
-                "completion_tokens": sum(int(r["completion_tokens"]) for r in recs),
-            }
-        )
-    write_parquet_atomic(table_from_records(rows, schemas.PERCEPTION), work / "perception.parquet")
-    write_parquet_atomic(
-        table_from_records(frame_rows, schemas.PERCEPTION_FRAMES), work / "perception_frames.parquet"
-    )
-    fail_rows = [{"stage": STAGE, "item": uid, "reason": why} for uid, why in sorted(failures.items())]
-    write_parquet_atomic(table_from_records(fail_rows, schemas.FAILURES), work / "failures.parquet")
+        rows.append({"uid": q.uid, "video_text": video_text(built.infos, question_label), "n_frames": len(built.infos),
+                     "n_calls": len(recs), "prompt_tokens": sum(int(r["prompt_tokens"]) for r in recs),
+                     "completion_tokens": sum(int(r["completion_tokens"]) for r in recs)})
+    return rows, frame_rows, parsed_as, with_placeholder
 
+
+def _summary(mode: Any, calls: list[Call], done: dict[str, dict[str, Any]], failures: dict[str, str],
+             n_questions: int, rows: list[dict], frame_rows: list[dict], parsed_as: Counter[str],
+             with_placeholder: int) -> dict[str, Any]:
     # Every logged call this catalog needs, once, whichever run made it: what it cost.
     logged = [(c, done[c.key]) for c in calls if c.key in done]
     unknown = sum(1 for r in frame_rows if r["frame"] > 0 and r["action"] == prompts.UNKNOWN_ACTION)
     later = sum(1 for r in frame_rows if r["frame"] > 0)
     return {
-        "stage": STAGE,
-        "mode": mode.name,
-        "prompt_version": prompts.PROMPT_VERSION,
-        "items": n_questions,
-        "questions": n_questions,
-        "done": len(rows),
-        "failed": len(failures),
-        # Questions kept with a placeholder for a failed call, and such frames: counted
-        # apart from the failed (dropped) questions, never hidden among the done ones.
-        "questions_with_placeholder": with_placeholder,
-        "placeholder_frames": parsed_as[FAILED],
+        "stage": STAGE, "mode": mode.name, "prompt_version": prompts.PROMPT_VERSION,
+        "items": n_questions, "questions": n_questions, "done": len(rows), "failed": len(failures),
+        # Counted apart from the failed (dropped) questions, never hidden among the done ones.
+        "questions_with_placeholder": with_placeholder, "placeholder_frames": parsed_as[FAILED],
         "reasons": dict(Counter(_reason_kind(r) for r in failures.values())),
-        "calls": len(logged),
-        "calls_needed": len(calls),
-        "calls_by_kind": dict(Counter(c.kind for c, _ in logged)),
+        "calls": len(logged), "calls_needed": len(calls), "calls_by_kind": dict(Counter(c.kind for c, _ in logged)),
         "calls_per_question": len(logged) / n_questions if n_questions else 0.0,
         "prompt_tokens": sum(int(r["prompt_tokens"]) for _, r in logged),
         "completion_tokens": sum(int(r["completion_tokens"]) for _, r in logged),

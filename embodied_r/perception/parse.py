@@ -1,15 +1,6 @@
-"""Reading the perceiver's replies, and the video text built from them.
-
-A reply is read in the form it was asked for first, then in the others: numbered points
-(``1. ... 2. ... 3. ...``, at line starts or, failing that, inline, in order, labels such
-as "Action:" dropped), a JSON object (bare, fenced, inside prose, or cut off by the token
-limit), labelled plain text (``Action: ...``), and last the whole text as the observation.
-The action is mapped to ``prompts.ACTIONS`` or recorded as ``unknown``. The video text
-strings the frames together the way the reasoning prompt reads them:
-``Frame 0: Observe: ...`` / ``Frame i: After <action>, Observe: ...``, each observation
-being the new information and then what bears on the question (after a label, if the
-recipe sets one; the official text joins them with a space).
-"""
+"""Reading the perceiver's replies (in the form asked for first, then numbered points, JSON
+whole or cut off, labelled text, and last the whole text), and the video text built from
+them: ``Frame 0: Observe: ...`` / ``Frame i: After <action>, Observe: ...``."""
 
 from __future__ import annotations
 
@@ -20,35 +11,15 @@ from typing import Any, Iterable
 
 from embodied_r.perception.prompts import ACTIONS, UNKNOWN_ACTION, ReplyFormat
 
-# -- actions ------------------------------------------------------------------------------
-
 _SYNONYMS: dict[str, str] = {
-    "go forward": "move forward",
-    "fly forward": "move forward",
-    "forward": "move forward",
-    "go backward": "move backward",
-    "move back": "move backward",
-    "backward": "move backward",
-    "go left": "move left",
-    "strafe left": "move left",
-    "go right": "move right",
-    "strafe right": "move right",
-    "ascend": "move up",
-    "fly up": "move up",
-    "rise": "move up",
-    "descend": "move down",
-    "fly down": "move down",
-    "turn left": "rotate left",
-    "yaw left": "rotate left",
-    "turn right": "rotate right",
-    "yaw right": "rotate right",
-    "look up": "tilt up",
-    "pitch up": "tilt up",
-    "look down": "tilt down",
-    "pitch down": "tilt down",
+    "go forward": "move forward", "fly forward": "move forward", "forward": "move forward",
+    "go backward": "move backward", "move back": "move backward", "backward": "move backward",
+    "go left": "move left", "strafe left": "move left", "go right": "move right", "strafe right": "move right",
+    "ascend": "move up", "fly up": "move up", "rise": "move up", "descend": "move down", "fly down": "move down",
+    "turn left": "rotate left", "yaw left": "rotate left", "turn right": "rotate right", "yaw right": "rotate right",
+    "look up": "tilt up", "pitch up": "tilt up", "look down": "tilt down", "pitch down": "tilt down",
 }
 _PHRASES = sorted([(a, a) for a in ACTIONS] + list(_SYNONYMS.items()), key=lambda p: -len(p[0]))
-
 
 _INFLECTIONS = [
     # "move upward", "tilt downward" (the official list's words), "forwards".
@@ -88,19 +59,10 @@ class FrameInfo:
 
 _KEYS = {
     "action": "action",
-    "new_info": "new_info",
-    "newinfo": "new_info",
-    "new_information": "new_info",
-    "new_spatial_information": "new_info",
-    "newly_seen": "new_info",
-    "scene": "new_info",
-    "description": "new_info",
-    "observation": "new_info",
-    "question_info": "question_info",
-    "question_information": "question_info",
-    "question_related": "question_info",
-    "question_related_objects": "question_info",
-    "question_objects": "question_info",
+    **dict.fromkeys(("new_info", "newinfo", "new_information", "new_spatial_information", "newly_seen", "scene",
+                     "description", "observation"), "new_info"),
+    **dict.fromkeys(("question_info", "question_information", "question_related", "question_related_objects",
+                     "question_objects"), "question_info"),
 }
 
 
@@ -121,7 +83,6 @@ def _as_text(value: Any) -> str:
 
 
 def _json_objects(text: str) -> Iterable[dict[str, Any]]:
-    """Every JSON object embedded in ``text`` (code fences and prose around it allowed)."""
     decoder = json.JSONDecoder()
     for match in re.finditer(r"\{", text):
         try:
@@ -137,8 +98,7 @@ _LOOSE_PAIR = re.compile(r'"([A-Za-z][\w \-]*)"\s*:\s*"((?:[^"\\]|\\.)*)')
 
 
 def _loose_pairs(text: str) -> dict[str, str]:
-    """String fields of a JSON object that does not parse, typically one truncated at
-    the token limit: what was written before the cut is kept."""
+    """String fields of a JSON object that does not parse (cut off at the token limit)."""
     pairs = {}
     for key, value in _LOOSE_PAIR.findall(text):
         try:
@@ -214,8 +174,8 @@ def _ordered_points(markers: list[re.Match[str]], text: str) -> dict[int, str]:
 
 
 def numbered_points(text: str) -> dict[int, str]:
-    """The numbered points of a reply, {1: ..., 2: ..., 3: ...}; {} when it has fewer than two.
-    Markers are looked for at line starts, then anywhere after a space."""
+    """{1: ..., 2: ..., 3: ...}; {} with fewer than two. Markers at line starts first, then
+    anywhere after a space."""
     text = text or ""
     for pattern in (_POINT_AT_LINE, _POINT_INLINE):
         points = _ordered_points(list(pattern.finditer(text)), text)
@@ -235,12 +195,8 @@ def _numbered_fields(text: str) -> dict[str, str]:
 
 
 def parse_frame_response(text: str, first: bool, reply_format: ReplyFormat = "json") -> FrameInfo:
-    """Read a perceiver answer about a first frame (a description) or a pair of frames
-    (action, new information, what bears on the question). The form it was asked for is
-    tried first: ``numbered`` points (for a first frame: the whole reply is the
-    description, as the official code reads it), or a ``json`` object; then the other
-    forms, labelled plain text (``Action: ...``), and last the whole text as the
-    observation."""
+    """A reply about a first frame (a description) or a pair of frames. Numbered, a first
+    frame's whole reply is the description, as the official code reads it."""
     text = text or ""
     fields: dict[str, str] = {}
     parsed_as = "text"
@@ -270,18 +226,11 @@ def parse_frame_response(text: str, first: bool, reply_format: ReplyFormat = "js
     if not fields:
         fields = {"new_info": text.strip()}
     action = "" if first else normalize_action(fields.get("action", ""))
-    return FrameInfo(
-        action=action,
-        new_info=fields.get("new_info", ""),
-        question_info=fields.get("question_info", ""),
-        parsed_as=parsed_as,
-    )
+    return FrameInfo(action, fields.get("new_info", ""), fields.get("question_info", ""), parsed_as)
 
 
 _FRAME_KEY = re.compile(r"^\s*(?:frame|key ?frame)?[\s_\-#]*(\d+)\s*$", re.IGNORECASE)
-_FRAME_LINE = re.compile(
-    r"^[\s>*#\-]*(?:key ?)?frame[\s_#]*(\d+)\s*\**\s*[:\-.)]\s*\**\s*(.*)$", re.IGNORECASE
-)
+_FRAME_LINE = re.compile(r"^[\s>*#\-]*(?:key ?)?frame[\s_#]*(\d+)\s*\**\s*[:\-.)]\s*\**\s*(.*)$", re.IGNORECASE)
 
 
 def _by_frame(pairs: dict[str, Any], frames: range) -> dict[int, str]:
@@ -294,9 +243,8 @@ def _by_frame(pairs: dict[str, Any], frames: range) -> dict[int, str]:
 
 
 def parse_question_pass(text: str, frames: range) -> tuple[dict[int, str], str]:
-    """Question-related information per key frame from a question pass, and how it was
-    read: a JSON object keyed ``frame_<i>`` (also ``"3"``, ``"Frame 3"``, or a list under
-    ``frames``), else lines ``Frame 3: ...``, else the whole text on the first frame."""
+    """Question-related text per key frame, and how it was read: JSON keyed by frame (or a
+    list under ``frames``), else ``Frame 3: ...`` lines, else the whole text on the first frame."""
     text = text or ""
     for obj in _json_objects(text):
         listed = obj.get("frames")
@@ -323,20 +271,11 @@ def parse_question_pass(text: str, frames: range) -> tuple[dict[int, str], str]:
     return ({frames[0]: text.strip()} if text.strip() else {}), "text"
 
 
-# -- video text ---------------------------------------------------------------------------
-
-
 def _one_line(text: str) -> str:
     return re.sub(r"\s+", " ", text or "").strip()
 
 
-# The label this project put before the question-related part of an observation.
-QUESTION_LABEL = "Question-related:"
-
-
 def observation(new_info: str, question_info: str, question_label: str = "") -> str:
-    """The new information, then what bears on the question, after ``question_label``
-    if one is given (the official text joins the two with a space and no label)."""
     parts = [_one_line(new_info)]
     if _one_line(question_info):
         label = question_label.strip()
@@ -345,7 +284,6 @@ def observation(new_info: str, question_info: str, question_label: str = "") -> 
 
 
 def video_text(frames: list[FrameInfo], question_label: str = "") -> str:
-    """One line per key frame, in order; frame 0 has no action."""
     lines = []
     for i, frame in enumerate(frames):
         seen = observation(frame.new_info, frame.question_info, question_label)

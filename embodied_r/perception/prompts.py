@@ -1,31 +1,6 @@
-"""Perception prompts, the conversations built from them, and their reply schemas.
-
-``per_question`` (the paper): frame 0 is described alone and each later key frame is
-shown with the key frame before it; the perceiver reports the action taken between them,
-what is newly visible, and what bears on the question. ``per_video``: the scene and each
-pair's action and new information are asked once per video, without a question, and one
-question pass per question asks what bears on it in every key frame.
-
-The instructions cover every point of the official prompts, in this project's words:
-the action from a fixed list of ten; the newly visible objects with their colour and
-shape, noting that objects of one kind (a city's buildings) repeat; picturing the 3D scene
-around the agent; positions relative to the agent ("to the front-left"), not within the
-image; the objects the question names, without answering it; brevity.
-
-How a reply is asked for is a ``PromptStyle``, a named option of the stage:
-
-- ``reply_format``: ``numbered`` (free text in numbered points, the official form) or
-  ``json`` (a JSON object, held to a schema by backends with structured output);
-- ``image_order``: ``text_first`` (the official order) or ``images_first`` (every
-  question about the same frames shares the longest prefix, which servers cache);
-- ``system_message``: whether a system message frames the task (the official prompts
-  have none).
-
-The original code's own texts are never part of the project: ``PerceiverTexts`` carries
-them into a run from the user's checkout (``embodied-r prompts import-official``), and then
-replaces the instructions above word for word.
-
-The version is part of every perception stage's identity: change a prompt, bump it.
+"""Perception prompts (every point of the official ones, in this project's words), the
+conversations built from them and their reply schemas. The original texts come only from the
+user's checkout (``PerceiverTexts``). Change a prompt, bump ``PROMPT_VERSION``.
 """
 
 from __future__ import annotations
@@ -43,25 +18,13 @@ PROMPT_VERSION = "2"
 ReplyFormat = Literal["numbered", "json"]
 ImageOrder = Literal["text_first", "images_first"]
 
-ACTIONS: tuple[str, ...] = (
-    "move forward",
-    "move backward",
-    "move left",
-    "move right",
-    "move up",
-    "move down",
-    "rotate left",
-    "rotate right",
-    "tilt up",
-    "tilt down",
-)
+ACTIONS: tuple[str, ...] = ("move forward", "move backward", "move left", "move right", "move up", "move down",
+                            "rotate left", "rotate right", "tilt up", "tilt down")
 UNKNOWN_ACTION = "unknown"
 
 
 class PerceiverTexts(BaseModel):
-    """The perceiver's texts from a prompts file: the first frame's and each pair's
-    instruction, each a template with ``{question}``, and the question block, a template
-    with ``{question}`` and ``{options}`` (the option lines)."""
+    """From a prompts file: templates with ``{question}`` (and ``{options}`` in ``question``)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -88,13 +51,10 @@ SYSTEM = (
     "you are given: another model will answer it from your descriptions."
 )
 
-# -- the parts every instruction is made of ------------------------------------------------
-
 VIEWPOINT = (
     "You see through the camera of an embodied agent: each image shows what the agent sees "
     "from its own point of view."
 )
-# Colour and shape; the 3D scene; egocentric positions, not positions in the image.
 DESCRIBE = (
     "Describe the objects by their colour and shape. First picture the three-dimensional "
     "space around the agent, then say where each thing is relative to the agent itself, "
@@ -190,9 +150,6 @@ def question_pass_instruction(fmt: ReplyFormat, frames: range) -> str:
     return QUESTION_PASS.format(first=frames.start, last=frames[-1], next=frames.start + 1, reply=reply)
 
 
-# -- conversations ------------------------------------------------------------------------
-
-
 def _image(path: str) -> dict[str, str]:
     return {"type": "image", "path": path}
 
@@ -202,7 +159,7 @@ def _conversation(images: list[str], text: str, style: PromptStyle) -> Conversat
     if style.image_order == "text_first":
         content = [{"type": "text", "text": text}, *parts]
     else:
-        # Images first: every question about the same frames shares the longest prefix.
+        # Every question about the same frames shares the longest prefix, which servers cache.
         content = [*parts, {"type": "text", "text": text}]
     system = [{"role": "system", "content": SYSTEM}] if style.system_message else []
     return [*system, {"role": "user", "content": content}]
@@ -239,34 +196,21 @@ def frame_key(frame: int) -> str:
 
 def question_pass_conversation(images: list[str], first: int, question: str,
                                style: PromptStyle = PAPER_STYLE) -> Conversation:
-    """Key frames ``first .. first + len(images) - 1`` of one video and one question.
-    With images first, every question of a video sees the same images before its own
-    text, so a server's prefix cache serves all but the first."""
     frames = range(first, first + len(images))
     text = _with_question(question_pass_instruction(style.reply_format, frames), question)
     return _conversation(images, text, style)
 
 
-# -- structured output: JSON schemas of the replies, for backends that enforce one --------
-
-
 def _object_schema(title: str, properties: dict[str, dict[str, Any]]) -> dict[str, Any]:
     # Every key required and no others: what strict structured-output modes accept.
-    return {
-        "title": title,
-        "type": "object",
-        "properties": properties,
-        "required": list(properties),
-        "additionalProperties": False,
-    }
+    return {"title": title, "type": "object", "properties": properties, "required": list(properties),
+            "additionalProperties": False}
 
 
 _TEXT = {"type": "string"}
 _ACTION = {"type": "string", "enum": list(ACTIONS)}
 FIRST_FRAME_SCHEMA = _object_schema("first_frame", {"new_info": _TEXT, "question_info": _TEXT})
-PAIR_SCHEMA = _object_schema(
-    "frame_pair", {"action": _ACTION, "new_info": _TEXT, "question_info": _TEXT}
-)
+PAIR_SCHEMA = _object_schema("frame_pair", {"action": _ACTION, "new_info": _TEXT, "question_info": _TEXT})
 SCENE_SCHEMA = _object_schema("scene", {"new_info": _TEXT})
 VIDEO_PAIR_SCHEMA = _object_schema("video_pair", {"action": _ACTION, "new_info": _TEXT})
 

@@ -1,24 +1,6 @@
-"""The perception stage: a large VLM turns each question's key frames into text.
-
-Two modes (see ``perception_modes``): ``per_question``, the paper's, gives each question
-its own pass over its key frames; ``per_video`` asks each video's scene and actions once
-and adds one question pass per question. Calls are sent in batches ordered for the
-backend's batching and a server's prefix cache. Every finished call is logged the moment
-it finishes, so a killed run resumes without repeating a finished call or losing one.
-
-A call that still fails after the backend's retries is counted, and what becomes of its
-question is ``on_failure``: ``drop`` lists it in ``failures.parquet`` with the reason, and it has
-no row in ``perception.parquet``, so the convert stage leaves it out (reason
-``no_perception``) instead of training on a partial text; ``keep_placeholder``, as the
-official code, keeps it with "None" for the failed frame ("After None, Observe: None"),
-counted in the summary's ``questions_with_placeholder`` and ``placeholder_frames``. The summary counts calls, failed calls, retries, tokens and replies cut to
-their token budget (``replies_truncated``: a server that ignores ``max_tokens``); its numbers
-become MLflow metrics. A served perceiver whose replies name no action at all is not
-perceiving (a wrong model, a chat template that drops the images): the stage fails then,
-naming the server, rather than handing empty perception to training. Per-question rows count the calls a question's text rests on
-(in ``per_video`` these include its video's shared calls); the summary counts each call
-once.
-"""
+"""The perception stage: a VLM turns each question's key frames into text, every call logged
+the moment it finishes, so a killed run resumes without repeating or losing one; a question
+whose call still fails is dropped (or kept on a placeholder) and counted."""
 
 from __future__ import annotations
 
@@ -46,6 +28,8 @@ from embodied_r.shards import SHARD_INPUT, Sharding, parse_selection, run_sharde
 log = logging.getLogger(__name__)
 
 STAGE = "perception"
+
+
 def _read_inputs(catalog: Path, keyframes: Path,
                  texts: PerceiverTexts | None = None) -> tuple[list[Question], dict[str, list[str]]]:
     catalog, keyframes = Path(catalog), Path(keyframes)
@@ -53,46 +37,35 @@ def _read_inputs(catalog: Path, keyframes: Path,
         raise FileNotFoundError(f"catalog {catalog} not found: run the preprocess stage first")
     kf_file = keyframes / "keyframes.parquet"
     if not kf_file.is_file():
-        raise FileNotFoundError(
-            f"{kf_file} not found: point `keyframes` at a finished key-frame stage folder "
-            "(run the keyframes stage first)"
-        )
+        raise FileNotFoundError(f"{kf_file} not found: point `keyframes` at a finished key-frame stage folder "
+                                "(run the keyframes stage first)")
     cat = pq.read_table(catalog, columns=["uid", "video_id", "question", "options"]).to_pylist()
     rows = pq.read_table(kf_file, columns=["video_id", "rank", "image_path"]).to_pylist()
     by_video: dict[str, list[tuple[int, str]]] = defaultdict(list)
     for row in rows:
         by_video[row["video_id"]].append((row["rank"], str(keyframes / row["image_path"])))
     frames = {vid: [p for _, p in sorted(items)] for vid, items in by_video.items()}
-    questions = [
-        Question(
-            uid=r["uid"],
-            video_id=r["video_id"],
-            text=prompts.question_with_options(r["question"], r["options"], texts),
-        )
-        for r in cat
-    ]
+    questions = [Question(r["uid"], r["video_id"], prompts.question_with_options(r["question"], r["options"], texts))
+                 for r in cat]
     if len({q.uid for q in questions}) != len(questions):
         raise ValueError(f"catalog {catalog} has duplicate uids: rebuild it with the preprocess stage")
     return questions, frames
 
 
 def _valid_entry(rec: dict[str, Any]) -> bool:
-    """A logged call that can be replayed: anything else is dropped and the call made again."""
+    """A logged call that can be replayed; anything else is made again."""
     return (isinstance(rec.get("key"), str) and isinstance(rec.get("kind"), str)
             and isinstance(rec.get("raw"), str)
             and all(isinstance(rec.get(k), int) and rec[k] >= 0 for k in ("prompt_tokens", "completion_tokens")))
 
 
 def _chunk_size(cfg: BackendConfig) -> int:
-    # Enough calls per generate() to fill a batch in process and keep every connection
-    # busy over HTTP; results are logged one by one as they finish, so a larger chunk
-    # only bounds how much is prepared at once. ``concurrency`` is per server.
+    # Enough to fill a batch in process and keep every connection busy; results are logged
+    # as they finish, so a larger chunk only bounds how much is prepared at once.
     return max(cfg.batch_size, 16 * cfg.concurrency * max(1, len(cfg.urls())))
 
 
 class _Runner:
-    """Sends calls through a backend and logs each one the moment it finishes."""
-
     def __init__(self, backend: Backend, item_log: ItemLog, done: dict[str, dict[str, Any]],
                  structured: bool, send_after_failure: bool = False):
         self.backend = backend
@@ -104,9 +77,7 @@ class _Runner:
         self.errors: dict[str, str] = {}
         self.outage: str | None = None
         self.unwritable: WriteFailure | None = None
-        self.made = 0
-        self.failed = 0
-        self.skipped = 0
+        self.made = self.failed = self.skipped = 0
         self.total = 0  # calls of the whole stage, for progress
         self._lock = threading.Lock()
 
@@ -120,20 +91,14 @@ class _Runner:
                 if gen.infra_failed and self.outage is None:
                     self.outage = f"call {call.key}: {self.errors[call.key]}"
                 return
-        rec = {
-            "key": call.key,
-            "kind": call.kind,
-            "raw": gen.text,
-            "prompt_tokens": gen.prompt_tokens,
-            "completion_tokens": gen.completion_tokens,
-        }
+        rec = {"key": call.key, "kind": call.kind, "raw": gen.text, "prompt_tokens": gen.prompt_tokens,
+               "completion_tokens": gen.completion_tokens}
         if gen.truncated:
             rec["truncated"] = True
         try:
             self.item_log.append(rec)
         except WriteFailure as exc:
-            # Raised here it would reach the backend's event loop once per call in flight;
-            # the stage stops once, after the calls already sent.
+            # Raised here it would reach the event loop once per call in flight; stop once, after.
             with self._lock:
                 self.unwritable = self.unwritable or exc
             return
@@ -144,8 +109,7 @@ class _Runner:
         progress.update("perception", finished, self.total)
 
     def _skipped(self, call: Call) -> bool:
-        """Whether a call is not worth sending: one it needs failed (or was skipped)
-        earlier in this run, so its question cannot be completed anyway."""
+        """Not worth sending: a call it needs failed (or was skipped) in this run."""
         failed = next((k for k in call.needs if k in self.errors), None)
         if failed is None or self.send_after_failure:
             return False
@@ -164,12 +128,9 @@ class _Runner:
                 reported.add(i)
                 self._record(chunk[i], gen)
 
-            gens = self.backend.generate(
-                [c.conversation for c in chunk],
-                schemas=[c.schema for c in chunk] if self.structured else None,
-                max_new_tokens=max_new_tokens,
-                on_result=on_result,
-            )
+            gens = self.backend.generate([c.conversation for c in chunk],
+                                         schemas=[c.schema for c in chunk] if self.structured else None,
+                                         max_new_tokens=max_new_tokens, on_result=on_result)
             for i, gen in enumerate(gens):
                 if i not in reported:
                     self._record(chunk[i], gen)
@@ -187,7 +148,6 @@ RUN_COUNTERS = ("calls_made", "calls_failed", "calls_skipped", "retries", "struc
 
 
 def _split(questions: list[Question], frames: dict[str, list[str]]) -> tuple[list[Question], dict[str, str]]:
-    """The questions with key frames to look at, and the reasons of those without."""
     failures: dict[str, str] = {}
     ready: list[Question] = []
     for q in questions:
@@ -200,8 +160,7 @@ def _split(questions: list[Question], frames: dict[str, list[str]]) -> tuple[lis
 
 
 def _work(work: Path, ready: list[Question], cfg: PerceptionConfig, catalog: Path) -> dict[str, Any]:
-    """Every call of ``ready`` missing from the item log of ``work``, each logged as it ends.
-    Returns the run's counters and the reasons of the calls that failed (call key -> error)."""
+    """The calls missing from ``work``'s item log: the run's counters and the failed calls' errors."""
     item_log = ItemLog(work / "items.jsonl", key="key", validate=_valid_entry)
     done = {rec["key"]: rec for rec in item_log.read()}
     calls = cfg.plan().calls(ready)
@@ -221,20 +180,15 @@ def _work(work: Path, ready: list[Question], cfg: PerceptionConfig, catalog: Pat
         runner.run([c for c in pending if c.kind == QUESTION_PHASE], size, cfg.question_max_new_tokens)
     finally:
         backend.close()
-    stats.update(
-        calls_made=runner.made,
-        calls_failed=runner.failed,
-        calls_skipped=runner.skipped,
-        retries=len(getattr(backend, "retry_log", [])),
-        structured_output_refused=int(bool(getattr(backend, "structured_output_refused", False))),
-    )
+    stats.update(calls_made=runner.made, calls_failed=runner.failed, calls_skipped=runner.skipped,
+                 retries=len(getattr(backend, "retry_log", [])),
+                 structured_output_refused=int(bool(getattr(backend, "structured_output_refused", False))))
     # A shard's done and failed count its calls (logged, and failed or not sent).
     return {**stats, "errors": runner.errors, "done": len(done), "failed": len(runner.errors)}
 
 
 def _finish(work: Path, questions: list[Question], ready: list[Question], failures: dict[str, str],
             cfg: PerceptionConfig, run: dict[str, Any], keyframes: Path) -> dict[str, Any]:
-    """The stage's outputs from the item log of ``work`` and the run's counters and errors."""
     mode = cfg.plan()
     item_log = ItemLog(work / "items.jsonl", key="key", validate=_valid_entry)
     done = {rec["key"]: rec for rec in item_log.read()}
@@ -254,8 +208,7 @@ def _finish(work: Path, questions: list[Question], ready: list[Question], failur
 
 def run_perception(catalog: Path, keyframes: Path, out: Path, cfg: PerceptionConfig,
                    shard: int | None = None) -> dict[str, Any]:
-    """The perceiver's text for every question; in ``cfg.shards`` shards by video (or only
-    shard ``shard``, 0-based) when more than one, so a video's shared calls stay in one shard."""
+    """Sharded by video (``shard``: only that one, 0-based), so a video's shared calls stay together."""
     out = Path(out)
     if is_complete(out):
         return read_summary(out)
@@ -289,7 +242,6 @@ def run_perception(catalog: Path, keyframes: Path, out: Path, cfg: PerceptionCon
 
 def run_stage(out: Path, config: dict[str, Any], inputs: dict[str, str],
               mlflow_run_id: str | None = None) -> dict[str, Any]:
-    """The pipeline's entry point: the perceiver's text for every question."""
     cfg = PerceptionConfig.model_validate(config)
     return run_perception(Path(inputs["catalog"]), Path(inputs["keyframes"]), out, cfg,
                           parse_selection(inputs.get(SHARD_INPUT), cfg.shards))

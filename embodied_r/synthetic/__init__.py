@@ -1,7 +1,4 @@
-"""The synthetic benchmark: a small world of camera paths and objects (``world``), rendered
-into UrbanVideo-style flights (``urban``) and VSI-style room scans (``vsi``) in the real
-datasets' file layouts, with answers right by construction (``generate`` is the entry).
-
-May import: the foundation (``io``; ``benchmarks`` for the real layouts and schemas), and
+"""The synthetic benchmark: UrbanVideo-style flights and VSI-style room scans in the real
+datasets' layouts, answers right by construction. May import: the foundation, and
 ``keyframes.ffmpeg`` for FFmpeg's messages.
 """

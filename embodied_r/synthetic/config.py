@@ -19,16 +19,9 @@ class SyntheticConfig(BaseModel):
     width: int = Field(640, ge=64, le=3840)
     height: int = Field(360, ge=36, le=2160)
     questions_per_category: int = Field(1, ge=1, le=5)
-    # "shuffled" as the real benchmarks mostly have them; "sorted": each question's options in
-    # alphabetical order; "fixed": a task whose options are a closed set (where a landmark
-    # is, the next move, which movement is under way, left or right, ...) lists that whole
-    # set in one order for every question, so each answer has one letter and a reasoner maps
-    # what it read to a letter without looking it up among shuffled lines (the demo's, with
-    # ``balanced``). Tasks whose options name objects, routes or orders stay shuffled.
+    # "fixed": a task with a closed set of answers lists the whole set in one order, so each
+    # answer has one letter; options naming objects, routes or orders stay shuffled.
     option_order: Literal["shuffled", "sorted", "fixed"] = "shuffled"
-    # Spread the right answers evenly over what each task can answer: landmarks placed to the
-    # left, ahead and right of where a turn ends, turns both shorter and longer than half a
-    # circle, and each question's subject chosen so that no answer is more often right than
-    # the others. Unbalanced, most landmarks stand dead ahead and most turns are short, so
-    # "ahead of me" or "the other way is longer" is right without reading the video.
+    # Right answers spread evenly over each task's answers: unbalanced, most landmarks stand
+    # dead ahead and most turns are short, so "ahead of me" is right without reading the video.
     balanced: bool = False

@@ -1,14 +1,6 @@
-"""The synthetic videos written by worker processes, one per core, while this process plans the
-next worlds and writes their questions.
-
-Painting the worlds, rendering and encoding the frames are most of the benchmark's cost, and
-a video needs nothing of the planning that follows it. What a video shows is settled before it
-is filmed: its backdrop's random draws (``world.backdrop``), objects and camera path come from
-the world's own seeded generator here, and the questions read the objects' visibility from the
-camera path alone (``world.visibility``), never from the pixels. A video's bytes depend on its
-``Shot`` only, so the files are the same whichever worker writes them and however many there
-are.
-"""
+"""Filming the synthetic videos in worker processes while this process plans the next worlds.
+A video's bytes depend on its ``Shot`` only (every random draw is made here, beforehand), so
+the files are the same whichever worker writes them and however many there are."""
 
 from __future__ import annotations
 
@@ -27,9 +19,8 @@ from embodied_r.synthetic.world import (HFOV, Backdrop, Pose, Segment, Thing, dr
 
 @dataclass(frozen=True)
 class Shot:
-    """One world's footage: its backdrop and objects (painted by the worker), the camera path
-    from ``start``, and each clip's path and frame count (clips of one world are prefixes of
-    one flight)."""
+    """One world's footage; ``outputs``: each clip's path and frame count (clips of one world
+    are prefixes of one flight)."""
 
     backdrop: Backdrop
     things: tuple[Thing, ...]
@@ -62,7 +53,6 @@ def _init_worker(parent: int) -> None:
 
 
 def worker_count() -> int:
-    """Worker processes for filming: one per core this process may run on."""
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
@@ -98,13 +88,12 @@ class Crew:
             self._finish_one()
 
     def wait(self) -> None:
-        """Until every shot given so far is filmed and its ``then`` has run."""
         while self._queue:
             self._finish_one()
 
     def abandon(self) -> None:
-        """Drop the shots not yet filmed and wait for those being filmed, their ``then`` and
-        errors left aside (the caller is already handling an error)."""
+        """Drop the shots not yet filmed, wait for those being filmed, their ``then`` and errors
+        left aside (the caller is already handling an error)."""
         queued, self._queue = list(self._queue), deque()
         for future, _ in queued:
             future.cancel()

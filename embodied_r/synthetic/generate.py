@@ -1,6 +1,5 @@
-"""A small synthetic benchmark laid out exactly like the real ones that have a synthetic twin
-(``urban``, ``vsi``): every answer computed from the generator's own world, so right by
-construction; the same seed gives byte-identical files. This module is the entry point."""
+"""The synthetic benchmark's entry: each benchmark's twin written; the same seed gives
+byte-identical files."""
 
 from __future__ import annotations
 
@@ -14,9 +13,7 @@ from embodied_r.synthetic.filming import Crew
 
 
 def make_synthetic_benchmark(root: Path, cfg: SyntheticConfig | None = None, workers: int | None = None) -> dict:
-    """Write each twin's folder (``root/UrbanVideo-Bench``, ``root/VSI-Bench``) as the hub repos lay
-    them out, the videos filmed by ``workers`` processes (default: one per core; 1: in this
-    process). The files are the same whatever the number."""
+    """``workers``: filming processes (default one per core; 1: in this process)."""
     cfg = cfg or SyntheticConfig()
     start = time.perf_counter()
     root = Path(root)

@@ -1,19 +1,6 @@
-"""What each synthetic video truly shows, frame by frame, written beside the videos.
-
-The generator knows the camera's pose and every object's place at every frame, so it records
-them in ``world_truth.parquet`` in each benchmark's folder: per video and frame, the pose, the
-motion under way, and the objects whose centre is in view with where they are (their place
-across the frame, their bearing from the heading and, in rooms, their distance). The demo's
-stand-in perceiver (``embodied_r.demo.world_perceiver``) reads it at the key frames the
-key-frame stage chose; the question writers use the same ``side`` rule, so a question about
-where a thing is has the answer a perfect perceiver reports.
-
-Beside it, ``question_facts.parquet`` says for each question what in the video decides its
-answer (``FACT_KINDS``): where a named object is at the end, the last movement, the turn
-that brought a landmark into view, the order in which objects first show, where objects
-stand. The warm start's reasoning traces quote that part of the perception text; no prompt
-ever contains it.
-"""
+"""What each synthetic video truly shows, frame by frame (``world_truth.parquet``), and what
+decides each question's answer (``question_facts.parquet``: quoted by the warm start's traces,
+never put in a prompt), written beside the videos."""
 
 from __future__ import annotations
 
@@ -62,11 +49,9 @@ QUESTION_FACTS = pa.schema(
     ]
 )
 
-SIDES = ("left", "ahead", "right")
-
 
 def side(x: float) -> str:
-    """Where a thing in view is for the agent: the left, middle or right third of the frame."""
+    """The third of the frame a thing is in; the question writers and the perceiver share it."""
     return "left" if x < 1 / 3 else "right" if x > 2 / 3 else "ahead"
 
 
@@ -84,8 +69,7 @@ def motion_at(segments: Sequence[Segment], t: float) -> str:
 def video_truth(video_id: str, things: Sequence[Thing], segments: Sequence[Segment],
                 pose_fn: Callable[[float], Pose], n_frames: int, fps: float, aspect: float,
                 camera: tuple[float, float] | None = None) -> list[dict]:
-    """One row per frame of a video, in the ``WORLD_TRUTH`` schema. ``camera`` is the room
-    position the scan turns on (rooms only), for distances."""
+    """``WORLD_TRUTH`` rows; ``camera``: the room position a scan turns on, for distances."""
     rows = []
     for f in range(n_frames):
         t = f / fps
@@ -102,7 +86,6 @@ def video_truth(video_id: str, things: Sequence[Thing], segments: Sequence[Segme
 
 
 def fact(question_id: object, kind: str, objects: Sequence[str] = ()) -> dict:
-    """One row of ``QUESTION_FACTS``."""
     if kind not in FACT_KINDS:
         raise ValueError(f"unknown fact kind {kind!r}; kinds are {', '.join(FACT_KINDS)}")
     return {"question_id": str(question_id), "kind": kind, "objects": list(objects)}

@@ -17,18 +17,8 @@ from embodied_r.io import table_from_records, write_parquet_atomic
 from embodied_r.synthetic.config import SyntheticConfig
 from embodied_r.synthetic.filming import Crew, Shot
 from embodied_r.synthetic.truth import fact, side, video_truth, write_facts, write_truth
-from embodied_r.synthetic.world import (
-    LETTERS,
-    Balancer,
-    Pose,
-    Segment,
-    Thing,
-    backdrop,
-    options,
-    pose_at,
-    visibility,
-    wrap180,
-)
+from embodied_r.synthetic.world import (LETTERS, Balancer, Pose, Segment, Thing, backdrop, options, pose_at, visibility,
+                                         wrap180)
 
 
 URBAN_THINGS = [("red", "cube"), ("blue", "cylinder"), ("green", "sphere"), ("yellow", "cone"),
@@ -195,23 +185,32 @@ def _urban_questions(rng: np.random.Generator, cfg: "SyntheticConfig", segs: lis
     least often so far."""
     k = cfg.questions_per_category
     order = cfg.option_order
-    done = segs[: end + 1]
     # The goals of the questions about the end of the clip are things in view there, so what
     # the last frame shows answers them: the target first when it is in view.
     goals = sorted(last, key=lambda n: (n != target.name, n))
     goals = [goals[0]] + [goals[1:][i] for i in rng.permutation(len(goals) - 1)] if goals else []
+    yield from _goal_questions(rng, order, k, goals, last, balance)
+    yield _progress_question(rng, order, segs, end, steps)
+    yield from _counterfactual_questions(rng, order, k, segs, end, landmark, balance)
+    yield from _recall_questions(rng, order, k, seen, glimpsed_names)
+    yield from _duration_questions(rng, order, k, segs[: end + 1])
 
-    def chosen(task: str, n: int) -> list[str]:
-        if balance is None:
-            return goals[:n]
-        left, out = list(goals), []
-        while left and len(out) < n:
-            out.append(balance.pick(task, [(last[g], g) for g in left], rng, ("left", "ahead", "right")))
-            left.remove(out[-1])
-        return out
 
+def _chosen(rng: np.random.Generator, balance: Balancer | None, task: str, n: int, goals: list[str],
+            last: dict[str, str]) -> list[str]:
+    if balance is None:
+        return goals[:n]
+    left, out = list(goals), []
+    while left and len(out) < n:
+        out.append(balance.pick(task, [(last[g], g) for g in left], rng, ("left", "ahead", "right")))
+        left.remove(out[-1])
+    return out
+
+
+def _goal_questions(rng: np.random.Generator, order: str, k: int, goals: list[str], last: dict[str, str],
+                    balance: Balancer | None) -> Iterator[tuple]:
     # Action Generation: the next move heads for the goal: turn toward it, or fly on when ahead.
-    for name in chosen("Action Generation", 1):
+    for name in _chosen(rng, balance, "Action Generation", 1, goals, last):
         nxt = SIDE_MOVE[last[name]]
         others = [o for o in AG_OPTION.values() if o != nxt] + AG_DISTRACTORS
         opts, ans = options(rng, nxt, [others[i] for i in rng.permutation(len(others))[:6]], order, AG_FIXED)
@@ -219,7 +218,7 @@ def _urban_questions(rng: np.random.Generator, cfg: "SyntheticConfig", segs: lis
                "What is your next move, given the target location for your next move?", opts, ans, "choose",
                ("place_now", [name]))
     # Landmark Position: where a landmark is at the end of the clip.
-    for name in chosen("Landmark Position", k):
+    for name in _chosen(rng, balance, "Landmark Position", k, goals, last):
         where = SIDE_PHRASE[last[name]]
         opts, ans = options(rng, f"The {name} is {where}.",
                             [f"The {name} is {s}." for s in LP_PLACES if s != where], order,
@@ -227,8 +226,12 @@ def _urban_questions(rng: np.random.Generator, cfg: "SyntheticConfig", segs: lis
         yield ("Landmark Position", f"At the initial position, you are asked to navigate to the "
                f"{name}. When you reach the current location, what is the direction to the "
                "destination?", opts, ans, "choose", ("place_now", [name]))
-    # Progress Evaluation: which instruction step the last frames belong to; the other
-    # options are steps of other movements, so the last movement seen tells them apart.
+
+
+def _progress_question(rng: np.random.Generator, order: str, segs: list[Segment], end: int,
+                       steps: list[str]) -> tuple:
+    """Which instruction step the last frames belong to; the other options are steps of other
+    movements, so the last movement seen tells them apart."""
     instruction = " ".join(s[2].lower() + s[3:] for s in steps)
     wrong = [steps[i] for i in rng.permutation(len(steps)) if segs[i].action != segs[end].action][:4]
     # Fixed: one option per movement, in one order: the step under way for its own movement,
@@ -239,10 +242,14 @@ def _urban_questions(rng: np.random.Generator, cfg: "SyntheticConfig", segs: lis
                     for a in AG_OPTION}
         per_move[segs[end].action] = steps[end]
     opts, ans = options(rng, steps[end], wrong, order, list(per_move.values()) if per_move else None)
-    yield ("Progress Evaluation", f"Navigation Instruction given at initial position: [{instruction}]. "
-           "You move according to a series of movement instructions. What are you doing now?",
-           opts, ans, "choose", ("last_action", []))
-    # Counterfactual: turning the other way also reaches the landmark; longer or shorter?
+    return ("Progress Evaluation", f"Navigation Instruction given at initial position: [{instruction}]. "
+            "You move according to a series of movement instructions. What are you doing now?",
+            opts, ans, "choose", ("last_action", []))
+
+
+def _counterfactual_questions(rng: np.random.Generator, order: str, k: int, segs: list[Segment], end: int,
+                              landmark: dict[int, Thing], balance: Balancer | None) -> Iterator[tuple]:
+    # Turning the other way also reaches the landmark; longer or shorter?
     turns = [i for i in range(end + 1) if i in landmark and abs(segs[i].rate * segs[i].duration - 180) > 15]
     if balance is not None:
         ranked: list[int] = []
@@ -268,14 +275,21 @@ def _urban_questions(rng: np.random.Generator, cfg: "SyntheticConfig", segs: lis
         yield ("Counterfactual", f"Instead of turning {d} toward the {lm}, if you choose to turn "
                f"{other}, can you still face the {lm}, and how is the alternative route?",
                opts, ans, "choices", ("turn_to", [lm]))
-    # Object Recall: clearly seen (centre in view) against never glimpsed; half-seen ones are no option.
+
+
+def _recall_questions(rng: np.random.Generator, order: str, k: int, seen: list[str],
+                      glimpsed_names: set[str]) -> Iterator[tuple]:
+    # Clearly seen (centre in view) against never glimpsed; half-seen ones are no option.
     unseen = [f"{c} {s}" for c, s in URBAN_THINGS if f"{c} {s}" not in glimpsed_names]
     for name in [seen[i] for i in rng.permutation(len(seen))][:k]:
         art = lambda n: ("An " if n[0] in "aeiou" else "A ") + n + "."  # noqa: E731
         opts, ans = options(rng, art(name), [art(unseen[i]) for i in rng.permutation(len(unseen))[:4]], order)
         yield ("Object Recall", "Which of the following objects do you see during the flight?",
                opts, ans, "choices", ("first_seen", [name]))
-    # Duration: two movements that occur once each in the clip.
+
+
+def _duration_questions(rng: np.random.Generator, order: str, k: int, done: list[Segment]) -> Iterator[tuple]:
+    # Two movements that occur once each in the clip.
     counts: dict[str, int] = {}
     for s in done:
         counts[s.action] = counts.get(s.action, 0) + 1

@@ -22,20 +22,8 @@ from embodied_r.io import table_from_records, write_parquet_atomic
 from embodied_r.synthetic.config import SyntheticConfig
 from embodied_r.synthetic.filming import Crew, Shot
 from embodied_r.synthetic.truth import fact, video_truth, write_facts, write_truth
-from embodied_r.synthetic.world import (
-    EXTENT,
-    LETTERS,
-    Balancer,
-    Pose,
-    Segment,
-    Thing,
-    backdrop,
-    options,
-    pose_at,
-    segments_from,
-    visibility,
-    wrap180,
-)
+from embodied_r.synthetic.world import (EXTENT, LETTERS, Balancer, Pose, Segment, Thing, backdrop, options, pose_at,
+                                         segments_from, visibility, wrap180)
 
 
 # VSI-style categories: (name, colour, shape, typical longest dimension in cm)
@@ -95,117 +83,149 @@ DIRECTION_SETS = {"object_rel_direction_easy": ["left", "right"],
                   "object_rel_direction_hard": ["front-left", "front-right", "back-left", "back-right"]}
 
 
+def _dist(a: Thing, b: Thing) -> float:
+    return math.hypot(a.x - b.x, a.y - b.y)
+
+
+def _bearing(a: Thing, b: Thing) -> float:
+    return math.degrees(math.atan2(b.x - a.x, b.y - a.y))
+
+
+def _rel(a: Thing, b: Thing, c: Thing) -> float:
+    return wrap180(_bearing(a, c) - _bearing(a, b))
+
+
+def _lettered(opts: list[str]) -> list[str]:
+    return [f"{LETTERS[i]}. {o}" for i, o in enumerate(opts)]
+
+
 def _vsi_questions(rng: np.random.Generator, cfg: "SyntheticConfig", dims: tuple[float, float],
                    things: list[Thing], seen_at: list[int | None], balance: Balancer | None = None
                    ) -> Iterator[tuple]:
-    """Yield (question_type, question, options or None, ground_truth, (fact kind, objects)).
-    With a ``balance``, the relation questions are chosen among all the room's candidates so
-    that each answer is right about as often as the others."""
-    length, width = dims
+    """Yield (question_type, question, options or None, ground_truth, (fact kind, objects))."""
     k = cfg.questions_per_category
     single = [t for t in things if sum(o.name == t.name for o in things) == 1]
-    dist = lambda a, b: math.hypot(a.x - b.x, a.y - b.y)  # noqa: E731
-    bearing = lambda a, b: math.degrees(math.atan2(b.x - a.x, b.y - a.y))  # noqa: E731
-    rel = lambda a, b, c: wrap180(bearing(a, c) - bearing(a, b))  # noqa: E731
-    lettered = lambda opts: [f"{LETTERS[i]}. {o}" for i, o in enumerate(opts)]  # noqa: E731
+    yield from _counting_questions(rng, things, k)
+    # Random draws of four distinct single-instance objects; questions keep the clear-cut ones.
+    trios = [tuple(single[i] for i in rng.permutation(len(single))[:4]) for _ in range(40)] if len(single) >= 4 else []
+    yield from _measure_questions(trios[:k], dims)
+    yield from _relation_questions(rng, cfg, trios, single, balance)
+    yield from _appearance_questions(rng, cfg, things, single, seen_at)
+
+
+def _counting_questions(rng: np.random.Generator, things: list[Thing], k: int) -> Iterator[tuple]:
     # The repeated category first, so counting is not always "1".
     names = sorted({t.name for t in things}, key=lambda n: (-sum(t.name == n for t in things), n))
     for name in names[:1] + [names[1:][i] for i in rng.permutation(len(names) - 1)][: k - 1]:
         yield ("object_counting", f"How many {name}(s) are in this room?", None,
                str(sum(t.name == name for t in things)), ("first_seen", [name]))
-    # Random draws of four distinct single-instance objects; questions keep the clear-cut ones.
-    trios = [tuple(single[i] for i in rng.permutation(len(single))[:4]) for _ in range(40)] if len(single) >= 4 else []
-    for a, b, *_ in trios[:k]:
+
+
+def _measure_questions(trios: list[tuple], dims: tuple[float, float]) -> Iterator[tuple]:
+    length, width = dims
+    for a, b, *_ in trios:
         yield ("object_abs_distance", "Measuring from the closest point of each object, what is the "
-               f"direct distance between the {a.name} and the {b.name} (in meters)?", None, f"{dist(a, b):.1f}",
+               f"direct distance between the {a.name} and the {b.name} (in meters)?", None, f"{_dist(a, b):.1f}",
                ("positions", [a.name, b.name]))
-    for a, *_ in trios[:k]:
+    for a, *_ in trios:
         yield ("object_size_estimation", "What is the length of the longest dimension (length, width, "
                f"or height) of the {a.name}, measured in centimeters?", None, str(a.size_cm), ("positions", [a.name]))
     yield ("room_size_estimation", "What is the size of this room (in square meters)? If multiple rooms "
            "are shown, estimate the size of the combined space.", None, f"{length * width:.1f}", ("positions", []))
 
-    # The relation questions a trio can ask: (type, answer, builder), the builder drawing its
-    # options when the question is asked.
-    def relations(a: Thing, b: Thing, c: Thing, d: Thing) -> Iterator[tuple]:
-        cands = [b, c, d] + [t for t in single if t not in (a, b, c, d)][:1]
-        if cfg.option_order == "sorted":
-            cands = sorted(cands, key=lambda t: t.name)
-        ds = sorted(dist(a, t) for t in cands)
-        if len(cands) == 4 and ds[1] - ds[0] >= 0.3:
-            best = min(cands, key=lambda t: dist(a, t))
-            yield ("object_rel_distance", best.name, lambda: (
-                "Measuring from the closest point of each object, which of these "
-                f"objects ({', '.join(t.name for t in cands)}) is the closest to the {a.name}?",
-                lettered([t.name for t in cands]), LETTERS[cands.index(best)], [a.name] + [t.name for t in cands]))
-        r = rel(a, b, c)
-        stand = f"If I am standing by the {a.name} and facing the {b.name}, "
-        where = [a.name, b.name, c.name]
 
-        def direction(kind: str, answer: str, question: str) -> tuple:
-            others = [o for o in DIRECTION_SETS[kind] if o != answer]
-            return kind, answer, lambda: (question, *_lettered_answer(rng, answer, others, cfg.option_order,
-                                                                      DIRECTION_SETS[kind], lettered), where)
-
-        if 20 <= abs(r) <= 160:
-            yield direction("object_rel_direction_easy", "right" if r > 0 else "left",
-                            stand + f"is the {c.name} to the left or the right of the {b.name}?")
-        if 20 <= abs(r) and abs(abs(r) - 135) >= 10:
-            yield direction("object_rel_direction_medium", "back" if abs(r) > 135 else "right" if r > 0 else "left",
-                            stand + f"is the {c.name} to my left, right, or back? An object is to my back if I "
-                            "would have to turn at least 135 degrees in order to face it.")
-        if min(abs(r), 180 - abs(r), abs(abs(r) - 90)) >= 10:
-            yield direction("object_rel_direction_hard",
-                            ("front" if abs(r) < 90 else "back") + ("-right" if r > 0 else "-left"),
-                            stand + f"is the {c.name} to my front-left, front-right, back-left, or back-right? The "
-                            "directions refer to the quadrants of a Cartesian plane (if I am standing at the origin "
-                            "and facing along the positive y-axis).")
-        r1, r2 = rel(a, b, c), wrap180(bearing(c, d) - bearing(a, c))
-        clear = lambda x: 35 <= abs(x) <= 125 or abs(x) >= 150  # noqa: E731
-        if clear(r1) and clear(r2):
-            right = f"{_turn_class(r1)}, {_turn_class(r2)}"
-
-            def route() -> tuple:
-                combos = [f"{p}, {q}" for p in ("Turn Left", "Turn Right", "Turn Back")
-                          for q in ("Turn Left", "Turn Right", "Turn Back") if f"{p}, {q}" != right]
-                opts, ans = options(rng, right, [combos[i] for i in rng.permutation(len(combos))[:3]],
-                                    cfg.option_order)
-                return (f"You are a robot beginning at the {a.name} facing the {b.name}. You want to navigate "
-                        f"to the {d.name}. You will perform the following actions (Note: for each [please fill "
-                        "in], choose either 'turn back,' 'turn left,' or 'turn right.'): 1. [please fill in]. "
-                        f"2. Go forward until the {c.name}. 3. [please fill in]. 4. Go forward until the "
-                        f"{d.name}. You have reached the final destination.", lettered(opts), ans,
-                        [a.name, b.name, c.name, d.name])
-            yield "route_planning", right, route
-
+def _relation_questions(rng: np.random.Generator, cfg: "SyntheticConfig", trios: list[tuple],
+                        single: list[Thing], balance: Balancer | None) -> Iterator[tuple]:
+    """With a ``balance``, chosen among all the room's candidates so that each answer is
+    right about as often as the others."""
+    k = cfg.questions_per_category
     kinds = ["object_rel_distance", *DIRECTION_SETS, "route_planning"]
     if balance is None:
         made = dict.fromkeys(kinds, 0)
         for trio in trios:
-            for kind, _, build in relations(*trio):
+            for kind, _, build in _relations(rng, cfg, single, *trio):
                 if made[kind] < k:
                     made[kind] += 1
                     question, opts, ans, about = build()
                     yield kind, question, opts, ans, ("positions", about)
-    else:
-        found: dict[str, list[tuple[str, Callable[[], tuple]]]] = {kind: [] for kind in kinds}
-        for trio in trios:
-            for kind, answer, build in relations(*trio):
-                found[kind].append((answer, build))
-        for kind in kinds:
-            for _ in range(min(k, len(found[kind]))):
-                build = balance.pick(kind, found[kind], rng, DIRECTION_SETS.get(kind, ()))
-                found[kind] = [f for f in found[kind] if f[1] is not build]
-                question, opts, ans, about = build()
-                yield kind, question, opts, ans, ("positions", about)
-    # Appearance order: when each first shows in full view (its centre in the frame, what a
-    # perceiver names), for objects that show at clearly different moments.
+        return
+    found: dict[str, list[tuple[str, Callable[[], tuple]]]] = {kind: [] for kind in kinds}
+    for trio in trios:
+        for kind, answer, build in _relations(rng, cfg, single, *trio):
+            found[kind].append((answer, build))
+    for kind in kinds:
+        for _ in range(min(k, len(found[kind]))):
+            build = balance.pick(kind, found[kind], rng, DIRECTION_SETS.get(kind, ()))
+            found[kind] = [f for f in found[kind] if f[1] is not build]
+            question, opts, ans, about = build()
+            yield kind, question, opts, ans, ("positions", about)
+
+
+def _relations(rng: np.random.Generator, cfg: "SyntheticConfig", single: list[Thing],
+               a: Thing, b: Thing, c: Thing, d: Thing) -> Iterator[tuple]:
+    """The relation questions a trio can ask: (type, answer, builder); the builder draws its
+    options only when the question is asked."""
+    cands = [b, c, d] + [t for t in single if t not in (a, b, c, d)][:1]
+    if cfg.option_order == "sorted":
+        cands = sorted(cands, key=lambda t: t.name)
+    ds = sorted(_dist(a, t) for t in cands)
+    if len(cands) == 4 and ds[1] - ds[0] >= 0.3:
+        best = min(cands, key=lambda t: _dist(a, t))
+        yield ("object_rel_distance", best.name, lambda: (
+            "Measuring from the closest point of each object, which of these "
+            f"objects ({', '.join(t.name for t in cands)}) is the closest to the {a.name}?",
+            _lettered([t.name for t in cands]), LETTERS[cands.index(best)], [a.name] + [t.name for t in cands]))
+    r = _rel(a, b, c)
+    stand = f"If I am standing by the {a.name} and facing the {b.name}, "
+    where = [a.name, b.name, c.name]
+
+    def direction(kind: str, answer: str, question: str) -> tuple:
+        others = [o for o in DIRECTION_SETS[kind] if o != answer]
+        return kind, answer, lambda: (question, *_lettered_answer(rng, answer, others, cfg.option_order,
+                                                                  DIRECTION_SETS[kind]), where)
+
+    if 20 <= abs(r) <= 160:
+        yield direction("object_rel_direction_easy", "right" if r > 0 else "left",
+                        stand + f"is the {c.name} to the left or the right of the {b.name}?")
+    if 20 <= abs(r) and abs(abs(r) - 135) >= 10:
+        yield direction("object_rel_direction_medium", "back" if abs(r) > 135 else "right" if r > 0 else "left",
+                        stand + f"is the {c.name} to my left, right, or back? An object is to my back if I "
+                        "would have to turn at least 135 degrees in order to face it.")
+    if min(abs(r), 180 - abs(r), abs(abs(r) - 90)) >= 10:
+        yield direction("object_rel_direction_hard",
+                        ("front" if abs(r) < 90 else "back") + ("-right" if r > 0 else "-left"),
+                        stand + f"is the {c.name} to my front-left, front-right, back-left, or back-right? The "
+                        "directions refer to the quadrants of a Cartesian plane (if I am standing at the origin "
+                        "and facing along the positive y-axis).")
+    r1, r2 = _rel(a, b, c), wrap180(_bearing(c, d) - _bearing(a, c))
+    clear = lambda x: 35 <= abs(x) <= 125 or abs(x) >= 150  # noqa: E731
+    if clear(r1) and clear(r2):
+        right = f"{_turn_class(r1)}, {_turn_class(r2)}"
+
+        def route() -> tuple:
+            combos = [f"{p}, {q}" for p in ("Turn Left", "Turn Right", "Turn Back")
+                      for q in ("Turn Left", "Turn Right", "Turn Back") if f"{p}, {q}" != right]
+            opts, ans = options(rng, right, [combos[i] for i in rng.permutation(len(combos))[:3]],
+                                cfg.option_order)
+            return (f"You are a robot beginning at the {a.name} facing the {b.name}. You want to navigate "
+                    f"to the {d.name}. You will perform the following actions (Note: for each [please fill "
+                    "in], choose either 'turn back,' 'turn left,' or 'turn right.'): 1. [please fill in]. "
+                    f"2. Go forward until the {c.name}. 3. [please fill in]. 4. Go forward until the "
+                    f"{d.name}. You have reached the final destination.", _lettered(opts), ans,
+                    [a.name, b.name, c.name, d.name])
+        yield "route_planning", right, route
+
+
+def _appearance_questions(rng: np.random.Generator, cfg: "SyntheticConfig", things: list[Thing],
+                          single: list[Thing], seen_at: list[int | None]) -> Iterator[tuple]:
+    # When each first shows in full view (its centre in the frame, what a perceiver names),
+    # for objects that show at clearly different moments.
     order = sorted((f, t.name) for t, f in zip(things, seen_at) if t in single and f is not None)
     spaced = [order[0]] if order else []
     for f, name in order[1:]:
         if f - spaced[-1][0] >= 0.8 * cfg.fps:
             spaced.append((f, name))
-    for _ in range(k if len(spaced) >= 4 else 0):
+    for _ in range(cfg.questions_per_category if len(spaced) >= 4 else 0):
         pick = sorted(spaced[i] for i in rng.permutation(len(spaced))[:4])
         right = [n for _, n in pick]
         perms = [list(p) for p in itertools.permutations(right) if list(p) != right]
@@ -213,13 +233,13 @@ def _vsi_questions(rng: np.random.Generator, cfg: "SyntheticConfig", dims: tuple
         opts, ans = options(rng, ", ".join(right), wrong, cfg.option_order)
         listed = [right[i] for i in rng.permutation(4)]
         yield ("obj_appearance_order", "What will be the first-time appearance order of the following "
-               f"categories in the video: {', '.join(listed)}?", lettered(opts), ans, ("first_seen", listed))
+               f"categories in the video: {', '.join(listed)}?", _lettered(opts), ans, ("first_seen", listed))
 
 
-def _lettered_answer(rng: np.random.Generator, answer: str, others: list[str], order: str, closed: list[str],
-                     lettered: Callable[[list[str]], list[str]]) -> tuple[list[str], str]:
+def _lettered_answer(rng: np.random.Generator, answer: str, others: list[str], order: str,
+                     closed: list[str]) -> tuple[list[str], str]:
     opts, ans = options(rng, answer, others, order, closed)
-    return lettered(opts), ans
+    return _lettered(opts), ans
 
 
 def _scene_name(rng: np.random.Generator, dataset: str) -> str:

@@ -1,11 +1,6 @@
-"""The synthetic worlds: camera paths, objects, drawing, visibility and rendering.
-
-Each world is a textured 360-degree panorama with coloured, labelled objects drawn at known
-bearings. The camera turns (yaw), rises or descends (vertical shift) and flies forward or
-backward (zoom), so consecutive frames are related by a homography, as the key-frame rule
-assumes. What the camera sees at each frame is computed from the same geometry the frames are
-drawn with, so the question writers can take answers from it.
-"""
+"""The synthetic worlds: a 360-degree panorama with labelled objects, camera paths (turns, tilts,
+zoom: frames related by a homography, as the key-frame rule assumes), drawing, visibility and
+rendering, all from one geometry, so the question writers take answers from it."""
 
 from __future__ import annotations
 
@@ -86,7 +81,7 @@ def pose_at(segments: Sequence[Segment], t: float, start: Pose = Pose(0.0, 0.0, 
 
 
 def inside(pose: Pose, aspect: float) -> Pose:
-    """Keep the view inside the panorama; plans stay well within, this only guards."""
+    # Plans stay well within the panorama; this only guards.
     zoom = min(max(pose.zoom, 0.7), 3.0)
     limit = VSPAN / 2 - HFOV * aspect / 2 / zoom - 1.0
     return Pose(pose.yaw, min(max(pose.pitch, -limit), limit), zoom)
@@ -98,9 +93,8 @@ def wrap180(angle: float) -> float:
 
 @dataclass(frozen=True)
 class Backdrop:
-    """The random draws a world's panorama is painted from (``paint``): drawn from the world's
-    generator in one place, so the painting can happen anywhere (a filming worker) and the
-    generator's later draws do not depend on it."""
+    """A panorama's random draws, made in one place so it can be painted anywhere (a filming
+    worker) and the generator's later draws do not depend on the painting."""
 
     width: int
     indoor: bool
@@ -192,14 +186,13 @@ EXTENT = {"cube": (0.6, 0.6), "box": (0.95, 0.5), "panel": (0.5, 0.65), "cylinde
 
 
 def in_view(thing: Thing, pose: Pose, aspect: float = 0.5625, margin: float = 0.05) -> bool:
-    """Whether the object's centre is inside the frame (less a margin) at this pose."""
+    """Whether the object's centre is inside the frame, less a margin."""
     x = 0.5 + wrap180(thing.azimuth - pose.yaw) * pose.zoom / HFOV
     y = 0.5 - (thing.elevation - pose.pitch) * pose.zoom / (HFOV * aspect)
     return margin <= x <= 1 - margin and margin <= y <= 1 - margin
 
 
 def glimpsed(thing: Thing, pose: Pose, aspect: float = 0.5625) -> bool:
-    """Whether any part of the object's shape is inside the frame at this pose."""
     ex, ey = EXTENT[thing.shape]
     dx = abs(wrap180(thing.azimuth - pose.yaw)) - ex * thing.size
     dy = abs(thing.elevation - pose.pitch) - ey * thing.size
@@ -207,7 +200,7 @@ def glimpsed(thing: Thing, pose: Pose, aspect: float = 0.5625) -> bool:
 
 
 def camera_view(pano: np.ndarray, pose: Pose, width: int, height: int) -> np.ndarray:
-    """The frame the camera sees at ``pose`` (already kept inside the panorama)."""
+    """``pose`` already kept ``inside`` the panorama."""
     ppd = width / HFOV
     z, cx, cy = pose.zoom, pose.yaw * ppd, pano.shape[0] / 2 - pose.pitch * ppd
     m = np.float32([[z, 0, width / 2 - z * cx], [0, z, height / 2 - z * cy]])
@@ -216,8 +209,8 @@ def camera_view(pano: np.ndarray, pose: Pose, width: int, height: int) -> np.nda
 
 def visibility(things: Sequence[Thing], pose_fn: Callable[[float], Pose], n: int, fps: float,
                aspect: float) -> tuple[list[int | None], list[int | None]]:
-    """Per object, the first of ``n`` frames its centre is in view ("seen") and the first any
-    part of it is ("glimpsed"): from the camera's path alone, without drawing a pixel."""
+    """Per object, the first frame its centre is in view and the first any part of it is: from
+    the camera's path alone."""
     first_seen: list[int | None] = [None] * len(things)
     first_glimpse: list[int | None] = [None] * len(things)
     for f in range(n):
@@ -232,8 +225,7 @@ def visibility(things: Sequence[Thing], pose_fn: Callable[[float], Pose], n: int
 
 def write_frames(pano: np.ndarray, pose_fn: Callable[[float], Pose], outputs: Sequence[tuple[Path, int]],
                  fps: float, width: int, height: int) -> None:
-    """Render ``max(n)`` frames, writing the first ``n`` to each output (prefix clips), each
-    frame written as it is rendered; every output is then read back (``_check_written``)."""
+    """Render ``max(n)`` frames, the first ``n`` to each output (prefix clips), then read each back."""
     writers = []
     for path, n in outputs:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -258,7 +250,6 @@ def write_frames(pano: np.ndarray, pose_fn: Callable[[float], Pose], outputs: Se
 def render(pano: np.ndarray, things: Sequence[Thing], pose_fn: Callable[[float], Pose],
            outputs: Sequence[tuple[Path, int]], fps: float, width: int, height: int
            ) -> tuple[list[int | None], list[int | None]]:
-    """``write_frames`` here and now; returns the objects' ``visibility`` over the frames."""
     write_frames(pano, pose_fn, outputs, fps, width, height)
     return visibility(things, pose_fn, max(n for _, n in outputs), fps, height / width)
 
@@ -268,8 +259,7 @@ _ROOM_BYTES = 1 << 20
 
 
 def _no_room(path: Path) -> None:
-    """Raise ENOSPC when the disk under ``path`` is (all but) full: OpenCV's writer says only
-    that it failed, and a full disk must be named as one, not as a missing encoder."""
+    # OpenCV's writer says only that it failed; a full disk must be named as one.
     import errno
     import shutil
 
@@ -278,9 +268,8 @@ def _no_room(path: Path) -> None:
 
 
 def _check_written(path: Path, n: int) -> None:
-    """A written video reads back with its ``n`` frames. OpenCV's writer drops the frames it
-    cannot write with a warning and no error, so a disk that filled would otherwise leave a
-    benchmark of cut or unreadable videos, taken as finished."""
+    # OpenCV's writer drops the frames it cannot write with only a warning: a disk that filled
+    # would otherwise leave cut videos taken as finished.
     from embodied_r.keyframes.ffmpeg import ffmpeg_messages
 
     with ffmpeg_messages() as said:
@@ -307,44 +296,32 @@ def write_motion_video(path: Path, motions: Sequence[tuple[str, float, float]], 
     return Path(path)
 
 
-# Multiple-choice options, shared by both benchmarks' question writers: shuffled, as the
-# real benchmarks mostly have them, or "sorted" (alphabetically), where the options of one
-# kind of question stand in one order and a letter stands for one answer. The draw is made
-# either way, so both orders give the same questions.
-def shuffled_options(rng: np.random.Generator, correct: str, others: Sequence[str],
-                     order: str = "shuffled") -> tuple[list[str], str]:
+def options(rng: np.random.Generator, correct: str, others: Sequence[str], order: str,
+            closed: Sequence[str] | None = None) -> tuple[list[str], str]:
+    """Options and the answer letter; ``closed``: the task's closed set of answers, listed as it
+    is under ``option_order: fixed`` (without one, the options are shuffled there)."""
+    if order == "fixed" and closed is not None:
+        if correct not in closed:
+            raise ValueError(f"answer {correct!r} is not in its task's closed set {list(closed)}")
+        return list(closed), LETTERS[list(closed).index(correct)]
     opts = [correct, *others]
+    # Drawn even when sorted, so every order gives the same questions.
     drawn = [opts[i] for i in rng.permutation(len(opts)).tolist()]
     listed = sorted(opts) if order == "sorted" else drawn
     return listed, LETTERS[listed.index(correct)]
 
 
-def options(rng: np.random.Generator, correct: str, others: Sequence[str], order: str,
-            closed: Sequence[str] | None = None) -> tuple[list[str], str]:
-    """A question's options and its answer letter. ``closed``: the task's whole closed set
-    of answers in its one order, listed as it is under ``option_order: fixed``; without
-    one (options that name objects, routes, orders) the options are shuffled there."""
-    if order == "fixed" and closed is not None:
-        if correct not in closed:
-            raise ValueError(f"answer {correct!r} is not in its task's closed set {list(closed)}")
-        return list(closed), LETTERS[list(closed).index(correct)]
-    return shuffled_options(rng, correct, others, "sorted" if order == "sorted" else "shuffled")
-
-
 class Balancer:
-    """How often each answer of each task has been right so far, across a whole benchmark:
-    ``pick`` takes, among the questions a scene could ask, one whose answer has been right
-    least often (ties broken by the scene's generator), so the answers even out."""
+    """How often each answer of each task has been right so far, across a whole benchmark."""
 
     def __init__(self) -> None:
         self.counts: dict[str, dict[str, int]] = {}
 
     def pick(self, task: str, candidates: Sequence[tuple[str, object]], rng: np.random.Generator,
              universe: Sequence[str] = (), slack: int | None = None) -> object | None:
-        """One item of ``candidates`` ((answer, item) pairs); ``universe``: every answer the
-        task has, so an answer never yet right counts as least used. With ``slack``, None
-        rather than an answer already right ``slack`` times more than the least used one
-        (a task whose scenes seldom offer some answer asks fewer questions, evenly)."""
+        """The item of ``candidates`` ((answer, item) pairs) whose answer was right least often,
+        ties broken by ``rng``; ``universe``: every answer the task has. With ``slack``, None
+        rather than an answer already right ``slack`` times more than the least used one."""
         counts = self.counts.setdefault(task, dict.fromkeys(universe, 0))
         order = rng.permutation(len(candidates)).tolist()
         answer, item = min((candidates[i] for i in order), key=lambda c: counts.get(c[0], 0))
