@@ -1,12 +1,6 @@
-"""Relocate a project home that was copied or moved: rewrite the absolute paths it records.
-
-A home records where it lives in several places: the catalog's video paths and the stage
-summaries (Parquet, JSON and JSON-lines files under the home, the catalog's DuckDB copy),
-and the MLflow store's artifact locations (the SQLite store under the home). Each text
-value that names the old home, alone or as a prefix of a path inside it (plain or as a
-``file://`` URI), is rewritten to the new one; nothing else changes. The home's marker is
-updated last, so an interrupted relocation can simply be run again.
-"""
+"""Relocate a copied or moved home: every text value naming the old home, alone or as a path
+prefix (plain or ``file://``), in its Parquet, JSON, DuckDB and SQLite files is rewritten. The
+marker is updated last, so an interrupted relocation can simply be run again."""
 
 from __future__ import annotations
 
@@ -74,7 +68,6 @@ def _rewrite_text(path: Path, old: str, new: str) -> bool:
 
 
 def _rewrite_sqlite(path: Path, old: str, new: str) -> int:
-    """Every TEXT value of every table that names the old home (the MLflow store)."""
     changed = 0
     with sqlite3.connect(path) as con:
         tables = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")]
@@ -112,8 +105,8 @@ def _rewrite_duckdb(path: Path, replace: Callable[[str], str]) -> int:
 
 
 def _record_sizes_again(root: Path, changed: list[Path]) -> None:
-    """A finished stage folder records its files' sizes (``io.output_manifest``) to find one
-    lost later: the files rewritten here are recorded again, so the stage stays done."""
+    """A finished stage records its files' sizes to find one lost later: rewritten files are
+    recorded again, so the stage stays done."""
     folders: dict[Path, list[Path]] = {}
     for path in changed:
         for parent in path.parents:
@@ -128,7 +121,6 @@ def _record_sizes_again(root: Path, changed: list[Path]) -> None:
 
 
 def relocate_home(root: Path) -> dict[str, Any]:
-    """Rewrite the paths a copied or moved home records from its old place to ``root``."""
     root = Path(root).resolve()
     marker = root / HOME_MARKER
     if not marker.is_file():
