@@ -6,9 +6,7 @@ Per-record logs in a keyed work folder let an interrupted run resume."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,7 +16,7 @@ from embodied_r.perception import prompts
 from embodied_r.backends.base import Backend, BackendConfig, Conversation
 from embodied_r.backends.factory import make_backend
 from embodied_r.benchmarks import urbanvideo, vsibench
-from embodied_r.io import KEY_HEX, ItemLog, keyed_folder, sha256_file, text_key, write_json_atomic
+from embodied_r.io import KEY_HEX, ItemLog, keyed_folder, sha256_file, text_key, write_json_atomic, write_text_atomic
 from embodied_r.keyframes.extract import extract_keyframes
 from embodied_r.keyframes.config import KeyframeConfig
 from embodied_r.perception.config import PerceptionConfig
@@ -164,11 +162,7 @@ def _video_path(value: str, base: Path) -> Path:
 
 
 def write_output(path: Path, records: list[dict[str, Any]]) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    tmp.write_text(json.dumps(records, ensure_ascii=False, indent=4) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(records, ensure_ascii=False, indent=4) + "\n")
 
 
 def video_key(video: Path) -> str:

@@ -5,16 +5,14 @@ marker is updated last, so an interrupted relocation can simply be run again."""
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
-import uuid
 from pathlib import Path
 from typing import Any, Callable
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from embodied_r.io import SUMMARY_FILE, update_outputs
+from embodied_r.io import SUMMARY_FILE, update_outputs, write_parquet_atomic, write_text_atomic
 from embodied_r.paths import HOME_MARKER
 
 TEXT_SUFFIXES = {".json", ".jsonl"}
@@ -50,9 +48,7 @@ def _rewrite_parquet(path: Path, replace: Callable[[str], str]) -> bool:
     new = pa.Table.from_arrays(columns, schema=table.schema)
     if new.equals(table):
         return False
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    pq.write_table(new, tmp)
-    os.replace(tmp, path)
+    write_parquet_atomic(new, path)
     return True
 
 
@@ -60,10 +56,8 @@ def _rewrite_text(path: Path, old: str, new: str) -> bool:
     text = path.read_text(encoding="utf-8")
     if old not in text:
         return False
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     # JSON values hold the path as written, so a plain prefix rewrite keeps them valid.
-    tmp.write_text(text.replace(f"{old}/", f"{new}/").replace(f'"{old}"', f'"{new}"'), encoding="utf-8")
-    os.replace(tmp, path)
+    write_text_atomic(path, text.replace(f"{old}/", f"{new}/").replace(f'"{old}"', f'"{new}"'))
     return True
 
 
@@ -146,7 +140,5 @@ def relocate_home(root: Path) -> dict[str, Any]:
             if done:
                 changed.append(path)
         _record_sizes_again(root, changed)
-    tmp = marker.with_name(f".{marker.name}.{uuid.uuid4().hex}.tmp")
-    tmp.write_text(json.dumps({"path": new}))
-    os.replace(tmp, marker)
+    write_text_atomic(marker, json.dumps({"path": new}))
     return counts
