@@ -5,7 +5,7 @@ same questions; and the pipeline's ``promote`` stage."""
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -49,9 +49,6 @@ class Promotion:
     split: str = ""
     bars: list[Bar] = field(default_factory=list)
     interval: tuple[float, float] | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
     def _beats(self, bar: Bar) -> bool:
         if bar.by_low_end:
@@ -111,17 +108,11 @@ def promote_if_better(name: str, candidate_version: str | int, score: Callable[[
         c.set_model_version_tag(name, champ_version, f"score/{metric}", json.dumps(champ_score))
     elif champ_version == candidate:
         champ_score = cand_score
-    if champ_version is None:
-        promoted = True
-    else:
-        promoted = champ_version != candidate and champ_score is not None and cand_score > champ_score
+    promoted = champ_version is None or (champ_version != candidate and champ_score is not None
+                                         and cand_score > champ_score)
     if promoted:
         set_alias(name, alias, candidate, tracking_uri)
     return replace(result, champion_score=champ_score, promoted=promoted)
-
-
-def set_description(name: str, version: str | int, text: str, tracking_uri: str | None = None) -> None:
-    client(tracking_uri).update_model_version(name, str(version), description=text)
 
 
 @dataclass(frozen=True)
@@ -196,7 +187,8 @@ def promote_model(name: str, *, records: Path, cfg: EvaluationConfig, root: Path
         summary = (known or {}).get(other) or evaluate(candidate, other)[1]
         if metric in summary:
             scores.append(_split_score(summary, other, metric, records))
-    set_description(name, version, version_description(metric, scores, result.describe()), store)
+    description = version_description(metric, scores, result.describe())
+    client(store).update_model_version(name, str(version), description=description)
     return result
 
 
