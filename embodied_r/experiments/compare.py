@@ -50,10 +50,15 @@ def mean_interval(values: Sequence[float], share: bool = False) -> tuple[float, 
     return mean, (max(low, 0.0), min(high, 1.0)) if share else (low, high)
 
 
-def paired(base: Cell, other: Cell) -> PairedResult:
-    """On the questions both answered: all of them on the same split (a failed answer scores 0)."""
+def _pairs(base: Cell, other: Cell) -> tuple[list[float], list[float]]:
+    """The scores of the questions both answered: all of them on the same split (a failed
+    answer scores 0)."""
     both = [u for u in base.scores if u in other.scores]
-    return paired_test([base.scores[u] for u in both], [other.scores[u] for u in both])
+    return [base.scores[u] for u in both], [other.scores[u] for u in both]
+
+
+def paired(base: Cell, other: Cell) -> PairedResult:
+    return paired_test(*_pairs(base, other))
 
 
 def pooled(bases: Sequence[Cell], others: Sequence[Cell]) -> PairedResult:
@@ -62,12 +67,9 @@ def pooled(bases: Sequence[Cell], others: Sequence[Cell]) -> PairedResult:
     a: list[float] = []
     b: list[float] = []
     for cell in others:
-        base = by_seed.get(cell.seed)
-        if base is None:
-            continue
-        both = [u for u in base.scores if u in cell.scores]
-        a += [base.scores[u] for u in both]
-        b += [cell.scores[u] for u in both]
+        if (base := by_seed.get(cell.seed)) is not None:
+            mine, theirs = _pairs(base, cell)
+            a, b = a + mine, b + theirs
     return paired_test(a, b)
 
 
