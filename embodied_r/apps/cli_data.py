@@ -207,7 +207,6 @@ def cmd_fetch(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """These commands alone, their errors said as the CLI says them."""
     from embodied_r.errors import ProjectError
 
     parser = argparse.ArgumentParser(prog="embodied-r")

@@ -49,7 +49,6 @@ def is_reasoner_recipe(name_or_path: str) -> bool:
 
 
 def validate_reasoner(args: argparse.Namespace) -> int:
-    """``embodied-r validate`` for a reasoner recipe."""
     from pydantic import ValidationError
 
     from embodied_r.config import load_reasoner as load, parse_overrides
@@ -108,7 +107,6 @@ def _print_learning(stages: dict[str, str]) -> None:
 
 
 def _print_references(summary: dict[str, Any], trained_here: bool = True) -> None:
-    """The agent's success and completeness beside the scripted ceiling and the free point."""
     from embodied_r.interactive.reference import verdict
     from embodied_r.scoring.metrics import accuracy_interval, format_accuracy
 

@@ -191,7 +191,6 @@ def work_folder(root: Path, records: list[dict[str, Any]], *configs: Any, base: 
 def run_inference(records: list[dict[str, Any]], *, reasoner: BackendConfig, perception: PerceptionConfig,
                   keyframes: KeyframeConfig, records_cfg: RecordsConfig, work: Path, base: Path = Path("."),
                   chunk_size: int = 16, with_video_text: bool = False) -> list[dict[str, Any]]:
-    """The records with ``content`` (and ``error``) added."""
     work = Path(work)
     seen = ItemLog(work / "perception.jsonl", key="index")
     answered = ItemLog(work / "answers.jsonl", key="index")

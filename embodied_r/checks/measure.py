@@ -137,7 +137,6 @@ def measure(model_folder: str, shape: ModelShape, *, device: str, prompt_tokens:
 
 
 def report(measured: Measured, train_prompts: int, val_prompts: int, gpus: int) -> tuple[str, dict[str, Any]]:
-    """The console's table and the JSON, the projection's assumptions in both."""
     rows = ["| batch | dynamic cache (ms/step) | static cache (ms/step) |", "|---|---|---|"]
     for batch, caches in measured.decode_ms.items():
         cells = [f"{v:.2f}" if isinstance(v, float) else "-" for v in (caches.get("dynamic"), caches.get("static"))]

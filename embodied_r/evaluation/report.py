@@ -138,9 +138,8 @@ def table_rows_from_folder(folder: Path) -> list[dict[str, Any]]:
     return table_rows(read_json(Path(folder) / "metrics.json")["categories"])
 
 
-def render_markdown(categories: Sequence[Mapping[str, Any]], metrics: Mapping[str, float], *,
-                    model: str, split: str, title: str = "Evaluation",
-                    others: Mapping[str, Mapping[str, float]] | None = None,
+def render_markdown(categories: Sequence[Mapping[str, Any]], metrics: Mapping[str, float], *, model: str, split: str,
+                    title: str = "Evaluation", others: Mapping[str, Mapping[str, float]] | None = None,
                     header: Mapping[str, str] | None = None, chance: Mapping[str, float] | None = None,
                     prompts: str = "") -> str:
     """``others`` (the baselines) join this run beside Table 1; ``header`` names the run, recipe
@@ -271,9 +270,8 @@ def comparison_csv(runs: Mapping[str, Mapping[str, float]]) -> str:
     return buf.getvalue()
 
 
-def write_report(folder: Path, categories: Sequence[Mapping[str, Any]], metrics: Mapping[str, float], *,
-                 model: str, split: str, title: str = "Evaluation",
-                 others: Mapping[str, Mapping[str, float]] | None = None,
+def write_report(folder: Path, categories: Sequence[Mapping[str, Any]], metrics: Mapping[str, float], *, model: str,
+                 split: str, title: str = "Evaluation", others: Mapping[str, Mapping[str, float]] | None = None,
                  chance: Mapping[str, float] | None = None, prompts: str = "") -> list[Path]:
     folder = Path(folder)
     md = folder / REPORT_MD

@@ -61,10 +61,8 @@ def _conversation(record: dict[str, Any]) -> Conversation:
     return [{"role": "system", "content": record["system"]}, {"role": "user", "content": record["prompt"]}]
 
 
-def score_row(record: dict[str, Any], text: str, completion_tokens: int,
-              number_parsing: NumberParsing = "official",
-              answer_from: Literal["tag", "reply"] = "tag",
-              choice_parser: ChoiceParser = "strict") -> dict[str, Any]:
+def score_row(record: dict[str, Any], text: str, completion_tokens: int, number_parsing: NumberParsing = "official",
+              answer_from: Literal["tag", "reply"] = "tag", choice_parser: ChoiceParser = "strict") -> dict[str, Any]:
     """``answer_from="reply"`` reads a reply without an ``<answer>`` block as the answer itself
     (models asked to answer directly)."""
     scored_text = text
@@ -81,11 +79,8 @@ def score_row(record: dict[str, Any], text: str, completion_tokens: int,
 def _judge(judge: Backend, records: list[dict[str, Any]], texts: list[str]) -> list[bool | None]:
     from embodied_r.scoring.rewards import consistency_ratio
 
-    _, verdicts = consistency_ratio(
-        judge, texts, [r["question"] for r in records], [r["answer_type"] for r in records],
-        [r.get("options") or None for r in records],
-    )
-    return verdicts
+    return consistency_ratio(judge, texts, [r["question"] for r in records], [r["answer_type"] for r in records],
+                             [r.get("options") or None for r in records])[1]
 
 
 def resolve_model_ref(model: str) -> str:
@@ -142,7 +137,7 @@ def read_split(records: Path, split: str) -> list[dict[str, Any]]:
 
 
 def _work(work: Path, records: list[dict[str, Any]], backend_cfg: BackendConfig, cfg: EvaluationConfig,
-          conversation: Callable[[dict[str, Any]], Conversation], answer_from: Literal["tag", "reply"],
+          conversation: Callable[[dict[str, Any]], Conversation], answer_from: Literal["tag", "reply"]
           ) -> dict[str, Any]:
     """Answer every record missing from ``work``'s item log, logging each as it is scored."""
     log = ItemLog(work / "items.jsonl", key="uid", validate=_valid_row)
@@ -159,10 +154,8 @@ def _work(work: Path, records: list[dict[str, Any]], backend_cfg: BackendConfig,
             generations = backend.generate([conversation(r) for r in chunk])
             ok = [(r, g) for r, g in zip(chunk, generations) if not g.error]
             cut = {r["uid"]: (g.prompt_truncated, g.truncated) for r, g in zip(chunk, generations)}
-            failures += [
-                {"stage": "evaluate", "item": r["uid"], "reason": f"generation_error: {redact(g.error)}"}
-                for r, g in zip(chunk, generations) if g.error
-            ]
+            failures += [{"stage": "evaluate", "item": r["uid"], "reason": f"generation_error: {redact(g.error)}"}
+                         for r, g in zip(chunk, generations) if g.error]
             outage = next((g.error for g in generations if g.infra_failed), None)
             verdicts: list[bool | None] = [None] * len(ok)
             if judge is not None and ok:
@@ -283,9 +276,8 @@ def evaluate_records(all_records: list[dict[str, Any]], out: Path, backend_cfg: 
     return summary
 
 
-def run_evaluation(records: Path, model: str, out: Path, cfg: EvaluationConfig,
-                   title: str = "Evaluation", model_ref: str | None = None,
-                   extra_files: Callable[..., dict[str, Any]] | None = None,
+def run_evaluation(records: Path, model: str, out: Path, cfg: EvaluationConfig, title: str = "Evaluation",
+                   model_ref: str | None = None, extra_files: ExtraFiles | None = None,
                    shard: int | None = None) -> dict[str, Any]:
     """``model_ref`` names the model in the report when ``model`` is a folder it was resolved to."""
     out = Path(out)
