@@ -1,12 +1,6 @@
-"""Chat about one video: key frames and perception once, then questions in a loop.
-
-The video's key frames are extracted when the session starts. The VLM describes them
-once, guided by ``focus`` or, without one, by the first question (perception in the
-paper is question-guided); every later question reuses that text. Each answer comes
-from the reasoning model with the training prompt, earlier turns kept as context; its
-``<think>`` text is shown apart from its ``<answer>``. The history is saved as JSON on
-exit, including on Ctrl-D and Ctrl-C.
-"""
+"""Chat about one video: its key frames described once, guided by ``focus`` or else by the first
+question (perception in the paper is question-guided), then questions answered by the reasoner
+with earlier turns as context; the history saved on every way out."""
 
 from __future__ import annotations
 
@@ -67,7 +61,6 @@ class ChatSession:
     _backend: Backend | None = field(default=None, repr=False)
 
     def extract_frames(self) -> list[str]:
-        """Key frames of the video (raises ``video.VideoError`` for an unusable file)."""
         self.frames = keyframe_images(Path(self.video), Path(self.work) / "frames" / self._key, self.keyframes)
         return self.frames
 
@@ -76,7 +69,6 @@ class ChatSession:
         return video_key(Path(self.video).resolve())
 
     def perceive(self, focus: str) -> str:
-        """Describe the key frames once, with ``focus`` as the question that guides the VLM."""
         if not self.frames:
             self.extract_frames()
         question = Question(uid="chat", video_id=self._key, text=parse_question(focus).with_options,
@@ -92,7 +84,7 @@ class ChatSession:
         return text
 
     def conversation(self, question: str) -> Conversation:
-        """System prompt, the last ``max_history`` turns, then the question with the video text."""
+        """System prompt, the last ``max_history`` turns, then the question."""
         current = reasoning_conversation(parse_question(question), self.video_text or "", self.records_cfg)
         history: Conversation = []
         for turn in self.turns[-self.max_history:] if self.max_history else []:
@@ -115,15 +107,9 @@ class ChatSession:
         return turn
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "video": str(Path(self.video).resolve()),
-            "reasoner": self.reasoner.model,
-            "perceiver": self.perception.backend.model,
-            "key_frames": len(self.frames),
-            "focus": self.focus,
-            "video_text": self.video_text,
-            "turns": [asdict(t) for t in self.turns],
-        }
+        return {"video": str(Path(self.video).resolve()), "reasoner": self.reasoner.model,
+                "perceiver": self.perception.backend.model, "key_frames": len(self.frames), "focus": self.focus,
+                "video_text": self.video_text, "turns": [asdict(t) for t in self.turns]}
 
     def save(self, path: Path) -> Path:
         write_json_atomic(Path(path), self.to_dict())
@@ -141,7 +127,7 @@ def default_history_path(root: Path, video: Path) -> Path:
 
 
 class _Style:
-    """ANSI styling on a terminal, plain text elsewhere or with NO_COLOR set."""
+    """ANSI styling on a terminal without NO_COLOR."""
 
     def __init__(self, stream: TextIO):
         self.on = stream.isatty() and not os.environ.get("NO_COLOR")
@@ -169,7 +155,7 @@ def show_turn(turn: Turn, out: TextIO = sys.stdout) -> None:
 
 
 def _read_line(stdin: TextIO, out: TextIO) -> str:
-    """One line with its newline; "" at the end of input."""
+    """One line with its newline; "" at the end."""
     if stdin is sys.stdin and out is sys.stdout:
         try:
             return input("you> ") + "\n"  # line editing where readline is available
@@ -181,7 +167,6 @@ def _read_line(stdin: TextIO, out: TextIO) -> str:
 
 def chat_loop(session: ChatSession, history_path: Path, *, stdin: TextIO = sys.stdin,
               out: TextIO = sys.stdout) -> int:
-    """The interactive loop; saves the history on every way out. Returns an exit code."""
     print(f"Video: {session.video}", file=out)
     print("Extracting key frames ...", file=out, flush=True)
     session.extract_frames()

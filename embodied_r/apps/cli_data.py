@@ -1,14 +1,6 @@
-"""``embodied-r catalog`` and ``embodied-r fetch``: the data stages by hand, without Prefect.
-
-``catalog`` builds the questions catalog from local folders and prints how many questions
-each benchmark, task and split holds. ``fetch`` brings the benchmarks in (from a local mirror,
-the hub or the synthetic generator) and prints what the manifest recorded. Both run the same
-stage code as the pipeline and, unless told where else to write, into the same content-hashed
-stage folders, so a later ``embodied-r run`` with the same settings finds the work done.
-
-The pipeline's own ``download`` and ``preprocess`` commands run a recipe's stage under
-Prefect with MLflow tracking; these two are the quick local counterparts.
-"""
+"""``embodied-r catalog`` and ``embodied-r fetch``: the data stages by hand, without Prefect. The
+same stage code writes, unless told otherwise, into the same keyed stage folders, so a later
+``embodied-r run`` with the same settings finds the work done."""
 
 from __future__ import annotations
 
@@ -64,7 +56,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _recipe(args: argparse.Namespace, download: dict[str, Any], catalog: dict[str, Any] | None = None):
-    """The recipe with ``--set`` pairs applied, then this command's own options."""
+    """``--set`` pairs applied, then this command's own options."""
     from embodied_r.config import load_recipe, parse_overrides
     from embodied_r.merge import deep_merge
 
@@ -72,6 +64,10 @@ def _recipe(args: argparse.Namespace, download: dict[str, Any], catalog: dict[st
     if args.benchmarks:
         download = {**download, "benchmarks": [b.strip() for b in args.benchmarks.split(",") if b.strip()]}
     return load_recipe(args.recipe, deep_merge(over, {"download": download, "catalog": catalog or {}}))
+
+
+def _mirror(args: argparse.Namespace) -> dict[str, Any]:
+    return {"source": "local", "source_dir": str(Path(args.source).expanduser().resolve())}
 
 
 def _catalog_overrides(args: argparse.Namespace) -> dict[str, Any]:
@@ -106,7 +102,7 @@ def _raw_key(raw: Path, catalog_cfg: Any) -> str:
 
 
 def count_table(catalog_parquet: Path) -> list[tuple[str, str, dict[str, int]]]:
-    """``(benchmark, task, {split: n})`` rows of a catalog, tasks named as in the source."""
+    """``(benchmark, task, {split: n})`` rows, tasks named as in the source."""
     import pyarrow.parquet as pq
 
     from embodied_r.data.catalog import split_counts
@@ -169,7 +165,7 @@ def cmd_catalog(args: argparse.Namespace) -> int:
             _fresh_out(out, args.force)
         summary = run_catalog(raw, out, recipe.catalog)
     else:
-        download = {"source": "local", "source_dir": str(Path(args.source).expanduser().resolve())} if args.source else {}
+        download = _mirror(args) if args.source else {}
         stages = plan(_recipe(args, download, catalog_over))
         raw = Path(stages["download"].out)
         print(f"download: {execute(stages['download']).get('files', 0)} files in {raw}", flush=True)
@@ -190,7 +186,7 @@ def cmd_fetch(args: argparse.Namespace) -> int:
 
     download: dict[str, Any] = {}
     if args.source:
-        download = {"source": "local", "source_dir": str(Path(args.source).expanduser().resolve())}
+        download = _mirror(args)
     elif args.hub:
         download = {"source": "hub"}
     elif args.synthetic:
@@ -211,7 +207,6 @@ def cmd_fetch(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """These commands alone (``python -m embodied_r.apps.cli_data``), their errors as the CLI says ours."""
     from embodied_r.errors import ProjectError
 
     parser = argparse.ArgumentParser(prog="embodied-r")

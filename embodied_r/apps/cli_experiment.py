@@ -1,5 +1,4 @@
-"""``embodied-r experiment NAME``: an experiment's variants at several seeds, compared on the
-same questions, with one MLflow parent run (``flows.experiment``)."""
+"""``embodied-r experiment NAME``: an experiment's variants at several seeds, compared."""
 
 from __future__ import annotations
 
@@ -44,7 +43,7 @@ def cmd_experiment(args: argparse.Namespace) -> int:
     overrides = _all_overrides(args)
     spec = load_experiment(args.name)
     seeds = list(dict.fromkeys(args.seeds)) if args.seeds else [None]
-    # Every variant's recipe checked and planned before anything runs, once: the flow takes these.
+    # Every variant checked and planned once, before anything runs: the flow takes these.
     planned = plans(spec, args.recipe, seeds, overrides, paths.home())
     start = time.time()
     result = experiment(name=args.name, recipe=args.recipe, seeds=args.seeds, overrides=overrides or None,

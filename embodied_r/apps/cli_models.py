@@ -1,9 +1,5 @@
-"""Model commands: ``embodied-r models fetch smollm2``.
-
-An extension of ``embodied_r.apps.cli``: ``register(subparsers)`` adds the sub-commands, each
-with a ``handler(args) -> int`` default. Fetching is the one explicit download step for a
-model: nothing else downloads at run time.
-"""
+"""``embodied-r models fetch smollm2``: the one explicit download step for a model; nothing else
+downloads at run time."""
 
 from __future__ import annotations
 
@@ -36,4 +32,3 @@ def cmd_fetch(args: argparse.Namespace) -> int:
     state = "already converted" if result.get("cached") else f"converted in {time.time() - started:.1f} s"
     print(f"{SMOL_REF}: {result['folder']} ({state})")
     return 0
-

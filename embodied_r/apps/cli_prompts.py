@@ -1,9 +1,5 @@
-"""Prompt commands: ``embodied-r prompts import-official PATH``.
-
-An extension of ``embodied_r.apps.cli``: ``register(subparsers)`` adds the sub-commands.
-The original texts are read from the user's own clone of the original repository and
-written under the home; the project never ships them.
-"""
+"""``embodied-r prompts import-official PATH``: the original texts read from the user's own clone
+of the original repository and written under the home; the project never ships them."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""Embodied-Reasoner commands: ``embodied-r reasoner`` runs its pipeline (the
-``embodied-reasoner`` flow); ``embodied-r reasoner-eval`` evaluates any checkpoint on the
-built-in household environment or in AI2-THOR.
-
-An extension of ``embodied_r.apps.cli``: ``register(subparsers)`` adds the sub-commands.
-"""
+"""Embodied-Reasoner commands: ``embodied-r reasoner`` runs its pipeline; ``embodied-r
+reasoner-eval`` evaluates any checkpoint on the built-in household environment or in AI2-THOR."""
 
 from __future__ import annotations
 
@@ -38,7 +34,6 @@ def register(subparsers: Any) -> None:
 
 
 def is_reasoner_recipe(name_or_path: str) -> bool:
-    """A shipped reasoner recipe's name, or a YAML file with the reasoner's sections."""
     import yaml
 
     from embodied_r.config import REASONER_RECIPES as RECIPES
@@ -54,12 +49,9 @@ def is_reasoner_recipe(name_or_path: str) -> bool:
 
 
 def validate_reasoner(args: argparse.Namespace) -> int:
-    """``embodied-r validate`` for a reasoner recipe: its sampling, failure policy and texts
-    (``prompts.source``) are in what ``--show`` prints."""
     from pydantic import ValidationError
 
-    from embodied_r.config import parse_overrides
-    from embodied_r.config import load_reasoner as load
+    from embodied_r.config import load_reasoner as load, parse_overrides
     from embodied_r.errors import RecipeError
 
     try:
@@ -76,7 +68,7 @@ def validate_reasoner(args: argparse.Namespace) -> int:
 
 
 def _check_matcher(recipe: Any) -> None:
-    """An embedding matcher whose model is not here stops the run before its first stage."""
+    """An embedding matcher whose model is not here stops a run before its first stage."""
     from embodied_r.errors import RecipeError
     from embodied_r.interactive.matching import embedding_model_problem
 
@@ -86,15 +78,12 @@ def _check_matcher(recipe: Any) -> None:
 
 
 def seed_overrides(seed: int) -> dict[str, Any]:
-    """What ``reasoner --seed`` changes: the SFT trainers' seeds (the order they read the data
-    in; the initial weights are the built model's) and the sampling seed of rollouts and
-    evaluation, not the synthetic sample's, so every seed learns from and is tested on the
-    same tasks."""
+    """The SFT trainers' data order and the sampling seed, not the synthetic sample's: every seed
+    learns from and is tested on the same tasks."""
     return {"sft": {"seed": seed}, "backend": {"seed": seed}}
 
 
 def _print_learning(stages: dict[str, str]) -> None:
-    """Each SFT stage's token accuracy on its own data, first -> last quarter of its steps."""
     from embodied_r.io import is_complete, read_summary
 
     lines = []
@@ -118,8 +107,6 @@ def _print_learning(stages: dict[str, str]) -> None:
 
 
 def _print_references(summary: dict[str, Any], trained_here: bool = True) -> None:
-    """The agent's success and completeness beside the scripted ceiling and the free point,
-    and the verdict (``reference.verdict``)."""
     from embodied_r.interactive.reference import verdict
     from embodied_r.scoring.metrics import accuracy_interval, format_accuracy
 
@@ -154,9 +141,8 @@ def _print_metrics(summary: dict[str, Any]) -> None:
 
 def cmd_reasoner(args: argparse.Namespace) -> int:
     from embodied_r import paths
-    from embodied_r.config import parse_overrides
+    from embodied_r.config import load_reasoner as load, parse_overrides
     from embodied_r.merge import deep_merge
-    from embodied_r.config import load_reasoner as load
     from embodied_r.pipeline import plan
     from flows.reasoner import embodied_reasoner
 
@@ -185,8 +171,7 @@ def cmd_reasoner(args: argparse.Namespace) -> int:
 
 def cmd_reasoner_eval(args: argparse.Namespace) -> int:
     from embodied_r import paths
-    from embodied_r.config import parse_overrides
-    from embodied_r.config import load_reasoner as load
+    from embodied_r.config import load_reasoner as load, parse_overrides
     from embodied_r.interactive.stages import run_evaluate_stage
     from embodied_r.interactive.tasks import load_test_cases
 
@@ -207,8 +192,7 @@ def cmd_reasoner_eval(args: argparse.Namespace) -> int:
                 for c in load_test_cases(Path(args.tests))]
         write_parquet_atomic(pa.Table.from_pylist(rows, TEST_CASES), catalog / "test_cases.parquet")
     else:
-        from embodied_r.pipeline import plan
-        from embodied_r.pipeline import execute
+        from embodied_r.pipeline import execute, plan
 
         data = plan(recipe)["reasoner_data"]
         execute(data)

@@ -1,8 +1,4 @@
-"""Training commands beyond the pipeline's stages: ``embodied-r sft``.
-
-An extension of ``embodied_r.apps.cli``: ``register(subparsers)`` adds the sub-commands, each
-with a ``handler(args) -> int`` default.
-"""
+"""``embodied-r sft``: the SFT baseline, trained and evaluated beside the pipeline."""
 
 from __future__ import annotations
 
@@ -36,8 +32,7 @@ def _updates(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def cmd_sft(args: argparse.Namespace) -> int:
-    from embodied_r.config import parse_overrides
-    from embodied_r.config import load_recipe
+    from embodied_r.config import load_recipe, parse_overrides
     from embodied_r.lifecycle.sft_baseline import sft_baseline, sft_config_for
     from embodied_r.pipeline import plan
 

@@ -1,24 +1,12 @@
-"""Batch inference in the original project's JSON format.
-
-Input: a JSON list of records. A text record needs only ``question`` (sent as the user
-turn under the reasoner's system prompt, as the original did). A video record has
-``videos`` (a path, or a list holding one) and a question that starts with ``<video>``:
-its key frames are extracted (``keyframes.extract_keyframes``), the VLM describes them
-with the perception prompts, and the reasoner answers from that text with the same
-prompt the GRPO records use (``records.build_record``). Output: the same list, every
-field passed through, with ``content`` (the reasoner's reply) added; a record that could
-not be answered gets ``content: ""`` and ``error``.
-
-Work happens in a folder named by the input and the models, with per-record logs, so an
-interrupted run resumes without repeating a finished record.
-"""
+"""Batch inference on the original project's JSON records: a ``<video>`` question is perceived
+from its video's key frames and answered from that text with the training prompt, a text one
+under the system prompt alone; each record comes back with ``content`` (or ``error``) added.
+Per-record logs in a keyed work folder let an interrupted run resume."""
 
 from __future__ import annotations
 
 import json
-import os
 import re
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,7 +16,7 @@ from embodied_r.perception import prompts
 from embodied_r.backends.base import Backend, BackendConfig, Conversation
 from embodied_r.backends.factory import make_backend
 from embodied_r.benchmarks import urbanvideo, vsibench
-from embodied_r.io import KEY_HEX, ItemLog, keyed_folder, sha256_file, text_key, write_json_atomic
+from embodied_r.io import KEY_HEX, ItemLog, keyed_folder, sha256_file, text_key, write_json_atomic, write_text_atomic
 from embodied_r.keyframes.extract import extract_keyframes
 from embodied_r.keyframes.config import KeyframeConfig
 from embodied_r.perception.config import PerceptionConfig
@@ -47,8 +35,6 @@ OPEN_INSTRUCTION = (
 
 @dataclass
 class VideoQuestion:
-    """A question about a video, split into what perception and the prompt need."""
-
     text: str  # stem without the tag, preamble or option lines
     options: list[str]
     answer_type: str  # "choice" | "number" | "open"
@@ -63,8 +49,8 @@ def is_video_record(record: dict[str, Any]) -> bool:
 
 
 def parse_question(question: str, category: str | None = None) -> VideoQuestion:
-    """The question of a video record: tag and the original's preamble removed, options
-    split off ("Choices:" / "Options:" layouts), its kind from the options or the category."""
+    """Tag and the original's preamble removed, options split off, its kind from the options or
+    the category."""
     text = question.lstrip()
     if text.startswith(VIDEO_TAG):
         text = text[len(VIDEO_TAG):]
@@ -80,7 +66,7 @@ def parse_question(question: str, category: str | None = None) -> VideoQuestion:
 
 
 def reasoning_conversation(question: VideoQuestion, video_text: str, cfg: RecordsConfig) -> Conversation:
-    """The reasoner's conversation, built by ``records.build_record`` as for training."""
+    """Built by ``records.build_record``, as for training."""
     if question.answer_type == "open":
         # An open question takes the choice slot of the template with an open instruction.
         cfg = cfg.model_copy(update={"choice_instruction": OPEN_INSTRUCTION})
@@ -92,8 +78,7 @@ def reasoning_conversation(question: VideoQuestion, video_text: str, cfg: Record
 
 
 def keyframe_images(video: Path, folder: Path, cfg: KeyframeConfig) -> list[str]:
-    """Key frames of ``video`` as JPEG files in ``folder`` (reused when already written).
-    Raises ``video.VideoError`` for a missing, empty or corrupt video."""
+    """Key frames of ``video`` as JPEG files in ``folder``, reused when already written."""
     folder = Path(folder)
     listing = folder / "frames.json"
     if listing.is_file():
@@ -110,9 +95,8 @@ def keyframe_images(video: Path, folder: Path, cfg: KeyframeConfig) -> list[str]
 
 
 def perceive(backend: Backend, questions: list[Question], cfg: PerceptionConfig) -> dict[str, tuple[str, str | None]]:
-    """{uid: (video text, error or None)} for questions whose ``frames`` are set, by the
-    perception stage's own calls and parsing in the recipe's mode (``per_question`` or
-    ``per_video``); all calls of a phase are sent together so the backend can batch them."""
+    """{uid: (video text, error or None)} by the perception stage's own calls and parsing; a
+    phase's calls are sent together so the backend can batch them."""
     mode = cfg.plan()
     calls = mode.calls(questions)
     done: dict[str, dict[str, Any]] = {}
@@ -144,7 +128,6 @@ def perceiver_backend(cfg: PerceptionConfig) -> Backend:
 
 
 def read_input(path: Path) -> list[dict[str, Any]]:
-    """The input records; raises ``InferenceInputError`` naming the bad record."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"infer: input file {path} does not exist")
@@ -179,17 +162,12 @@ def _video_path(value: str, base: Path) -> Path:
 
 
 def write_output(path: Path, records: list[dict[str, Any]]) -> None:
-    """The output list, written atomically in the input's field order."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    tmp.write_text(json.dumps(records, ensure_ascii=False, indent=4) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(records, ensure_ascii=False, indent=4) + "\n")
 
 
 def video_key(video: Path) -> str:
-    """A video's cache key: its content, not its path, so a file replaced at the same path
-    is never answered from the old one's key frames and text."""
+    """Its content, not its path: a file replaced at the same path is never answered from the
+    old one's key frames and text."""
     video = Path(video)
     try:
         stat = video.stat()
@@ -205,56 +183,22 @@ _VIDEO_KEYS: dict[tuple[str, int, int], str] = {}
 
 
 def work_folder(root: Path, records: list[dict[str, Any]], *configs: Any, base: Path | None = None) -> Path:
-    """The work folder of a batch: its records, configs and the content of its videos."""
+    """Keyed by the batch's records, configs and the content of its videos."""
     videos = [video_key(_video_path(v, base or Path("."))) if (v := _video_field(r)) else "" for r in records]
     return keyed_folder(Path(root) / "inference", [records, [c.model_dump(mode="json") for c in configs], videos])
 
 
-def run_inference(
-    records: list[dict[str, Any]],
-    *,
-    reasoner: BackendConfig,
-    perception: PerceptionConfig,
-    keyframes: KeyframeConfig,
-    records_cfg: RecordsConfig,
-    work: Path,
-    base: Path = Path("."),
-    chunk_size: int = 16,
-    with_video_text: bool = False,
-) -> list[dict[str, Any]]:
-    """Answer every record; returns the records with ``content`` (and ``error``) added."""
+def run_inference(records: list[dict[str, Any]], *, reasoner: BackendConfig, perception: PerceptionConfig,
+                  keyframes: KeyframeConfig, records_cfg: RecordsConfig, work: Path, base: Path = Path("."),
+                  chunk_size: int = 16, with_video_text: bool = False) -> list[dict[str, Any]]:
     work = Path(work)
     seen = ItemLog(work / "perception.jsonl", key="index")
     answered = ItemLog(work / "answers.jsonl", key="index")
     texts = {int(r["index"]): r for r in seen.read()}
     answers = {int(r["index"]): r for r in answered.read()}
-
     video_ids = [i for i, r in enumerate(records) if is_video_record(r) and i not in texts]
     if video_ids:
-        questions: list[Question] = []
-        for i in video_ids:
-            video = _video_path(_video_field(records[i]) or "", base)
-            key = video_key(video)
-            try:
-                frames = keyframe_images(video, work / "frames" / key, keyframes)
-            except Exception as exc:  # noqa: BLE001 - one unreadable video fails its record only
-                texts[i] = {"index": i, "video_text": "", "error": f"key frames: {exc}"}
-                continue
-            text = parse_question(records[i]["question"], records[i].get("question_category")).with_options
-            questions.append(Question(uid=str(i), video_id=key, text=text, frames=frames))
-        questions.sort(key=lambda q: q.video_id)  # a video's questions together share its calls
-        backend = perceiver_backend(perception) if questions else None
-        try:
-            for start in range(0, len(questions), chunk_size):
-                part = questions[start : start + chunk_size]
-                for uid, (text, error) in perceive(backend, part, perception).items():
-                    texts[int(uid)] = {"index": int(uid), "video_text": text, "error": error}
-                    if error is None:  # failures are not logged: a rerun tries them again
-                        seen.append(texts[int(uid)])
-        finally:
-            if backend is not None:
-                backend.close()
-
+        _perceive_videos(records, video_ids, texts, seen, perception, keyframes, work, base, chunk_size)
     pending = [i for i in range(len(records)) if i not in answers and not (texts.get(i) or {}).get("error")]
     if pending:
         backend = make_backend(reasoner)
@@ -268,7 +212,6 @@ def run_inference(
                         answered.append(answers[i])
         finally:
             backend.close()
-
     out = []
     for i, record in enumerate(records):
         error = (texts.get(i) or {}).get("error") or (answers.get(i) or {}).get("error")
@@ -279,6 +222,35 @@ def run_inference(
             result["video_text"] = (texts.get(i) or {}).get("video_text", "")
         out.append(result)
     return out
+
+
+def _perceive_videos(records: list[dict[str, Any]], video_ids: list[int], texts: dict[int, dict[str, Any]],
+                     seen: ItemLog, perception: PerceptionConfig, keyframes: KeyframeConfig, work: Path, base: Path,
+                     chunk_size: int) -> None:
+    """Each video record's perception text into ``texts``, logged to ``seen`` when it succeeded."""
+    questions: list[Question] = []
+    for i in video_ids:
+        video = _video_path(_video_field(records[i]) or "", base)
+        key = video_key(video)
+        try:
+            frames = keyframe_images(video, work / "frames" / key, keyframes)
+        except Exception as exc:  # noqa: BLE001 - one unreadable video fails its record only
+            texts[i] = {"index": i, "video_text": "", "error": f"key frames: {exc}"}
+            continue
+        text = parse_question(records[i]["question"], records[i].get("question_category")).with_options
+        questions.append(Question(uid=str(i), video_id=key, text=text, frames=frames))
+    questions.sort(key=lambda q: q.video_id)  # a video's questions together share its calls
+    backend = perceiver_backend(perception) if questions else None
+    try:
+        for start in range(0, len(questions), chunk_size):
+            part = questions[start : start + chunk_size]
+            for uid, (text, error) in perceive(backend, part, perception).items():
+                texts[int(uid)] = {"index": int(uid), "video_text": text, "error": error}
+                if error is None:  # failures are not logged: a rerun tries them again
+                    seen.append(texts[int(uid)])
+    finally:
+        if backend is not None:
+            backend.close()
 
 
 def _reasoning_turns(record: dict[str, Any], seen: dict[str, Any] | None, cfg: RecordsConfig) -> Conversation:

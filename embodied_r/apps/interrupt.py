@@ -1,20 +1,7 @@
-"""Ctrl-C and SIGTERM stop a run at once, with one line saying where it stopped.
-
-A run's work is already safe against a kill at any moment: every finished item is on disk
-(``io.ItemLog``), every folder is written aside and renamed, and the next run resumes. What a
-signal must not do is unwind slowly through Prefect's retries, worker threads and a Prefect
-server that the same Ctrl-C has just stopped (the terminal sends it to the whole process
-group): that took more than a minute and printed a page of tracebacks that blamed the network.
-
-So the first SIGINT or SIGTERM ends the process the way a kill would, only tidily: one line
-(``interrupted during perception: 154 of 622 calls done; rerun to resume``), then nothing
-more on the terminal, every process the run started ended, and exit status 128 + the
-signal's number (130, 143).
-
-Prefect replaces the SIGTERM handler while a flow runs. The signal is therefore also read from
-Python's wakeup file descriptor by a thread of ours, which sees every signal that has a Python
-handler, whoever installed it, and acts without waiting for the main thread.
-"""
+"""Ctrl-C and SIGTERM end a run at once, as a kill would (its work is safe against one), only
+tidily: one line saying where it stopped, every process it started ended, exit 128 + the signal.
+Unwinding instead through Prefect's retries and a server the same Ctrl-C stopped took minutes and
+a page of tracebacks."""
 
 from __future__ import annotations
 
@@ -36,9 +23,8 @@ _stopping = threading.Lock()
 
 
 def _end_children() -> None:
-    """SIGKILL every process this one started, at any depth, and wait until they are gone.
-    A kill is what every stage is built to survive; a gentler signal would let each child
-    print its own farewell after the run's one line."""
+    """SIGKILL every process this one started, at any depth, and wait until they are gone: every
+    stage survives a kill, and a gentler signal would let each child print after the run's line."""
     from embodied_r.apps.reaper import descendants, running
 
     left = descendants(os.getpid())
@@ -58,13 +44,11 @@ def _end_children() -> None:
 
 
 def stop(signum: int) -> None:
-    """Say where the run stopped, end its processes and exit with 128 + ``signum``."""
     end(lambda: progress.stopped_line("interrupted"), "interrupted; rerun to resume", 128 + signum)
 
 
 def end(line: Callable[[], str], fallback: str, status: int) -> None:
-    """Print one line, silence the process, end every process it started and exit with
-    ``status``: the tidy kill shared by signals and by a Prefect API that is gone."""
+    """The tidy kill shared by signals and by a Prefect API that is gone."""
     if not _stopping.acquire(blocking=False):
         while True:  # the other path is stopping the process; never unwind meanwhile
             time.sleep(1)
@@ -107,7 +91,9 @@ def _watch(reader: socket.socket) -> None:
 
 
 def install() -> None:
-    """Make SIGINT and SIGTERM stop this process as described above (main thread only)."""
+    """Main thread only. Prefect replaces the SIGTERM handler while a flow runs, so the signal is
+    also read from Python's wakeup fd by a thread of ours, which sees every signal that has a
+    Python handler and acts without waiting for the main thread."""
     if threading.current_thread() is not threading.main_thread():
         return
     reader, writer = socket.socketpair()

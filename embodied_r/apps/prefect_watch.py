@@ -1,14 +1,6 @@
-"""A Prefect API that stops answering is named in one line within about 30 seconds.
-
-Every flow and task of a run reports its state to Prefect's API: the ephemeral server the run
-started itself (a uvicorn child process), or the server ``PREFECT_API_URL`` names. When that
-server dies (a kill, an out-of-memory kill, a crash), Prefect's client retries each call with
-backoff, and the run stalls for minutes without a word. A watcher thread checks the server
-every few seconds; once it is gone (the ephemeral server's process has exited) or has not
-answered for ``WAIT_S``, the run ends as an interrupt does (``interrupt.end``): one line that
-names the server and where the run stood, every started process ended, exit status 1. The
-finished work is on disk as after any kill, so a rerun resumes.
-"""
+"""A Prefect API that stops answering is named in one line within about 30 seconds: Prefect's
+client would retry each call with backoff, the run stalled for minutes without a word. Once the
+server is gone or silent for ``WAIT_S``, the run ends as an interrupt does, with exit status 1."""
 
 from __future__ import annotations
 
@@ -25,7 +17,6 @@ WAIT_S = 25.0
 
 
 def _ephemeral() -> Any | None:
-    """The ephemeral server this process started, while it runs."""
     try:
         from prefect.server.api.server import SubprocessASGIServer
     except ImportError:
@@ -55,7 +46,7 @@ def _answers(url: str) -> bool:
 
 
 def problem(since: float | None) -> tuple[str | None, float | None]:
-    """(what is wrong with the run's Prefect API, to say now or None; when it stopped answering)."""
+    """(what is wrong with the run's Prefect API, to say now, or None; since when it is silent)."""
     server = _ephemeral()
     if server is not None:
         process = server.server_process
@@ -96,5 +87,4 @@ def _watch() -> None:
 
 
 def start_watch() -> None:
-    """Watch the run's Prefect API from a daemon thread, for the life of the process."""
     threading.Thread(target=_watch, name="prefect-watch", daemon=True).start()

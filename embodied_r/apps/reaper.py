@@ -1,14 +1,6 @@
-"""Nothing outlives a killed run: a small watcher that ends the CLI's leftovers.
-
-``embodied-r`` starts processes it does not fully control: Prefect's ephemeral API server
-(a uvicorn subprocess Prefect stops only at a clean exit), key-frame pool workers,
-trainers and their launchers. After kill -9 of the CLI they would keep running (and
-extracting, and holding 200 MB each). The CLI starts this watcher in a session of its own;
-it notes the CLI's descendants every second and, once the CLI is gone, ends those still
-alive (SIGTERM, then SIGKILL). Each is named by pid and start time, so a reused pid is
-never hit. Children also watch their parent themselves (``children.die_with_parent``);
-this covers what cannot, Prefect's server above all.
-"""
+"""Nothing outlives a killed CLI: a watcher in a session of its own notes the CLI's descendants
+every second and, once the CLI is gone, ends those still alive, by pid and start time so that a
+reused pid is never hit. Prefect's ephemeral server, above all, cannot watch its parent itself."""
 
 from __future__ import annotations
 
@@ -33,7 +25,7 @@ def _stat(pid: int) -> tuple[int, str] | None:
 
 
 def descendants(root: int) -> dict[int, str]:
-    """Every live descendant of ``root``: pid -> start time."""
+    """pid -> start time."""
     children: dict[int, list[tuple[int, str]]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -56,8 +48,7 @@ def _still(pid: int, start: str) -> bool:
 
 
 def running(pid: int, start: str) -> bool:
-    """Whether the process ``pid`` that started at ``start`` still runs (a zombie, dead and
-    waiting for a parent to reap it, does not)."""
+    """A zombie, dead and waiting for a parent to reap it, does not run."""
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
@@ -86,7 +77,7 @@ def watch(target: int) -> None:
 
 
 def start_reaper() -> subprocess.Popen | None:
-    """Start the watcher for this process (Linux only; elsewhere children watch themselves)."""
+    """Linux only; elsewhere children watch themselves."""
     if not Path("/proc/self/stat").exists() or os.environ.get("EMBODIED_R_NO_REAPER"):
         return None
     return subprocess.Popen([sys.executable, "-m", "embodied_r.apps.reaper", str(os.getpid())],

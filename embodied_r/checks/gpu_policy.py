@@ -1,17 +1,7 @@
-"""The policy step of ``embodied-r check gpu``: GRPO steps of a recipe's own policy at the
-recipe's own trainer settings, on one GPU, timed and measured.
-
-The recipe's settings (generations, completions per step, per-device batch, completion
-length, precision, LoRA, checkpointing, beta and its KL reference) stay; its launch becomes
-one process on this GPU (a multi-GPU or DeepSpeed launch is what ``make gpu-check`` cannot
-stand in for). The policy's weights are used where they are on this machine (a local
-folder, or the hub cache; nothing is downloaded); else a model of the policy's shape with
-random weights stands in, which costs the same memory and time per token. A random policy
-never writes its end-of-sequence token, so every completion runs to full length: the worst
-case. The row gives seconds per step after the first (the first warms up kernels and
-memory pools), split into generation and update, the peak GPU memory of the trainer
-process, and the estimate of ``training.memory`` beside it.
-"""
+"""The policy step of ``embodied-r check gpu``: GRPO steps of a recipe's own policy at its own
+trainer settings in one process on this GPU, timed, its peak memory beside the estimate. Without
+the weights here, a random-weight model of the policy's shape stands in: the same memory and time
+per token, and every completion runs to full length (no end-of-sequence token), the worst case."""
 
 from __future__ import annotations
 
@@ -28,14 +18,12 @@ from embodied_r.training.config import TrainingConfig
 from embodied_r.training.memory import describe, estimate
 from embodied_r.training.shapes import ModelShape, shape_from_config, shape_of
 
-# The prompt length the policy step aims at: the paper's records, perception text included,
-# run to about 950 tokens (the demo's to about 150).
-PROMPT_TOKENS = 950
+PROMPT_TOKENS = 950  # the paper's records, perception text included (the demo's run to about 150)
 
 
 def _local_weights(policy: str) -> str | None:
-    """The policy's language-model folder when its weights are on this machine; else None.
-    The check's processes run with the hub offline (``gpu``): nothing is downloaded."""
+    """The policy's language-model folder when its weights are on this machine (the hub is
+    offline: nothing is downloaded); else None."""
     from embodied_r.training.policy import training_model
 
     try:
@@ -46,8 +34,8 @@ def _local_weights(policy: str) -> str | None:
 
 
 def random_policy(shape: ModelShape, name: str, device: str) -> str:
-    """A Qwen2 causal LM of ``shape`` with random weights and the tiny LM's tokenizer (its
-    ids lie inside any vocabulary), built once under ``$EMBODIED_R_HOME/models``."""
+    """A Qwen2 causal LM of ``shape`` with random weights and the tiny LM's tokenizer (its ids
+    lie inside any vocabulary), built once under the home."""
     import torch
     from transformers import AutoTokenizer, GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
@@ -101,7 +89,8 @@ def prompt_frames(tokenizer_folder: str, target: int) -> tuple[int, int]:
 
 
 def step_config(training: TrainingConfig, policy: str, spec: dict[str, Any]) -> TrainingConfig:
-    """The recipe's trainer settings for ``spec['steps']`` steps in one process on this machine."""
+    """The recipe's trainer settings for ``spec['steps']`` steps in one process: a multi-GPU or
+    DeepSpeed launch is what this check cannot stand in for."""
     vllm = training.vllm
     if vllm is not None:
         try:
@@ -114,8 +103,7 @@ def step_config(training: TrainingConfig, policy: str, spec: dict[str, Any]) -> 
                 keep_best=False, stage_chain="fresh", completion_table_rows=0, save_total_limit=1,
                 save_only_model=True,
                 vllm=vllm.model_dump() if vllm is not None else None,
-                # No checkpoint: the step is measured, not kept.
-                grpo_args={**training.grpo_args, "save_strategy": "no"})
+                grpo_args={**training.grpo_args, "save_strategy": "no"})  # measured, not kept
     if spec.get("completion_tokens"):
         data["max_completion_length"] = int(spec["completion_tokens"])
     return TrainingConfig.model_validate(data)

@@ -1,8 +1,6 @@
-"""The tiny models' checks of ``embodied-r check gpu`` (``gpu`` runs each in a process of its
-own): the transformers backend, one GRPO step per reward schedule, one SFT step, one step
-under ``accelerate launch``, and three steps with colocated vLLM rollouts and their sync check. Each takes the check's spec (its device: ``cuda``, or ``cpu`` to
-check the checks themselves; its work folder) and returns ``{"ok", "detail", "figures"}``.
-"""
+"""The tiny models' checks of ``embodied-r check gpu``. Each takes the check's spec (its device,
+``cuda`` or ``cpu`` to check the checks themselves; its work folder) and returns
+``{"ok", "detail", "figures"}``."""
 
 from __future__ import annotations
 
@@ -15,8 +13,7 @@ from embodied_r.checks.steps import SCHEDULES, ask_reference, grpo_step, one_ste
 
 
 def check_backend(spec: dict[str, Any]) -> dict[str, Any]:
-    """The transformers backend with device ``auto`` (``cpu`` when forced): the tiny LM, and
-    the tiny VLM with an image, on the GPU in its inference dtype, generating."""
+    """The tiny LM, and the tiny VLM with an image, generating on the GPU in its inference dtype."""
     from PIL import Image
 
     from embodied_r.backends.devices import inference_dtype
@@ -44,8 +41,7 @@ def check_backend(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def check_grpo(spec: dict[str, Any], stage_name: str) -> dict[str, Any]:
-    """One GRPO step of a reward schedule with the tiny models; stage 3 also asks its
-    consistency reference once, on the check's device."""
+    """Stage 3 also asks its consistency reference once, on the check's device."""
     work = Path(spec["work"])
     cfg = tiny_training(spec["device"])
     summary, problems = grpo_step(write_records(work / "records"), cfg, stage_name, work / stage_name)
@@ -74,8 +70,7 @@ def check_sft(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def check_accelerate(spec: dict[str, Any]) -> dict[str, Any]:
-    """A GRPO step under ``accelerate launch`` with one process (a config written here, so
-    the machine's own default accelerate config does not decide)."""
+    """One process, by a config written here: the machine's default accelerate config must not decide."""
     import yaml
 
     work = Path(spec["work"])
@@ -94,10 +89,8 @@ def check_accelerate(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def check_colocate(spec: dict[str, Any]) -> dict[str, Any]:
-    """GRPO stage 1 with rollouts from a colocated vLLM engine (tiny:lm-vllm, tied embeddings),
-    its weights checked against the policy's after every sync (``training.vllm.sync_check``),
-    policy and engine in float32 so that a stale engine stands out of their kernels' noise
-    (about 1e-5 on a CPU). Where vLLM is not installed (the base environment), skipped."""
+    """Rollouts from a colocated vLLM engine (tied embeddings), its weights checked after every
+    sync, in float32 so that a stale engine stands out of the kernels' noise (about 1e-5 on a CPU)."""
     import importlib.util
 
     if importlib.util.find_spec("vllm") is None:

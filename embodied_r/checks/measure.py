@@ -1,25 +1,6 @@
-"""``embodied-r check gpu --measure``: the rates of a recipe's policy shape on this machine, and
-the GPU-hours of the paper's three-stage schedule projected from them (``checks.projection``).
-
-A model of the policy's shape with random weights (``gpu_policy.random_policy``) is timed, so
-every completion runs to the length asked for. Measured, after a warm-up each:
-
-- decoding: milliseconds per decoding step (every sequence of the batch one token further)
-  with ``transformers.generate`` at batch 8, 32 and 64, with its dynamic cache and, where this
-  transformers and device support it, its static cache. The prefill is timed apart (a
-  one-token generate) and taken off, so the figure is the decode alone. vLLM is not timed here.
-- the update: forward and backward tokens per second of one micro-batch at completion
-  lengths 512, 1,024 and 2,048 beside the prompt, with gradient checkpointing, under bf16
-  autocast on a GPU (as the trainer runs it) and in fp32 on a CPU.
-- one AdamW step over all the weights.
-- on a GPU, the peak memory of the update at the longest length beside ``training.memory``'s
-  estimate of what that update holds (weights, gradients, Adam's moments, autocast copies,
-  activations, the LM head), with the error in per cent.
-
-The projection takes the decode at 32 sequences (a step's 4 prompts x 8 completions), the
-update at the longest length and the optimizer step; it assumes what ``checks.projection``
-says, and the JSON and the table say it again.
-"""
+"""``embodied-r check gpu --measure``: a random-weight model of a recipe's policy shape timed on
+this machine (decoding per step, the update's tokens per second, one AdamW step, the update's
+peak memory beside its estimate), and the paper schedule's GPU-hours projected from those rates."""
 
 from __future__ import annotations
 
@@ -60,8 +41,8 @@ class Measured:
         return 100 * (self.estimate_gib - self.peak_gib) / self.peak_gib
 
     def figures(self) -> projection.Figures:
-        """The projection's rates: the decode at a step's batch (the nearest batch measured to
-        it, with its fastest cache), the update at the longest length, the optimizer step."""
+        """The decode at the batch nearest a step's (its fastest cache), the update at the
+        longest length, the optimizer step."""
         batch = min(self.decode_ms, key=lambda b: abs(int(b) - STEP_BATCH))
         decode = min(v for v in self.decode_ms[batch].values() if isinstance(v, float))
         return projection.Figures(decode, self.update_tokens_per_s[max(self.update_tokens_per_s, key=int)],
@@ -77,8 +58,8 @@ def _timed(fn: Callable[[], Any], sync: Callable[[], None]) -> float:
 
 
 def _decode_ms(model: Any, ids: Any, tokens: int, sync: Callable[[], None], cache: str) -> float:
-    """Milliseconds per decoding step at ``ids``' batch: a ``tokens``-token generate less a
-    one-token one (the prefill), over the tokens between."""
+    """Milliseconds per decoding step: a ``tokens``-token generate less a one-token one (the
+    prefill), over the tokens between."""
     extra = {"cache_implementation": "static"} if cache == "static" else {}
 
     def gen(n: int) -> Callable[[], Any]:
@@ -96,8 +77,8 @@ def _decode_ms(model: Any, ids: Any, tokens: int, sync: Callable[[], None], cach
 def measure(model_folder: str, shape: ModelShape, *, device: str, prompt_tokens: int, decode_tokens: int = 64,
             batches: tuple[int, ...] = BATCHES, lengths: tuple[int, ...] = LENGTHS, micro_batch: int = 1,
             estimate_update: Callable[[int], float] | None = None) -> Measured:
-    """Time ``model_folder`` (a model of ``shape``) on ``device``; ``estimate_update(length)``
-    gives the estimate in bytes of the update at that completion length, set beside the peak."""
+    """``estimate_update(length)``: the estimate in bytes of the update at that completion
+    length, set beside the peak."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -156,8 +137,6 @@ def measure(model_folder: str, shape: ModelShape, *, device: str, prompt_tokens:
 
 
 def report(measured: Measured, train_prompts: int, val_prompts: int, gpus: int) -> tuple[str, dict[str, Any]]:
-    """The console's table and the JSON: the rates, the peak beside the estimate, and the
-    schedule's GPU-hours swept over mean completion lengths, with the assumptions."""
     rows = ["| batch | dynamic cache (ms/step) | static cache (ms/step) |", "|---|---|---|"]
     for batch, caches in measured.decode_ms.items():
         cells = [f"{v:.2f}" if isinstance(v, float) else "-" for v in (caches.get("dynamic"), caches.get("static"))]
@@ -192,8 +171,6 @@ def write(path: Path, data: dict[str, Any]) -> Path:
 
 
 def cmd(args: Any) -> int:
-    """``check gpu --measure``: the recipe's policy shape (or the tiny LM's, the command's own
-    test), timed on this machine's GPU (or its CPU with ``--device cpu``), then projected."""
     import torch
 
     from embodied_r.backends.models import resolve_model

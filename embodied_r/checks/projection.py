@@ -1,13 +1,6 @@
-"""GPU-hours of the paper's three-stage GRPO schedule, projected from measured per-token
-figures: pure arithmetic, so that figures measured on one card can be priced for any
-training-set size and completion length.
-
-A step is 4 prompts x 8 completions: generation decodes the step's completions together,
-one token of each per decoding step, for as many steps as the mean completion is long; the
-update runs every sequence (prompt and completion) through forward and backward once; the
-optimizer steps once. Validation runs every ``eval_every`` steps, one generation per
-validation prompt, decoded at the same rate. The assumptions are returned with the figures.
-"""
+"""GPU-hours of the paper's three-stage GRPO schedule from per-token rates measured on one card,
+for any training-set size and completion length. A step decodes its completions together (one
+token of each per decoding step), runs every sequence forward and backward once, steps once."""
 
 from __future__ import annotations
 
@@ -22,8 +15,7 @@ SWEEP = (300, 512, 1024, 1536, 2048)
 
 @dataclass(frozen=True)
 class Figures:
-    """Per-GPU rates measured on one card: decoding time per step of the whole batch (every
-    sequence one token further), forward and backward tokens per second, one optimizer step."""
+    """Per-GPU rates; a decoding step moves every sequence of the batch one token further."""
 
     decode_ms_per_step: float
     update_tokens_per_s: float
@@ -57,7 +49,6 @@ def project(figures: Figures, train_prompts: int, val_prompts: int, prompt_token
 
 def sweep(figures: Figures, train_prompts: int, val_prompts: int, prompt_tokens: int, gpus: int = 1,
           lengths: tuple[int, ...] = SWEEP) -> list[Projection]:
-    """``project`` at each mean completion length of ``lengths``."""
     return [project(figures, train_prompts, val_prompts, prompt_tokens, n, gpus) for n in lengths]
 
 

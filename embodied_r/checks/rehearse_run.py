@@ -1,7 +1,5 @@
-"""The rehearsal's orchestrator (``checks.rehearse``): its environment, processes and logs, and the
-items that follow one pipeline run: the served reference, perception, the ZeRO-3 stages with a
-killed rank, and evaluation."""
-
+"""The rehearsal's environment, processes and logs, and the items that follow one pipeline run:
+the served reference, perception, the ZeRO-3 stages with a killed rank, and evaluation."""
 
 from __future__ import annotations
 
@@ -43,10 +41,9 @@ class Rehearsal:
         self.reference_pid: int | None = None
         self.facts: dict[str, Any] = {}
 
-    # -- plumbing ------------------------------------------------------------------------------
     def run(self, name: str, cmd: list[str], env: dict[str, str] | None = None, timeout: float = 900,
             check: bool = True) -> tuple[int, float]:
-        """Run ``cmd`` from the checkout with its output in ``logs/NAME.log``; (exit code, seconds)."""
+        """``cmd`` from the checkout, its output in ``logs/NAME.log``; (exit code, seconds)."""
         log = self.logs / f"{name}.log"
         started = time.monotonic()
         with open(log, "a") as out:
@@ -68,7 +65,7 @@ class Rehearsal:
         return self.run(name, [self.python, "-m", "embodied_r.apps.cli", *args], env=env, check=check)
 
     def stage_dir(self, name: str) -> Path:
-        """The finished folder of a stage of this home (the newest, where reruns made several)."""
+        """A stage's newest finished folder in this home."""
         found = sorted((p for p in (self.home / "stages" / name).glob("*") if not p.name.endswith(".partial")),
                        key=lambda p: p.stat().st_mtime)
         if not found:
@@ -79,11 +76,9 @@ class Rehearsal:
         return json.loads((self.stage_dir(name) / "summary.json").read_text())
 
     def leftovers(self, *marks: str, grace_s: float = 20.0) -> list[str]:
-        """Processes still running ``grace_s`` after a command ended that belong to this
-        rehearsal's home (its environment names the home: every child of a command inherits it)
-        or whose command line holds one of ``marks``, the reference server's aside: what a stop
-        or a kill must not leave behind. (The grace: a watcher such as ``apps.reaper`` notices
-        its parent's end at its next poll.)"""
+        """Processes, the reference server's aside, still running ``grace_s`` after a command
+        ended whose environment names this home (every child inherits it) or whose command line
+        holds one of ``marks``. The grace: a watcher such as ``apps.reaper`` polls."""
         deadline = time.monotonic() + grace_s
         while True:
             found = self._running(marks)
@@ -107,7 +102,6 @@ class Rehearsal:
                 found.append(f"{proc.info['pid']}: {line[:120]}")
         return found
 
-    # -- items ---------------------------------------------------------------------------------
     def start_reference(self) -> str:
         from embodied_r.backends.models import resolve_model
 
@@ -123,9 +117,8 @@ class Rehearsal:
         return f"up in {seconds:.0f} s, {self.ask_served_reference()}"
 
     def ask_served_reference(self) -> str:
-        """The served reference asked through the recipe's own backend configs: by the consistency
-        reward as the trainer builds it, and by the evaluation's judge. (A random tiny policy
-        seldom writes a correct answer in the format, so training alone would never ask it.)"""
+        """The served reference asked by the consistency reward and by the evaluation's judge: a
+        random tiny policy seldom writes a correct answer in format, so training would never ask it."""
         from embodied_r.backends.factory import make_backend
         from embodied_r.checks.steps import ask_reference
         from embodied_r.config import load_recipe, parse_overrides
@@ -164,9 +157,8 @@ class Rehearsal:
         return f"stopped ({len(gone)} processes) with nothing left running"
 
     def pipeline(self) -> tuple[str, str, str]:
-        """The whole pipeline with one trainer rank killed in stage 2 after its first checkpoint:
-        the stage's retry (its stage kind's) resumes there. The perception, ZeRO-3 and
-        evaluation lines."""
+        """The whole pipeline with one trainer rank killed in stage 2 after its first checkpoint,
+        where the stage's retry resumes; the perception, ZeRO-3 and evaluation lines."""
         cmd = [self.python, "-m", "embodied_r.apps.cli", "run", "--recipe", RECIPE, *self.sets]
         log = self.logs / "pipeline.log"
         env = dict(self.env)
@@ -202,15 +194,13 @@ class Rehearsal:
         return self.perception_line(), self.zero3_line(seconds), self.evaluate_line()
 
     def plants(self) -> Path:
-        """The folder of the planted faults' sitecustomize (``PLANT``)."""
         folder = self.work / "plants"
         folder.mkdir(exist_ok=True)
         (folder / "sitecustomize.py").write_text(PLANT)
         return folder
 
     def kill_rank_after_checkpoint(self, stage: str, step: int, proc: subprocess.Popen) -> tuple[Path, float]:
-        """SIGKILL trainer rank 1 of ``stage`` once its ``checkpoint-STEP`` is whole; the
-        checkpoint and the time of the kill."""
+        """SIGKILL trainer rank 1 once ``checkpoint-STEP`` is whole; the checkpoint and the time."""
         import psutil
 
         from embodied_r.training.checkpoints import checkpoint_is_whole

@@ -1,6 +1,5 @@
-"""What the rehearsal (``checks.rehearse``) judges, apart from the engines it runs: the verdicts
-on what a run wrote, the planted faults, and small helpers. Pure where it can be, so that the
-test suite checks the verdicts without vLLM or DeepSpeed (tests/test_rehearse.py)."""
+"""The rehearsal's verdicts on what a run wrote, its planted faults and small helpers: pure where
+it can be, so that the verdicts are tested without vLLM or DeepSpeed."""
 
 from __future__ import annotations
 
@@ -20,14 +19,10 @@ class Failed(Exception):
     """An item's verdict: what went wrong, in one line."""
 
 
-# The planted faults of the colocate item, as a sitecustomize the trainer process imports at
-# start (a folder put first on its PYTHONPATH). Each registers one more hook with the adapters'
-# import finder. skip-sync: TRL's sync writes nothing into the engine. stale-head: the tied head
-# computes from a copy of the embeddings taken when the engine loaded, as vLLM's CPU build does
-# where its packing copies that matrix into a layout of its own (the engine in bfloat16; in
-# float32 its oneDNN path read the parameter in place here), every other layer as the adapter
-# keeps it. restart-at-zero (the zero3 item, with --plant): a resumed trainer finds no
-# checkpoint and starts its stage again at step 0.
+# The planted faults, a sitecustomize first on the trainer's PYTHONPATH, each one more hook of the
+# adapters' import finder. skip-sync: TRL's sync writes nothing into the engine. stale-head: the
+# tied head computes from a copy of the embeddings taken at load, as vLLM's CPU build does where
+# its packing copies that matrix (in bfloat16). restart-at-zero: a resume finds no checkpoint.
 PLANT = '''
 import os
 import embodied_r_cpu_adapters as adapters
@@ -66,12 +61,9 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-
 def zero3_problems(stages: list[dict[str, Any]], killed_step: int, resumed: dict[str, Any]) -> list[str]:
-    """What is wrong with three GRPO stages chained by ``stage_chain: resume`` on two processes
-    with the sync check, whose stage 2 lost a rank after ``checkpoint-<killed_step>`` and was
-    resumed from it (``resumed``: ``checkpoint_figures`` of that checkpoint). Empty when the
-    resume restored the global step, Adam's state and the schedule, and the chain carried both on."""
+    """What is wrong with three chained GRPO stages on two processes whose stage 2 lost a rank
+    after ``checkpoint-<killed_step>`` (``resumed``: its ``checkpoint_figures``) and resumed."""
     names = ("stage1", "stage2", "stage3")
     problems = []
     for name, s in zip(names, stages):
@@ -80,8 +72,7 @@ def zero3_problems(stages: list[dict[str, Any]], killed_step: int, resumed: dict
         checks, gap = s.get("vllm_sync_checks"), s.get("vllm_sync_max_gap")
         if not checks or checks != s.get("steps_this_run") or gap is None or gap > s.get("vllm_sync_tolerance", 0):
             problems.append(f"{name}: {checks} sync checks over {s.get('steps_this_run')} steps, largest gap {gap}")
-    # The chain: stage 3 starts where stage 2 left Adam and the schedule (stage 2's own start
-    # is its resume, judged below).
+    # Stage 3 starts where stage 2 left Adam and the schedule; stage 2's own start is its resume.
     before, after = stages[1], stages[2]
     adam_end = before.get("first_adam_step", 0) + before.get("steps_this_run", 0)
     if not close(after.get("first_learning_rate"), before.get("last_learning_rate")):
@@ -97,8 +88,8 @@ def zero3_problems(stages: list[dict[str, Any]], killed_step: int, resumed: dict
     if second.get("first_adam_step") != resumed["adam_step"]:
         problems.append(f"stage2's Adam step after the resume {second.get('first_adam_step')}, "
                         f"checkpoint-{killed_step}'s {resumed['adam_step']}")
-    # Where the chain's one schedule stood at that checkpoint: after all of stage 1's steps and
-    # stage 2's first ones (a stage that restarted the schedule stands at its own step count).
+    # The chain's one schedule stood after all of stage 1's steps and stage 2's first ones (a stage
+    # that restarted the schedule stands at its own step count).
     position = stages[0].get("steps", 0) + killed_step
     if resumed["schedule_step"] != position:
         problems.append(f"checkpoint-{killed_step} of stage2 holds the schedule at step {resumed['schedule_step']}, "
@@ -110,16 +101,14 @@ def zero3_problems(stages: list[dict[str, Any]], killed_step: int, resumed: dict
 
 
 def predictions(folder: Path) -> dict[str, dict[str, Any]]:
-    """An evaluation's ``predictions.parquet`` by question uid."""
     import pyarrow.parquet as pq
 
     return {row["uid"]: row for row in pq.read_table(Path(folder) / "predictions.parquet").to_pylist()}
 
 
 def agreement(ours: dict[str, dict[str, Any]], theirs: dict[str, dict[str, Any]]) -> tuple[float, float]:
-    """Of ``theirs``' questions (uid -> prediction row), the share ``ours`` answers with the same
-    parsed answer, and with the same completion (``same_text``); a question ``ours`` lacks counts
-    as different."""
+    """Of ``theirs``' questions, the shares ``ours`` answers with the same parsed answer and with
+    the same completion; a question ``ours`` lacks counts as different."""
     if not theirs:
         raise ValueError("no predictions to compare")
     answer = sum(1 for uid, row in theirs.items() if uid in ours and ours[uid]["prediction"] == row["prediction"])
@@ -128,12 +117,11 @@ def agreement(ours: dict[str, dict[str, Any]], theirs: dict[str, dict[str, Any]]
 
 
 def checkpoint_figures(folder: Path) -> dict[str, Any]:
-    """What a trainer's ``checkpoint-N`` holds for its resume: Adam's step count (ZeRO-3's
-    optimizer shard of rank 0), the schedule's step and the learning rate it gives the next step."""
+    """Adam's step count (rank 0's ZeRO-3 shard), the schedule's step and the learning rate it
+    gives the next step."""
     import torch
 
     state = json.loads((folder / "trainer_state.json").read_text())
-    # The rate the schedule gives the step after the checkpoint's.
     schedule = torch.load(folder / "scheduler.pt", map_location="cpu", weights_only=False)
     next_lr = schedule["_last_lr"][0]
     shard = next(folder.glob("global_step*/*optim_states.pt"))
@@ -145,9 +133,8 @@ def checkpoint_figures(folder: Path) -> dict[str, Any]:
 
 
 def same_text(a: str, b: str) -> bool:
-    """The same completion, up to a last character cut inside a UTF-8 sequence: vLLM's
-    detokenizer holds back the bytes of an unfinished character, transformers' decode shows
-    them as U+FFFD (a random tiny model ends on such bytes often)."""
+    """Equal up to a last character cut inside a UTF-8 sequence: vLLM holds back its bytes,
+    transformers shows them as U+FFFD (a random tiny model ends on such bytes often)."""
     return a.rstrip("\ufffd") == b.rstrip("\ufffd")
 
 
@@ -156,12 +143,9 @@ def close(a: Any, b: Any) -> bool:
 
 
 def last_error(log: Path) -> str:
-    """The last line of ``log`` that reads as an error (else its last line)."""
     try:
         lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
     except OSError:
         return f"no log at {log}"
     errors = [line for line in lines if "Error" in line or line.startswith("error")]
     return (errors or lines or ["(empty log)"])[-1][:400]
-
-

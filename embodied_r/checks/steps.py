@@ -1,11 +1,6 @@
-"""What the GPU check and the training-environment check share: the records they train on,
-the tiny models' one-step training config, one GRPO step of a reward schedule, the
-consistency reward asking its reference, and a check's timed row.
-
-Imported in the project's environment and in the training environment (the trainer's
-packages and the project's source): nothing here needs more than the trainer child does,
-and importing it costs the command line nothing (each function imports what it uses).
-"""
+"""What the checks share: the records they train on, the tiny one-step training config, one GRPO
+step, the consistency reward asking its reference, a timed row. Imported in the training
+environment too: nothing here needs more than the trainer child, and each function imports its own."""
 
 from __future__ import annotations
 
@@ -30,8 +25,8 @@ class Skip(Exception):
 
 
 def write_records(folder: Path, n: int = 8, frames: int = 2) -> Path:
-    """``train.parquet`` of ``n`` records built as the convert stage builds them, each with
-    ``frames`` lines of perception text (the prompt's length)."""
+    """``train.parquet`` of ``n`` records as the convert stage builds them, ``frames`` lines of
+    perception text each (the prompt's length)."""
     from embodied_r import schemas
     from embodied_r.io import table_from_records, write_parquet_atomic
     from embodied_r.training.records import build_record
@@ -48,10 +43,8 @@ def write_records(folder: Path, n: int = 8, frames: int = 2) -> Path:
 
 
 def tiny_training(device: str, recipe: TrainingConfig | None = None, **updates: Any) -> TrainingConfig:
-    """One small step of the tiny models on ``device`` (``cuda`` or ``cpu``), with a tiny
-    consistency reference: a recipe's own trainer settings where one is given (learning rate,
-    beta, LoRA, checkpointing, warm-up, loss settings), else the defaults at a learning rate
-    that moves the tiny weights. ``updates`` (the policy, a launch) go in last."""
+    """One small step of the tiny models with a tiny consistency reference, at ``recipe``'s
+    trainer settings if given, else at a learning rate that moves the tiny weights; ``updates`` last."""
     from embodied_r.backends.base import BackendConfig
     from embodied_r.training.config import TrainingConfig
 
@@ -68,8 +61,7 @@ def tiny_training(device: str, recipe: TrainingConfig | None = None, **updates: 
 
 
 def one_step_problems(summary: dict[str, Any], processes: int = 1) -> list[str]:
-    """What is wrong with a trainer run that should have made one step in ``processes``
-    processes and saved its model (empty when nothing is)."""
+    """What is wrong with a run that should have made one step and saved its model."""
     problems = []
     if summary.get("steps") != 1:
         problems.append(f"{summary.get('steps')} steps, expected 1")
@@ -82,8 +74,6 @@ def one_step_problems(summary: dict[str, Any], processes: int = 1) -> list[str]:
 
 def grpo_step(records: Path, cfg: TrainingConfig, stage_name: str, out: Path,
               processes: int = 1) -> tuple[dict[str, Any], list[str]]:
-    """One GRPO step of ``cfg``'s reward schedule ``stage_name``: the trainer's summary, and
-    what is wrong with it."""
     from embodied_r.training.stage import run_training_stage
 
     stage = next(s for s in cfg.stages if s.name == stage_name)
@@ -92,10 +82,9 @@ def grpo_step(records: Path, cfg: TrainingConfig, stage_name: str, out: Path,
 
 
 def ask_reference(reference: BackendConfig) -> dict[str, Any]:
-    """The consistency reward over ``reference``, built as the trainer process builds it: of a
-    correct answer, a wrong one and one out of format, only the first is asked (a random
-    policy seldom writes a readable answer, so a training step alone would never reach the
-    reference). Returns the device it ran on, how often it was asked, and what is wrong."""
+    """The consistency reward over ``reference`` as the trainer builds it, given a correct
+    answer, a wrong one and one out of format: only the first is asked (a random policy seldom
+    writes a readable answer, so a training step would never reach the reference)."""
     from embodied_r.scoring.rewards import make_consistency_reward
 
     reward = make_consistency_reward(reference, require_correct=True)
@@ -123,8 +112,8 @@ def ask_reference(reference: BackendConfig) -> dict[str, Any]:
 
 def timed_row(recipe: str, what: str, world: int, check: Callable[[], list[str]],
               after_failure: Callable[[], list[str]] = list) -> dict[str, Any]:
-    """A training-environment row: ``check``'s problems (an exception is one, with where it
-    was raised and ``after_failure``'s findings) and its seconds."""
+    """``check``'s problems and seconds; an exception is one, with its traceback and
+    ``after_failure``'s findings."""
     started = time.monotonic()
     row: dict[str, Any] = {"recipe": recipe, "what": what, "world": world}
     try:
@@ -137,8 +126,7 @@ def timed_row(recipe: str, what: str, world: int, check: Callable[[], list[str]]
 
 def finish_check(label: str, tally: str, seconds: float, where: Path, work: Path, keep: bool, passed: int,
                  failed: int) -> int:
-    """A CI check's last two lines (its time and where its details are; its work folder removed when
-    it passed and was not asked to keep it) and its exit code: 1 when anything failed."""
+    """A CI check's last two lines and exit code; its work folder removed when it passed unless kept."""
     import shutil
 
     remove = not keep and not failed

@@ -23,53 +23,43 @@ def _greedy_backend() -> BackendConfig:
 class EvaluationConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    # Greedy decoding; ``model`` is filled in with the checkpoint folder by the pipeline.
+    # Greedy; the pipeline fills in ``model``.
     backend: BackendConfig = Field(default_factory=_greedy_backend)
-    # "ood": the evaluation-only benchmarks (EgoSchema, MVBench's egocentric tasks) named in
-    # download.benchmarks, never trained on.
+    # "ood": the evaluation-only benchmarks named in download.benchmarks, never trained on.
     split: Split = "test"
-    # Which weights of the last training stage: its final ones, or its checkpoint with the
-    # best validation accuracy (needs training.keep_best).
+    # The last training stage's final weights, or its best validation checkpoint (training.keep_best).
     checkpoint: Literal["last", "best_val"] = "last"
     # None keeps the backend's own limit.
     max_new_tokens: int | None = Field(None, ge=1)
-    # A prompt longer than this many tokens loses its beginning, as in training (an in-process
-    # model; a server bounds its own context). None: in a pipeline, the training's
-    # max_prompt_length; alone, no limit.
+    # A longer prompt loses its beginning, as in training (in process; a server bounds its own
+    # context). None: in a pipeline, the training's max_prompt_length; alone, no limit.
     max_prompt_length: int | None = Field(None, ge=1)
-    # The judge of logical consistency: given the question and the model's <think> text
-    # only (no video text), does it reach the model's answer? The share of answers where
-    # it does is the paper's "logically consistent" ratio (judged there by GPT-4o; here
-    # any backend: a hosted API over `openai`, or a local model). None: not measured.
+    # Does the question and the <think> text alone (no video text) reach the model's answer? The
+    # share where it does is the paper's "logically consistent" ratio (any backend). None: not measured.
     consistency_judge: BackendConfig | None = None
-    # How numeric answers are read: "official" as VSI-Bench's scorer (the text up to the
-    # first space must be a number), "lenient" as the training reward ("about 3 m" is 3).
+    # "official": VSI-Bench's scorer (the text up to the first space is a number); "lenient": the
+    # training reward's ("about 3 m" is 3).
     number_parsing: NumberParsing = "official"
-    # Also evaluate the policy before training and after the warm start, and report the
-    # learning figures (accuracy of each beside chance, rewards per training stage).
+    # Also the policy before training and after the warm start, with the learning figures.
     compare_baselines: bool = False
     # Questions whose call failed score 0; more of them than this share fails the stage.
     max_failed_fraction: float = operational(DEFAULT_MAX_FAILED_FRACTION, ge=0, le=1)
-    # How option letters are read: "strict" only inside the last <answer> block, one
-    # option and no other; "official" as the official scoring script (the first letter
-    # right after <answer>, else the last "X." anywhere in the completion).
+    # "strict": one option, inside the last <answer> block only; "official": the official script's
+    # (the first letter right after <answer>, else the last "X." anywhere).
     answer_parser: AnswerParser = "strict"
-    # Which texts the records and rewards were built with, for the report: "paraphrase", or
-    # "official@<commit>" when the recipe's prompts file set them.
+    # For the report: "paraphrase", or "official@<commit>" when the recipe's prompts file set them.
     prompts: str = "paraphrase"
     # Questions per generate call, and so between progress records.
     chunk_size: int = operational(32, ge=1)
-    # Parts the questions are split into, each answered on its own and merged into the same
-    # folder as one run; 1 = not split.
+    # Parts answered on their own and merged into one folder; 1 = not split.
     shards: int = operational(1, ge=1)
-    # A trained model to evaluate instead of training one: a folder, a hub id, or a folder of
-    # a hub repository, hf://owner/repo/folder[@revision] (the `released` recipe: the authors'
-    # checkpoints). Set, the pipeline plans no warm start and no training stage.
+    # A trained model instead of training one (a folder, a hub id, hf://owner/repo/folder[@rev]):
+    # the pipeline then plans no warm start and no training stage.
     model: str | None = None
 
     def answering_backend(self, model: str, **overrides: Any) -> BackendConfig:
-        """``backend`` answering with ``model`` under this evaluation's token limits (new tokens,
-        the prompt cut), then ``overrides`` that are set: how every evaluation asks a model."""
+        """``backend`` answering with ``model`` under this evaluation's token limits, then the
+        ``overrides`` that are set: how every evaluation asks a model."""
         update: dict[str, Any] = {"model": model}
         if self.max_new_tokens is not None:
             update["max_new_tokens"] = self.max_new_tokens
@@ -87,7 +77,6 @@ class EvaluationConfig(BaseModel):
 
 
 def _settings(recipe: Any, builder: Any) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The evaluation's config and keyed config, its judge the warm start's model where it says so."""
     evaluation = recipe.evaluation_settings()
     cfg, keyed = evaluation.model_dump(mode="json"), result_settings(evaluation)
     if cfg["consistency_judge"] is not None and cfg["consistency_judge"]["model"] == WARMSTART:
@@ -98,7 +87,6 @@ def _settings(recipe: Any, builder: Any) -> tuple[dict[str, Any], dict[str, Any]
 
 def _evaluations(recipe: Any, builder: Any, kind: StageKind) -> None:
     if recipe.evaluation.model is not None:
-        # A given model (the authors' released weights): no warm start, no training.
         evaluation = recipe.evaluation_settings()
         builder.add(kind, "evaluate", evaluation.model_dump(mode="json"), keyed=result_settings(evaluation),
                     inputs={"model": str(recipe.evaluation.model)})
@@ -106,8 +94,7 @@ def _evaluations(recipe: Any, builder: Any, kind: StageKind) -> None:
     cfg, keyed = _settings(recipe, builder)
     baselines: dict[str, str | Ref] = {}
     if recipe.evaluation.compare_baselines:
-        # The same questions answered before any training and after the warm start, so the
-        # report shows what each phase added.
+        # The same questions before any training and after the warm start: what each phase added.
         baselines["untrained"] = recipe.training.policy
         if WARMSTART in builder.stages:
             baselines["warmstart"] = Ref(WARMSTART, "model")
@@ -117,7 +104,6 @@ def _evaluations(recipe: Any, builder: Any, kind: StageKind) -> None:
     final: dict[str, Any] = {"model": Ref(model.stage, recipe.evaluated_checkpoint()) if isinstance(model, Ref)
                              else model}
     if baselines:
-        # The learning figures: what each phase added, and each training stage's rewards.
         final["baselines"] = {b: Ref(f"evaluate_{b}") for b in baselines}
         final["training"] = {n: Ref(n) for n, sp in builder.stages.items() if sp.kind == "train"}
     builder.add(kind, "evaluate", cfg, keyed=keyed, inputs=final)
@@ -131,8 +117,7 @@ def _promotion(recipe: Any, builder: Any, kind: StageKind) -> None:
 
     cfg, keyed = _settings(recipe, builder)
     bars = recipe.tracking.model_dump(mode="json", include={"registered_model", "promote_split", "promote_metric"})
-    # The registry it promotes in: another store is another promotion; the home's own store
-    # is keyed as such, so a moved home keeps its promotion.
+    # Another store is another promotion; the home's own is keyed as such, so a moved home keeps it.
     store = tracking_uri(recipe.tracking.tracking_uri, builder.root)
     store_key = "the home's store" if store == default_tracking_uri(builder.root) else store
     builder.add(kind, "promote", {**bars, "store": store, "evaluation": cfg, "recipe": recipe.name,

@@ -1,7 +1,5 @@
-"""Evaluating any model reference (a folder, ``tiny:lm``, a registry URI) on a split of
-converted records, in a folder named by what is evaluated, the config and the code, like a
-pipeline stage's folder: the evaluations behind promotion, the lifecycle commands and the
-nightly re-evaluation."""
+"""Evaluating any model reference (a folder, ``tiny:lm``, a registry URI) on a split of converted
+records, in a folder keyed like a stage's by what is evaluated, the config and the code."""
 
 from __future__ import annotations
 
@@ -20,9 +18,7 @@ from embodied_r.runners import code_version, module_version
 
 
 def evaluation_folder(root: Path, kind: str, identity: dict[str, Any], cfg: BaseModel) -> Path:
-    """``<root>/evaluations/<kind>/<hash>``: a folder named by what is evaluated (``identity``:
-    model, records, ...), the config and the code, like a pipeline stage's folder."""
-
+    """``<root>/evaluations/<kind>/<hash>`` of ``identity`` (model, records, ...), config and code."""
     config = cfg.model_dump(mode="json")
     return keyed_folder(Path(root) / "evaluations" / kind, {
         "kind": kind, "identity": identity, "config": config, "code": code_version(EVALUATE.runner, config, identity),
@@ -37,8 +33,7 @@ class Reasoner:
 
 
 def resolve_reasoner(ref: str, store: str) -> Reasoner:
-    """Where a model reference points; registry URIs (in ``store``) are pinned to the version
-    their alias names now."""
+    """Registry URIs (in ``store``) are pinned to the version their alias names now."""
     if ref.startswith("models:/"):
         from embodied_r.evaluation.registry import resolve_model_uri, resolve_version
 
@@ -50,8 +45,7 @@ def resolve_reasoner(ref: str, store: str) -> Reasoner:
 
 def evaluate_model(ref: str, split: str, *, records: Path, cfg: EvaluationConfig, root: Path, store: str,
                    out: Path | None = None) -> tuple[Path, dict[str, Any]]:
-    """Evaluate a model reference on ``split`` of the converted ``records``, in a folder named
-    by the pinned model, the records and the config; (folder, summary)."""
+    """(folder, summary); the folder is keyed by the pinned model, the records and the config."""
     model = resolve_reasoner(ref, store)  # a model that is not there is said first
     if not read_split(records, split):
         fix = (f"name {' or '.join(EVALUATION_BENCHMARKS)} in download.benchmarks" if split == OOD

@@ -1,13 +1,11 @@
 """Promotion: a registered version takes an alias (``@champion``) only when it beats every bar
-(chance, the warm-started policy) and the version the alias holds, both scored by the same
-code on the same data; ``promote_model`` registers a trained reasoner and does it, and
-``run_stage`` is the pipeline's ``promote`` stage. The registered version's description
-gives its scores on the promotion split and the test split beside chance."""
+(chance, the warm-started policy) and the alias's version, all scored by the same code on the
+same questions; and the pipeline's ``promote`` stage."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
@@ -24,10 +22,9 @@ WARM_STARTED = "the warm-started policy's"
 
 @dataclass(frozen=True)
 class Bar:
-    """A score a candidate must beat before it can take the alias at all, however the
-    champion scores: chance, and the warm-started policy the training started from. With
-    ``by_low_end`` the candidate beats it only when the low end of its 95 % interval does
-    (chance: a score within a guesser's reach is no evidence)."""
+    """A score a candidate must beat to take the alias at all, however the champion scores. With
+    ``by_low_end`` only the low end of its 95 % interval beats it (chance: a score within a
+    guesser's reach is no evidence)."""
 
     label: str  # as it reads before the score: "chance", "the warm-started policy's"
     score: float
@@ -47,15 +44,11 @@ class Promotion:
     champion_version: str | None
     champion_score: float | None
     promoted: bool
-    # The split both sides were scored on: the pipeline prints its test accuracy just before,
-    # and a bare score reads as that one.
+    # Named in the verdict: the pipeline prints its test accuracy just before, and a bare score
+    # reads as that one.
     split: str = ""
     bars: list[Bar] = field(default_factory=list)
-    # The candidate's 95 % interval, when its metric is a share of questions.
     interval: tuple[float, float] | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
     def _beats(self, bar: Bar) -> bool:
         if bar.by_low_end:
@@ -64,12 +57,9 @@ class Promotion:
 
     @property
     def short_of(self) -> list[Bar]:
-        """The bars the candidate did not beat."""
         return [b for b in self.bars if not self._beats(b)]
 
     def _score(self) -> str:
-        from embodied_r.scoring.metrics import format_accuracy
-
         return format_accuracy(self.candidate_score, self.interval)
 
     def describe(self) -> str:
@@ -94,23 +84,14 @@ class Promotion:
                 f"({against}): {verdict} to @{self.alias}")
 
 
-def promote_if_better(
-    name: str,
-    candidate_version: str | int,
-    score: Callable[[str], float],
-    *,
-    alias: str = CHAMPION,
-    metric: str = "accuracy/overall",
-    tracking_uri: str | None = None,
-    bars: Sequence[Bar] = (),
-    interval: Callable[[str], tuple[float, float] | None] | None = None,
-) -> Promotion:
-    """Give ``alias`` to the candidate when it scores strictly higher than every one of
-    ``bars`` and than the version the alias holds now (or the alias is unset). A candidate
-    short of a bar is never promoted, and the champion is not scored for it. ``score(uri)``
-    evaluates an immutable ``models:/name/<version>`` URI, so both sides are measured by the
-    same code on the same data; each version's score is kept as a version tag. ``interval(uri)``:
-    the 95 % interval of a scored URI's metric, for the bars judged by its low end."""
+def promote_if_better(name: str, candidate_version: str | int, score: Callable[[str], float], *,
+                      alias: str = CHAMPION, metric: str = "accuracy/overall", tracking_uri: str | None = None,
+                      bars: Sequence[Bar] = (),
+                      interval: Callable[[str], tuple[float, float] | None] | None = None) -> Promotion:
+    """Give ``alias`` to the candidate when it scores strictly above every bar and the alias's
+    version (or the alias is unset); short of a bar, the champion is not scored. ``score(uri)``
+    evaluates an immutable ``models:/name/<version>``, each score kept as a version tag;
+    ``interval(uri)``: its 95 % interval, for the bars judged by the low end."""
     c = client(tracking_uri)
     candidate = str(candidate_version)
     current = alias_version(name, alias, tracking_uri)
@@ -127,23 +108,15 @@ def promote_if_better(
         c.set_model_version_tag(name, champ_version, f"score/{metric}", json.dumps(champ_score))
     elif champ_version == candidate:
         champ_score = cand_score
-    if champ_version is None:
-        promoted = True
-    else:
-        promoted = champ_version != candidate and champ_score is not None and cand_score > champ_score
+    promoted = champ_version is None or (champ_version != candidate and champ_score is not None
+                                         and cand_score > champ_score)
     if promoted:
         set_alias(name, alias, candidate, tracking_uri)
     return replace(result, champion_score=champ_score, promoted=promoted)
 
 
-def set_description(name: str, version: str | int, text: str, tracking_uri: str | None = None) -> None:
-    client(tracking_uri).update_model_version(name, str(version), description=text)
-
-
 @dataclass(frozen=True)
 class SplitScore:
-    """A model's score on one split, beside chance (and other bars) on the same questions."""
-
     split: str
     score: float
     count: int
@@ -153,8 +126,7 @@ class SplitScore:
 
 
 def version_description(metric: str, scores: Sequence[SplitScore], promotion: str) -> str:
-    """A registered version's description: its ``metric`` on each split with the 95 % interval
-    and question count, beside chance and the other bars, then the promotion's outcome."""
+    """Its ``metric`` on each split beside chance and the other bars, then the promotion's outcome."""
     lines = []
     for s in scores:
         beside = ", ".join(b.describe() for b in (Bar("chance", s.chance), *s.others))
@@ -175,11 +147,8 @@ def promote_model(name: str, *, records: Path, cfg: EvaluationConfig, root: Path
                   split: str = "val", metric: str = "accuracy/overall", alias: str = CHAMPION,
                   run_id: str | None = None, experiment: str = "embodied-r", tags: dict[str, str] | None = None,
                   known: Mapping[str, Mapping[str, Any]] | None = None) -> Promotion:
-    """Register ``folder`` as a new version of ``name`` (or take ``version``), and give it
-    ``alias`` when on ``split`` of ``records`` it beats chance, the warm-started policy
-    (``warm_model``) and the alias's version, all evaluated by ``evaluation.models``.
-    ``known``: summaries of this model's evaluations already made, by split (the pipeline's
-    own test evaluation), so the description's test score is not computed twice."""
+    """Register ``folder`` (or take ``version``) and promote it on ``split``. ``known``: summaries
+    already made by split (the pipeline's test evaluation), not computed twice."""
     if version is None:
         version = str(register_model_folder(Path(folder), name, tracking_uri=store, run_id=run_id,
                                             experiment=experiment, tags=tags).version)
@@ -206,7 +175,6 @@ def promote_model(name: str, *, records: Path, cfg: EvaluationConfig, root: Path
         summaries[uri] = summary
         return float(summary[metric])
 
-    # Chance is beaten only by the low end of the candidate's 95 % interval.
     bars = [Bar("chance", chance_metrics(read_split(records, split)).get(metric, 0.0), by_low_end=True)]
     if warm_model is not None:
         # Through ``score``: the same split, config and question-set check as the candidate.
@@ -219,15 +187,14 @@ def promote_model(name: str, *, records: Path, cfg: EvaluationConfig, root: Path
         summary = (known or {}).get(other) or evaluate(candidate, other)[1]
         if metric in summary:
             scores.append(_split_score(summary, other, metric, records))
-    set_description(name, version, version_description(metric, scores, result.describe()), store)
+    description = version_description(metric, scores, result.describe())
+    client(store).update_model_version(name, str(version), description=description)
     return result
 
 
 def run_stage(out: Path, config: dict[str, Any], inputs: dict[str, str],
               mlflow_run_id: str | None = None) -> dict[str, Any]:
-    """The pipeline's ``promote`` stage: register the trained model (once per model, under the
-    pipeline's MLflow run) and promote it when it beats the bars on ``promote_split``. Its
-    summary says what happened; the registry holds the result."""
+    """Register the trained model once, under the pipeline's MLflow run, and promote it."""
     out = Path(out)
     if is_complete(out):
         return read_summary(out)
@@ -256,7 +223,7 @@ def run_stage(out: Path, config: dict[str, Any], inputs: dict[str, str],
 
 
 def _parent_run(store: str, run_id: str | None) -> str | None:
-    """The pipeline's MLflow run above the stage's own (the trained model is logged there)."""
+    """The pipeline's MLflow run above the stage's own: the trained model is logged there."""
     if not run_id:
         return None
     return client(store).get_run(run_id).data.tags.get("mlflow.parentRunId") or run_id

@@ -1,10 +1,6 @@
-"""Models kept in a folder of a hub repository, as the authors released theirs.
-
-``hf://owner/repo/folder`` (``@revision`` to pin it) names the model in ``folder`` of the hub
-model repository ``owner/repo``: EmbodiedCity/Embodied-R holds its two trained reasoners as
-``Weight_1`` and ``Weight_2``. Backends load a local folder or a whole repository, so the
-folder is fetched into the hub cache (only its files) and its local path handed on.
-"""
+"""Models kept in a folder of a hub repository (``hf://owner/repo/folder[@revision]``), as the
+authors released theirs. Backends load a local folder or a whole repository, so only the folder
+is fetched into the hub cache and its local path handed on."""
 
 from __future__ import annotations
 
@@ -22,8 +18,6 @@ class HubFolder:
 
 
 def parse_hub_folder(ref: str) -> HubFolder:
-    """``hf://owner/repo/folder[@revision]`` split into its parts; a one-line error names a
-    malformed reference and its form."""
     if not ref.startswith(PREFIX):
         raise ValueError(f"{ref!r} is not a hub folder reference (hf://owner/repo/folder[@revision])")
     body, _, revision = ref[len(PREFIX):].partition("@")
@@ -35,7 +29,6 @@ def parse_hub_folder(ref: str) -> HubFolder:
 
 
 def fetch_hub_folder(ref: str) -> str:
-    """The local path of the model a ``hf://`` reference names, fetched on first use."""
     where = parse_hub_folder(ref)
     from huggingface_hub import snapshot_download
 

@@ -1,9 +1,5 @@
-"""The evaluation report: a Markdown summary, a per-task bar chart and a table beside the
-paper's published numbers (Table 1 of arXiv 2504.12680).
-
-``write_report`` writes the files named in ``REPORT_FILES`` into an evaluation folder;
-``table_rows`` gives the per-task rows for a Prefect table artifact.
-"""
+"""The evaluation report: a Markdown summary, a per-task bar chart and a table beside the paper's
+published numbers (Table 1 of arXiv 2504.12680)."""
 
 from __future__ import annotations
 
@@ -13,14 +9,8 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from embodied_r.io import read_json
-from embodied_r.scoring.metrics import (
-    REL_DIRECTION,
-    accuracy_interval,
-    category_slug,
-    format_interval,
-    mean_of_means_interval,
-    summary_interval,
-)
+from embodied_r.scoring.metrics import (REL_DIRECTION, accuracy_interval, category_slug, format_interval,
+                                        mean_of_means_interval, summary_interval)
 
 REPORT_MD = "report.md"
 CHART_PNG = "accuracy_by_task.png"
@@ -101,6 +91,7 @@ def _subtype_mean_interval(c: Mapping[str, Any]) -> tuple[float, float]:
 def _span(interval: tuple[float, float] | None) -> str:
     return "" if interval is None else format_interval(interval)
 
+
 NOTE = (
     "Choice questions score 1 or 0; numeric ones VSI-Bench's mean relative accuracy. "
     "Unreadable answers count as wrong. Each task's accuracy counts every question once: "
@@ -118,16 +109,14 @@ def _pct(value: float | None) -> str:
 
 
 def run_row(metrics: Mapping[str, float]) -> tuple[float | None, ...]:
-    """One evaluation's Table 1 row, as fractions: (avg, LP, ..., AO); None where absent.
-    Counted as the paper counts: every question once (relative direction pooled over its
-    subtypes, ``accuracy/object_rel_direction``), avg over the paper's eight tasks."""
+    """Table 1's row as fractions (avg, LP, ..., AO), None where absent, counted as the paper
+    counts: every question once (relative direction pooled over its subtypes)."""
     values: list[float | None] = [metrics.get("accuracy/paper_tasks")]
     values += [metrics.get(f"accuracy/{category_slug(cat)}") for _, _, cat in PAPER_COLUMNS]
     return tuple(values)
 
 
 def comparison_rows(runs: Mapping[str, Mapping[str, float]]) -> list[dict[str, Any]]:
-    """Table 1 with this project's runs appended: one dict per model, values in %."""
     rows: list[dict[str, Any]] = []
     for model, values in PAPER_TABLE1.items():
         rows.append({"model": model, "source": "paper", **dict(zip(COLUMN_NAMES, values))})
@@ -139,34 +128,22 @@ def comparison_rows(runs: Mapping[str, Mapping[str, float]]) -> list[dict[str, A
 
 
 def table_rows(categories: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Per-task rows for a Prefect table artifact (``create_table_artifact(table=rows)``):
-    ``[{"benchmark", "task", "questions", "accuracy_pct", "paper_pct"}]``, ``paper_pct``
-    None for tasks the paper does not report."""
-    return [
-        {
-            "benchmark": c["benchmark"],
-            "task": task_name(c["category"]),
-            "questions": int(c["count"]),
-            "accuracy_pct": round(100 * float(c["accuracy"]), 1),
-            "paper_pct": PAPER_ACCURACY.get(c["category"]),
-        }
-        for c in categories
-    ]
+    """Per-task rows for a Prefect table artifact; ``paper_pct`` None where the paper has none."""
+    return [{"benchmark": c["benchmark"], "task": task_name(c["category"]), "questions": int(c["count"]),
+             "accuracy_pct": round(100 * float(c["accuracy"]), 1), "paper_pct": PAPER_ACCURACY.get(c["category"])}
+            for c in categories]
 
 
 def table_rows_from_folder(folder: Path) -> list[dict[str, Any]]:
-    """``table_rows`` of a finished evaluation folder (reads its ``metrics.json``)."""
     return table_rows(read_json(Path(folder) / "metrics.json")["categories"])
 
 
-def render_markdown(categories: Sequence[Mapping[str, Any]], metrics: Mapping[str, float], *,
-                    model: str, split: str, title: str = "Evaluation",
-                    others: Mapping[str, Mapping[str, float]] | None = None,
+def render_markdown(categories: Sequence[Mapping[str, Any]], metrics: Mapping[str, float], *, model: str, split: str,
+                    title: str = "Evaluation", others: Mapping[str, Mapping[str, float]] | None = None,
                     header: Mapping[str, str] | None = None, chance: Mapping[str, float] | None = None,
                     prompts: str = "") -> str:
-    """The Markdown report: headline figures, per-task accuracy with its 95 % interval and
-    chance level, the paper's Table 1 with this run (and ``others``, e.g. baselines) beside it.
-    ``header`` names the run, recipe and model version when the caller knows them."""
+    """``others`` (the baselines) join this run beside Table 1; ``header`` names the run, recipe
+    and model version when the caller knows them."""
     n = int(metrics.get("count/overall", 0))
     chance = chance or {}
     lines = [f"# {title}", ""] + [f"- {k}: {v}" for k, v in (header or {}).items()]
@@ -229,7 +206,6 @@ def _table1_lines(runs: Mapping[str, Mapping[str, float]]) -> list[str]:
 
 def render_comparison(runs: Mapping[str, Mapping[str, float]], split: str,
                       title: str = "This project's runs beside the paper's Table 1") -> str:
-    """Several evaluations (e.g. the trained reasoner and its baselines) in one Table 1."""
     lines = [f"# {title}", "", f"Split: `{split}`. Accuracy %; avg weighs every question of the paper's "
              "eight tasks once.", ""]
     lines += _table1_lines(runs)
@@ -239,8 +215,7 @@ def render_comparison(runs: Mapping[str, Mapping[str, float]], split: str,
 
 def plot_accuracy(categories: Sequence[Mapping[str, Any]], path: Path, title: str = "Accuracy per task",
                   chance: Mapping[str, float] | None = None) -> Path:
-    """A horizontal bar per task (this run) with its 95 % interval, the chance level and the
-    paper's Embodied-R figure marked; tasks with few questions are flagged in their label."""
+    """A bar per task with its 95 % interval, chance and the paper's figure marked."""
     import matplotlib
 
     matplotlib.use("Agg")  # no display: files only
@@ -295,11 +270,9 @@ def comparison_csv(runs: Mapping[str, Mapping[str, float]]) -> str:
     return buf.getvalue()
 
 
-def write_report(folder: Path, categories: Sequence[Mapping[str, Any]], metrics: Mapping[str, float], *,
-                 model: str, split: str, title: str = "Evaluation",
-                 others: Mapping[str, Mapping[str, float]] | None = None,
+def write_report(folder: Path, categories: Sequence[Mapping[str, Any]], metrics: Mapping[str, float], *, model: str,
+                 split: str, title: str = "Evaluation", others: Mapping[str, Mapping[str, float]] | None = None,
                  chance: Mapping[str, float] | None = None, prompts: str = "") -> list[Path]:
-    """Write ``REPORT_FILES`` into ``folder``; returns their paths."""
     folder = Path(folder)
     md = folder / REPORT_MD
     md.write_text(render_markdown(categories, metrics, model=model, split=split, title=title, others=others,
@@ -311,8 +284,7 @@ def write_report(folder: Path, categories: Sequence[Mapping[str, Any]], metrics:
 
 
 def render_folder(folder: Path, header: Mapping[str, str] | None = None) -> str:
-    """The report of a finished evaluation folder again, headed by ``header`` (the pipeline run,
-    recipe and registered model version, known only once the run ends)."""
+    """A finished evaluation's report again, headed by what is known only once the run ends."""
     from embodied_r.evaluation.learning import CURVES_PNG, learning_stages, render_learning
 
     data = read_json(Path(folder) / "metrics.json")
@@ -320,8 +292,6 @@ def render_folder(folder: Path, header: Mapping[str, str] | None = None) -> str:
     text = render_markdown(data["categories"], data["metrics"], model=str(summary.get("model_label") or
                            summary.get("model", "")), split=str(summary.get("split", "")),
                            header=header, chance=data.get("chance"), prompts=str(summary.get("prompts") or ""))
-    if any(k.startswith("learning/accuracy/") for k in summary):
-        # The evaluate stage appends this section to its own report.md; a copy rendered again
-        # must carry it too.
+    if any(k.startswith("learning/accuracy/") for k in summary):  # the evaluate stage's report.md has it
         text += render_learning(summary, learning_stages(summary), (Path(folder) / CURVES_PNG).is_file())
     return text

@@ -1,16 +1,6 @@
-"""Evaluation: answer every record of a split with a model and score it.
-
-Generation goes through the shared backends (in process, an OpenAI-compatible server,
-or vLLM), greedy by default. Progress is logged per question, so an interrupted
-evaluation resumes where it stopped. Every question counts: one whose generation failed
-for its own reason scores 0, is listed in ``failures.parquet`` and counted as failed; an
-answer that cannot be parsed is a wrong answer. An outage (``errors.InfraFailure``) stops
-the stage instead, and so do more failures than ``max_failed_fraction``: the folder stays
-``.partial`` and a re-run asks only the questions without an answer.
-
-The model is a checkpoint folder, a hub id, ``tiny:lm``, or a registry URI such as
-``models:/embodied-r-reasoner@champion`` (resolved to a local folder first).
-"""
+"""Evaluation: answer every record of a split with a model and score it, resuming per question.
+Every question counts: a failed call scores 0 and is listed in ``failures.parquet``; an outage,
+or more failures than ``max_failed_fraction``, stops the stage and leaves it to resume."""
 
 from __future__ import annotations
 
@@ -30,17 +20,8 @@ from embodied_r.backends.base import Backend, BackendConfig, Conversation
 from embodied_r.backends.factory import make_backend
 from embodied_r.errors import InfraFailure, check_failed_fraction
 from embodied_r.redaction import redact
-from embodied_r.io import (
-    ItemLog,
-    is_complete,
-    read_summary,
-    stage_folder,
-    table_from_records,
-    text_key,
-    write_json_atomic,
-    write_parquet_atomic,
-    write_summary,
-)
+from embodied_r.io import (ItemLog, is_complete, read_summary, stage_folder, table_from_records, text_key,
+                           write_json_atomic, write_parquet_atomic, write_summary)
 from embodied_r.scoring.answers import ChoiceParser
 from embodied_r.scoring.metrics import aggregate, category_table, chance_levels, score_answer, subtask_of
 from embodied_r.scoring.config import NumberParsing
@@ -49,22 +30,27 @@ from embodied_r.evaluation.learning import write_learning
 from embodied_r.evaluation.report import write_report
 from embodied_r.shards import SHARD_INPUT, Sharding, parse_selection, run_sharded, summed
 
+# (work folder, records, metrics) -> summary figures: files an evaluation writes beside its report
+ExtraFiles = Callable[[Path, list[dict[str, Any]], dict[str, float]], dict[str, Any]]
+
+
 def _valid_row(row: dict[str, Any]) -> bool:
-    """A logged prediction that can be replayed (see ``io.ItemLog``)."""
     score = row.get("score")
     return (isinstance(row.get("uid"), str) and isinstance(score, (int, float)) and math.isfinite(score)
             and isinstance(row.get("completion"), str) and isinstance(row.get("prediction"), (str, type(None))))
 
 
-def failed_row(record: dict[str, Any]) -> dict[str, Any]:
-    """The row of a question whose call failed: it scores 0 and stays in the denominator."""
+def _question(record: dict[str, Any]) -> dict[str, Any]:
     options = list(record.get("options") or [])
-    return {
-        "uid": record["uid"], "benchmark": record["benchmark"], "category": record["category"],
-        "subtask": subtask_of(record["category"], options), "solution": record["solution"],
-        "answer_type": record["answer_type"], "completion": "", "prediction": "", "score": 0.0,
-        "completion_tokens": 0, "consistent": None,
-    }
+    return {"uid": record["uid"], "benchmark": record["benchmark"], "category": record["category"],
+            "subtask": subtask_of(record["category"], options), "solution": record["solution"],
+            "answer_type": record["answer_type"]}
+
+
+def failed_row(record: dict[str, Any]) -> dict[str, Any]:
+    """A question whose call failed scores 0 and stays in the denominator."""
+    return {**_question(record), "completion": "", "prediction": "", "score": 0.0, "completion_tokens": 0,
+            "consistent": None}
 
 
 def question_set(uids: Any) -> str:
@@ -75,12 +61,10 @@ def _conversation(record: dict[str, Any]) -> Conversation:
     return [{"role": "system", "content": record["system"]}, {"role": "user", "content": record["prompt"]}]
 
 
-def score_row(record: dict[str, Any], text: str, completion_tokens: int,
-              number_parsing: NumberParsing = "official",
-              answer_from: Literal["tag", "reply"] = "tag",
-              choice_parser: ChoiceParser = "strict") -> dict[str, Any]:
-    """The scored row of one record's completion. ``answer_from="reply"`` reads a reply
-    without an ``<answer>`` block as the answer itself (models asked to answer directly)."""
+def score_row(record: dict[str, Any], text: str, completion_tokens: int, number_parsing: NumberParsing = "official",
+              answer_from: Literal["tag", "reply"] = "tag", choice_parser: ChoiceParser = "strict") -> dict[str, Any]:
+    """``answer_from="reply"`` reads a reply without an ``<answer>`` block as the answer itself
+    (models asked to answer directly)."""
     scored_text = text
     if answer_from == "reply" and "<answer>" not in (text or ""):
         scored_text = f"<answer>{text}</answer>"
@@ -88,33 +72,19 @@ def score_row(record: dict[str, Any], text: str, completion_tokens: int,
     prediction, score = score_answer(scored_text, record["solution"], record["answer_type"],
                                      len(options) or None, number_parsing=number_parsing,
                                      choice_parser=choice_parser)
-    return {
-        "uid": record["uid"],
-        "benchmark": record["benchmark"],
-        "category": record["category"],
-        "subtask": subtask_of(record["category"], options),
-        "solution": record["solution"],
-        "answer_type": record["answer_type"],
-        "completion": text,
-        "prediction": prediction,
-        "score": float(score),
-        "completion_tokens": int(completion_tokens),
-    }
+    return {**_question(record), "completion": text, "prediction": prediction, "score": float(score),
+            "completion_tokens": int(completion_tokens)}
 
 
 def _judge(judge: Backend, records: list[dict[str, Any]], texts: list[str]) -> list[bool | None]:
     from embodied_r.scoring.rewards import consistency_ratio
 
-    _, verdicts = consistency_ratio(
-        judge, texts, [r["question"] for r in records], [r["answer_type"] for r in records],
-        [r.get("options") or None for r in records],
-    )
-    return verdicts
+    return consistency_ratio(judge, texts, [r["question"] for r in records], [r["answer_type"] for r in records],
+                             [r.get("options") or None for r in records])[1]
 
 
 def resolve_model_ref(model: str) -> str:
-    """A local folder (or hub id) for ``model``: registry URIs, ``hf://`` hub folders and
-    ``tiny:*`` are resolved."""
+    """A local folder (or hub id) for a registry URI, an ``hf://`` hub folder or ``tiny:*``."""
     if not model:
         from embodied_r.evaluation.registry import CHAMPION_URI
 
@@ -137,15 +107,14 @@ TABLE_FILE = "predictions_table.json"
 
 
 def _video_text(record: dict[str, Any]) -> str:
-    """The perception text inside a reasoning prompt (what comes before the question)."""
+    """The perception text: what comes before the question in a reasoning prompt."""
     prompt, question = str(record.get("prompt") or ""), str(record.get("question") or "")
     head = prompt.split(question.split("\n", 1)[0], 1)[0] if question else prompt
     return head.strip()[:4000]
 
 
 def write_predictions_table(path: Path, records: list[dict[str, Any]], rows: list[dict[str, Any]]) -> None:
-    """One row per question for MLflow's table view (pandas "split" layout): question,
-    perception text, completion, parsed answer, gold answer, score."""
+    """One row per question for MLflow's table view (pandas "split" layout)."""
     by_uid = {r["uid"]: r for r in records}
     columns = ["uid", "task", "question", "perception", "completion", "prediction", "solution", "score"]
     data = [[row["uid"], row["category"], by_uid[row["uid"]].get("question", ""),
@@ -155,7 +124,7 @@ def write_predictions_table(path: Path, records: list[dict[str, Any]], rows: lis
 
 
 def describe_model(path: str) -> str:
-    """A model's name for people: a pipeline stage's output by stage, else the path as given."""
+    """A pipeline stage's output named by its stage, else the path as given."""
     match = re.search(r"stages/(?P<stage>[^/]+)/(?P<key>[0-9a-f]{8,})/model/?$", path)
     return f"the model trained by {match['stage']} (output {match['key'][:8]})" if match else path
 
@@ -168,10 +137,9 @@ def read_split(records: Path, split: str) -> list[dict[str, Any]]:
 
 
 def _work(work: Path, records: list[dict[str, Any]], backend_cfg: BackendConfig, cfg: EvaluationConfig,
-          conversation: Callable[[dict[str, Any]], Conversation], answer_from: Literal["tag", "reply"],
+          conversation: Callable[[dict[str, Any]], Conversation], answer_from: Literal["tag", "reply"]
           ) -> dict[str, Any]:
-    """Answer every record missing from the item log of ``work``, logging each as it is scored.
-    Returns the run's figures and the failures of this run's calls."""
+    """Answer every record missing from ``work``'s item log, logging each as it is scored."""
     log = ItemLog(work / "items.jsonl", key="uid", validate=_valid_row)
     done = log.done_ids()
     pending = [r for r in records if r["uid"] not in done]
@@ -186,10 +154,8 @@ def _work(work: Path, records: list[dict[str, Any]], backend_cfg: BackendConfig,
             generations = backend.generate([conversation(r) for r in chunk])
             ok = [(r, g) for r, g in zip(chunk, generations) if not g.error]
             cut = {r["uid"]: (g.prompt_truncated, g.truncated) for r, g in zip(chunk, generations)}
-            failures += [
-                {"stage": "evaluate", "item": r["uid"], "reason": f"generation_error: {redact(g.error)}"}
-                for r, g in zip(chunk, generations) if g.error
-            ]
+            failures += [{"stage": "evaluate", "item": r["uid"], "reason": f"generation_error: {redact(g.error)}"}
+                         for r, g in zip(chunk, generations) if g.error]
             outage = next((g.error for g in generations if g.infra_failed), None)
             verdicts: list[bool | None] = [None] * len(ok)
             if judge is not None and ok:
@@ -215,29 +181,13 @@ def _work(work: Path, records: list[dict[str, Any]], backend_cfg: BackendConfig,
 
 def _finish(work: Path, all_records: list[dict[str, Any]], cfg: EvaluationConfig, run: dict[str, Any], *,
             model_label: str, title: str, extra_summary: dict[str, Any] | None,
-            extra_files: Callable[[Path, list[dict[str, Any]], dict[str, float]], dict[str, Any]] | None,
-            ) -> dict[str, Any]:
-    """The stage's outputs from the item log of ``work`` and the run's failures and figures."""
-    order = {r["uid"]: i for i, r in enumerate(all_records)}
-    answered = {r["uid"]: r for r in ItemLog(work / "items.jsonl", key="uid", validate=_valid_row).read()
-                if r["uid"] in order}
-    # Unanswered questions are in the table as failures scoring 0, so the accuracy's
-    # denominator is always the whole split.
-    rows = [answered.get(r["uid"]) or failed_row(r) for r in all_records]
-    failures = sorted(run["failures"], key=lambda f: order.get(f["item"], len(order)))
-    listed = {f["item"] for f in failures}
-    failures += [{"stage": "evaluate", "item": r["uid"], "reason": "generation_error: no answer"}
-                 for r in all_records if r["uid"] not in answered and r["uid"] not in listed]
+            extra_files: ExtraFiles | None) -> dict[str, Any]:
+    answered, rows, failures = _rows(work, all_records, run["failures"])
     check_failed_fraction("evaluation", len(failures), len(all_records), cfg.max_failed_fraction,
                           "see failures.parquet")
     write_parquet_atomic(table_from_records(rows, schemas.PREDICTIONS), work / "predictions.parquet")
     write_parquet_atomic(table_from_records(failures, schemas.FAILURES), work / "failures.parquet")
-
-    metrics = aggregate(rows)
-    judged = [r["consistent"] for r in rows if r.get("consistent") is not None]
-    if judged:
-        metrics["consistency/ratio"] = sum(judged) / len(judged)
-        metrics["consistency/judged"] = float(len(judged))
+    metrics = _metrics(rows)
     categories = category_table(rows)
     chance = chance_levels(all_records)
     write_json_atomic(work / "metrics.json", {"metrics": metrics, "categories": categories, "chance": chance})
@@ -248,53 +198,59 @@ def _finish(work: Path, all_records: list[dict[str, Any]], cfg: EvaluationConfig
         extra_summary = {**(extra_summary or {}), **extra_files(work, all_records, metrics)}
     seconds, pending = run["seconds"], run["pending"]
     summary: dict[str, Any] = {
-        "model": model_label,
-        "model_label": model_label,
-        "prompts": cfg.prompts,
-        "split": cfg.split,
-        "items": len(all_records),
-        "done": len(answered),
-        "failed": len(failures),
+        "model": model_label, "model_label": model_label, "prompts": cfg.prompts, "split": cfg.split,
+        "items": len(all_records), "done": len(answered), "failed": len(failures),
         "failure_reasons": dict(Counter(f["reason"].split(":", 1)[0] for f in failures)),
         # Which questions were answered: promotion compares two models only when equal.
         "question_set": question_set(answered),
         "prompts_truncated": sum(1 for r in answered.values() if r.get("prompt_truncated")),
         "replies_truncated": sum(1 for r in answered.values() if r.get("reply_truncated")),
-        "seconds": round(seconds, 3),
-        "seconds_per_item": round(seconds / pending, 4) if pending else None,
-        **(extra_summary or {}),
-        **metrics,
-    }
+        "seconds": round(seconds, 3), "seconds_per_item": round(seconds / pending, 4) if pending else None,
+        **(extra_summary or {}), **metrics}
+    _log_truncated(summary, len(all_records), cfg)
+    return summary
+
+
+def _rows(work: Path, all_records: list[dict[str, Any]], failures: list[dict[str, str]]
+          ) -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]], list[dict[str, str]]]:
+    """(answered by uid, every question's row, every failure in the split's order)."""
+    order = {r["uid"]: i for i, r in enumerate(all_records)}
+    answered = {r["uid"]: r for r in ItemLog(work / "items.jsonl", key="uid", validate=_valid_row).read()
+                if r["uid"] in order}
+    # Unanswered questions are failures scoring 0: the accuracy's denominator is the whole split.
+    rows = [answered.get(r["uid"]) or failed_row(r) for r in all_records]
+    failures = sorted(failures, key=lambda f: order.get(f["item"], len(order)))
+    listed = {f["item"] for f in failures}
+    failures += [{"stage": "evaluate", "item": r["uid"], "reason": "generation_error: no answer"}
+                 for r in all_records if r["uid"] not in answered and r["uid"] not in listed]
+    return answered, rows, failures
+
+
+def _metrics(rows: list[dict[str, Any]]) -> dict[str, float]:
+    metrics = aggregate(rows)
+    judged = [r["consistent"] for r in rows if r.get("consistent") is not None]
+    if judged:
+        metrics["consistency/ratio"] = sum(judged) / len(judged)
+        metrics["consistency/judged"] = float(len(judged))
+    return metrics
+
+
+def _log_truncated(summary: dict[str, Any], items: int, cfg: EvaluationConfig) -> None:
     log = logging.getLogger(__name__)
     if summary["prompts_truncated"]:
         # The limit the recipe sets, as training cut the same prompts: said, not warned of.
         log.info("evaluation: %d of %d prompts read from their end (max_prompt_length=%s, as in training)",
-                 summary["prompts_truncated"], len(all_records), cfg.max_prompt_length)
+                 summary["prompts_truncated"], items, cfg.max_prompt_length)
     if summary["replies_truncated"]:
-        log.warning("evaluation: %d of %d replies were cut to max_new_tokens", summary["replies_truncated"],
-                    len(all_records))
-    return summary
+        log.warning("evaluation: %d of %d replies were cut to max_new_tokens", summary["replies_truncated"], items)
 
 
-def evaluate_records(
-    all_records: list[dict[str, Any]],
-    out: Path,
-    backend_cfg: BackendConfig,
-    cfg: EvaluationConfig,
-    *,
-    model_label: str,
-    conversation: Callable[[dict[str, Any]], Conversation] = _conversation,
-    answer_from: Literal["tag", "reply"] = "tag",
-    title: str = "Evaluation",
-    extra_summary: dict[str, Any] | None = None,
-    extra_files: Callable[[Path, list[dict[str, Any]], dict[str, float]], dict[str, Any]] | None = None,
-    shard: int | None = None,
-) -> dict[str, Any]:
-    """Answer ``all_records`` with ``backend_cfg``, score, and write the stage folder ``out``:
-    ``predictions.parquet``, ``failures.parquet``, ``metrics.json``, the report files
-    (``report.REPORT_FILES``) and ``summary.json``. Resumes from its per-question log. With
-    ``cfg.shards`` above 1 the questions are answered in shards (or only shard ``shard``,
-    0-based) and merged into the same folder."""
+def evaluate_records(all_records: list[dict[str, Any]], out: Path, backend_cfg: BackendConfig, cfg: EvaluationConfig,
+                     *, model_label: str, conversation: Callable[[dict[str, Any]], Conversation] = _conversation,
+                     answer_from: Literal["tag", "reply"] = "tag", title: str = "Evaluation",
+                     extra_summary: dict[str, Any] | None = None, extra_files: ExtraFiles | None = None,
+                     shard: int | None = None) -> dict[str, Any]:
+    """With ``cfg.shards`` above 1, answered in shards (or only ``shard``, 0-based) and merged."""
     out = Path(out)
     if is_complete(out):
         return read_summary(out)
@@ -320,14 +276,10 @@ def evaluate_records(
     return summary
 
 
-def run_evaluation(records: Path, model: str, out: Path, cfg: EvaluationConfig,
-                   title: str = "Evaluation", model_ref: str | None = None,
-                   extra_files: Callable[..., dict[str, Any]] | None = None,
+def run_evaluation(records: Path, model: str, out: Path, cfg: EvaluationConfig, title: str = "Evaluation",
+                   model_ref: str | None = None, extra_files: ExtraFiles | None = None,
                    shard: int | None = None) -> dict[str, Any]:
-    """Answer and score every record of ``cfg.split`` with ``model``; write predictions,
-    metrics and the report into ``out``. ``model_ref`` names the model in the report when
-    ``model`` is a folder it was resolved to (e.g. a registry URI); ``shard`` (0-based) does
-    only that shard of ``cfg.shards``."""
+    """``model_ref`` names the model in the report when ``model`` is a folder it was resolved to."""
     out = Path(out)
     if is_complete(out):
         return read_summary(out)
@@ -343,8 +295,7 @@ def run_evaluation(records: Path, model: str, out: Path, cfg: EvaluationConfig,
 
 def run_stage(out: Path, config: dict[str, Any], inputs: dict[str, str],
               mlflow_run_id: str | None = None) -> dict[str, Any]:
-    """The pipeline's entry point: the trained reasoner on the converted records, with the
-    learning figures when the plan hands it the baselines' and training stages' folders."""
+    """With the learning figures when the plan hands it the baselines' and training stages' folders."""
     extra = None
     if inputs.get("baselines"):
         baselines, training = json.loads(inputs["baselines"]), json.loads(inputs.get("training") or "{}")

@@ -1,12 +1,6 @@
-"""An experiment's figures from its finished runs, as pure functions: each variant at each
-seed on each evaluation set, the mean over seeds with its interval, and every variant against
-the baseline on the same questions (paired: ``scoring.paired``), seed by seed and pooled.
-
-The mean's interval is Student's t over the seeds' accuracies: it says how much the figure
-moves with the seed, which a single run's binomial interval does not (with three seeds it is
-wide, as it should be). The pooled paired test puts every seed's questions together, each
-question of each seed one pair, so it asks whether the variant differs across the seeds run.
-"""
+"""An experiment's figures from its finished runs, as pure functions: each variant per seed and
+evaluation set, the mean over seeds with Student's t interval (how much the figure moves with the
+seed), and every variant paired against the baseline on the same questions, per seed and pooled."""
 
 from __future__ import annotations
 
@@ -26,8 +20,6 @@ _T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8
 
 @dataclass
 class Cell:
-    """One variant at one seed on one evaluation set."""
-
     variant: str
     seed: int | None
     evaluation: str
@@ -46,9 +38,8 @@ def t95(df: int) -> float:
 
 
 def mean_interval(values: Sequence[float], share: bool = False) -> tuple[float, tuple[float, float] | None]:
-    """The mean and its 95 % t-interval over seeds; no interval from one seed. A ``share`` (an
-    accuracy, a ratio) cannot leave [0, 1], and with three seeds the t-interval often would:
-    it is cut there."""
+    """The mean and its 95 % t-interval over seeds (none from one seed); a ``share`` cannot leave
+    [0, 1], and with three seeds the t-interval often would: it is cut there."""
     n = len(values)
     mean = sum(values) / n
     if n < 2:
@@ -59,26 +50,26 @@ def mean_interval(values: Sequence[float], share: bool = False) -> tuple[float, 
     return mean, (max(low, 0.0), min(high, 1.0)) if share else (low, high)
 
 
-def paired(base: Cell, other: Cell) -> PairedResult:
-    """``other`` against ``base`` on the questions both answered (all of them, when both ran
-    the same split: a failed answer is in the table, scoring 0)."""
+def _pairs(base: Cell, other: Cell) -> tuple[list[float], list[float]]:
+    """The scores of the questions both answered: all of them on the same split (a failed
+    answer scores 0)."""
     both = [u for u in base.scores if u in other.scores]
-    return paired_test([base.scores[u] for u in both], [other.scores[u] for u in both])
+    return [base.scores[u] for u in both], [other.scores[u] for u in both]
+
+
+def paired(base: Cell, other: Cell) -> PairedResult:
+    return paired_test(*_pairs(base, other))
 
 
 def pooled(bases: Sequence[Cell], others: Sequence[Cell]) -> PairedResult:
-    """Every seed's questions as pairs of one test: seed s of ``others`` against seed s of
-    ``bases``."""
+    """Every seed's questions as pairs of one test: whether the variant differs across the seeds run."""
     by_seed = {c.seed: c for c in bases}
     a: list[float] = []
     b: list[float] = []
     for cell in others:
-        base = by_seed.get(cell.seed)
-        if base is None:
-            continue
-        both = [u for u in base.scores if u in cell.scores]
-        a += [base.scores[u] for u in both]
-        b += [cell.scores[u] for u in both]
+        if (base := by_seed.get(cell.seed)) is not None:
+            mine, theirs = _pairs(base, cell)
+            a, b = a + mine, b + theirs
     return paired_test(a, b)
 
 
@@ -91,7 +82,6 @@ class Comparison:
 
 
 def compare(cells: Sequence[Cell], baseline: str) -> list[Comparison]:
-    """Each variant but the baseline against it, per evaluation set, seed by seed and pooled."""
     out = []
     for evaluation in dict.fromkeys(c.evaluation for c in cells):
         here = [c for c in cells if c.evaluation == evaluation]
@@ -108,8 +98,7 @@ def compare(cells: Sequence[Cell], baseline: str) -> list[Comparison]:
 
 
 def _fmt(value: float | None, interval: tuple[float, float] | None = None, percent: bool = True) -> str:
-    """A figure, and its interval unless the figure is the same at every seed (chance on the
-    same questions, a count of shared perception)."""
+    """A figure, with its interval unless the figure is the same at every seed (chance)."""
     if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
     if percent:
@@ -123,15 +112,12 @@ def _fmt(value: float | None, interval: tuple[float, float] | None = None, perce
 
 
 def is_share(name: str) -> bool:
-    """Figures shown in percent: accuracies, ratios, shares and chance."""
     return name.startswith(("accuracy", "consistency/ratio")) or name.endswith(("ratio", "share", "chance"))
 
 
 def chance_of(metrics: Mapping[str, Any]) -> float | None:
-    """What a uniform guess scores on an evaluation's questions, from its ``metrics.json``:
-    each task's chance weighted by its questions, a task without options (a number to
-    guess) at 0, as ``scoring.metrics.chance_accuracy`` counts it against ``accuracy/overall``.
-    None for an evaluation that wrote no chance levels. A held-out set is read against it."""
+    """What a uniform guess scores on an evaluation's questions (``metrics.json``): each task's
+    chance weighted by its questions, a task without options at 0; None without chance levels."""
     if "chance" not in metrics:
         return None
     levels = metrics["chance"] or {}
@@ -141,8 +127,7 @@ def chance_of(metrics: Mapping[str, Any]) -> float | None:
 
 
 def table(cells: Sequence[Cell], measures: Sequence[str] = ()) -> list[str]:
-    """Variant x seed and the mean over seeds, per evaluation set: accuracy with its 95 %
-    interval, then each measure."""
+    """Variant x seed and the mean over seeds, per evaluation set."""
     lines: list[str] = []
     for evaluation in dict.fromkeys(c.evaluation for c in cells):
         here = [c for c in cells if c.evaluation == evaluation]
@@ -169,9 +154,7 @@ def table(cells: Sequence[Cell], measures: Sequence[str] = ()) -> list[str]:
 
 
 def comparison_lines(comparisons: Sequence[Comparison], baseline: str) -> list[str]:
-    """One line per variant and evaluation set: the paired difference in points of accuracy
-    against the baseline on the same questions, its interval and p-value, per seed and pooled;
-    none for an experiment of one variant."""
+    """Per variant and evaluation set, the paired difference against the baseline, pooled and per seed."""
     if not comparisons:
         return []
     lines = [f"Paired against {baseline} on the same questions (McNemar's exact test; interval by paired bootstrap):"]
@@ -186,8 +169,7 @@ def comparison_lines(comparisons: Sequence[Comparison], baseline: str) -> list[s
 
 
 def metrics_of(cell: Cell, comparison: Comparison | None) -> dict[str, float]:
-    """A variant run's MLflow metrics, per evaluation set: accuracy with its interval, the
-    measures, and its paired difference against the baseline at its seed."""
+    """A variant run's MLflow metrics, with its paired difference against the baseline at its seed."""
     prefix = cell.evaluation
     out = {f"{prefix}/accuracy": cell.accuracy, f"{prefix}/questions": float(len(cell.scores))}
     if cell.interval:
@@ -199,8 +181,7 @@ def metrics_of(cell: Cell, comparison: Comparison | None) -> dict[str, float]:
 
 
 def summary_metrics(cells: Sequence[Cell], comparisons: Sequence[Comparison]) -> dict[str, float]:
-    """The experiment's parent-run metrics: each variant's mean accuracy per evaluation set and
-    its pooled paired test against the baseline."""
+    """The parent run's metrics: each variant's mean accuracy and pooled paired test."""
     out: dict[str, float] = {}
     for evaluation in dict.fromkeys(c.evaluation for c in cells):
         for variant in dict.fromkeys(c.variant for c in cells):
@@ -218,7 +199,6 @@ def summary_metrics(cells: Sequence[Cell], comparisons: Sequence[Comparison]) ->
 
 def measure_figures(summaries: Mapping[str, Mapping[str, Any]], measures: Sequence[tuple[str, str, str]]
                     ) -> dict[str, float]:
-    """``name -> value`` for each (name, stage, key) a stage's summary holds as a number."""
     out = {}
     for name, stage, key in measures:
         value = (summaries.get(stage) or {}).get(key)
@@ -232,9 +212,8 @@ OOD_ADVICE = ("it fits the training distribution at the expense of others: fewer
 
 
 def signatures(cells: Sequence[Cell], comparisons: Sequence[Comparison]) -> list[str]:
-    """The failure signatures an experiment shows, one line each with its advice: a variant whose
-    judged consistency ratio is under 80 % at a seed (``evaluation.learning.failure_signatures``),
-    and a variant that gains on the baseline in distribution while it loses out of distribution."""
+    """Failure signatures with their advice: a low judged consistency ratio at a seed, and a variant
+    that gains on the baseline in distribution while it loses out of distribution."""
     lines = []
     for cell in cells:
         if "consistency/ratio" in cell.figures:

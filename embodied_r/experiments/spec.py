@@ -1,12 +1,6 @@
-"""An experiment's declaration: its variants, each a set of recipe overrides (or the SFT
-baseline on the same records), the baseline they are compared with, what is measured, and
-whether the trained models are also evaluated out of distribution.
-
-Declared in YAML, one file per experiment: the packaged ones in ``recipes/experiments/``, or
-any file a user writes in the same form (``embodied-r experiment my-ablation.yaml``).
-Overrides are written as ``--set`` writes them, dotted keys included
-(``training.stages.stage3.rewards.consistency: 0``; see ``config.deep_merge`` for lists).
-"""
+"""An experiment's declaration, one YAML file each (``recipes/experiments/`` or a user's): its
+variants as recipe overrides written as ``--set`` writes them (dotted keys included), the
+baseline they are compared with, what is measured, and its seeds' and variants' overrides."""
 
 from __future__ import annotations
 
@@ -26,7 +20,7 @@ ACCURACY = "evaluate:accuracy/overall"
 
 
 def nested(overrides: dict[str, Any]) -> dict[str, Any]:
-    """Dotted keys (``a.b.c: 1``) as the nested mapping the recipe loader merges."""
+    """Dotted keys (``a.b.c: 1``) nested."""
     out: dict[str, Any] = {}
     for key, value in overrides.items():
         parts = str(key).split(".")
@@ -45,9 +39,8 @@ class Variant(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     description: str = ""
-    # "pipeline": the recipe with ``set`` merged in, run whole. "sft": the SFT baseline
-    # trained on the baseline variant's records, from the model its GRPO stages started from,
-    # on as many examples as those stages generated completions (``sft_budget``).
+    # "sft": the SFT baseline on the baseline variant's records, from the model its GRPO stages
+    # started from, on as many examples as those stages generated completions.
     train: Literal["pipeline", "sft"] = "pipeline"
     set: dict[str, Any] = Field(default_factory=dict)
 
@@ -58,9 +51,8 @@ class Variant(BaseModel):
 class Measure(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    # ``stage:key``: the key of that stage's summary.json (``evaluate:accuracy/overall``,
-    # ``perception:calls``); the evaluate stage's own figures are read for every variant.
-    # ``stage:seconds`` is the wall time of the stage run that computed it, read from MLflow.
+    # ``stage:key`` of that stage's summary.json; ``stage:seconds``: the wall time of the stage
+    # run that computed it, read from MLflow.
     source: str = Field(pattern=r"^[a-z_]+:.+$")
     label: str = ""
 
@@ -84,12 +76,9 @@ class Experiment(BaseModel):
     description: str = ""
     baseline: str
     variants: dict[str, Variant]
-    # Beside accuracy (always measured, and the figure the paired test compares).
     measures: list[Measure] = Field(default_factory=list)
-    # Recipe settings the experiment cannot run without: dotted path -> why, and the fix.
+    # dotted path -> why, and the fix
     requires: dict[str, str] = Field(default_factory=dict)
-    # Also evaluate every variant's model on the recipe's out-of-distribution sets
-    # (``Recipe.out_of_distribution``); the in-distribution test split is always evaluated.
     out_of_distribution: bool = False
 
     @model_validator(mode="after")
@@ -129,19 +118,15 @@ def load_experiment(name_or_path: str | Path, folder: Path = EXPERIMENTS_DIR) ->
 
 
 def seed_overrides(seed: int, warmstart: bool = True) -> dict[str, Any]:
-    """What a seed changes: the trainers' seeds (initial sampling, data order and rollouts),
-    not the benchmark's, so every seed learns from the same questions and the variants of
-    one seed are compared on the same test questions. The warm start's only where the recipe
-    has one (a seed must not add a warm start to a recipe without)."""
+    """The trainers' seeds, not the benchmark's: every seed learns from the same questions and a
+    seed's variants are compared on the same test questions. A seed must not add a warm start."""
     return {"training": {"seed": seed}, **({"warmstart": {"seed": seed}} if warmstart else {})}
 
 
 def variant_overrides(experiment: Experiment, variant: str, seed: int | None,
                       base: dict[str, Any] | None = None, warmstart: bool = True) -> dict[str, Any]:
-    """The overrides a variant's run loads its recipe with: the user's own (``--set``), the
-    variant's (an SFT variant trains on the baseline's records, so it takes the baseline's),
-    then the seed's. No variant promotes: an ablation's model is not a candidate for the
-    registry's champion, and each would otherwise move the alias."""
+    """The user's ``--set``, the variant's (an SFT variant takes the baseline's: it trains on its
+    records), then the seed's. No variant promotes: an ablation's model is no champion candidate."""
     chosen = experiment.variants[variant]
     own = experiment.variants[experiment.baseline] if chosen.train == "sft" else chosen
     merged = deep_merge(deep_merge(base or {}, own.overrides()), {"tracking": {"promote": False}})
@@ -157,7 +142,6 @@ def _lookup(data: Any, dotted: str) -> Any:
 
 
 def check_requirements(experiment: Experiment, recipe: Recipe) -> None:
-    """One line naming each setting the experiment needs and the recipe lacks."""
     missing = [f"{path}: {why}" for path, why in experiment.requires.items() if _lookup(recipe, path) is None]
     if experiment.out_of_distribution and not recipe.out_of_distribution:
         missing.append("out_of_distribution: the recipe names no out-of-distribution evaluation set; add one "
@@ -167,10 +151,8 @@ def check_requirements(experiment: Experiment, recipe: Recipe) -> None:
 
 
 def ood_overrides(recipe: Recipe, name: str, model: str, judge: str | None = None) -> dict[str, Any]:
-    """An evaluation-only run of ``model`` on the recipe's out-of-distribution set ``name``:
-    the set's overrides (its benchmark or task family), the model given, nothing trained,
-    nothing promoted, no baselines; the consistency judge the in-distribution evaluation had
-    (``judge``: its model as planned there, a folder where the recipe named the warm start)."""
+    """An evaluation-only run of ``model`` on the out-of-distribution set ``name``, judged as the
+    in-distribution evaluation was (``judge``: its planned model)."""
     evaluation: dict[str, Any] = {"model": model, "compare_baselines": False}
     if recipe.evaluation.consistency_judge is not None and judge:
         evaluation["consistency_judge"] = {"model": judge}

@@ -1,15 +1,6 @@
-"""The paper's baselines, run by the evaluation code on the same questions.
-
-- ``policy``: the untrained reasoning model (the policy's initial weights) reading the same
-  perception text as the trained one: what GRPO training adds.
-- ``vlm``: the perceiving VLM answering directly from the same key frames, without the
-  text stage (the paper: the 72B VLM alone on the key frames averages 34.8 %). It is asked
-  as VSI-Bench asks models, for the letter or the number directly, and its reply is read
-  whole when it has no ``<answer>`` block.
-
-Both write an evaluation folder (predictions, metrics, report) named by the hash of their
-inputs, config and code, so a rerun reuses a finished baseline.
-"""
+"""The paper's baselines on the same questions, each in a keyed evaluation folder: ``policy``, the
+untrained reasoner on the same perception text (what GRPO adds), and ``vlm``, the perceiving VLM
+answering directly from the same key frames, asked as VSI-Bench asks models."""
 
 from __future__ import annotations
 
@@ -35,7 +26,6 @@ VLM_NUMBER = "Please answer the question using a single word or phrase."
 
 
 def vlm_conversation(record: dict[str, Any], frames: list[str]) -> Conversation:
-    """Key frames, then the question with its options and a direct-answer instruction."""
     instruction = VLM_NUMBER if record["answer_type"] == "number" else VLM_CHOICE
     content: list[dict[str, str]] = [{"type": "image", "path": p} for p in frames]
     content.append({"type": "text", "text": f"{VLM_PREAMBLE}\n{record['question']}\n{instruction}"})
@@ -60,14 +50,12 @@ def frames_by_uid(catalog: Path, keyframes: Path, max_images: int) -> dict[str, 
 
 
 def run_policy_baseline(records: Path, policy: str, out: Path, cfg: EvaluationConfig) -> dict[str, Any]:
-    """The untrained reasoning model on the same records (perception text) as the trained one."""
     return run_evaluation(records, policy, out, cfg, title=f"Baseline: {LABELS['policy']}")
 
 
 def run_vlm_baseline(records: Path, catalog: Path, keyframes: Path, out: Path, vlm: BackendConfig,
                      cfg: EvaluationConfig, max_images: int = 32) -> dict[str, Any]:
-    """The VLM ``vlm`` answering each record's question from its video's key frames.
-    Questions whose video has no key frames are failures, not wrong answers."""
+    """Questions whose video has no key frames are failures, not wrong answers."""
     all_records = read_split(records, cfg.split)
     frames = frames_by_uid(catalog, keyframes, max_images)
     known = [r for r in all_records if frames.get(r["uid"])]
@@ -93,7 +81,7 @@ class BaselinePlan:
 
 
 def plan_baselines(recipe: Any, stages: Any) -> dict[str, BaselinePlan]:
-    """Where each baseline of ``recipe`` (planned as ``stages``) writes, keyed like pipeline stages."""
+    """Where each baseline writes, keyed like pipeline stages."""
     root = stages.root
     records = stages["convert"].out
     cfg = recipe.evaluation_settings()
@@ -111,8 +99,6 @@ def plan_baselines(recipe: Any, stages: Any) -> dict[str, BaselinePlan]:
 
 
 def run_baselines(recipe: Any, stages: Any, only: list[str] | None = None) -> dict[str, dict[str, Any]]:
-    """Run the baselines of ``recipe`` (planned as ``stages``; all, or ``only`` those named);
-    their summaries by name."""
     from embodied_r.errors import StageError
 
     unknown = sorted(set(only or []) - set(BASELINES))

@@ -1,8 +1,5 @@
-"""Register a model and promote it when it beats chance (the low end of its 95 % interval
-above it), the warm-started policy and the champion, all evaluated by the same code on the
-same split and questions (``evaluation.promotion``), for any model or version the user
-names: the ``embodied-r promote`` and ``register-model`` commands. A pipeline run promotes its
-own trained reasoner in its ``promote`` stage."""
+"""Registration and promotion of any model or version a user names in a recipe's home: the
+``embodied-r promote`` and ``register-model`` commands, and the promotion split's early check."""
 
 from __future__ import annotations
 
@@ -17,7 +14,6 @@ from embodied_r.pipeline import Plan
 
 
 def warm_started_model(recipe: Any, stages: Plan) -> str | None:
-    """The plan's warm-started model folder; None for a recipe without a warm start."""
     warm = stages.get("warmstart")
     if warm is None:
         return None
@@ -31,9 +27,7 @@ def register_and_promote(recipe: Any, stages: Plan, folder: Path | None = None, 
                          run_id: str | None = None, split: str = "val", metric: str = "accuracy/overall",
                          alias: str = CHAMPION, tags: dict[str, str] | None = None,
                          known: Mapping[str, Mapping[str, Any]] | None = None) -> Promotion:
-    """Register ``folder`` (default: the plan's trained model) as a new version, or take
-    ``version``, and give it ``alias`` when on ``split`` of the plan's records it beats chance,
-    the warm-started policy (recipes with a warm start) and the alias's version."""
+    """``promote_model`` on the plan's records, ``folder`` by default its trained model."""
     if version is None:
         folder = Path(folder or trained_model(stages))
     return promote_model(recipe.tracking.registered_model, records=converted_records(stages),
@@ -45,8 +39,7 @@ def register_and_promote(recipe: Any, stages: Plan, folder: Path | None = None, 
 
 
 def check_promotion_split(recipe: Any, catalog_summary: dict[str, Any]) -> None:
-    """Stop a run that promotes on a split its catalog left empty, once the catalog is
-    built: promotion would otherwise fail after every stage had run."""
+    """Promotion on a split the catalog left empty would fail only after every stage had run."""
     split = recipe.tracking.promote_split
     if recipe.tracking.promote and catalog_summary.get(f"n_{split}") == 0:
         from embodied_r.errors import RecipeError

@@ -1,26 +1,18 @@
-"""Relocate a project home that was copied or moved: rewrite the absolute paths it records.
-
-A home records where it lives in several places: the catalog's video paths and the stage
-summaries (Parquet, JSON and JSON-lines files under the home, the catalog's DuckDB copy),
-and the MLflow store's artifact locations (the SQLite store under the home). Each text
-value that names the old home, alone or as a prefix of a path inside it (plain or as a
-``file://`` URI), is rewritten to the new one; nothing else changes. The home's marker is
-updated last, so an interrupted relocation can simply be run again.
-"""
+"""Relocate a copied or moved home: every text value naming the old home, alone or as a path
+prefix (plain or ``file://``), in its Parquet, JSON, DuckDB and SQLite files is rewritten. The
+marker is updated last, so an interrupted relocation can simply be run again."""
 
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
-import uuid
 from pathlib import Path
 from typing import Any, Callable
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from embodied_r.io import SUMMARY_FILE, update_outputs
+from embodied_r.io import SUMMARY_FILE, update_outputs, write_parquet_atomic, write_text_atomic
 from embodied_r.paths import HOME_MARKER
 
 TEXT_SUFFIXES = {".json", ".jsonl"}
@@ -56,9 +48,7 @@ def _rewrite_parquet(path: Path, replace: Callable[[str], str]) -> bool:
     new = pa.Table.from_arrays(columns, schema=table.schema)
     if new.equals(table):
         return False
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    pq.write_table(new, tmp)
-    os.replace(tmp, path)
+    write_parquet_atomic(new, path)
     return True
 
 
@@ -66,15 +56,12 @@ def _rewrite_text(path: Path, old: str, new: str) -> bool:
     text = path.read_text(encoding="utf-8")
     if old not in text:
         return False
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
     # JSON values hold the path as written, so a plain prefix rewrite keeps them valid.
-    tmp.write_text(text.replace(f"{old}/", f"{new}/").replace(f'"{old}"', f'"{new}"'), encoding="utf-8")
-    os.replace(tmp, path)
+    write_text_atomic(path, text.replace(f"{old}/", f"{new}/").replace(f'"{old}"', f'"{new}"'))
     return True
 
 
 def _rewrite_sqlite(path: Path, old: str, new: str) -> int:
-    """Every TEXT value of every table that names the old home (the MLflow store)."""
     changed = 0
     with sqlite3.connect(path) as con:
         tables = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")]
@@ -112,8 +99,8 @@ def _rewrite_duckdb(path: Path, replace: Callable[[str], str]) -> int:
 
 
 def _record_sizes_again(root: Path, changed: list[Path]) -> None:
-    """A finished stage folder records its files' sizes (``io.output_manifest``) to find one
-    lost later: the files rewritten here are recorded again, so the stage stays done."""
+    """A finished stage records its files' sizes to find one lost later: rewritten files are
+    recorded again, so the stage stays done."""
     folders: dict[Path, list[Path]] = {}
     for path in changed:
         for parent in path.parents:
@@ -128,7 +115,6 @@ def _record_sizes_again(root: Path, changed: list[Path]) -> None:
 
 
 def relocate_home(root: Path) -> dict[str, Any]:
-    """Rewrite the paths a copied or moved home records from its old place to ``root``."""
     root = Path(root).resolve()
     marker = root / HOME_MARKER
     if not marker.is_file():
@@ -154,7 +140,5 @@ def relocate_home(root: Path) -> dict[str, Any]:
             if done:
                 changed.append(path)
         _record_sizes_again(root, changed)
-    tmp = marker.with_name(f".{marker.name}.{uuid.uuid4().hex}.tmp")
-    tmp.write_text(json.dumps({"path": new}))
-    os.replace(tmp, marker)
+    write_text_atomic(marker, json.dumps({"path": new}))
     return counts
