@@ -1,19 +1,7 @@
 """Shards: one stage's items split over several runs and merged into one stage folder.
 
-A stage whose work is per item (key frames per video, perception per video's questions,
-evaluation per question) may split its items into ``shards`` parts by a fixed rule on each
-item's id: a hash, so an item belongs to the same shard on every run and every machine.
-Each shard works in a folder of its own beside the stage's (``<stage>.shard-2-of-4``),
-written aside and renamed like any stage folder and holding its own resume log, so a shard
-that fails or is killed is the only one done again. When every shard has finished, their logs
-(and item files) are gathered in the stage's ``.partial`` folder, the stage's own finishing
-code writes the outputs from them exactly as an unsharded run would, and one rename puts the
-stage folder in place.
-
-Run here, the shards run one after another in this process. The flow layer may instead run
-each shard as a flow run of its own (``SHARD_INPUT`` names the one shard a run does) and call
-the stage once more when all have finished: that call only merges.
-"""
+An item's shard is a hash of its id (the same on every run and machine); each shard has its
+own folder and resume log beside the stage's (``<stage>.shard-2-of-4``), so only a failed shard redoes work."""
 
 from __future__ import annotations
 

@@ -1,8 +1,5 @@
-"""The ``embodied-r-experiment`` flow: an experiment's variants at each seed, each run as the
-pipeline runs it (a subflow; stages the variants share are found done in the home and not run
-again), then the comparison on the same questions and one MLflow parent run for the
-experiment, with a child run per variant and seed tagged ``experiment``, ``variant`` and
-``seed`` for MLflow's compare view."""
+"""The ``embodied-r-experiment`` flow: an experiment's variants at each seed as pipeline subflows,
+the comparison on the same questions, and one MLflow parent run with a child run per variant and seed."""
 
 from __future__ import annotations
 

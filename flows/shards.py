@@ -1,13 +1,5 @@
-"""A stage's shards on its work pool: one flow run of the stage's deployment per shard.
-
-A stage whose recipe sets ``shards: N`` (key frames, perception, evaluation) is sent to its
-pool as N flow runs of its own deployment, each told its shard (``shard="2/4"``), so they run
-at once on as many workers as the pool has. The dispatching flow waits for all of them, then
-sends the stage itself, whose run finds every shard finished and only merges them into the
-stage folder (and records the stage's MLflow run with each shard's counts). A finished shard
-is not sent again; one that failed, or whose worker died (``flows.waiting``), is sent again by
-the next run and resumes from its own log.
-"""
+"""A stage's shards on its work pool: one flow run of the stage's deployment per shard, waited on,
+then the stage itself, which only merges; a finished shard is not sent again."""
 
 from __future__ import annotations
 

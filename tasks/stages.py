@@ -1,10 +1,7 @@
 """One Prefect task per stage kind, with the retries its ``stage_kinds`` entry declares.
 
-Tasks pass stage plans (paths and small configs), never data. The stage's folder, named by
-the hash of its inputs, config and code, is the one record of "done": a task whose folder is
-complete ends in a state named ``Cached`` without running anything, and Prefect keeps no
-cache or stored result of its own, so losing Prefect's files changes nothing.
-"""
+Tasks pass stage plans, never data; a complete stage folder is the one record of "done" (the
+task ends ``Cached``), so Prefect keeps no cache or result of its own."""
 
 from __future__ import annotations
 

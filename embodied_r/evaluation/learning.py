@@ -1,12 +1,6 @@
-"""The learning figures of a run: test accuracy before training, after the warm start and
-after GRPO beside chance, each with its 95 % interval, the verdict they support (did GRPO
-beat chance and the policy it started from?), each training stage's rewards in its first
-and last quarter, and the reward curves of all stages on one step axis (``reward_curves.png``).
-
-The evaluation stage writes them when the recipe compares baselines; they come from the
-baseline evaluations' summaries and the training stages' ``summary.json`` (quarters)
-and ``history.json`` (per-step rewards), read as files.
-"""
+"""The learning figures of a run: test accuracy before training, after the warm start and after
+GRPO beside chance (95 % intervals), the verdict they support, each training stage's first-
+and last-quarter rewards, and the reward curves of all stages (``reward_curves.png``)."""
 
 from __future__ import annotations
 

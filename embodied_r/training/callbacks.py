@@ -1,11 +1,6 @@
-"""What a trainer child reports while it trains. A GRPO child: per-step metrics into MLflow
-(grouped by prefix, on one global step across the stages), a compact step line for the parent's
-terminal, and a table of sampled completions from several steps of the stage. An SFT child (the
-warm start, the SFT baseline): a compact step line. Neither prints the trainer's raw log dicts.
-
-TRL's own MLflow callback is not used: it logs flat names (one catch-all chart group), restarts
-the step at 1 in every stage and renames the run after the stage's short name.
-"""
+"""What a trainer child reports while it trains: per-step MLflow metrics, the step line for the
+parent's terminal and (GRPO) a table of sampled completions. TRL's own MLflow callback is not
+used: it logs flat names, restarts the step in every stage and renames the run."""
 
 from __future__ import annotations
 

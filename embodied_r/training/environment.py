@@ -1,12 +1,5 @@
-"""Where and how a trainer process runs: the training interpreter, ``accelerate launch`` and
-its configs, and the parent side that streams the child's output and progress.
-
-Each GRPO stage and the SFT baseline train in a child process (``python -m MODULE SPEC``,
-under ``accelerate launch`` when asked): the trainer owns the GPUs, DeepSpeed and its
-memory, and a crash leaves the parent able to report it. The child may run in another
-Python environment than the orchestrator (``python``), for example one that holds vLLM and
-DeepSpeed (``infra/training/requirements.txt``).
-"""
+"""Where and how a trainer child runs: the training interpreter, ``accelerate launch`` and its
+configs, and the parent side that streams the child's output and progress."""
 
 from __future__ import annotations
 

@@ -1,11 +1,5 @@
-"""Learning figures from a trainer's log history: does a stage raise the rewards it weights (an
-SFT run: its token accuracy)?
-
-The trainer logs one entry per step (``reward``, ``rewards/<name>/mean``, ``kl``, ...). A
-stage learns when the mean of each weighted reward over the last quarter of its steps is
-above the mean over the first quarter; single steps are too noisy to compare. Pure
-functions: they read a history list and return plain dicts.
-"""
+"""Learning figures from a trainer's log history: does a stage raise the rewards it weights (an SFT
+run: its token accuracy), comparing last-quarter to first-quarter means (single steps are too noisy)."""
 
 from __future__ import annotations
 
