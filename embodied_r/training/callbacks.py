@@ -194,6 +194,26 @@ def drop_raw_log_printers(trainer: Any) -> None:
     trainer.remove_callback(ProgressCallback)
 
 
+def _write_table(path: Path, rows: list[dict[str, Any]]) -> Path:
+    # The whole table is rewritten at each sample: one file, every sampled step in it.
+    columns = list(dict.fromkeys(k for row in rows for k in row))
+    data = [[row.get(c) for c in columns] for row in rows]
+    path.write_text(json.dumps({"columns": columns, "data": data}, default=str), encoding="utf-8")
+    return path
+
+
+def _log_table(tracker: Tracker, run_id: str, path: Path, step: int) -> bool:
+    """Whether the table went into the run; a lost table must not stop training."""
+    try:
+        tracker.log_table(run_id, path)
+        return True
+    except TrackingLost:
+        return False
+    except Exception as exc:  # noqa: BLE001 - a lost table must not stop training
+        log.warning("could not log the completions table at step %d: %s", step, exc)
+        return False
+
+
 def reporting_callback(stage: str, stage_index: int, offset: int, run_id: str | None, uri: str | None,
                        table_rows: int, table_every: int, work: Path) -> Any:
     """One callback for the metrics, the step lines and the completions table. Its ``trainer``
@@ -241,19 +261,7 @@ def reporting_callback(stage: str, stage_index: int, offset: int, run_id: str | 
             sample = {"stage": [stage] * n, "global_step": [offset + step] * n, **sample}
             self.rows += [dict(zip(sample, values)) for values in zip(*sample.values())]
             self.table_steps.append(step)
-            if tracker is None:
-                return
-            # The whole table is rewritten at each sample: one file, every sampled step in it.
-            path = work / TABLE_FILE
-            columns = list(dict.fromkeys(k for row in self.rows for k in row))
-            data = [[row.get(c) for c in columns] for row in self.rows]
-            path.write_text(json.dumps({"columns": columns, "data": data}, default=str), encoding="utf-8")
-            try:
-                tracker.log_table(run_id, path)
+            if tracker is not None and _log_table(tracker, run_id, _write_table(work / TABLE_FILE, self.rows), step):
                 self.tables += 1
-            except TrackingLost:
-                pass
-            except Exception as exc:  # noqa: BLE001 - a lost table must not stop training
-                log.warning("could not log the completions table at step %d: %s", step, exc)
 
     return Reporting()
