@@ -71,12 +71,9 @@ def _is_module(name: str) -> bool:
     return _source(name) is not None
 
 
-# CPython before 3.11.8 keeps the AST constructor's recursion depth in state the interpreter
-# shares (gh-106905). The constructor runs no Python code but a garbage collection's finalizers,
-# where the GIL can pass to another thread; if that thread parses too (a traceback's carets do),
-# the depth is reset under this parse and it raises "recursion depth mismatch". With collection
-# held off, no other thread runs until the tree is built. The lock keeps two of ours from
-# turning collection back on under each other.
+# CPython before 3.11.8 shares the AST constructor's recursion depth between threads (gh-106905):
+# a GC finalizer can hand the GIL to a thread that parses too, and the parse raises "recursion
+# depth mismatch". With collection held off (under a lock of ours) no other thread runs meanwhile.
 _PARSE_LOCK = threading.Lock()
 
 

@@ -21,7 +21,6 @@ def operational(default: Any = PydanticUndefined, **kwargs: Any) -> Any:
 
 
 def operational_fields(model: type[BaseModel]) -> frozenset[str]:
-    """The names of ``model``'s own operational fields."""
     return frozenset(name for name, info in model.model_fields.items()
                      if isinstance(info.json_schema_extra, dict) and info.json_schema_extra.get(MARK))
 

@@ -23,7 +23,6 @@ def kind_of(name: str) -> StageKind:
 
 
 def kinds(pipeline: Pipeline) -> tuple[StageKind, ...]:
-    """One pipeline's kinds, in run order."""
     return tuple(k for k in KINDS if k.pipeline == pipeline)
 
 

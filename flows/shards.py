@@ -18,7 +18,6 @@ from flows.waiting import wait_for_runs
 
 
 def shard_count(sp: StagePlan) -> int:
-    """How many shards the recipe asks of a stage (1: not split)."""
     return int(sp.config.get("shards") or 1)
 
 

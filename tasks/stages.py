@@ -75,7 +75,6 @@ def _markdown(sp: StagePlan, summary: dict[str, Any]) -> str:
 
 
 def _announce(sp: StagePlan, event: str, seconds: float | None = None, note: str = "") -> None:
-    """One line on the terminal and the same event in Prefect's log."""
     progress.say(progress.stage_line(sp.name, event, seconds, note))
     try:
         get_run_logger().info("%s %s%s%s", sp.name, event, f" in {seconds:.1f} s" if seconds is not None else "",
@@ -171,9 +170,8 @@ def say_signatures(lines: list[str]) -> None:
 
 
 def _disk_full_line(sp: StagePlan, exc: BaseException) -> str:
-    """A full disk met by a stage, in one line: the folder it was writing (its own ``.partial``
-    folder when the file was inside it: the deeper path says nothing more), what is free, and
-    the fix. The folder stays ``.partial``, so the rerun resumes it."""
+    """A full disk met by a stage, in one line: the folder it was writing (its ``.partial`` folder
+    when inside it), what is free, and the fix; the folder stays ``.partial`` for the rerun."""
     partial = partial_path(Path(sp.out))
     written = Path(full_path(exc) or partial)
     folder = partial if written == partial or partial in written.parents else written.parent

@@ -130,11 +130,9 @@ def save_flavour(folder: Path, dest: Path) -> Path:
 
 
 def model_card(folder: Path) -> Any:
-    """The card MLflow stores with the model: the folder's own ``README.md`` when it has one,
-    else a short card saying what the folder is. Without a card MLflow looks the folder's path up
-    on the Hugging Face Hub as a repository name and warns twice (no card, no licence) for
-    every model built or trained here. A card without a licence names none: the licence of a
-    trained model is its base model's, which the folder does not record."""
+    """The card MLflow stores with the model: the folder's ``README.md``, else a short one. Without
+    a card MLflow looks the path up on the Hub and warns twice; no licence is named, since a
+    trained model's is its base model's, which the folder does not record."""
     from huggingface_hub import ModelCard
 
     readme = Path(folder) / "README.md"

@@ -96,7 +96,6 @@ def log_cached_stage(tracker: Tracker, sp: StagePlan, kind: Any, summary: dict[s
 
 
 def stage_run_ids(tracker: Tracker) -> dict[str, str]:
-    """The parent's children by stage name."""
     children = tracker.client.search_runs(
         [tracker.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{tracker.parent_run_id}'")
     return {c.data.tags.get("stage", c.info.run_name): c.info.run_id for c in children}
@@ -183,10 +182,9 @@ def _view(named: str | None, final: StagePlan, summary: dict[str, Any], selected
 
 def finish_parent(tracker: Tracker, stages: dict[str, StagePlan], cached: list[str], selected: list[str],
                   final: StagePlan | None, view: str | None, recipe: str, registered: str = "") -> None:
-    """Copy the evaluation's headline and learning figures onto the parent run, with the rewards
-    of all training stages, name it by its cache status, write its description and its report,
-    and close it. A final stage whose kind shows nothing of its own (the Embodied-Reasoner's
-    evaluation) gives the parent its ``metrics/`` figures alone."""
+    """Copy the evaluation's headline and learning figures and the stages' rewards onto the parent
+    run, name it by its cache status, write its description and report, and close it. A final
+    kind that shows nothing of its own gives the parent its ``metrics/`` figures alone."""
     summary = read_summary(Path(final.out)) if final is not None and final.complete else {}
     parent = tracker.parent_run_id or ""
     if final is not None and not view:
@@ -236,10 +234,9 @@ def flow_run_id() -> str:
 
 
 class Recorder:
-    """A run's record in MLflow from what the run loop says happens: ``run_started``, each stage
-    ``stage_started`` and ``stage_finished``, ``stage_failed`` or ``stage_cached``, and
-    ``run_finished``. With ``parent_run_id`` its stages are children of a run another flow
-    opened (and finishes). A store lost on the way is said once; the run goes on."""
+    """A run's record in MLflow from the run loop's events (``run_started``, ``stage_started``,
+    ``stage_finished``/``stage_failed``/``stage_cached``, ``run_finished``). With ``parent_run_id``
+    its stages are children of another flow's run. A store lost on the way is said once."""
 
     def __init__(self, stages: Plan, kinds: Callable[[str], Any], parent_run_id: str | None = None):
         # ``kinds``: a stage kind's declaration by name (``stage_kinds.kind_of``), which the run

@@ -110,17 +110,14 @@ def trainer_params(arguments: dict[str, Any]) -> dict[str, Any]:
     return {f"{TRAINER_PARAMS}.{k}": v for k, v in arguments.items()}
 
 
-# Step figures reach MLflow in one write per this many seconds (and at the end of training): a
-# write per step costs a store transaction, about what the tiny demo reasoner's whole step
-# costs beside its arithmetic.
+# Step figures reach MLflow once per this many seconds and at the end: a store transaction per
+# step would cost about what the tiny demo reasoner's whole step costs.
 FLUSH_SECONDS = 5.0
 
 
 class StepMetrics:
-    """A trainer's step figures on their way into an MLflow run, sent together every
-    ``every_s`` seconds and when training ends (``flush``). While the server is away they wait
-    in the outbox (``tracking.link``) and go once it answers; a batch the store refuses is a
-    warning, never a stop. A trainer killed loses at most the last ``every_s`` seconds."""
+    """A trainer's step figures into an MLflow run, sent every ``every_s`` seconds and at ``flush``;
+    they wait in the outbox while the server is away, and a refused batch is only a warning."""
 
     def __init__(self, tracker: Tracker, run_id: str, every_s: float = FLUSH_SECONDS):
         self.tracker, self.run_id, self.every_s = tracker, run_id, every_s
@@ -146,10 +143,9 @@ class StepMetrics:
 
 
 def sft_step_callback(stage: str, run_id: str | None = None, uri: str | None = None) -> Any:
-    """A TrainerCallback that prints ``STEP_MARK {json}`` for each logged SFT step and, with
-    ``run_id``, logs the step's figures into that run under the groups of ``trainer_metric_name``
-    and the trainer's arguments once as ``trainer.`` params. transformers' own MLflow callback
-    would rename the run after ``run_name`` and mix its arguments and flat metric names in."""
+    """A TrainerCallback printing ``STEP_MARK {json}`` per logged SFT step and, with ``run_id``,
+    logging its figures (``trainer_metric_name`` groups) and the trainer's arguments as
+    ``trainer.`` params; transformers' MLflow callback would rename the run and flatten the names."""
     from transformers import TrainerCallback
 
     tracker = Tracker(uri, "") if run_id and uri else None
