@@ -26,13 +26,6 @@ def kinds(pipeline: Pipeline) -> tuple[StageKind, ...]:
     return tuple(k for k in KINDS if k.pipeline == pipeline)
 
 
-def kind_of_stage(stage: str) -> StageKind | None:
-    """The kind a stage's name starts with (``train_stage2`` is a ``train``, ``evaluate_untrained``
-    an ``evaluate``): the longest such kind, for names seen without their plan."""
-    found = [k for k in KINDS if stage == k.name or stage.startswith(k.name + "_")]
-    return max(found, key=lambda k: len(k.name)) if found else None
-
-
 def params(sp: object) -> dict:
     """What a stage's MLflow run records as params: a stage whose trainer reports its own
     arguments into the same run (``trainer.``) keeps its recipe settings under its kind's name."""
