@@ -73,9 +73,8 @@ def stage_parameters(stages: Plan, parent_run_id: str | None) -> dict[str, Any]:
 
 
 def dispatch_kind(kind: str, stages: Plan, names: list[str], parameters: dict[str, Any]) -> str:
-    """Stages ``names`` of ``kind`` through the kind's deployment: their unfinished shards
-    first, each a flow run of its own, then the run that merges them and records the stages
-    (the only run of a stage not split). Returns that run's name."""
+    """Stages ``names`` of ``kind`` through its deployment: unfinished shards first, each a flow run,
+    then the run that merges them and records the stages. Returns that run's name."""
     dispatch_shards(kind_of(kind).deployment, kind, stages, names, parameters)
     return run_deployment_of(kind, parameters)
 

@@ -107,9 +107,8 @@ def _payload(sp: StagePlan, run_id: str | None, summary: dict[str, Any]) -> dict
 
 
 def run_stage(stage: dict[str, Any], observer: Observer | None = None) -> dict[str, Any] | State:
-    """Run one stage, telling ``observer`` it started and how it ended; returns where its output
-    is. A stage whose folder is complete runs nothing: the task ends ``Cached`` with the stored
-    summary (the flow tells the observer, ``flows.runner.say_cached``)."""
+    """Run one stage, telling ``observer`` it started and how it ended; returns where its output is.
+    A complete folder runs nothing: the task ends ``Cached`` with the stored summary."""
     sp = StagePlan.from_dict(stage)
     if sp.complete:
         return Completed(name="Cached", data=_payload(sp, None, read_summary(Path(sp.out))))
@@ -158,9 +157,8 @@ def run_stage(stage: dict[str, Any], observer: Observer | None = None) -> dict[s
 
 
 def say_signatures(lines: list[str]) -> None:
-    """Each failure signature on the terminal and, as a warning, in Prefect's log of the run: a
-    training stage says its own as it ends, so that a run going wrong is seen after its first
-    stage, not after its last."""
+    """Each failure signature on the terminal and as a warning in Prefect's log, as a training stage
+    ends: a run going wrong is seen after its first stage, not its last."""
     for line in lines:
         progress.say(line)
         try:

@@ -145,9 +145,8 @@ def stage_metrics(summary: dict[str, Any]) -> dict[str, float]:
 
 
 def stage_record(summary: dict[str, Any], as_params: bool = False) -> tuple[dict[str, float], dict[str, str]]:
-    """(metrics, params) a stage's run records from its summary: ``stage_metrics``, with the
-    ``summary/`` figures of a kind that charts per-step curves (``as_params``, its
-    ``StageKind.summary_as_params``: single figures would each add a one-point chart) as params."""
+    """(metrics, params) of a stage's run from its summary; a kind that charts per-step curves
+    (``StageKind.summary_as_params``) records its ``summary/`` figures as params, not one-point charts."""
     metrics = stage_metrics(summary)
     if not as_params:
         return metrics, {}

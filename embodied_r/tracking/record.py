@@ -135,9 +135,8 @@ def parent_note(*, recipe: str, status: str, final: dict[str, Any], split: str, 
                 children: dict[str, str], run_id: str = "", registered: str = "", registered_by: str = "",
                 has_curves: bool = False, prefect_url: str = "", flow_run: str = "",
                 learning: list[str] | None = None) -> str:
-    """The parent run's description: the headline accuracies and the learning block (each policy
-    beside chance, with 95 % intervals, and the verdict), the registered model, and links that
-    open the model-training view: the run list, the report, the rewards of all stages."""
+    """The parent run's description: the headline accuracies, the learning block, the registered
+    model, and links into the model-training view."""
     lines = [f"**{status}** run of recipe `{recipe}`", ""]
     heads = [f"{k.split('/', 1)[1]} **{100 * final[k]:.1f} %**" for k in HEADLINE
              if isinstance(final.get(k), (int, float))]
@@ -262,9 +261,8 @@ class Recorder:
         return {"MLFLOW_TRACKING_URI": self.uri, "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true"}
 
     def run_started(self, selected: list[str], refreshed: list[str], chosen: bool = False) -> None:
-        """The parent run, named by the ``chosen`` stages when the run was asked for some, holding
-        the plan as ``plan.json``; or the one a dispatching flow made (whose store, found gone, is
-        lost for this run too: the stages run untracked)."""
+        """The parent run (named by the ``chosen`` stages, holding ``plan.json``), or a dispatching flow's
+        (whose store, found gone, is lost for this run too: the stages run untracked)."""
         self.selected, self.started = selected, time.time()
         try:
             tracker = Tracker.open(self.experiment, self.uri, self.stages.root, self.outage_s)
