@@ -15,10 +15,9 @@ PARENT_PID_ENV = "EMBODIED_R_PARENT_PID"
 
 @contextmanager
 def children_deaf_to_ctrl_c() -> Iterator[None]:
-    """Children started inside this block are born with SIGINT blocked (a mask survives fork and
-    exec): a child still importing its modules has not reached ``die_with_parent``'s ignore, and
-    would print a traceback of its own under the run's one line. The parent ends them; a Ctrl-C
-    that lands meanwhile on this thread waits, it is not lost."""
+    """Children started in this block are born with SIGINT blocked (a mask survives fork and exec),
+    so one still importing prints no traceback of its own; the parent ends them, and a Ctrl-C
+    landing meanwhile waits, not lost."""
     before = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
         yield

@@ -119,9 +119,8 @@ def recipe_model(declared: tuple[Any, ...] | None = None) -> type[RecipeRules]:
         sft=(SFTConfig | None, None),
         # The original texts from the user's checkout (``prompts.file``), or this project's own.
         prompts=(PromptsConfig, Field(default_factory=PromptsConfig)),
-        # Evaluation sets a trained model never trained on, each the overrides (dotted keys as
-        # ``--set`` writes them) that make an evaluation-only run of it: another benchmark, or a
-        # task family the catalog leaves out of training (``experiment --out-of-distribution``).
+        # Evaluation sets a model never trained on (another benchmark, a held-out task family),
+        # each the dotted ``--set`` overrides of an evaluation-only run of it.
         out_of_distribution=(dict[str, dict[str, Any]], Field(default_factory=dict)))
     return made
 
@@ -264,7 +263,6 @@ def load_recipe(name_or_path: str | Path, overrides: dict[str, Any] | None = Non
 
 
 def load_reasoner(name_or_path: str | Path, overrides: dict[str, Any] | None = None) -> Any:
-    """An ``embodied-reasoner`` recipe."""
     from embodied_r.interactive.config import ReasonerRecipe
 
     return load_as(ReasonerRecipe, name_or_path, overrides, folder=REASONER_RECIPES, reasoner=True)

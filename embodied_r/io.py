@@ -86,11 +86,8 @@ def stage_lock(final: Path) -> Iterator[None]:
 
 @contextmanager
 def stage_folder(final: Path) -> Iterator[Path]:
-    """Yield the partial folder of ``final``; rename it into place on success.
-
-    The partial folder is reused across attempts (it holds per-item progress) and is
-    left in place when the body raises. The stage's lock is held throughout.
-    """
+    """Yield the partial folder of ``final`` (reused across attempts, left when the body raises)
+    and rename it into place on success, under the stage's lock."""
     final = Path(final)
     work = partial_path(final)
     with stage_lock(final):
@@ -260,12 +257,8 @@ def item_done(stage: str) -> None:
 
 
 class ItemLog:
-    """Append-only JSON-lines record of finished items, safe against a kill at any moment.
-
-    Each line is one finished item, written with a single ``write`` and flushed to disk
-    before the call returns. A torn last line (the process died mid-write) is ignored on
-    reading, so that item is simply done again.
-    """
+    """Append-only JSON-lines record of finished items, one flushed ``write`` per item; a torn last
+    line (a kill mid-write) is ignored on reading, so that item is done again."""
 
     def __init__(self, path: Path, key: str = "id",
                  validate: Callable[[dict[str, Any]], bool] | None = None):
@@ -356,13 +349,9 @@ def sha256_file(path: Path, block: int = 1 << 20) -> str:
 
 def safe_extract(archive: Path, dest: Path, max_bytes: int, stage: str = "download",
                  names: set[str] | None = None) -> int:
-    """Extract a zip, refusing absolute paths, ``..``, links and expansion past ``max_bytes``.
-
-    Idempotent: an entry already present with the right size is skipped. ``names``: extract
-    only the entries with one of these lower-case file names (None: all); the bound counts
-    what is extracted. Returns the number of files written; each is an item boundary of
-    ``stage`` for the kill tests.
-    """
+    """Extract a zip (only entries whose lower-case file name is in ``names``, None: all), refusing
+    absolute paths, ``..``, links and expansion past ``max_bytes``; an entry already there with
+    the right size is skipped. Returns the files written, each an item boundary of ``stage``."""
     dest = Path(dest).resolve()
     try:
         return _extract(archive, dest, max_bytes, stage, names)

@@ -8,10 +8,8 @@ from embodied_r.errors import RecipeError
 
 
 def deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    """``over`` merged into ``base``, mappings key by key. A mapping over a list changes items
-    of that list: by position (``"2"``), by the item's ``name`` (``stage3``), or every item
-    (``"*"``), so ``--set training.stages.stage3.rewards.consistency=0`` changes one stage and
-    keeps the others; any other value replaces what it lands on."""
+    """``over`` merged into ``base``, mappings key by key. A mapping over a list changes items by
+    position (``"2"``), by ``name`` (``stage3``) or all (``"*"``); any other value replaces."""
     out = dict(base)
     for key, value in over.items():
         if isinstance(value, dict) and isinstance(out.get(key), dict):

@@ -1,8 +1,5 @@
-"""Progress of long stages, reported to whoever listens (a CLI bar, a Prefect artifact).
-
-Library code calls ``progress.update(stage, done, total)``; it costs nothing when no one
-listens, and a failing listener never stops the work.
-"""
+"""Progress of long stages, reported to whoever listens (a CLI bar, a Prefect artifact);
+free when no one listens, and a failing listener never stops the work."""
 
 from __future__ import annotations
 

@@ -71,12 +71,9 @@ def _is_module(name: str) -> bool:
     return _source(name) is not None
 
 
-# CPython before 3.11.8 keeps the AST constructor's recursion depth in state the interpreter
-# shares (gh-106905). The constructor runs no Python code but a garbage collection's finalizers,
-# where the GIL can pass to another thread; if that thread parses too (a traceback's carets do),
-# the depth is reset under this parse and it raises "recursion depth mismatch". With collection
-# held off, no other thread runs until the tree is built. The lock keeps two of ours from
-# turning collection back on under each other.
+# CPython before 3.11.8 shares the AST constructor's recursion depth between threads (gh-106905):
+# a GC finalizer can hand the GIL to a thread that parses too, and the parse raises "recursion
+# depth mismatch". With collection held off (under a lock of ours) no other thread runs meanwhile.
 _PARSE_LOCK = threading.Lock()
 
 
@@ -268,11 +265,9 @@ def tables_of(module: str) -> tuple[tuple[str, str], ...]:
 
 @lru_cache(maxsize=None)
 def launches_of(module: str) -> frozenset[str]:
-    """The library modules ``module`` names in a string: a trainer child it starts as
-    ``python -m embodied_r.training.grpo``, or a module whose code it runs by name, runs that
-    module's code as surely as an import. The entries of its ``BY_NAME`` table are not among
-    them: those run only where a recipe says their word (``closure``). Nor are the stage
-    table's: each stage runs its own kind's runner, from which its key starts."""
+    """The library modules ``module`` names in a string (a trainer child it starts with ``python -m``,
+    a module it runs by name): they run as surely as an import. Its ``BY_NAME`` entries run only
+    where a recipe says their word (``closure``), and each stage starts from its own kind's runner."""
     facts = _facts(module)
     if facts is None:
         return frozenset()
@@ -324,9 +319,8 @@ def _canonical(node: Any, docstrings: set[int]) -> str:
 
 
 def _declarations(tree: ast.Module) -> list[ast.stmt]:
-    """The module's ``NAME = StageKind(...)`` statements: a stage kind's declaration names its
-    runner and sets its pool, retries and help, none of which changes what a stage computes, so
-    neither its strings nor its edits join a key (what it reads keys the stage as its inputs)."""
+    """The module's ``NAME = StageKind(...)`` statements: a declaration (runner, pool, retries, help)
+    changes nothing a stage computes, so it joins no key (its inputs key the stage)."""
     return [node for node in tree.body if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
             and getattr(node.value.func, "id", getattr(node.value.func, "attr", "")) == DECLARATION]
 

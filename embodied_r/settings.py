@@ -1,16 +1,7 @@
 """Which config fields change a stage's output, and which only change how it is obtained.
 
-A stage's folder is named by the hash of its config, so every field in that hash decides
-whether finished work is found again. A field that only decides how the work is done (how
-many calls are in flight, how long one may take, how often it is retried, which server
-answers, how many failed items the stage tolerates, how many processes share the work,
-where the interpreter lives) must stay out of it: raising a limit the stage's own error
-message advises would otherwise start a fresh folder and redo every finished call.
-
-Such a field is declared where it is defined, with :func:`operational` instead of
-``pydantic.Field``; :func:`result_settings` is the config without those fields, at any
-depth (a backend inside a stage's config, a list of stages), and is what the keys hash.
-"""
+:func:`operational` declares the latter; :func:`result_settings` drops them at any depth, so
+raising a limit (concurrency, timeouts, retries, servers) never starts a fresh stage folder."""
 
 from __future__ import annotations
 
@@ -30,7 +21,6 @@ def operational(default: Any = PydanticUndefined, **kwargs: Any) -> Any:
 
 
 def operational_fields(model: type[BaseModel]) -> frozenset[str]:
-    """The names of ``model``'s own operational fields."""
     return frozenset(name for name, info in model.model_fields.items()
                      if isinstance(info.json_schema_extra, dict) and info.json_schema_extra.get(MARK))
 

@@ -1,19 +1,7 @@
 """Shards: one stage's items split over several runs and merged into one stage folder.
 
-A stage whose work is per item (key frames per video, perception per video's questions,
-evaluation per question) may split its items into ``shards`` parts by a fixed rule on each
-item's id: a hash, so an item belongs to the same shard on every run and every machine.
-Each shard works in a folder of its own beside the stage's (``<stage>.shard-2-of-4``),
-written aside and renamed like any stage folder and holding its own resume log, so a shard
-that fails or is killed is the only one done again. When every shard has finished, their logs
-(and item files) are gathered in the stage's ``.partial`` folder, the stage's own finishing
-code writes the outputs from them exactly as an unsharded run would, and one rename puts the
-stage folder in place.
-
-Run here, the shards run one after another in this process. The flow layer may instead run
-each shard as a flow run of its own (``SHARD_INPUT`` names the one shard a run does) and call
-the stage once more when all have finished: that call only merges.
-"""
+An item's shard is a hash of its id (the same on every run and machine); each shard has its
+own folder and resume log beside the stage's (``<stage>.shard-2-of-4``), so only a failed shard redoes work."""
 
 from __future__ import annotations
 
@@ -79,15 +67,10 @@ def where() -> str:
 
 @dataclass
 class Sharding:
-    """How a stage works in shards: the hooks its module gives ``run_sharded``.
-
-    ``ids`` are the stage's items in its own order. ``work(folder, members)`` does the work of
-    those items in a shard's ``.partial`` folder (resuming from its log there) and returns the
-    shard's figures: ``done`` and ``failed`` counts and whatever the merge needs (per-run
-    counters, reasons of failed calls). ``finish(folder, shard_summaries)`` runs in the stage's
-    ``.partial`` folder once the shards' logs and ``files`` are gathered there, writes the
-    outputs and returns the stage's summary (written by ``run_sharded``).
-    """
+    """The hooks a stage gives ``run_sharded``. ``work(folder, members)`` does those items in a
+    shard's ``.partial`` folder and returns its figures (``done``, ``failed``, what the merge
+    needs); ``finish(folder, shard_summaries)`` writes the outputs from the gathered logs and
+    returns the stage's summary."""
 
     ids: list[str]
     work: Callable[[Path, list[str]], dict[str, Any]]
@@ -104,11 +87,8 @@ class Sharding:
 
 
 def run_sharded(out: Path, count: int, sharding: Sharding, only: int | None = None) -> dict[str, Any]:
-    """Every unfinished shard of stage ``out`` (or shard ``only``), then the merge.
-
-    A shard that fails does not stop the others; the first failure is raised once all have
-    been tried, and a rerun does only the shards that did not finish. With ``only`` the
-    shard's own summary is returned and nothing is merged."""
+    """Every unfinished shard of stage ``out`` (or shard ``only``, whose summary is returned
+    unmerged), then the merge. The first failure is raised once all shards have been tried."""
     out = Path(out)
     if is_complete(out):
         _remove_shards(out)
@@ -150,10 +130,8 @@ def _run_shard(folder: Path, index: int, count: int, sharding: Sharding, unshard
 
 
 def merge(out: Path, count: int, sharding: Sharding) -> dict[str, Any]:
-    """The finished shards of ``out`` gathered into its folder: one rename when all is written.
-
-    When the stage's own checks fail (too many failed items), the shards that had failed
-    items are opened again, so a rerun tries those items again as an unsharded rerun would."""
+    """The finished shards gathered into ``out``, one rename when all is written. When the stage's
+    checks fail, shards with failed items are reopened so a rerun tries them again."""
     out = Path(out)
     if is_complete(out):
         return read_summary(out)

@@ -23,15 +23,7 @@ def kind_of(name: str) -> StageKind:
 
 
 def kinds(pipeline: Pipeline) -> tuple[StageKind, ...]:
-    """One pipeline's kinds, in run order."""
     return tuple(k for k in KINDS if k.pipeline == pipeline)
-
-
-def kind_of_stage(stage: str) -> StageKind | None:
-    """The kind a stage's name starts with (``train_stage2`` is a ``train``, ``evaluate_untrained``
-    an ``evaluate``): the longest such kind, for names seen without their plan."""
-    found = [k for k in KINDS if stage == k.name or stage.startswith(k.name + "_")]
-    return max(found, key=lambda k: len(k.name)) if found else None
 
 
 def params(sp: object) -> dict:

@@ -1,8 +1,7 @@
 """A stage kind's declaration, a planned stage and its key, a run's plan, and the builder.
 
 A key hashes a stage's config less its operational settings, the keys of the stages it reads
-and the code it runs, so an edit recomputes that stage and what reads it, nothing before.
-"""
+and the code it runs, so an edit recomputes that stage and what reads it, nothing before."""
 
 from __future__ import annotations
 

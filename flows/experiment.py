@@ -1,8 +1,5 @@
-"""The ``embodied-r-experiment`` flow: an experiment's variants at each seed, each run as the
-pipeline runs it (a subflow; stages the variants share are found done in the home and not run
-again), then the comparison on the same questions and one MLflow parent run for the
-experiment, with a child run per variant and seed tagged ``experiment``, ``variant`` and
-``seed`` for MLflow's compare view."""
+"""The ``embodied-r-experiment`` flow: an experiment's variants at each seed as pipeline subflows,
+the comparison on the same questions, and one MLflow parent run with a child run per variant and seed."""
 
 from __future__ import annotations
 
@@ -161,6 +158,69 @@ def _run_pipeline(recipe: str, overrides: dict[str, Any], stages: Plan) -> dict[
     return embodied_r(recipe=recipe, overrides=overrides or None, plan=stages.to_json())
 
 
+def _variant_pipeline(recipe: str, ov: dict[str, Any], stages: Plan) -> tuple[dict[str, str], str, str, int]:
+    """(folders, model, run id, completions) of a variant the pipeline trains."""
+    result = _run_pipeline(recipe, ov, stages)
+    return (result["stages"], str(stages["evaluate"].inputs["model"]), result.get("mlflow_run_id") or "",
+            completions_of(stages))
+
+
+def _variant_sft(spec: Experiment, label: str, loaded: Recipe, stages: Plan,
+                 budget: int) -> tuple[dict[str, str], str, str]:
+    """(folders, model, run id) of a variant the SFT baseline trains on ``budget`` examples."""
+    from embodied_r.lifecycle.sft_baseline import sft_baseline
+
+    records = read_json(Path(stages["convert"].out) / "summary.json").get("splits", {}).get("train")
+    cfg = sft_settings(loaded, int(records or 0) or budget, budget)
+    start = str(Path(stages["warmstart"].out) / "model") if "warmstart" in stages else loaded.training.policy
+    print(f"experiment {spec.name}: {label}: SFT from {start} on {budget} examples "
+          f"({cfg.max_steps} steps), as many as the GRPO stages' completions")
+    done = sft_baseline(loaded, stages, cfg, init_model=start)
+    # The stages it shares with the baseline (its records' perception among them).
+    folders = {**{n: sp.out for n, sp in stages.items() if n != "evaluate"},
+               "evaluate": done["stages"]["sft_evaluate"], "sft": done["stages"]["sft"]}
+    return folders, str(Path(done["stages"]["sft"]) / "model"), done.get("mlflow_run_id") or ""
+
+
+def _out_of_distribution(spec: Experiment, recipe: str, root: Path, variant: str, seed: int | None, label: str,
+                         loaded: Recipe, stages: Plan, ov: dict[str, Any], model: str,
+                         seconds: Any) -> list[Cell]:
+    """One cell per out-of-distribution set of the recipe, each a pipeline run evaluating ``model``."""
+    cells = []
+    for ood in loaded.out_of_distribution:
+        judge = (stages["evaluate"].config.get("consistency_judge") or {}).get("model")
+        ood_ov = deep_merge(ov, ood_overrides(loaded, ood, model, judge))
+        print(f"experiment {spec.name}: {label} on {ood} (out of distribution)")
+        ood_stages = _plan(recipe, ood_ov, root)
+        result = _run_pipeline(recipe, ood_ov, ood_stages)
+        cells.append(_cell(spec, variant, seed, ood, result["stages"], result.get("mlflow_run_id") or "",
+                           seconds=seconds(ood_stages)))
+    return cells
+
+
+def _report(spec: Experiment, base: Recipe, runs: list[int | None], cells: list[Cell],
+            comparisons: list) -> list[str]:
+    """The experiment's table, its comparisons and the failure signatures they show."""
+    measures = [CHANCE] + [m.name for m in spec.measures] + (["completions"] if any(
+        v.train == "sft" for v in spec.variants.values()) else [])
+    head = (f"Experiment {spec.name}, recipe {base.name}, "
+            f"seeds {', '.join(str(s) for s in runs)}:")
+    lines = [head, *table(cells, measures), "",
+             *comparison_lines(comparisons, spec.baseline)]
+    if found := signatures(cells, comparisons):
+        lines += ["", *found]
+    return lines
+
+
+def _as_json(cells: list[Cell], comparisons: list) -> dict[str, Any]:
+    return {"cells": [{"variant": c.variant, "seed": c.seed, "evaluation": c.evaluation, "accuracy": c.accuracy,
+                       "interval": c.interval, "figures": c.figures, "run_id": c.run_id} for c in cells],
+            "comparisons": [{"variant": c.variant, "evaluation": c.evaluation,
+                             "pooled": c.pooled.figures("pooled"),
+                             "by_seed": {str(s): r.figures("paired") for s, r in c.by_seed.items()}}
+                            for c in comparisons]}
+
+
 @flow(name="embodied-r-experiment", log_prints=True)
 def experiment(name: str, recipe: str = "demo", seeds: list[int] | None = None,
                overrides: dict[str, Any] | None = None, home: str | None = None,
@@ -181,6 +241,10 @@ def experiment(name: str, recipe: str = "demo", seeds: list[int] | None = None,
     # One store for every variant's stage times, opened only when a measure asks for them.
     clock = Tracker.open(base.tracking.experiment, tracking_uri(base.tracking.tracking_uri, root), root) \
         if timed else None
+
+    def seconds(stages: Plan) -> dict[str, float]:
+        return stage_seconds(clock, timed, stages)
+
     cells: list[Cell] = []
     started: dict[tuple[str, int | None], dict[str, Any]] = {}
     for seed in runs:
@@ -191,59 +255,23 @@ def experiment(name: str, recipe: str = "demo", seeds: list[int] | None = None,
             label = f"{variant} (seed {seed})" if seed is not None else variant
             if spec.variants[variant].train == "pipeline":
                 print(f"experiment {spec.name}: {label}")
-                result = _run_pipeline(recipe, ov, stages)
-                folders = result["stages"]
-                model = str(stages["evaluate"].inputs["model"])
-                run_id = result.get("mlflow_run_id") or ""
-                completions = completions_of(stages)
+                folders, model, run_id, completions = _variant_pipeline(recipe, ov, stages)
                 if variant == spec.baseline:
                     budget = completions
                 extra = {"completions": float(completions)}
             else:
-                from embodied_r.lifecycle.sft_baseline import sft_baseline
-
                 assert budget is not None  # the baseline runs first (Experiment.ordered)
-                records = read_json(Path(stages["convert"].out) / "summary.json").get("splits", {}).get("train")
-                cfg = sft_settings(loaded, int(records or 0) or budget, budget)
-                start = str(Path(stages["warmstart"].out) / "model") if "warmstart" in stages else loaded.training.policy
-                print(f"experiment {spec.name}: {label}: SFT from {start} on {budget} examples "
-                      f"({cfg.max_steps} steps), as many as the GRPO stages' completions")
-                done = sft_baseline(loaded, stages, cfg, init_model=start)
-                # The stages it shares with the baseline (its records' perception among them).
-                folders = {**{n: sp.out for n, sp in stages.items() if n != "evaluate"},
-                           "evaluate": done["stages"]["sft_evaluate"], "sft": done["stages"]["sft"]}
-                model = str(Path(done["stages"]["sft"]) / "model")
-                run_id = done.get("mlflow_run_id") or ""
+                folders, model, run_id = _variant_sft(spec, label, loaded, stages, budget)
                 extra = {"completions": float(budget)}
-            cells.append(_cell(spec, variant, seed, IN_DISTRIBUTION, folders, run_id, extra,
-                               stage_seconds(clock, timed, stages)))
+            cells.append(_cell(spec, variant, seed, IN_DISTRIBUTION, folders, run_id, extra, seconds(stages)))
             started[(variant, seed)] = {"run_id": run_id, "overrides": ov, "model": model}
             if spec.out_of_distribution:
-                for ood in loaded.out_of_distribution:
-                    judge = (stages["evaluate"].config.get("consistency_judge") or {}).get("model")
-                    ood_ov = deep_merge(ov, ood_overrides(loaded, ood, model, judge))
-                    print(f"experiment {spec.name}: {label} on {ood} (out of distribution)")
-                    ood_stages = _plan(recipe, ood_ov, root)
-                    result = _run_pipeline(recipe, ood_ov, ood_stages)
-                    cells.append(_cell(spec, variant, seed, ood, result["stages"], result.get("mlflow_run_id") or "",
-                                       seconds=stage_seconds(clock, timed, ood_stages)))
+                cells += _out_of_distribution(spec, recipe, root, variant, seed, label, loaded, stages, ov, model,
+                                              seconds)
     comparisons = compare(cells, spec.baseline)
-    measures = [CHANCE] + [m.name for m in spec.measures] + (["completions"] if any(
-        v.train == "sft" for v in spec.variants.values()) else [])
-    head = (f"Experiment {spec.name}, recipe {base.name}, "
-            f"seeds {', '.join(str(s) for s in runs)}:")
-    lines = [head, *table(cells, measures), "",
-             *comparison_lines(comparisons, spec.baseline)]
-    if found := signatures(cells, comparisons):
-        lines += ["", *found]
+    lines = _report(spec, base, runs, cells, comparisons)
     logged = _track(spec, base, root, runs, cells, comparisons, started, lines)
-    return {"lines": lines, **logged,
-            "cells": [{"variant": c.variant, "seed": c.seed, "evaluation": c.evaluation, "accuracy": c.accuracy,
-                       "interval": c.interval, "figures": c.figures, "run_id": c.run_id} for c in cells],
-            "comparisons": [{"variant": c.variant, "evaluation": c.evaluation,
-                             "pooled": c.pooled.figures("pooled"),
-                             "by_seed": {str(s): r.figures("paired") for s, r in c.by_seed.items()}}
-                            for c in comparisons]}
+    return {"lines": lines, **logged, **_as_json(cells, comparisons)}
 
 
 def _plan(recipe: str, overrides: dict[str, Any], root: Path) -> Plan:

@@ -38,16 +38,10 @@ def embodied_r(recipe: str = "demo", refresh: list[str] | None = None,
                overrides: dict[str, Any] | None = None, home: str | None = None,
                dispatch: Literal["auto", "local", "pools"] = "auto",
                plan: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The full pipeline: download -> preprocess -> keyframes -> perception -> convert ->
-    training stages -> evaluate -> promote. ``refresh`` names stages to recompute with all
-    that follows.
-
-    ``dispatch``: ``pools`` sends each stage to its work pool through its deployment;
-    ``local`` runs every stage in this process; ``auto`` uses the pools when a Prefect
-    server is configured and the stage deployments exist, else runs here (the embedded
-    default). ``plan``: the run's plan, made by whoever started it (the CLI); without one it
-    is made here, once, and handed to every stage.
-    """
+    """The full pipeline: download -> ... -> evaluate -> promote; ``refresh`` names stages to
+    recompute with all that follows. ``dispatch``: ``pools``, ``local``, or ``auto`` (the pools
+    when a Prefect server and the stage deployments exist). ``plan``: the caller's (the CLI), else
+    made here once and handed to every stage."""
     watch_cancel()
     stages = given_plan(plan, "embodied-r", recipe, overrides, home)
     tag_flow_run(stages.recipe_name)

@@ -1,13 +1,5 @@
-"""The ``embodied-reasoner`` flow: data -> SFT imitation -> exploration (rejection sampling)
--> SFT exploration -> SFT correction -> evaluation, through the one run loop of both pipelines
-(``flows.runner.run_plan``): each stage a Prefect task with its own MLflow child run under
-one parent run, served from its folder when that is complete. ``only`` reruns chosen stages (their inputs
-must exist); ``refresh`` recomputes stages and everything after them.
-
-On the work pools (``dispatch="pools"``) each group of stages is sent to its kind's deployment
-of ``embodied-reasoner-stage`` (``stage_kinds``) with the run's plan: data on ``cpu``, SFT on
-``gpu-train``, rollouts and evaluation on ``gpu-infer``.
-"""
+"""The ``embodied-reasoner`` flow: data -> SFT imitation -> exploration -> SFT exploration -> SFT
+correction -> evaluation, through ``flows.runner.run_plan`` (``only``, ``refresh``, ``dispatch``)."""
 
 from __future__ import annotations
 

@@ -39,10 +39,8 @@ def no_alias_line(uri: str, store: str, recipe: str) -> str | None:
 @flow(name="embodied-r-reevaluate", log_prints=True)
 def reevaluate(model: str = DEFAULT_MODEL, recipe: str = "demo", split: str = "test",
                overrides: dict[str, Any] | None = None, home: str | None = None) -> dict[str, Any] | State:
-    """Evaluate ``model`` on ``split`` of the recipe's converted records; one MLflow run per
-    call. ``model`` is ``@<alias>`` of the recipe's registered model (``@champion``), a
-    registry URI (``models:/embodied-r-reasoner/3``) or a folder. Before the alias exists the
-    run ends ``Skipped`` with one line saying how to promote a model."""
+    """Evaluate ``model`` (``@<alias>``, a registry URI or a folder) on ``split`` of the converted
+    records, one MLflow run per call; before the alias exists the run ends ``Skipped``."""
     watch_cancel()
     from prefect.artifacts import create_table_artifact
 

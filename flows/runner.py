@@ -56,11 +56,9 @@ def relied_on(stages: dict[str, StagePlan], selected: list[str]) -> list[str]:
 
 
 def discard_damaged(stages: dict[str, StagePlan], selected: list[str]) -> list[str]:
-    """A finished folder the run relies on that lost an output since its stage finished
-    (``io.damaged_outputs``) is not done: it is discarded with its finished dependants (made
-    from what it held) and the run does them again, saying so in one line. Where that would
-    redo work on a GPU pool (training, inference), or a stage the run does not include, it
-    stops instead, in one line naming ``--refresh``. Returns the stages discarded."""
+    """Discard a finished folder the run relies on that lost an output (``io.damaged_outputs``),
+    with its finished dependants, saying so in one line; where that would redo GPU-pool work or a
+    stage outside the run, stop instead, naming ``--refresh``. Returns the stages discarded."""
     discarded: list[str] = []
     while True:
         found = next(((n, p) for n in relied_on(stages, selected) if (p := damaged_outputs(Path(stages[n].out)))),
@@ -103,7 +101,6 @@ def scoped_env(**values: str) -> Iterator[None]:
 
 
 def recipe_of(stages: Plan) -> Any:
-    """The validated recipe a plan was made from."""
     if stages.pipeline == "embodied-reasoner":
         from embodied_r.interactive.config import ReasonerRecipe
 
@@ -171,12 +168,9 @@ def stage_groups(stages: dict[str, StagePlan], selected: list[str]) -> list[list
 def run_stages(stages: dict[str, StagePlan], selected: list[str], observer: Observer, *,
                dispatch: Dispatch | None = None,
                after: Callable[[StagePlan, dict[str, Any]], None] | None = None) -> list[str]:
-    """Run the selected stages in order and return those served from their folders.
-
-    Without ``dispatch`` each stage is its kind's Prefect task in this process; ``after`` sees
-    each stage's summary as it finishes. With ``dispatch`` each group of ``stage_groups`` is
-    sent away, unless all its folders are complete: finished work needs no worker (and no GPU).
-    """
+    """Run the selected stages in order; return those served from their folders. Without
+    ``dispatch`` each is its kind's task here (``after`` sees each summary); with it each group is
+    sent away unless all its folders are complete (finished work needs no worker)."""
     cached: list[str] = []
     for group in stage_groups(stages, selected):
         if dispatch is not None:

@@ -1,13 +1,5 @@
-"""A stage's shards on its work pool: one flow run of the stage's deployment per shard.
-
-A stage whose recipe sets ``shards: N`` (key frames, perception, evaluation) is sent to its
-pool as N flow runs of its own deployment, each told its shard (``shard="2/4"``), so they run
-at once on as many workers as the pool has. The dispatching flow waits for all of them, then
-sends the stage itself, whose run finds every shard finished and only merges them into the
-stage folder (and records the stage's MLflow run with each shard's counts). A finished shard
-is not sent again; one that failed, or whose worker died (``flows.waiting``), is sent again by
-the next run and resumes from its own log.
-"""
+"""A stage's shards on its work pool: one flow run of the stage's deployment per shard, waited on,
+then the stage itself, which only merges; a finished shard is not sent again."""
 
 from __future__ import annotations
 
@@ -26,7 +18,6 @@ from flows.waiting import wait_for_runs
 
 
 def shard_count(sp: StagePlan) -> int:
-    """How many shards the recipe asks of a stage (1: not split)."""
     return int(sp.config.get("shards") or 1)
 
 
@@ -82,9 +73,8 @@ def stage_parameters(stages: Plan, parent_run_id: str | None) -> dict[str, Any]:
 
 
 def dispatch_kind(kind: str, stages: Plan, names: list[str], parameters: dict[str, Any]) -> str:
-    """Stages ``names`` of ``kind`` through the kind's deployment: their unfinished shards
-    first, each a flow run of its own, then the run that merges them and records the stages
-    (the only run of a stage not split). Returns that run's name."""
+    """Stages ``names`` of ``kind`` through its deployment: unfinished shards first, each a flow run,
+    then the run that merges them and records the stages. Returns that run's name."""
     dispatch_shards(kind_of(kind).deployment, kind, stages, names, parameters)
     return run_deployment_of(kind, parameters)
 

@@ -1,15 +1,6 @@
-"""Waiting on flow runs sent to a work pool, and telling a dead run from a slow one.
-
-A flow run whose worker (or machine) is killed stays ``Running`` on the Prefect server for
-good: nothing is left to report its end. A pipeline waiting on it would wait with it. Flow
-runs started by ``infra/start-worker.sh`` send Prefect's own heartbeat event
-(``prefect.flow-run.heartbeat``, every ``PREFECT_FLOWS_HEARTBEAT_FREQUENCY`` seconds, 30 by
-that script); a run that has sent one and then none for ``EMBODIED_R_DEAD_RUN_AFTER_S``
-seconds (150 by default: five missed beats) is marked ``Crashed`` here, with a message saying
-why, and counts as failed. The stage's work is on disk: the next run sends only what did not
-finish, and it resumes from its log. A run that sends no heartbeats at all (a worker started
-without the setting) is never judged: it is waited on as before.
-"""
+"""Waiting on flow runs sent to a work pool, and telling a dead run from a slow one: a run whose
+heartbeat stops for ``EMBODIED_R_DEAD_RUN_AFTER_S`` seconds is marked ``Crashed``; a run that
+never sent a heartbeat is never judged."""
 
 from __future__ import annotations
 

@@ -1,10 +1,7 @@
 """One Prefect task per stage kind, with the retries its ``stage_kinds`` entry declares.
 
-Tasks pass stage plans (paths and small configs), never data. The stage's folder, named by
-the hash of its inputs, config and code, is the one record of "done": a task whose folder is
-complete ends in a state named ``Cached`` without running anything, and Prefect keeps no
-cache or stored result of its own, so losing Prefect's files changes nothing.
-"""
+Tasks pass stage plans, never data; a complete stage folder is the one record of "done" (the
+task ends ``Cached``), so Prefect keeps no cache or result of its own."""
 
 from __future__ import annotations
 
@@ -78,7 +75,6 @@ def _markdown(sp: StagePlan, summary: dict[str, Any]) -> str:
 
 
 def _announce(sp: StagePlan, event: str, seconds: float | None = None, note: str = "") -> None:
-    """One line on the terminal and the same event in Prefect's log."""
     progress.say(progress.stage_line(sp.name, event, seconds, note))
     try:
         get_run_logger().info("%s %s%s%s", sp.name, event, f" in {seconds:.1f} s" if seconds is not None else "",
@@ -111,9 +107,8 @@ def _payload(sp: StagePlan, run_id: str | None, summary: dict[str, Any]) -> dict
 
 
 def run_stage(stage: dict[str, Any], observer: Observer | None = None) -> dict[str, Any] | State:
-    """Run one stage, telling ``observer`` it started and how it ended; returns where its output
-    is. A stage whose folder is complete runs nothing: the task ends ``Cached`` with the stored
-    summary (the flow tells the observer, ``flows.runner.say_cached``)."""
+    """Run one stage, telling ``observer`` it started and how it ended; returns where its output is.
+    A complete folder runs nothing: the task ends ``Cached`` with the stored summary."""
     sp = StagePlan.from_dict(stage)
     if sp.complete:
         return Completed(name="Cached", data=_payload(sp, None, read_summary(Path(sp.out))))
@@ -162,9 +157,8 @@ def run_stage(stage: dict[str, Any], observer: Observer | None = None) -> dict[s
 
 
 def say_signatures(lines: list[str]) -> None:
-    """Each failure signature on the terminal and, as a warning, in Prefect's log of the run: a
-    training stage says its own as it ends, so that a run going wrong is seen after its first
-    stage, not after its last."""
+    """Each failure signature on the terminal and as a warning in Prefect's log, as a training stage
+    ends: a run going wrong is seen after its first stage, not its last."""
     for line in lines:
         progress.say(line)
         try:
@@ -174,9 +168,8 @@ def say_signatures(lines: list[str]) -> None:
 
 
 def _disk_full_line(sp: StagePlan, exc: BaseException) -> str:
-    """A full disk met by a stage, in one line: the folder it was writing (its own ``.partial``
-    folder when the file was inside it: the deeper path says nothing more), what is free, and
-    the fix. The folder stays ``.partial``, so the rerun resumes it."""
+    """A full disk met by a stage, in one line: the folder it was writing (its ``.partial`` folder
+    when inside it), what is free, and the fix; the folder stays ``.partial`` for the rerun."""
     partial = partial_path(Path(sp.out))
     written = Path(full_path(exc) or partial)
     folder = partial if written == partial or partial in written.parents else written.parent

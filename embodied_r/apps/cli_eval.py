@@ -1,10 +1,6 @@
-"""Sub-commands for evaluation, baselines, the model registry, batch inference and chat.
-
-``register(subparsers)`` adds them to the ``embodied-r`` command; ``python -m
-embodied_r.apps.cli_eval`` runs them alone. Models are given as a checkpoint folder, a hub id,
-``tiny:lm``, or a registry URI (``models:/embodied-r-reasoner@champion``); without one,
-the recipe's last trained stage is used.
-"""
+"""Sub-commands for evaluation, baselines, the model registry, batch inference and chat, added to
+``embodied-r`` by ``register(subparsers)``; a model is a checkpoint folder, a hub id, ``tiny:lm``
+or a registry URI, the recipe's last trained stage by default."""
 
 from __future__ import annotations
 

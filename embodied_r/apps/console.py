@@ -53,5 +53,4 @@ def own_console(command: str) -> Path | None:
 
 
 def run_log() -> Path | None:
-    """This command's log file, once ``own_console`` made it."""
     return _log

@@ -1,12 +1,6 @@
-"""The learning figures of a run: test accuracy before training, after the warm start and
-after GRPO beside chance, each with its 95 % interval, the verdict they support (did GRPO
-beat chance and the policy it started from?), each training stage's rewards in its first
-and last quarter, and the reward curves of all stages on one step axis (``reward_curves.png``).
-
-The evaluation stage writes them when the recipe compares baselines; they come from the
-baseline evaluations' summaries and the training stages' ``summary.json`` (quarters)
-and ``history.json`` (per-step rewards), read as files.
-"""
+"""The learning figures of a run: test accuracy before training, after the warm start and after
+GRPO beside chance (95 % intervals), the verdict they support, each training stage's first-
+and last-quarter rewards, and the reward curves of all stages (``reward_curves.png``)."""
 
 from __future__ import annotations
 
@@ -45,9 +39,8 @@ def _series(history: list[dict[str, Any]], key: str) -> list[tuple[int, float]]:
 
 
 def reward_curves(training: Mapping[str, str]) -> tuple[dict[str, list[tuple[int, float]]], list[tuple[str, int]]]:
-    """Each reward (and the completions' mean length, ``LENGTH``) over the steps of all stages,
-    on one global step axis, and where each stage starts. Stages without a history (not
-    trained here) are skipped."""
+    """Each reward (and ``LENGTH``) over the steps of all stages on one global step axis, and where
+    each stage starts; stages without a history are skipped."""
     curves: dict[str, list[tuple[int, float]]] = {}
     starts: list[tuple[str, int]] = []
     offset = 0
@@ -113,9 +106,8 @@ def plot_reward_curves(training: Mapping[str, str], path: Path) -> Path | None:
 def learning_figures(accuracies: Mapping[str, float | None], chance: float,
                      quarters: Mapping[str, Mapping[str, Mapping[str, Any]]],
                      intervals: Mapping[str, tuple[float, float] | None] | None = None) -> dict[str, float]:
-    """Flat ``learning/...`` figures: accuracies beside chance, with the 95 % interval of each
-    (``intervals`` by the same labels; chance's is the range a guesser lands in) as
-    ``learning/accuracy/<label>_ci_low`` and ``_ci_high``, and quarters per stage and reward."""
+    """Flat ``learning/...`` figures: accuracies beside chance, each with its 95 % interval
+    (``..._ci_low``, ``..._ci_high``; chance's is the range a guesser lands in), and quarters."""
     out: dict[str, float] = {f"{PREFIX}/accuracy/chance": chance}
     for label, value in accuracies.items():
         if value is not None:
@@ -157,15 +149,10 @@ def _pct(value: float) -> str:
 def learning_verdict(trained: float, chance: float, start: float | None = None,
                      start_name: str = "the warm-started policy", trained_low: float | None = None,
                      paired: PairedResult | None = None) -> str:
-    """One sentence on what the GRPO-trained reasoner's test accuracy shows beside chance and
-    the policy GRPO started from (``start``; None when it was not evaluated).
-
-    Learning is claimed only when the accuracy beats both. Beside chance, the low end of its
-    95 % interval (``trained_low``) must clear it. Beside the starting policy, which answered
-    the same questions, the ``paired`` test decides when given: its gain must be significant
-    (p < 0.05). Without it the interval's low end must clear the start too, which treats the
-    start's figure as exact: a floor, not a proof.
-    """
+    """One sentence on what the GRPO-trained accuracy shows beside chance and the policy GRPO
+    started from (``start``; None when not evaluated). Learning is claimed only when it beats
+    both: chance by the low end of its 95 % interval, the start by the ``paired`` test (p < 0.05)
+    or, without it, by that low end too (the start's figure taken as exact: a floor, not a proof)."""
     short = [(name, value) for name, value in (("chance", chance), (start_name, start))
              if value is not None and not trained > value]
     if short:
@@ -195,9 +182,8 @@ def start_label(labels: Sequence[str] | Mapping[str, Any]) -> str:
 
 
 def verdict_of(figures: Mapping[str, Any]) -> str | None:
-    """``learning_verdict`` of a run's learning figures, beside the policy GRPO started from
-    (``start_label``), paired when the figures hold the paired test; None without a trained
-    accuracy."""
+    """``learning_verdict`` of a run's figures, paired when they hold the paired test; None without
+    a trained accuracy."""
     trained = figures.get(f"{PREFIX}/accuracy/trained")
     if not isinstance(trained, (int, float)):
         return None
@@ -210,9 +196,7 @@ def verdict_of(figures: Mapping[str, Any]) -> str | None:
 
 
 def learning_table(figures: Mapping[str, Any]) -> list[str]:
-    """Markdown lines: each policy's accuracy with its 95 % interval beside chance, the
-    verdict in bold and the failure signatures the figures show; no lines when the run has no
-    learning figures."""
+    """Markdown lines of the learning figures (none when the run has none)."""
     phases = accuracy_lines(figures)
     if not phases:
         return []
@@ -243,8 +227,7 @@ def _consistent_share(quarter: Mapping[str, Any], which: str) -> tuple[float, fl
 
 
 def stage_signatures(stage: str, quarters: Mapping[str, Any]) -> list[str]:
-    """One line per failure signature a training stage shows, from its reward quarters (the
-    stage summary's ``quarters``: per reward ``first`` and ``last``): the consistent share of
+    """One line per failure signature of a training stage's reward quarters: the consistent share of
     right answers under 80 % in the last quarter; the accuracy reward rising while that share
     falls. A stage without a consistency reward shows neither."""
     first, last = _consistent_share(quarters, "first"), _consistent_share(quarters, "last")
@@ -270,9 +253,8 @@ def training_signatures(stage_name: str, summary: Mapping[str, Any]) -> list[str
 
 
 def failure_signatures(figures: Mapping[str, Any]) -> list[str]:
-    """One line per failure signature the figures show, each naming it, the figures and the
-    advice: the judged logical-consistency ratio of the evaluation (``consistency/ratio``)
-    under 80 %, then each training stage's (``stage_signatures``)."""
+    """One line per failure signature (its name, figures and advice): the evaluation's judged
+    consistency ratio under 80 %, then each training stage's (``stage_signatures``)."""
     lines = []
     ratio = figures.get("consistency/ratio")
     if isinstance(ratio, (int, float)) and ratio < CONSISTENCY_FLOOR:
@@ -294,9 +276,7 @@ def learning_stages(figures: Mapping[str, Any]) -> list[str]:
 
 
 def learning_block(figures: Mapping[str, Any]) -> list[str]:
-    """The console's learning block: accuracy per phase beside chance, the verdict, the failure
-    signatures, and per stage the rewards, how much it still explores and the response length
-    by quarter; no lines without learning figures."""
+    """The console's learning block; no lines without learning figures."""
     phases = accuracy_lines(figures)
     if not phases:
         return []

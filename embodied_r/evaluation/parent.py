@@ -15,11 +15,9 @@ from embodied_r.tracking.names import numeric_metrics
 
 def parent_view(final: StagePlan, summary: dict[str, Any], selected: Sequence[StagePlan],
                 header: dict[str, str]) -> dict[str, Any]:
-    """Each policy's accuracy beside chance and the trained policy's paired gain over its start
-    with its p-value, one chart each (per-task accuracies, intervals and reward quarters stay on
-    the evaluate run, in the description and in the report, so the parent's chart page reaches
-    its reward curves past a dozen single bars, not fifty); every reward of every GRPO stage of
-    the run as ``(metric, global step, value)``."""
+    """Each policy's accuracy beside chance and the paired gain over the start with its p-value, one
+    chart each (the rest stays on the evaluate run, so the parent's chart page stays short), and
+    every reward of every GRPO stage as ``(metric, global step, value)``."""
     charted = {f"learning/accuracy/{p}" for p in PHASES} | {f"{PAIRED}/difference", f"{PAIRED}/p_value"}
     curves, _ = reward_curves({sp.name: sp.out for sp in selected if sp.kind == "train"})
     view: dict[str, Any] = {

@@ -1,17 +1,5 @@
-"""The MLflow model registry: trained reasoners as model versions, aliases, promotion.
-
-A trained reasoner is a plain transformers checkpoint folder. It is logged under ``model/`` of a
-run in MLflow's transformers flavour (``MLmodel`` with task ``text-generation``, its tokenizer
-and a signature, so ``mlflow.transformers.load_model`` and ``mlflow models serve`` take a
-registered version), the flavour's ``model/`` being the checkpoint folder as it was, and
-registered with ``MlflowClient.create_model_version(name, source="runs:/<run>/model")``: the
-source stays inside the run's artifacts (which an MLflow server requires) and
-``models:/<name>@<alias>`` resolves back to the same checkpoint folder for the backends.
-
-Registry URIs resolve to a local folder cached per store and version; versions are
-immutable, so a cached folder never goes stale. An alias is read once and turned into
-its version before anything is downloaded or evaluated.
-"""
+"""The MLflow model registry: trained reasoners as model versions (transformers flavour under a
+run's ``model/``), aliases, promotion, and registry URIs resolved to a cached local folder."""
 
 from __future__ import annotations
 
@@ -142,11 +130,9 @@ def save_flavour(folder: Path, dest: Path) -> Path:
 
 
 def model_card(folder: Path) -> Any:
-    """The card MLflow stores with the model: the folder's own ``README.md`` when it has one,
-    else a short card saying what the folder is. Without a card MLflow looks the folder's path up
-    on the Hugging Face Hub as a repository name and warns twice (no card, no licence) for
-    every model built or trained here. A card without a licence names none: the licence of a
-    trained model is its base model's, which the folder does not record."""
+    """The card MLflow stores with the model: the folder's ``README.md``, else a short one. Without
+    a card MLflow looks the path up on the Hub and warns twice; no licence is named, since a
+    trained model's is its base model's, which the folder does not record."""
     from huggingface_hub import ModelCard
 
     readme = Path(folder) / "README.md"

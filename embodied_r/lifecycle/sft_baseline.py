@@ -40,42 +40,22 @@ def evaluation_of(recipe: Any, stages: Plan) -> Any:
     return type(recipe.evaluation).model_validate(stages["evaluate"].config)
 
 
-def sft_baseline(recipe: Any, stages: Plan, cfg: SFTConfig | None = None, init_model: str | None = None,
-                 refresh: bool = False) -> dict[str, Any]:
-    """Train the SFT baseline on the recipe's converted records and evaluate it.
-
-    Folders: ``<home>/stages/sft/<key>`` and ``<home>/stages/sft_evaluate/<key>``, keyed
-    by the records, the configs and the code, like the pipeline's stages. Returns both
-    summaries, the folders and the MLflow parent run id.
-    """
-    root = stages.root
-    cfg = cfg or sft_config_for(recipe)
+def _folders(recipe: Any, stages: Plan, cfg: SFTConfig, init_model: str) -> tuple[Path, Path, Any]:
+    """(SFT folder, evaluation folder, evaluation settings), keyed like the pipeline's stages."""
     convert = stages["convert"]
-    if not convert.complete:
-        raise StageError(
-            f"the SFT baseline trains on the convert stage's records, which have not been made with "
-            f"this recipe: run `embodied-r convert --recipe {recipe.name}` first"
-        )
-    init_model = init_model or recipe.training.policy
     code = modules_version(sorted({m for root_module in SFT_MODULES for m in closure(root_module, said(init_model))}))
     sft_key = _digest({"sft": cfg.model_dump(mode="json"), "init_model": init_model,
                        "records": convert.key, "code": code})
-    sft_out = root / "stages" / "sft" / sft_key
+    sft_out = stages.root / "stages" / "sft" / sft_key
     eval_cfg = evaluation_of(recipe, stages)
     eval_key = _digest({"evaluation": eval_cfg.model_dump(mode="json"), "sft": sft_key,
                         "code": code_version(EVALUATE.runner)})
-    eval_out = root / "stages" / "sft_evaluate" / eval_key
-    if refresh:
-        for folder in (eval_out, sft_out):
-            for path in (folder, folder.with_name(folder.name + ".partial")):
-                shutil.rmtree(path, ignore_errors=True)
+    return sft_out, stages.root / "stages" / "sft_evaluate" / eval_key, eval_cfg
 
-    uri = tracking_uri(recipe.tracking.tracking_uri, root)
-    tracker = Tracker.open(recipe.tracking.experiment, uri, root).start_parent(
-        name=f"{recipe.name}-sft-baseline",
-        tags={"recipe": recipe.name, "baseline": "sft"},
-        params={"recipe": recipe.model_dump(mode="json"), "sft": cfg.model_dump(mode="json")},
-    )
+
+def _run_steps(tracker: Tracker, uri: str, records: Path, init_model: str, cfg: SFTConfig, sft_out: Path,
+               eval_out: Path, eval_cfg: Any) -> dict[str, dict[str, Any]]:
+    """Train, then evaluate, each in its own child run; a failure fails its run and the parent."""
     summaries: dict[str, dict[str, Any]] = {}
     try:
         # Params under a prefix: the trainer logs its own arguments (learning_rate, ...)
@@ -89,10 +69,9 @@ def sft_baseline(recipe: Any, stages: Plan, cfg: SFTConfig | None = None, init_m
                 "output": str(out), "cache_hit": str(cached).lower(), "baseline": "sft"})
             try:
                 if work == "train":
-                    summary = run_sft(Path(convert.out), init_model, out, cfg, mlflow_run_id=run_id,
-                                      tracking_uri=uri)
+                    summary = run_sft(records, init_model, out, cfg, mlflow_run_id=run_id, tracking_uri=uri)
                 else:
-                    summary = run_evaluation(Path(convert.out), str(sft_out / "model"), out, eval_cfg)
+                    summary = run_evaluation(records, str(sft_out / "model"), out, eval_cfg)
             except BaseException:
                 tracker.finish(run_id, "FAILED")
                 raise
@@ -102,6 +81,36 @@ def sft_baseline(recipe: Any, stages: Plan, cfg: SFTConfig | None = None, init_m
     except BaseException:
         tracker.finish(tracker.parent_run_id, "FAILED")
         raise
+    return summaries
+
+
+def sft_baseline(recipe: Any, stages: Plan, cfg: SFTConfig | None = None, init_model: str | None = None,
+                 refresh: bool = False) -> dict[str, Any]:
+    """Train the SFT baseline on the recipe's converted records and evaluate it, in
+    ``<home>/stages/sft/<key>`` and ``<home>/stages/sft_evaluate/<key>``. Returns both
+    summaries, the folders and the MLflow parent run id."""
+    root = stages.root
+    cfg = cfg or sft_config_for(recipe)
+    convert = stages["convert"]
+    if not convert.complete:
+        raise StageError(
+            f"the SFT baseline trains on the convert stage's records, which have not been made with "
+            f"this recipe: run `embodied-r convert --recipe {recipe.name}` first"
+        )
+    init_model = init_model or recipe.training.policy
+    sft_out, eval_out, eval_cfg = _folders(recipe, stages, cfg, init_model)
+    if refresh:
+        for folder in (eval_out, sft_out):
+            for path in (folder, folder.with_name(folder.name + ".partial")):
+                shutil.rmtree(path, ignore_errors=True)
+
+    uri = tracking_uri(recipe.tracking.tracking_uri, root)
+    tracker = Tracker.open(recipe.tracking.experiment, uri, root).start_parent(
+        name=f"{recipe.name}-sft-baseline",
+        tags={"recipe": recipe.name, "baseline": "sft"},
+        params={"recipe": recipe.model_dump(mode="json"), "sft": cfg.model_dump(mode="json")},
+    )
+    summaries = _run_steps(tracker, uri, Path(convert.out), init_model, cfg, sft_out, eval_out, eval_cfg)
     evaluation = summaries["sft_evaluate"]
     tracker.log_metrics(tracker.parent_run_id, {
         k: float(v) for k, v in evaluation.items()

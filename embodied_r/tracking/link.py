@@ -172,9 +172,8 @@ class Link:
                 box.sent(done)
 
     def _drain_all(self) -> bool:
-        """Send what this process and the ended ones kept, as far as each can go (a write of an
-        ended process may wait for the id of a run another one makes: passes go on while one
-        sends something); whether this process's own writes are all sent."""
+        """Send what this process and the ended ones kept, in passes while one sends something (an ended
+        process's write may wait for a run id another makes); whether this process's own are all sent."""
         assert self.box is not None
         while self.away is None:
             moved = False

@@ -45,12 +45,9 @@ def safe_params(config: dict[str, Any]) -> dict[str, str]:
 # groups alphabetically: timings go under a name after ``reward`` so a training run opens on its
 # rewards (eval, the one group before it, is never logged by a training run).
 METRIC_GROUPS = ("train", "reward", "val", "eval", "timing", "summary")
-# MLflow 3's run list shows no metric column until one is picked, and keeps that pick in the
-# browser's local storage. A saved view keeps it in the store: an experiment tag
-# ``mlflow.sharedViewState.<id>`` holding the view (its state a JSON string of the page's
-# ``selectedColumns``...), opened by the URL parameter ``viewStateShareKey=<id>`` on the run
-# list's own address (``#/experiments/<id>/runs``: the experiment's address redirects there and
-# drops the parameter).
+# MLflow 3's run list keeps its chosen metric columns in the browser; a saved view (experiment tag
+# ``mlflow.sharedViewState.<id>``, opened by ``viewStateShareKey=<id>`` on ``#/experiments/<id>/runs``,
+# since the experiment's own address drops the parameter) keeps them in the store.
 RUN_LIST_VIEW = "headline"
 RUN_LIST_VIEW_TAG = f"mlflow.sharedViewState.{RUN_LIST_VIEW}"
 RUN_LIST_VIEW_NAME = "Headline (test accuracy %)"
@@ -98,9 +95,8 @@ def headline_metrics(final: dict[str, Any]) -> dict[str, float]:
 # completions all scored alike (their advantages are zero: GRPO learns nothing from them)
 # and the mean token entropy of the completions. Kept beside the rewards, by these names.
 EXPLORATION = {"zero_std_groups": "frac_reward_zero_std", "entropy": "entropy"}
-# The completions' mean length in tokens, as TRL logs it per step, by the name the learning
-# figures give it. The paper follows response length over training: a reasoner that stops
-# reasoning grows shorter, one padding its reasoning to game a reward grows longer.
+# The completions' mean length in tokens: a reasoner that stops reasoning grows shorter, one
+# padding its reasoning to game a reward grows longer.
 LENGTH = {"response_length": "completions/mean_length"}
 
 _TIMING_KEYS = {"train_runtime", "train_samples_per_second", "train_steps_per_second", "step_time",
@@ -109,10 +105,9 @@ _EVAL_PREFIXES = ("consistency/", "count/", "parsed/", "response_tokens/")
 
 
 def trainer_metric_name(key: str) -> str:
-    """Where one of the trainer's per-step log keys goes: ``reward/...``, ``timing/...`` or
-    ``train/...`` (TRL's flat names otherwise land in one catch-all chart group). TRL's
-    validation pass logs the same names behind ``eval_``: they go to ``val/`` under the same
-    names (``val/reward/total``, ``val/loss``), its timings to ``timing/eval_...``."""
+    """Where a trainer's per-step log key goes: ``reward/...``, ``timing/...`` or ``train/...`` (TRL's
+    flat names would land in one chart group); ``eval_`` keys of TRL's validation go to ``val/``
+    (``val/reward/total``), their timings to ``timing/eval_...``."""
     if key.startswith("eval_"):
         inner = trainer_metric_name(key[len("eval_"):])
         group, rest = inner.split("/", 1)
@@ -151,9 +146,8 @@ def stage_metrics(summary: dict[str, Any]) -> dict[str, float]:
 
 
 def stage_record(summary: dict[str, Any], as_params: bool = False) -> tuple[dict[str, float], dict[str, str]]:
-    """(metrics, params) a stage's run records from its summary: ``stage_metrics``, with the
-    ``summary/`` figures of a kind that charts per-step curves (``as_params``, its
-    ``StageKind.summary_as_params``: single figures would each add a one-point chart) as params."""
+    """(metrics, params) of a stage's run from its summary; a kind that charts per-step curves
+    (``StageKind.summary_as_params``) records its ``summary/`` figures as params, not one-point charts."""
     metrics = stage_metrics(summary)
     if not as_params:
         return metrics, {}
@@ -178,9 +172,8 @@ def numeric_metrics(summary: dict[str, Any]) -> dict[str, float]:
 
 
 HEADLINE = ("accuracy/overall", "accuracy/macro", "accuracy/paper_tasks")
-# The parameter that opens MLflow 3's "Model training" side rather than its GenAI side (traces).
-# The UI keeps the sidebar's GenAI / Model training switch in the browser and starts on GenAI,
-# whatever the experiment's kind tag says; only this parameter overrides it for one page.
+# Opens MLflow 3's "Model training" side: the UI starts on GenAI whatever the experiment's kind
+# tag says, and only this parameter overrides it for one page.
 TRAINING_VIEW = "workflowType=machine_learning"
 SIDEBAR_HINT = ("Arriving from MLflow's home page, switch the sidebar from GenAI to \"Model training\" "
                 "(the switch at its top) to see the runs; the links here open that view directly.")

@@ -96,7 +96,6 @@ def log_cached_stage(tracker: Tracker, sp: StagePlan, kind: Any, summary: dict[s
 
 
 def stage_run_ids(tracker: Tracker) -> dict[str, str]:
-    """The parent's children by stage name."""
     children = tracker.client.search_runs(
         [tracker.experiment_id], filter_string=f"tags.mlflow.parentRunId = '{tracker.parent_run_id}'")
     return {c.data.tags.get("stage", c.info.run_name): c.info.run_id for c in children}
@@ -136,9 +135,8 @@ def parent_note(*, recipe: str, status: str, final: dict[str, Any], split: str, 
                 children: dict[str, str], run_id: str = "", registered: str = "", registered_by: str = "",
                 has_curves: bool = False, prefect_url: str = "", flow_run: str = "",
                 learning: list[str] | None = None) -> str:
-    """The parent run's description: the headline accuracies and the learning block (each policy
-    beside chance, with 95 % intervals, and the verdict), the registered model, and links that
-    open the model-training view: the run list, the report, the rewards of all stages."""
+    """The parent run's description: the headline accuracies, the learning block, the registered
+    model, and links into the model-training view."""
     lines = [f"**{status}** run of recipe `{recipe}`", ""]
     heads = [f"{k.split('/', 1)[1]} **{100 * final[k]:.1f} %**" for k in HEADLINE
              if isinstance(final.get(k), (int, float))]
@@ -183,10 +181,9 @@ def _view(named: str | None, final: StagePlan, summary: dict[str, Any], selected
 
 def finish_parent(tracker: Tracker, stages: dict[str, StagePlan], cached: list[str], selected: list[str],
                   final: StagePlan | None, view: str | None, recipe: str, registered: str = "") -> None:
-    """Copy the evaluation's headline and learning figures onto the parent run, with the rewards
-    of all training stages, name it by its cache status, write its description and its report,
-    and close it. A final stage whose kind shows nothing of its own (the Embodied-Reasoner's
-    evaluation) gives the parent its ``metrics/`` figures alone."""
+    """Copy the evaluation's headline and learning figures and the stages' rewards onto the parent
+    run, name it by its cache status, write its description and report, and close it. A final
+    kind that shows nothing of its own gives the parent its ``metrics/`` figures alone."""
     summary = read_summary(Path(final.out)) if final is not None and final.complete else {}
     parent = tracker.parent_run_id or ""
     if final is not None and not view:
@@ -236,10 +233,9 @@ def flow_run_id() -> str:
 
 
 class Recorder:
-    """A run's record in MLflow from what the run loop says happens: ``run_started``, each stage
-    ``stage_started`` and ``stage_finished``, ``stage_failed`` or ``stage_cached``, and
-    ``run_finished``. With ``parent_run_id`` its stages are children of a run another flow
-    opened (and finishes). A store lost on the way is said once; the run goes on."""
+    """A run's record in MLflow from the run loop's events (``run_started``, ``stage_started``,
+    ``stage_finished``/``stage_failed``/``stage_cached``, ``run_finished``). With ``parent_run_id``
+    its stages are children of another flow's run. A store lost on the way is said once."""
 
     def __init__(self, stages: Plan, kinds: Callable[[str], Any], parent_run_id: str | None = None):
         # ``kinds``: a stage kind's declaration by name (``stage_kinds.kind_of``), which the run
@@ -265,9 +261,8 @@ class Recorder:
         return {"MLFLOW_TRACKING_URI": self.uri, "MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true"}
 
     def run_started(self, selected: list[str], refreshed: list[str], chosen: bool = False) -> None:
-        """The parent run, named by the ``chosen`` stages when the run was asked for some, holding
-        the plan as ``plan.json``; or the one a dispatching flow made (whose store, found gone, is
-        lost for this run too: the stages run untracked)."""
+        """The parent run (named by the ``chosen`` stages, holding ``plan.json``), or a dispatching flow's
+        (whose store, found gone, is lost for this run too: the stages run untracked)."""
         self.selected, self.started = selected, time.time()
         try:
             tracker = Tracker.open(self.experiment, self.uri, self.stages.root, self.outage_s)

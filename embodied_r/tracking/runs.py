@@ -60,11 +60,9 @@ class Tracker:
 
     @classmethod
     def open(cls, experiment: str, uri: str, root: Path | None = None, outage_s: float | None = None) -> "Tracker":
-        """The experiment's tracker, the store and the experiment created when missing; what
-        ended processes kept for the store is sent first. A SQLite store is first touched
-        under the home's lock: two runs starting together on a fresh home would otherwise both
-        create and migrate it, and one of them fail. A server that does not answer is named in
-        one line (``check_store``), not after minutes of the client's retries."""
+        """The experiment's tracker, store and experiment created when missing, after sending what ended
+        processes kept. A SQLite store is first touched under the home's lock (two fresh runs would
+        both migrate it, and one fail); a server that does not answer is named in one line at once."""
         check_store(uri)
         with opening(uri):
             if uri.startswith("sqlite:"):

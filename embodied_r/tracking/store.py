@@ -224,10 +224,8 @@ def fixes(uri: str) -> str:
 
 @contextmanager
 def opening(uri: str) -> Iterator[None]:
-    """A block that opens the store ``uri``: what only opening finds (a damaged database, a
-    driver's refusal) is raised as :class:`TrackingUnavailable` in one line naming the store,
-    not in SQLAlchemy's words. A full disk stays the full disk it is, and an error that is not
-    the store's (a bug of ours) goes on as it is."""
+    """A block opening the store ``uri``: what only opening finds (a damaged database, a driver's
+    refusal) is raised as one-line :class:`TrackingUnavailable`; a full disk and our own bugs go on as they are."""
     try:
         yield
     except Exception as exc:
@@ -237,10 +235,8 @@ def opening(uri: str) -> Iterator[None]:
 
 
 def check_store(uri: str, timeout_s: float = CHECK_TIMEOUT_S) -> None:
-    """Raise :class:`TrackingUnavailable`, in one line naming the fixes, when the store ``uri``
-    cannot be used: a local one that cannot be opened (``store_problem``), an HTTP one that does
-    not answer within ``timeout_s``. An HTTP server asked once, with a short timeout: MLflow's
-    client would retry a call for minutes before it raised."""
+    """Raise :class:`TrackingUnavailable`, one line naming the fixes, when store ``uri`` cannot be
+    used. An HTTP server is asked once within ``timeout_s``: MLflow's client retries for minutes."""
     if not is_remote(uri):
         if (line := opening_line(uri)) is not None:
             raise TrackingUnavailable(line)

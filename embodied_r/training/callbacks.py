@@ -1,11 +1,6 @@
-"""What a trainer child reports while it trains. A GRPO child: per-step metrics into MLflow
-(grouped by prefix, on one global step across the stages), a compact step line for the parent's
-terminal, and a table of sampled completions from several steps of the stage. An SFT child (the
-warm start, the SFT baseline): a compact step line. Neither prints the trainer's raw log dicts.
-
-TRL's own MLflow callback is not used: it logs flat names (one catch-all chart group), restarts
-the step at 1 in every stage and renames the run after the stage's short name.
-"""
+"""What a trainer child reports while it trains: per-step MLflow metrics, the step line for the
+parent's terminal and (GRPO) a table of sampled completions. TRL's own MLflow callback is not
+used: it logs flat names, restarts the step in every stage and renames the run."""
 
 from __future__ import annotations
 
@@ -115,17 +110,14 @@ def trainer_params(arguments: dict[str, Any]) -> dict[str, Any]:
     return {f"{TRAINER_PARAMS}.{k}": v for k, v in arguments.items()}
 
 
-# Step figures reach MLflow in one write per this many seconds (and at the end of training): a
-# write per step costs a store transaction, about what the tiny demo reasoner's whole step
-# costs beside its arithmetic.
+# Step figures reach MLflow once per this many seconds and at the end: a store transaction per
+# step would cost about what the tiny demo reasoner's whole step costs.
 FLUSH_SECONDS = 5.0
 
 
 class StepMetrics:
-    """A trainer's step figures on their way into an MLflow run, sent together every
-    ``every_s`` seconds and when training ends (``flush``). While the server is away they wait
-    in the outbox (``tracking.link``) and go once it answers; a batch the store refuses is a
-    warning, never a stop. A trainer killed loses at most the last ``every_s`` seconds."""
+    """A trainer's step figures into an MLflow run, sent every ``every_s`` seconds and at ``flush``;
+    they wait in the outbox while the server is away, and a refused batch is only a warning."""
 
     def __init__(self, tracker: Tracker, run_id: str, every_s: float = FLUSH_SECONDS):
         self.tracker, self.run_id, self.every_s = tracker, run_id, every_s
@@ -151,10 +143,9 @@ class StepMetrics:
 
 
 def sft_step_callback(stage: str, run_id: str | None = None, uri: str | None = None) -> Any:
-    """A TrainerCallback that prints ``STEP_MARK {json}`` for each logged SFT step and, with
-    ``run_id``, logs the step's figures into that run under the groups of ``trainer_metric_name``
-    and the trainer's arguments once as ``trainer.`` params. transformers' own MLflow callback
-    would rename the run after ``run_name`` and mix its arguments and flat metric names in."""
+    """A TrainerCallback printing ``STEP_MARK {json}`` per logged SFT step and, with ``run_id``,
+    logging its figures (``trainer_metric_name`` groups) and the trainer's arguments as
+    ``trainer.`` params; transformers' MLflow callback would rename the run and flatten the names."""
     from transformers import TrainerCallback
 
     tracker = Tracker(uri, "") if run_id and uri else None
@@ -197,6 +188,26 @@ def drop_raw_log_printers(trainer: Any) -> None:
 
     trainer.remove_callback(PrinterCallback)
     trainer.remove_callback(ProgressCallback)
+
+
+def _write_table(path: Path, rows: list[dict[str, Any]]) -> Path:
+    # The whole table is rewritten at each sample: one file, every sampled step in it.
+    columns = list(dict.fromkeys(k for row in rows for k in row))
+    data = [[row.get(c) for c in columns] for row in rows]
+    path.write_text(json.dumps({"columns": columns, "data": data}, default=str), encoding="utf-8")
+    return path
+
+
+def _log_table(tracker: Tracker, run_id: str, path: Path, step: int) -> bool:
+    """Whether the table went into the run; a lost table must not stop training."""
+    try:
+        tracker.log_table(run_id, path)
+        return True
+    except TrackingLost:
+        return False
+    except Exception as exc:  # noqa: BLE001 - a lost table must not stop training
+        log.warning("could not log the completions table at step %d: %s", step, exc)
+        return False
 
 
 def reporting_callback(stage: str, stage_index: int, offset: int, run_id: str | None, uri: str | None,
@@ -246,19 +257,7 @@ def reporting_callback(stage: str, stage_index: int, offset: int, run_id: str | 
             sample = {"stage": [stage] * n, "global_step": [offset + step] * n, **sample}
             self.rows += [dict(zip(sample, values)) for values in zip(*sample.values())]
             self.table_steps.append(step)
-            if tracker is None:
-                return
-            # The whole table is rewritten at each sample: one file, every sampled step in it.
-            path = work / TABLE_FILE
-            columns = list(dict.fromkeys(k for row in self.rows for k in row))
-            data = [[row.get(c) for c in columns] for row in self.rows]
-            path.write_text(json.dumps({"columns": columns, "data": data}, default=str), encoding="utf-8")
-            try:
-                tracker.log_table(run_id, path)
+            if tracker is not None and _log_table(tracker, run_id, _write_table(work / TABLE_FILE, self.rows), step):
                 self.tables += 1
-            except TrackingLost:
-                pass
-            except Exception as exc:  # noqa: BLE001 - a lost table must not stop training
-                log.warning("could not log the completions table at step %d: %s", step, exc)
 
     return Reporting()

@@ -1,12 +1,5 @@
-"""Where and how a trainer process runs: the training interpreter, ``accelerate launch`` and
-its configs, and the parent side that streams the child's output and progress.
-
-Each GRPO stage and the SFT baseline train in a child process (``python -m MODULE SPEC``,
-under ``accelerate launch`` when asked): the trainer owns the GPUs, DeepSpeed and its
-memory, and a crash leaves the parent able to report it. The child may run in another
-Python environment than the orchestrator (``python``), for example one that holds vLLM and
-DeepSpeed (``infra/training/requirements.txt``).
-"""
+"""Where and how a trainer child runs: the training interpreter, ``accelerate launch`` and its
+configs, and the parent side that streams the child's output and progress."""
 
 from __future__ import annotations
 
@@ -157,7 +150,6 @@ class TrainerEnvironment(BaseModel):
         return self
 
     def deepspeed(self) -> bool:
-        """Whether the trainer runs under DeepSpeed (its accelerate config says so)."""
         return bool(self.accelerate_config) and zero_stage(resolve_config_file(self.accelerate_config)) is not None
 
     def accelerate_processes(self) -> int | None:
@@ -168,14 +160,10 @@ class TrainerEnvironment(BaseModel):
         return None
 
     def bf16_weights(self, bf16: bool) -> bool:
-        """Whether the policy's weights load in bfloat16 when training runs in bf16.
-
-        Only where an fp32 copy is kept elsewhere: DeepSpeed's bf16 optimizer holds fp32
-        master weights, and with LoRA the base is frozen while peft keeps the adapters in
-        fp32. A plain AdamW (one process or DDP) steps the very weights it is given, and a
-        bf16 weight keeps 8 bits of mantissa: an update below about 1/256 of the weight,
-        as every update at lr 5e-7 is, rounds away. There the weights stay fp32 and bf16
-        is autocast mixed precision."""
+        """Whether the policy's weights load in bfloat16 when training runs in bf16: only where an fp32
+        copy is kept (DeepSpeed's bf16 optimizer, LoRA's fp32 adapters). A plain AdamW steps the
+        weights it is given, and a bf16 weight rounds away updates below ~1/256 of it (every update
+        at lr 5e-7), so there the weights stay fp32 under autocast."""
         return bf16 and (self.lora is not None or self.deepspeed())
 
     def interpreter(self) -> str:

@@ -1,11 +1,5 @@
-"""Learning figures from a trainer's log history: does a stage raise the rewards it weights (an
-SFT run: its token accuracy)?
-
-The trainer logs one entry per step (``reward``, ``rewards/<name>/mean``, ``kl``, ...). A
-stage learns when the mean of each weighted reward over the last quarter of its steps is
-above the mean over the first quarter; single steps are too noisy to compare. Pure
-functions: they read a history list and return plain dicts.
-"""
+"""Learning figures from a trainer's log history: does a stage raise the rewards it weights (an SFT
+run: its token accuracy), comparing last-quarter to first-quarter means (single steps are too noisy)."""
 
 from __future__ import annotations
 
@@ -19,11 +13,8 @@ QUARTER = 0.25
 
 
 def reward_series(history: Iterable[dict[str, Any]], reward_names: Iterable[str]) -> dict[str, list[tuple[int, float]]]:
-    """(step, value) of the total reward, of each named reward and of the ``EXPLORATION`` and
-    ``LENGTH`` figures, one point per logged step.
-
-    Entries without a finite value for a series (the run's closing summary, a reward left
-    unscored) are skipped for that series only."""
+    """(step, value) of the total reward, each named reward, ``EXPLORATION`` and ``LENGTH``, one per
+    logged step; an entry without a finite value is skipped for that series only."""
     keys = {"reward": "reward", **{name: f"rewards/{name}/mean" for name in reward_names}, **EXPLORATION, **LENGTH}
     series: dict[str, list[tuple[int, float]]] = {name: [] for name in keys}
     for entry in history:
@@ -50,11 +41,8 @@ def first_last(values: list[float], fraction: float = QUARTER) -> tuple[float | 
 
 def quarter_stats(history: Iterable[dict[str, Any]], reward_names: Iterable[str],
                   fraction: float = QUARTER) -> dict[str, dict[str, float | None]]:
-    """Per reward: mean over the first and over the last ``fraction`` of its logged steps.
-
-    A quarter holds at least one step; with fewer than two steps first and last are the
-    same step, which says nothing about learning, and ``steps`` says how many there were.
-    """
+    """Per reward: mean over the first and the last ``fraction`` of its logged steps (at least one
+    step each, so under two steps they coincide; ``steps`` says how many there were)."""
     if not 0 < fraction <= 0.5:
         raise ValueError(f"fraction must be in (0, 0.5], got {fraction}")
     out: dict[str, dict[str, float | None]] = {}
