@@ -172,6 +172,21 @@ def test_modules_stay_readable(limit):
     assert not long, f"modules above {limit} lines: {long}"
 
 
+def test_each_module_says_what_it_owns_in_at_most_four_lines():
+    """The architecture is told once, in docs/architecture.md: a module's docstring only says
+    what the module owns."""
+    import ast
+
+    said = {}
+    for p in [*ROOT.rglob("*.py"), *(ROOT.parent / "flows").glob("*.py"), *(ROOT.parent / "tasks").glob("*.py")]:
+        doc = ast.parse(p.read_text()).body[:1]
+        if not (doc and isinstance(doc[0], ast.Expr) and isinstance(doc[0].value, ast.Constant)):
+            said[str(p.relative_to(ROOT.parent))] = "none"
+        elif (n := doc[0].end_lineno - doc[0].lineno + 1) > 4:
+            said[str(p.relative_to(ROOT.parent))] = f"{n} lines"
+    assert not said, f"module docstrings missing or longer than 4 lines: {said}"
+
+
 def test_modules_named_in_strings_exist():
     """A module reached by name (a stage runner, a trainer child, the demo's code that the
     backends import by name) must exist: one that was moved or renamed would otherwise drop
