@@ -289,7 +289,7 @@ def _group(label: str) -> str | None:
 
 
 def download_part(home_stages: dict[str, Any], scratch: Path) -> dict[str, Any]:
-    from embodied_r.runners import runner
+    from embodied_r.code_keys import runner
     from embodied_r.stage_kinds import kind_of
 
     sp = home_stages["download"]

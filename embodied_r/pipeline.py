@@ -7,7 +7,7 @@ from typing import Any
 
 from embodied_r.config import recipe_pipeline
 from embodied_r.paths import home as default_home
-from embodied_r.runners import runner
+from embodied_r.code_keys import runner
 from embodied_r.stage_kinds import kind_of, kinds
 from embodied_r.stage_plan import Plan, StagePlan, plan_stages
 

@@ -13,7 +13,7 @@ from typing import Any, Callable, Iterable, Literal, Mapping
 from embodied_r.errors import StageError
 from embodied_r.io import is_complete, payload_key
 from embodied_r.settings import result_settings
-from embodied_r.runners import code_version, extra_key
+from embodied_r.code_keys import code_version, extra_key
 
 Pool = Literal["cpu", "gpu-infer", "gpu-train"]
 # Which figure a stage's done line leads with: an evaluation's accuracy, a trainer's steps

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from embodied_r.runners import ROOT, _is_module, imports_of, launches_of, module_version, named_module, tables_of
+from embodied_r.code_keys import ROOT, _is_module, imports_of, launches_of, module_version, named_module, tables_of
 from embodied_r.stage_kinds import KINDS
 
 # Modules at the top of the package that every stage may use.
-FOUNDATION = {"io", "paths", "progress", "schemas", "benchmarks", "tracking", "runners", "errors", "redaction",
+FOUNDATION = {"io", "paths", "progress", "schemas", "benchmarks", "tracking", "code_keys", "errors", "redaction",
               "children", "settings", "stage_plan", "merge", "shards", "explain"}
 # What each sub-package (or top-level module) may import besides itself and the foundation.
 ALLOWED: dict[str, set[str]] = {
@@ -219,7 +219,7 @@ def test_the_demo_is_reached_by_name_only():
 
 
 def test_a_module_that_does_not_exist_has_no_version():
-    assert len(module_version("runners")) == 64
+    assert len(module_version("code_keys")) == 64
     with pytest.raises(ValueError, match="no library module 'embodied_r.apps.baselines'"):
         module_version("apps.baselines")
 
@@ -315,7 +315,7 @@ def test_a_declared_kind_is_planned_where_the_list_puts_it(tmp_path: Path, monke
     from embodied_r import stage_kinds
     from embodied_r.config import load_recipe
     from embodied_r.pipeline import plan
-    from embodied_r.runners import stage_modules
+    from embodied_r.code_keys import stage_modules
     from embodied_r.stage_plan import StageKind
 
     extra = StageKind("planted", "embodied_r.data.catalog:run_stage", "cpu", "a planted stage",

@@ -15,8 +15,8 @@ import traceback
 
 import pytest
 
-from embodied_r import runners
-from embodied_r.runners import PACKAGE, ROOT
+from embodied_r import code_keys
+from embodied_r.code_keys import PACKAGE, ROOT
 from tests.test_architecture import library_modules
 from tests.test_code_keys import keys
 
@@ -69,7 +69,7 @@ def test_code_keys_are_read_while_other_threads_format_tracebacks():
         while time.monotonic() < until and not failed:
             filename, source = sources[parsed % len(sources)]
             try:
-                runners._parse(source, filename)
+                code_keys._parse(source, filename)
             except SystemError as exc:
                 failed.append(f"{filename}: {exc}")
             parsed += 1
@@ -85,36 +85,36 @@ def test_code_keys_are_read_while_other_threads_format_tracebacks():
 def counted(monkeypatch):
     """The files parsed, by path, since the fixture began."""
     parsed: list[str] = []
-    real = runners._parse
-    monkeypatch.setattr(runners, "_parse", lambda source, filename: parsed.append(filename) or real(source, filename))
+    real = code_keys._parse
+    monkeypatch.setattr(code_keys, "_parse", lambda source, filename: parsed.append(filename) or real(source, filename))
     return parsed
 
 
 @pytest.fixture
 def fresh_home(tmp_path, monkeypatch):
     monkeypatch.setenv("EMBODIED_R_HOME", str(tmp_path / "home"))
-    runners.reread()
+    code_keys.reread()
     yield tmp_path / "home"
-    runners.reread()
+    code_keys.reread()
 
 
 def test_a_warm_cache_parses_nothing_and_keys_as_a_fresh_read(fresh_home, counted):
     """Every stage of every shipped recipe keyed, and every module hashed, from a cold cache, then
     warm in a fresh read: the same keys and versions, and the second read parses no file."""
-    cold = keys(fresh_home), {m: runners.module_version(m) for m in library_modules()}
-    assert len(set(counted)) == len(library_modules()) and runners._cache_file().is_file()
-    assert str(runners._cache_file()).endswith(f"{sys.implementation.cache_tag}.json")
-    runners.reread()
+    cold = keys(fresh_home), {m: code_keys.module_version(m) for m in library_modules()}
+    assert len(set(counted)) == len(library_modules()) and code_keys._cache_file().is_file()
+    assert str(code_keys._cache_file()).endswith(f"{sys.implementation.cache_tag}.json")
+    code_keys.reread()
     counted.clear()
-    assert (keys(fresh_home), {m: runners.module_version(m) for m in library_modules()}) == cold
+    assert (keys(fresh_home), {m: code_keys.module_version(m) for m in library_modules()}) == cold
     assert counted == []
 
 
 def test_a_cache_written_by_another_version_of_the_reader_is_not_read(fresh_home, counted, monkeypatch):
     keys(fresh_home, {"smoke"})
-    runners.reread()
+    code_keys.reread()
     counted.clear()
-    monkeypatch.setattr(runners, "_analyser", lambda: "another")
+    monkeypatch.setattr(code_keys, "_analyser", lambda: "another")
     keys(fresh_home, {"smoke"})
     assert len(counted) > 50
 
@@ -125,25 +125,25 @@ def test_a_changed_file_is_read_again_and_only_it(fresh_home, counted, tmp_path,
     moves only where its code did."""
     copy = tmp_path / PACKAGE
     shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns("__pycache__", "recipes"))
-    monkeypatch.setattr(runners, "ROOT", copy)
-    runners.reread()
-    before = {m: runners.module_version(m) for m in library_modules()}
-    runners.reread()
+    monkeypatch.setattr(code_keys, "ROOT", copy)
+    code_keys.reread()
+    before = {m: code_keys.module_version(m) for m in library_modules()}
+    code_keys.reread()
     counted.clear()
-    assert {m: runners.module_version(m) for m in library_modules()} == before and counted == []
+    assert {m: code_keys.module_version(m) for m in library_modules()} == before and counted == []
 
     longer, touched = copy / "progress.py", copy / "paths.py"
     # A module-level number's last digit changed: the same size, other code.
-    same_size, line = next((p, line) for p in sorted(copy.glob("*.py")) if p.name != "runners.py"
+    same_size, line = next((p, line) for p in sorted(copy.glob("*.py")) if p.name != "code_keys.py"
                            for line in p.read_text().splitlines() if re.fullmatch(r"[A-Z_]+ = \d+", line))
     stamp = os.stat(same_size).st_mtime_ns
     longer.write_text(longer.read_text() + "\n_planted = 1\n")
     same_size.write_text(same_size.read_text().replace(line, line[:-1] + str((int(line[-1]) + 1) % 10), 1))
     os.utime(same_size, ns=(stamp + 1_000_000, stamp + 1_000_000))
     os.utime(touched, ns=(stamp + 2_000_000, stamp + 2_000_000))
-    runners.reread()
+    code_keys.reread()
     counted.clear()
-    after = {m: runners.module_version(m) for m in library_modules()}
+    after = {m: code_keys.module_version(m) for m in library_modules()}
     assert sorted(counted) == sorted(str(p) for p in (longer, same_size, touched))
     assert {m for m in after if after[m] != before[m]} == {f"{PACKAGE}.progress", f"{PACKAGE}.{same_size.stem}"}
 
@@ -153,6 +153,6 @@ def test_a_home_that_cannot_be_written_keys_the_same(fresh_home, counted):
     fresh_home.mkdir(parents=True)
     (fresh_home / "cache").write_text("a file where the cache folder belongs")
     first = keys(fresh_home, {"smoke"})
-    runners.reread()
+    code_keys.reread()
     counted.clear()
     assert keys(fresh_home, {"smoke"}) == first and counted

@@ -1,6 +1,6 @@
 """A stage's code key follows the code that stage runs, for the recipe that runs it: every
 stage of every shipped recipe of both pipelines, planned with real source changes planted in
-the library (a change is hashed as it would be read from disk, ``runners.source_version``)."""
+the library (a change is hashed as it would be read from disk, ``code_keys.source_version``)."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from embodied_r import runners
+from embodied_r import code_keys
 from embodied_r.config import available_recipes, load_recipe
 from embodied_r.config import REASONER_RECIPES, load_reasoner
 from embodied_r.pipeline import plan
-from embodied_r.runners import PACKAGE, ROOT, source_version, stage_modules
+from embodied_r.code_keys import PACKAGE, ROOT, source_version, stage_modules
 from embodied_r.stage_kinds import kind_of
 from tests.test_architecture import library_modules
 
@@ -47,7 +47,7 @@ def keys(home: Path, recipes: set[str] | None = None) -> dict[tuple[str, str], s
 
 
 def _source(module: str) -> str:
-    return runners._source(module).read_text()
+    return code_keys._source(module).read_text()
 
 
 class _Planted(ast.NodeTransformer):
@@ -81,16 +81,16 @@ def moved(tmp_path, monkeypatch):
     """``moved(changes)``: the (recipe, stage) pairs whose key moves when the modules given as
     ``{module: new source}`` hold that source."""
     base = keys(tmp_path)
-    real = runners.module_version
+    real = code_keys.module_version
 
     def run(changes: dict[str, str], recipes: set[str] | None = None) -> set[tuple[str, str]]:
         versions = {m: source_version(text) for m, text in changes.items()}
-        monkeypatch.setattr(runners, "module_version", lambda name: versions.get(
+        monkeypatch.setattr(code_keys, "module_version", lambda name: versions.get(
             name if name.startswith(PACKAGE) else f"{PACKAGE}.{name}") or real(name))
         try:
             return {k for k, v in keys(tmp_path, recipes).items() if base[k] != v}
         finally:
-            monkeypatch.setattr(runners, "module_version", real)
+            monkeypatch.setattr(code_keys, "module_version", real)
 
     return run
 
@@ -118,16 +118,16 @@ def test_no_comment_docstring_or_layout_moves_a_key(tmp_path, monkeypatch):
     shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns("__pycache__", "recipes"))
     for path in copy.rglob("*.py"):
         path.write_text(_docs_and_comments_changed(path.read_text()))
-    versions = {m: runners.module_version(m) for m in library_modules()}
-    monkeypatch.setattr(runners, "ROOT", copy)
-    runners.reread()
+    versions = {m: code_keys.module_version(m) for m in library_modules()}
+    monkeypatch.setattr(code_keys, "ROOT", copy)
+    code_keys.reread()
     try:
         assert (copy / "io.py").read_text() != (ROOT / "io.py").read_text()
-        assert [m for m in versions if runners.module_version(m) != versions[m]] == []
+        assert [m for m in versions if code_keys.module_version(m) != versions[m]] == []
         assert keys(tmp_path / "home") == base
     finally:
         monkeypatch.undo()
-        runners.reread()
+        code_keys.reread()
 
 
 def test_a_real_change_in_any_module_moves_its_version():
@@ -136,7 +136,7 @@ def test_a_real_change_in_any_module_moves_its_version():
     same = []
     for module in library_modules():
         tree = ast.parse(_source(module))
-        docstrings = runners._docstrings(tree)
+        docstrings = code_keys._docstrings(tree)
         constants = [n for n in ast.walk(tree) if isinstance(n, ast.Constant) and type(n.value) in (int, str)
                      and id(n) not in docstrings]
         if not constants:
@@ -144,7 +144,7 @@ def test_a_real_change_in_any_module_moves_its_version():
         else:
             constants[-1].value = constants[-1].value + 1 if isinstance(constants[-1].value, int) else "planted"
             changed = ast.unparse(tree)
-        if source_version(changed) == runners.module_version(module):
+        if source_version(changed) == code_keys.module_version(module):
             same.append(module)
     assert not same, same
 
@@ -237,12 +237,12 @@ def _callees(module: str, function: str, depth: int = 1) -> frozenset[tuple[str,
     body = next(n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name == function)
     found = {(module, function)}
     for node in ast.walk(body):
-        named = runners.named_module(node.value) if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
-        if named and runners._source(named):
+        named = code_keys.named_module(node.value) if isinstance(node, ast.Constant) and isinstance(node.value, str) else None
+        if named and code_keys._source(named):
             # A module started by name runs whole; a ``module:function`` hook runs that function.
             found.add((named, node.value.partition(":")[2] or "*"))
         name = node.func.id if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) else None
-        if runners._source(bound.get(name, "")) and any(
+        if code_keys._source(bound.get(name, "")) and any(
                 isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name == name for n in _tree(bound[name]).body):
             found |= _callees(bound[name], name, depth - 1) if depth else {(bound[name], name)}
     return frozenset(found)

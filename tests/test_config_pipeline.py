@@ -121,17 +121,17 @@ TRAIN_AND_AFTER = ["train_stage1", "train_stage2", "train_stage3", "evaluate", "
 ])
 def test_changing_a_module_changes_the_keys_of_the_stages_that_run_it_and_after(tmp_path, monkeypatch,
                                                                                 module, changed):
-    from embodied_r import runners
+    from embodied_r import code_keys
 
     recipe = load_recipe("smoke")
     base = plan(recipe, tmp_path)
-    real = runners.module_version
+    real = code_keys.module_version
 
     def edited(name: str) -> str:
         full = name if name.startswith("embodied_r") else f"embodied_r.{name}"
         return "edited" if full == module else real(name)
 
-    monkeypatch.setattr(runners, "module_version", edited)
+    monkeypatch.setattr(code_keys, "module_version", edited)
     after = plan(recipe, tmp_path)
     assert [n for n in base if base[n].key != after[n].key] == changed
 

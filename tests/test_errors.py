@@ -8,7 +8,7 @@ import builtins
 import typing
 
 from embodied_r import errors
-from embodied_r.runners import ROOT
+from embodied_r.code_keys import ROOT
 
 # Signals caught where they are raised, never shown to a user as an error: a reply that is no
 # result (retried, then the item's failure) and the checks' verdicts.

@@ -15,7 +15,7 @@ from embodied_r import stage_plan
 from embodied_r.evaluation.stage import question_set
 from embodied_r.interactive.download import fingerprint
 from embodied_r.io import KEY_HEX, keyed_folder, payload_key, text_key
-from embodied_r.runners import PACKAGE, ROOT
+from embodied_r.code_keys import PACKAGE, ROOT
 from embodied_r.stage_kinds import KINDS, kind_of
 
 # -- the helper keeps the keys the pipeline and the side caches had ------------------------

@@ -205,7 +205,7 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     from embodied_r.config import load_recipe
     from embodied_r.io import damaged_outputs
     from embodied_r.pipeline import plan
-    from embodied_r.runners import stage_modules
+    from embodied_r.code_keys import stage_modules
     from embodied_r.stage_kinds import kind_of
 
     stages = plan(load_recipe(args.recipe, _all_overrides(args) or None))

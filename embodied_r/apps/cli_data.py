@@ -89,7 +89,7 @@ def _raw_key(raw: Path, catalog_cfg: Any) -> str:
     from embodied_r.benchmarks.registry import BENCHMARKS
     from embodied_r.io import text_key
     from embodied_r.data.config import PREPROCESS
-    from embodied_r.runners import code_version
+    from embodied_r.code_keys import code_version
 
     lines = [f"{raw}\n{catalog_cfg.model_dump_json()}\n{code_version(PREPROCESS.runner)}\n"]
     for benchmark in BENCHMARKS:

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from embodied_r import runners
+from embodied_r import code_keys
 from embodied_r.benchmarks import registry
 from embodied_r.benchmarks.base import Benchmark
 from embodied_r.data import hub as download_hub
@@ -106,8 +106,8 @@ def _from_folder(root: Path, cfg: DownloadConfig, work: Path) -> dict[str, dict]
 
 def generator_version() -> str:
     """A hash of the synthetic generator's code and the benchmark layouts it writes."""
-    modules = runners.closure(make_synthetic_benchmark.__module__, frozenset({"synthetic"}))
-    return runners.modules_version([m for m in modules if m.startswith(("embodied_r.synthetic", "embodied_r.benchmarks"))])
+    modules = code_keys.closure(make_synthetic_benchmark.__module__, frozenset({"synthetic"}))
+    return code_keys.modules_version([m for m in modules if m.startswith(("embodied_r.synthetic", "embodied_r.benchmarks"))])
 
 
 def _synthetic_root(cfg: DownloadConfig, sources_root: Path) -> Path:

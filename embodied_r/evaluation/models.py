@@ -14,7 +14,7 @@ from embodied_r.benchmarks.registry import EVALUATION_BENCHMARKS
 from embodied_r.evaluation.config import EVALUATE, EvaluationConfig
 from embodied_r.evaluation.stage import read_split, resolve_model_ref, run_evaluation
 from embodied_r.io import keyed_folder
-from embodied_r.runners import code_version, module_version
+from embodied_r.code_keys import code_version, module_version
 
 
 def evaluation_folder(root: Path, kind: str, identity: dict[str, Any], cfg: BaseModel) -> Path:

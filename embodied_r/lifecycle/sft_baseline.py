@@ -12,7 +12,7 @@ from embodied_r.evaluation.config import EVALUATE
 from embodied_r.evaluation.stage import run_evaluation
 from embodied_r.io import is_complete, payload_key
 from embodied_r.pipeline import Plan
-from embodied_r.runners import closure, code_version, modules_version, said
+from embodied_r.code_keys import closure, code_version, modules_version, said
 from embodied_r.tracking.runs import Tracker, record_stage
 from embodied_r.tracking.store import tracking_uri
 from embodied_r.training.config import SFTConfig

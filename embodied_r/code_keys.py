@@ -1,7 +1,6 @@
-"""The registry of stage runners (``module:function`` in the stage kinds' table), and each stage's
-code key: the digest, less docstrings, of every library module its runner reaches for its config
-and inputs (imports, modules named in strings, the ``BY_NAME`` entries its words pick), kept on
-disk by file size and mtime so that a plan on unchanged code parses nothing."""
+"""Each stage's code key: the digest, less docstrings, of every library module its runner reaches
+for its config and inputs (imports, modules named in strings, the ``BY_NAME`` entries its words
+pick), kept on disk by file size and mtime; and a runner (``module:function``) resolved by name."""
 
 from __future__ import annotations
 
