@@ -21,7 +21,7 @@ from embodied_r.backends.base import BackendConfig, Generation
 from embodied_r.backends.factory import make_backend
 from tests.servers import ChatStub, StubReply, completion, serve_on_free_port
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

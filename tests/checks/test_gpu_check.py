@@ -12,10 +12,10 @@ from embodied_r.checks import gpu as gpu_check
 from embodied_r.apps.cli import main
 
 JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" tests="3">
-<testcase classname="tests.test_training_gpu" name="test_vllm_colocated_rollouts" time="0.01">
+<testcase classname="tests.training.test_training_gpu" name="test_vllm_colocated_rollouts" time="0.01">
   <skipped type="pytest.skip" message="the training environment (/x/python) lacks vllm">skip</skipped></testcase>
-<testcase classname="tests.test_backends" name="test_transformers_on_gpu" time="3.20"/>
-<testcase classname="tests.test_training_gpu" name="test_deepspeed_zero3_stage" time="1.50">
+<testcase classname="tests.backends.test_backends" name="test_transformers_on_gpu" time="3.20"/>
+<testcase classname="tests.training.test_training_gpu" name="test_deepspeed_zero3_stage" time="1.50">
   <failure message="RuntimeError: CUDA error:&#10;device-side assert">trace</failure></testcase>
 </testsuite></testsuites>"""
 
@@ -25,9 +25,9 @@ def test_gpu_tests_and_checks_make_one_table_and_a_closing_line(tmp_path: Path) 
     report.write_text(JUNIT)
     rows = gpu_check.rows_from_junit(report)
     assert [(r.name, r.status) for r in rows] == [
-        ("tests/test_training_gpu.py::test_vllm_colocated_rollouts", "skipped"),
-        ("tests/test_backends.py::test_transformers_on_gpu", "passed"),
-        ("tests/test_training_gpu.py::test_deepspeed_zero3_stage", "failed")]
+        ("tests/training/test_training_gpu.py::test_vllm_colocated_rollouts", "skipped"),
+        ("tests/backends/test_backends.py::test_transformers_on_gpu", "passed"),
+        ("tests/training/test_training_gpu.py::test_deepspeed_zero3_stage", "failed")]
     assert rows[0].detail == "the training environment (/x/python) lacks vllm"
     assert rows[2].detail == "RuntimeError: CUDA error: device-side assert"
     rows.append(gpu_check.Row("policy", gpu_check.CHECKS["policy"], "passed", "17.0 s/step after the first", 40.0))
@@ -73,8 +73,8 @@ def test_the_checks_run_on_the_cpu_each_in_its_own_process(tmp_path: Path, capsy
 
     # The GPU-marked tests through pytest's own report: here, each skipped with its reason.
     tests = gpu_check.run_gpu_tests(tmp_path)
-    assert "tests/test_training_gpu.py::test_vllm_colocated_rollouts" in {r.name for r in tests}
-    assert "tests/test_gpu_check.py::test_gpu_check_whole" in {r.name for r in tests}
+    assert "tests/training/test_training_gpu.py::test_vllm_colocated_rollouts" in {r.name for r in tests}
+    assert "tests/checks/test_gpu_check.py::test_gpu_check_whole" in {r.name for r in tests}
     assert all(r.status == "skipped" and r.detail for r in tests), tests
 
     assert main(["check", "gpu", "--device", "cpu", "--no-tests", "--only", "policy", "--recipe", "no-such-recipe",

@@ -8,7 +8,7 @@ import pytest
 
 from embodied_r.benchmarks import urbanvideo, vsibench
 
-REAL_MCQ = Path(__file__).resolve().parents[2] / "shared" / "benchmarks" / "urbanvideo-bench" / "MCQ.parquet"
+REAL_MCQ = Path(__file__).resolve().parents[3] / "shared" / "benchmarks" / "urbanvideo-bench" / "MCQ.parquet"
 needs_real = pytest.mark.skipif(not REAL_MCQ.is_file(), reason=f"real MCQ.parquet not found at {REAL_MCQ} "
                                 "(it sits in ../shared beside a project checkout)")
 

@@ -34,7 +34,7 @@ from embodied_r.data.hub import needed_files
 from embodied_r.errors import DataSourceError
 from embodied_r.settings import operational_fields
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SHA = {"EmbodiedCity/UrbanVideo-Bench": "a" * 40, "nyu-visionx/VSI-Bench": "b" * 40}
 
 

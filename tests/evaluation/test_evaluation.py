@@ -356,7 +356,7 @@ def test_killed_evaluation_resumes_to_the_uninterrupted_result(tmp_path: Path) -
                 "from embodied_r.evaluation.config import EvaluationConfig\n"
                 f"run_evaluation(Path({str(records)!r}), 'policy', Path({str(out)!r}),\n"
                 f"               EvaluationConfig.model_validate_json({cfg.model_dump_json()!r}))\n")
-        root = Path(__file__).resolve().parents[1]
+        root = Path(__file__).resolve().parents[2]
         proc = subprocess.Popen([sys.executable, "-c", code], cwd=root, env={**os.environ, "PYTHONPATH": str(root)},
                                 start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         items = partial_path(out) / "items.jsonl"

@@ -13,7 +13,7 @@ from embodied_r.config import backend_problems, load_recipe
 from embodied_r.errors import RecipeError
 from embodied_r.evaluation.released import HubFolder, parse_hub_folder
 from embodied_r.pipeline import plan
-from tests.test_prompts_import import imported
+from tests.prompts.test_prompts_import import imported
 
 
 def test_it_validates_here_and_shows_its_settings(capsys: pytest.CaptureFixture[str]) -> None:

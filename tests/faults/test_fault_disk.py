@@ -21,7 +21,7 @@ from typing import Callable, Iterator
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NO_MOUNT = "mounting a tmpfs needs root (or CAP_SYS_ADMIN) here; a full disk cannot be made for real otherwise"
 NO_READ_ONLY = "a read-only bind mount needs root (or CAP_SYS_ADMIN) here; chmod alone does not stop root"
 
@@ -146,7 +146,7 @@ FILL_AT_PREPROCESS = """
 import sys
 from pathlib import Path
 import tasks.stages as stages
-from tests.test_fault_disk import fill
+from tests.faults.test_fault_disk import fill
 announce = stages._announce
 def at(sp, event, *args, **kwargs):
     if sp.name == "preprocess" and event == "started":

@@ -26,9 +26,9 @@ import pytest
 
 from embodied_r.apps.cli import main
 from tests.servers import background, free_port, serve_on_free_port
-from tests.test_interrupts import _cli, _env, _run
+from tests.flows.test_interrupts import _cli, _env, _run
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MLFLOW = Path(sys.executable).parent / "mlflow"
 # The smoke recipe with one GRPO stage: the same plumbing, two trainer launches fewer a run.
 ONE_STAGE = ["--set", "training.stages=[{name: stage1, epochs: 1, rewards: {format: 0.7, accuracy: 0.3, "

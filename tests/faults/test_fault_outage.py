@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from tests.servers import free_port, wait_http
-from tests.test_interrupts import ROOT, _cli, _env, _run
+from tests.flows.test_interrupts import ROOT, _cli, _env, _run
 
 MLFLOW = Path(sys.executable).parent / "mlflow"
 # The smoke recipe with one GRPO stage and fewer, shorter videos: the same plumbing, quicker.

@@ -26,9 +26,9 @@ from embodied_r.pipeline import plan
 from embodied_r.training.records import run_records
 from embodied_r.training.records_config import RecordsConfig
 from tests.servers import ChatStub, StubReply, completion
-from tests.test_perception import make_inputs
-from tests.test_perception_http import reply_for, stage_cfg
-from tests.test_records import VIDEO, catalog_row, write_inputs
+from tests.perception.test_perception import make_inputs
+from tests.perception.test_perception_http import reply_for, stage_cfg
+from tests.training.test_records import VIDEO, catalog_row, write_inputs
 
 CONVERSATION = [{"role": "user", "content": "hi"}]
 

@@ -19,7 +19,7 @@ from embodied_r.backends.base import BackendConfig
 from embodied_r.redaction import redact
 from tests.servers import ChatStub, StubReply
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 KEY_ENV = "EMBODIED_R_TEST_ECHOED_KEY"
 HEX_KEY = "3f9a0c6e1b7d42a8e5c0f1d2b3a49687"
 JWT_KEY = ("eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9.eyJzdWIiOiJlbWJvZGllZC1yIiwiaWF0IjoxNzAwMDAwMDAwfQ"

@@ -26,7 +26,7 @@ import pytest
 from embodied_r.apps import cli
 from embodied_r.errors import causes
 from tests.servers import free_port
-from tests.test_fault_disk import CLASS_NAME, _cli, _env, ro_folder  # noqa: F401 - a fixture
+from tests.faults.test_fault_disk import CLASS_NAME, _cli, _env, ro_folder  # noqa: F401 - a fixture
 
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from embodied_r.apps.cli import main
-from tests.test_fault_disk import CLASS_NAME, _cli, _env, ro_folder  # noqa: F401 - a fixture
+from tests.faults.test_fault_disk import CLASS_NAME, _cli, _env, ro_folder  # noqa: F401 - a fixture
 
 @pytest.fixture
 def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:

@@ -28,8 +28,8 @@ from embodied_r.perception.stage import run_perception
 from embodied_r.redaction import redact
 from tests.killing import cut_short, write_checkpoints
 from tests.servers import ChatStub, StubReply, completion
-from tests.test_perception import make_inputs
-from tests.test_perception_http import RecordingServer, stage_cfg
+from tests.perception.test_perception import make_inputs
+from tests.perception.test_perception_http import RecordingServer, stage_cfg
 
 CONVERSATION = [{"role": "user", "content": "hi"}]
 
@@ -268,7 +268,7 @@ with stage_folder(sys.argv[1]) as work:
 
 def test_a_second_run_on_a_stage_fails_at_once_or_waits(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     final = tmp_path / "stages" / "perception" / "abc"
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(final)], stdout=subprocess.PIPE, text=True, env=env)
     try:
         assert holder.stdout.readline().strip() == "held"
@@ -301,7 +301,7 @@ time.sleep(120)
 
 
 def test_children_die_with_a_killed_parent(tmp_path: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     parent = subprocess.Popen([sys.executable, "-c", PARENT], stdout=subprocess.PIPE, text=True, env=env)
     child = int(parent.stdout.readline())
     parent.send_signal(signal.SIGKILL)
@@ -375,7 +375,7 @@ def test_evaluation_counts_failed_calls_as_wrong(tmp_path: Path) -> None:
     from embodied_r.evaluation.stage import run_evaluation
     from embodied_r.training.records import run_records
     from embodied_r.training.records_config import RecordsConfig
-    from tests.test_records import VIDEO, catalog_row, write_inputs
+    from tests.training.test_records import VIDEO, catalog_row, write_inputs
 
     rows = [catalog_row(f"urbanvideo:{i}", "test", answer="A") for i in range(6)]
     catalog, perception = write_inputs(tmp_path, rows, {r["uid"]: VIDEO for r in rows})

@@ -15,7 +15,7 @@ import pytest
 from embodied_r.apps.cli import build_parser, main
 from embodied_r.errors import DiskSpaceError, StageBusy
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _err(capsys: pytest.CaptureFixture[str]) -> str:
@@ -102,7 +102,7 @@ def test_a_model_folder_that_does_not_exist_is_named(tmp_path: Path, capsys: pyt
 
 def test_questions_left_out_are_counted_on_the_console(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    from tests.test_download_catalog import _mirror
+    from tests.data.test_download_catalog import _mirror
 
     mirror = _mirror(tmp_path / "mirror")  # one question's answer, Z, is not among its options
     home = tmp_path / "home"
@@ -127,7 +127,7 @@ def test_promotion_on_an_empty_split_is_refused_before_any_work(capsys: pytest.C
 
 def test_promotion_on_a_split_the_catalog_left_empty_stops_after_the_catalog(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    from tests.test_download_catalog import _mirror
+    from tests.data.test_download_catalog import _mirror
 
     # A share too small for any scene of this mirror to land in the validation split.
     mirror = _mirror(tmp_path / "mirror")

@@ -21,7 +21,7 @@ from prefect.settings import PREFECT_API_URL, temporary_settings
 from embodied_r.io import STALL_ENV, STALL_MARKER_ENV
 from tests.servers import background, free_port, wait_http
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 GAVE_UP = "Cancellation observer failed"
 

@@ -26,7 +26,7 @@ from prefect.settings import PREFECT_API_URL, temporary_settings
 
 from tests.servers import background, free_port
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 STAGES = {"download", "preprocess", "keyframes", "perception", "convert",
           "train_stage1", "train_stage2", "train_stage3", "evaluate", "promote"}

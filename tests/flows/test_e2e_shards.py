@@ -32,7 +32,7 @@ from tests.servers import background, serve_on_free_port
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 # Several servers behind one backend, each shard pinned to its own, where the backend has them.
 PINNED = "base_urls" in BackendConfig.model_fields

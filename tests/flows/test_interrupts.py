@@ -22,9 +22,9 @@ import pytest
 from embodied_r.apps.reaper import descendants
 from embodied_r.io import STALL_ENV, STALL_MARKER_ENV
 from tests.servers import ChatStub, StubReply, completion
-from tests.test_perception_http import reply_for
+from tests.perception.test_perception_http import reply_for
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BOUND_S = 10.0
 
 RECIPE = """

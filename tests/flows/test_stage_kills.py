@@ -20,8 +20,8 @@ from embodied_r.io import OUTPUTS_KEY, partial_path
 from embodied_r.training.records import run_records
 from embodied_r.training.records_config import RecordsConfig
 from tests.killing import assert_clean_finish, files, kill_at_item, lock_is_free
-from tests.test_download_catalog import _mirror
-from tests.test_records import VIDEO, catalog_row, write_inputs
+from tests.data.test_download_catalog import _mirror
+from tests.training.test_records import VIDEO, catalog_row, write_inputs
 
 # Timings differ from run to run; everything else in a summary must not.
 TIMINGS = ("seconds", "hash_seconds")

@@ -18,7 +18,7 @@ import pytest
 
 from flows.waiting import DEAD_AFTER_ENV, DEAD_AFTER_S, dead_after_s, is_dead, last_heartbeat, wait_for_runs
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FLOW = """
 import sys, time
 from prefect import flow

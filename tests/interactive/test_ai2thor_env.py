@@ -16,7 +16,7 @@ from embodied_r.interactive.env_factory import EnvironmentMaker
 from embodied_r.interactive.episode import EpisodeConfig, run_episodes
 from tests.ai2thor_fake import FakeController
 
-CHECKOUT = Path(__file__).parent / "fixtures" / "embodied_reasoner_checkout"
+CHECKOUT = Path(__file__).resolve().parents[1] / "fixtures" / "embodied_reasoner_checkout"
 COUNTER, APPLE = "CounterTop|+01.50|+00.45|+00.00", "Apple|+01.50|+00.95|+00.50"
 
 

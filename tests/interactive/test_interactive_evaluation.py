@@ -22,7 +22,7 @@ from embodied_r.interactive.metrics import aggregate
 from embodied_r.interactive.retry import image_paths, replies, retry_variants
 from embodied_r.interactive.synthetic import make_test_cases
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _conversation(n_images: int, n_turns: int) -> list[dict]:

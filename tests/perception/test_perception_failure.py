@@ -15,7 +15,7 @@ from embodied_r.backends.images import image_data_url
 from embodied_r.config import load_recipe
 from embodied_r.perception.stage import run_perception
 from test_perception import make_inputs
-from tests.test_perception_http import RecordingServer, stage_cfg
+from tests.perception.test_perception_http import RecordingServer, stage_cfg
 
 
 def run(tmp_path: Path, mode: str, on_failure: str) -> tuple[dict[str, Any], dict[str, str], list[dict], int]:

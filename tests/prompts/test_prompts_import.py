@@ -22,7 +22,7 @@ from embodied_r.prompts.official import import_checkout
 from embodied_r.prompts.store import load
 from embodied_r.tracking.names import safe_params
 
-FIXTURES = Path(__file__).parent / "fixtures" / "official"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "official"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
 # The invented texts of the fixture, as the original code would have built them.

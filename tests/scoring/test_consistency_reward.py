@@ -18,7 +18,7 @@ from embodied_r.scoring.rewards import (
     reference_for_rank,
 )
 from tests.servers import ScriptedReference
-from tests.test_rewards import OPTIONS, QUESTION, Raising, _extra_kwargs, _trl_kwargs
+from tests.scoring.test_rewards import OPTIONS, QUESTION, Raising, _extra_kwargs, _trl_kwargs
 
 LOGGER = "embodied_r.scoring.rewards"
 

@@ -11,8 +11,8 @@ from embodied_r.config import load_recipe
 from embodied_r.scoring.answers import official_think_choice, think_fallback_reward
 from embodied_r.scoring.config import ScoringConfig
 from embodied_r.scoring.rewards import make_consistency_reward
-from tests.test_consistency_reward import LOGGER, Replying, choice_kwargs
-from tests.test_rewards import Raising
+from tests.scoring.test_consistency_reward import LOGGER, Replying, choice_kwargs
+from tests.scoring.test_rewards import Raising
 
 FALLBACK = ScoringConfig(answer_parser="official", consistency_when_reference_down="think_last_letter")
 

@@ -163,7 +163,7 @@ def test_mlflow_does_not_announce_its_store_tables(tmp_path: Path) -> None:
     code = ("from embodied_r.tracking.runs import Tracker; "
             f"Tracker.open('x', 'sqlite:///{tmp_path / 'm.db'}', __import__('pathlib').Path('{tmp_path}'))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                          cwd=Path(__file__).resolve().parents[1])
+                          cwd=Path(__file__).resolve().parents[2])
     assert done.returncode == 0, done.stderr
     assert "Creating initial MLflow database tables" not in done.stderr + done.stdout
     assert "Updating database tables" not in done.stderr + done.stdout

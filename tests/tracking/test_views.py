@@ -228,7 +228,7 @@ def test_training_shows_a_bar_and_step_lines_on_a_terminal(tmp_path: Path) -> No
 
     import pexpect
 
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "COLUMNS": "120"}
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2]), "COLUMNS": "120"}
     child = pexpect.spawn(sys.executable, ["-c", PARENT, CHILD, str(tmp_path / "train.log")], env=env,
                           encoding="utf-8", timeout=120, dimensions=(40, 120))
     child.expect(pexpect.EOF)
