@@ -113,7 +113,7 @@ def _long_prompts(tmp: Path) -> tuple[str, str]:
     from embodied_r.evaluation.stage import run_evaluation
     from embodied_r.training.records import run_records
     from embodied_r.training.records_config import RecordsConfig
-    from tests.training.test_records import VIDEO, catalog_row, write_inputs
+    from tests.stage_inputs import VIDEO, catalog_row, write_inputs
 
     rows = [catalog_row(f"urbanvideo:{i}", "test") for i in range(4)]
     texts = {r["uid"]: VIDEO + " a red door ahead." * (4000 if i % 2 else 0) for i, r in enumerate(rows)}

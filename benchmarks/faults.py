@@ -26,7 +26,6 @@ from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(1, str(ROOT / "tests"))  # test modules import each other by bare name
 
 from benchmarks.fault_inputs import cli as _cli  # noqa: E402
 from benchmarks.fault_kills import CASES, OK_ERROR, RECOVERED, case, kill_cases  # noqa: E402
@@ -113,7 +112,7 @@ def _half_failing(tmp: Path) -> tuple[str, str]:
     from embodied_r.errors import TooManyFailures
     from embodied_r.evaluation.config import EvaluationConfig
     from embodied_r.evaluation.stage import run_evaluation
-    from tests.training.test_records import VIDEO, catalog_row, write_inputs
+    from tests.stage_inputs import VIDEO, catalog_row, write_inputs
     from embodied_r.training.records import run_records
     from embodied_r.training.records_config import RecordsConfig
 

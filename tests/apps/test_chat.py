@@ -14,7 +14,7 @@ import pytest
 
 from embodied_r.apps.chat import Turn, show_turn
 from embodied_r.synthetic.world import write_motion_video
-from test_evaluation import ScriptedModels, text_of
+from tests.servers import ScriptedModels, text_of
 
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = 240  # a cold start loads torch and two models; never a measured figure

@@ -17,7 +17,7 @@ from embodied_r.keyframes.config import KeyframeConfig
 from embodied_r.perception.config import PerceptionConfig
 from embodied_r.training.records_config import RecordsConfig
 from embodied_r.synthetic.world import write_motion_video
-from test_evaluation import ScriptedModels, text_of
+from tests.servers import ScriptedModels, text_of
 
 DIRECTION = ("Please assume the role of an agent. Question: If I am standing by the sofa and facing the TV, "
              "is the lamp to my left, right, or back?\n\nChoices: \nA. left\nB. right\nC. back\n")

@@ -21,8 +21,8 @@ from embodied_r.errors import InfraFailure
 from embodied_r.perception.stage import run_perception
 from embodied_r.perception.config import PerceptionConfig
 from embodied_r.settings import result_settings
-from test_perception import make_inputs
-from test_perception_http import RecordingServer
+from tests.perception.test_perception import make_inputs
+from tests.perception.test_perception_http import RecordingServer
 from tests.servers import ChatStub, StubReply, completion, free_port
 
 KEY_ENV = "EMBODIED_R_TEST_SERVERS_KEY"

@@ -14,11 +14,11 @@ import pytest
 from mlflow import MlflowClient
 
 from conftest import SHARED
+from tests.stage_inputs import download_raw
 from embodied_r.benchmarks import urbanvideo
 from embodied_r.data.catalog import metric_name, run_catalog
 from embodied_r.apps.cli_data import main as cli_main
-from embodied_r.data.config import CatalogConfig, DownloadConfig
-from embodied_r.data.download import run_download
+from embodied_r.data.config import CatalogConfig
 from embodied_r.tracking.names import numeric_metrics
 from embodied_r.tracking.runs import Tracker
 
@@ -34,9 +34,7 @@ def raw(tmp_path_factory) -> Path:
     (uv / urbanvideo.FILE).write_bytes(REAL_MCQ.read_bytes())
     for vid in set(pq.read_table(REAL_MCQ, columns=["video_id"]).column("video_id").to_pylist()):
         (uv / "videos" / vid).write_bytes(b"v")
-    out = tmp_path_factory.mktemp("stages") / "raw"
-    run_download(out, DownloadConfig(source="local", source_dir=str(mirror), benchmarks=["urbanvideo"]), mirror)
-    return out
+    return download_raw(mirror, tmp_path_factory, ["urbanvideo"], sources=mirror)
 
 
 def test_every_task_is_catalogued_and_its_counts_are_valid_mlflow_metrics(raw, tmp_path):

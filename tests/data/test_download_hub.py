@@ -14,7 +14,6 @@ import hashlib
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -33,6 +32,7 @@ from embodied_r.data.download import run_download
 from embodied_r.data.hub import needed_files
 from embodied_r.errors import DataSourceError
 from embodied_r.settings import operational_fields
+from tests.servers import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 SHA = {"EmbodiedCity/UrbanVideo-Bench": "a" * 40, "nyu-visionx/VSI-Bench": "b" * 40}
@@ -58,18 +58,12 @@ def test_each_benchmark_brings_its_hub_repo_and_revision():
     assert operational_fields(HubConfig) == {"endpoint", "max_workers"}
 
 
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]  # nothing listens once the socket is closed
-
-
 @pytest.mark.parametrize("env", [
     {"HF_ENDPOINT": "http://127.0.0.1:{port}", "HF_HUB_OFFLINE": "0"},  # connection refused
     {"HF_HUB_OFFLINE": "1"},  # huggingface_hub's offline mode
 ])
 def test_unreachable_hub_says_to_use_a_local_source(tmp_path, env):
-    env = {k: v.format(port=_closed_port()) for k, v in env.items()}
+    env = {k: v.format(port=free_port()) for k, v in env.items()}  # a port nobody listens on
     proc = subprocess.run(
         [sys.executable, "-m", "embodied_r.apps.cli_data", "fetch", "--hub", "--recipe", "paper"],
         cwd=ROOT, capture_output=True, text=True, timeout=120,

@@ -14,7 +14,7 @@ import re
 import shutil
 import zipfile
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import duckdb
 import pyarrow as pa
@@ -28,7 +28,8 @@ from embodied_r.data.config import CatalogConfig, DownloadConfig, SplitConfig
 from embodied_r.data.download import run_download
 from embodied_r.io import sha256_file
 from embodied_r.synthetic.world import write_motion_video
-from test_evaluation import ScriptedModels, text_of
+from tests.servers import ScriptedModels, text_of
+from tests.stage_inputs import download_raw
 
 LANTERN = "lantern"
 THINGS = ["a broom", "a kettle", "a ladder", "a basket", "a rope"]
@@ -124,10 +125,7 @@ OOD_ONLY = [egoschema.NAME, mvbench.NAME]
 
 @pytest.fixture(scope="module")
 def raw(mirror: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("stages") / "raw"
-    run_download(out, DownloadConfig(source="local", source_dir=str(mirror), benchmarks=OOD_ONLY),
-                 tmp_path_factory.mktemp("sources"))
-    return out
+    return download_raw(mirror, tmp_path_factory, OOD_ONLY)
 
 
 # -- the rules ------------------------------------------------------------------------------
@@ -233,7 +231,7 @@ def test_the_catalog_command_prints_the_ood_column(mirror: Path, capsys: pytest.
 def test_hub_fetch_pins_the_declared_revisions_and_fetches_only_the_needed_files(
         mirror: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import huggingface_hub
-    from test_download_hub import SHA, _Hub
+    from tests.data.test_download_hub import SHA, _Hub
 
     remote = tmp_path / "remote"
     shutil.copytree(mirror / egoschema.BENCHMARK.folder, remote / "lmms-lab/egoschema")
@@ -281,7 +279,7 @@ def test_no_split_rule_puts_an_evaluation_benchmark_in_training(rule: str) -> No
 
 
 def test_the_convert_stage_keeps_held_out_questions_out_of_training(tmp_path: Path) -> None:
-    from test_records import VIDEO, catalog_row, write_inputs
+    from tests.stage_inputs import VIDEO, catalog_row, write_inputs
     from embodied_r.training.records import run_records
     from embodied_r.training.records_config import RecordsConfig
 
@@ -322,20 +320,13 @@ def test_a_recipe_names_them_for_evaluation(tmp_path: Path) -> None:
 # -- key frames, perception and scoring -----------------------------------------------------
 
 
-def _reply(model: str, messages: list[dict[str, Any]]) -> str:
+def script_reply(model: str, messages: list[dict[str, Any]]) -> str:
     if model == "perceiver":
         return f"1. Action: move forward\n2. New spatial information: a shed and a {LANTERN}\n3. Question-related: none"
     # The reasoner picks the option line that names the lantern.
     text = messages[-1]["content"]
     letter = next(m.group(1) for m in re.finditer(r"^([A-E])\. (.*)$", text, re.M) if LANTERN in m.group(2))
     return f"<think>the {LANTERN} is in option {letter}</think><answer>{letter}</answer>"
-
-
-@pytest.fixture()
-def scripted() -> Iterator[ScriptedModels]:
-    server = ScriptedModels(_reply)
-    yield server
-    server.stop()
 
 
 def test_key_frames_perception_and_scoring_with_letters(raw: Path, scripted: ScriptedModels, tmp_path: Path) -> None:

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import pyarrow.parquet as pq
 import pytest
@@ -19,33 +18,8 @@ from embodied_r.io import ItemLog, partial_path
 from embodied_r.training.records import run_records
 from embodied_r.training.records_config import RecordsConfig
 from embodied_r.evaluation.report import REPORT_FILES, table_rows_from_folder
-from test_records import VIDEO, catalog_row, write_inputs
-from tests.servers import ChatStub, StubReply, completion
-
-Reply = Callable[[str, list[dict[str, Any]]], str]
-
-
-class ScriptedModels(ChatStub):
-    """An OpenAI-compatible chat server on 127.0.0.1 whose models answer by a script,
-    ``reply(model, messages) -> text``: a stand-in for models that write well-formed
-    answers, which the random-weight tiny models never do."""
-
-    def __init__(self, reply: Reply):
-        super().__init__(lambda body: StubReply(
-            payload=completion(body["model"], reply(body["model"], body["messages"]))))
-        self.requests = self.bodies
-
-    def backend(self, model: str, **kw: Any) -> BackendConfig:
-        return BackendConfig(kind="openai", model=model, base_url=self.base_url, max_retries=0, timeout_s=10.0,
-                             api_key_env="EMBODIED_R_TEST_KEY", **kw)
-
-def text_of(messages: list[dict[str, Any]]) -> str:
-    parts = []
-    for m in messages:
-        content = m["content"]
-        parts += [content] if isinstance(content, str) else [p.get("text", "") for p in content]
-    return "\n".join(parts)
-
+from tests.stage_inputs import VIDEO, build_records, catalog_row, write_inputs
+from tests.servers import ChatStub, ScriptedModels, StubReply, completion, free_port, text_of
 
 @pytest.fixture()
 def records(tmp_path: Path) -> Path:
@@ -54,10 +28,7 @@ def records(tmp_path: Path) -> Path:
              catalog_row("vsibench:10", "test", answer="2.5", answer_type="number", benchmark="vsibench",
                          category="object_abs_distance"),
              catalog_row("urbanvideo:20", "train")]
-    catalog, perception = write_inputs(tmp_path, rows, {r["uid"]: VIDEO for r in rows})
-    out = tmp_path / "records"
-    run_records(catalog, perception, out, RecordsConfig())
-    return out
+    return build_records(tmp_path, rows)
 
 
 def _cfg(**kw: object) -> EvaluationConfig:
@@ -116,17 +87,11 @@ def test_evaluation_resumes_after_a_crash(records: Path, tiny_lm_path: Path, tmp
     assert summary["accuracy/overall"] >= 1 / 6
 
 
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_evaluation_stops_on_an_unreachable_backend_and_stays_partial(records: Path, tmp_path: Path) -> None:
     # An outage is not six wrong answers: the stage stops, nothing is cached as done.
     from embodied_r.errors import InfraFailure
 
-    cfg = EvaluationConfig(backend=BackendConfig(kind="openai", base_url=f"http://127.0.0.1:{_closed_port()}/v1",
+    cfg = EvaluationConfig(backend=BackendConfig(kind="openai", base_url=f"http://127.0.0.1:{free_port()}/v1",
                                                  max_retries=0, timeout_s=5.0))
     out = tmp_path / "eval"
     with pytest.raises(InfraFailure, match="Cannot connect"):
@@ -165,20 +130,13 @@ SCRIPT = {
 }
 
 
-def _script_reply(model: str, messages: list[dict[str, Any]]) -> str:
+def script_reply(model: str, messages: list[dict[str, Any]]) -> str:
     text = text_of(messages)
     if model == "judge":
         found = re.search(r"JUDGE=([\w.]+)", text)
         return found.group(1) if found else "?"
     uid = re.search(r"\((\w+:\d+)\)", text).group(1)
     return SCRIPT[uid][2]
-
-
-@pytest.fixture()
-def scripted() -> Iterator[ScriptedModels]:
-    server = ScriptedModels(_script_reply)
-    yield server
-    server.stop()
 
 
 @pytest.fixture()
@@ -193,10 +151,7 @@ def scripted_records(tmp_path: Path) -> Path:
         else:
             rows.append(catalog_row(uid, "test", answer=answer, answer_type="number", benchmark="vsibench",
                                     category="object_abs_distance"))
-    catalog, perception = write_inputs(tmp_path, rows, {r["uid"]: VIDEO for r in rows})
-    out = tmp_path / "records"
-    run_records(catalog, perception, out, RecordsConfig())
-    return out
+    return build_records(tmp_path, rows)
 
 
 def test_scores_as_the_benchmarks_do_with_a_judge(scripted: ScriptedModels, scripted_records: Path,

@@ -18,7 +18,7 @@ from embodied_r.evaluation.registry import (ModelRef, alias_version, parse_model
                                             resolve_model_uri, resolve_version, set_alias)
 from embodied_r.errors import RegistryError
 from embodied_r.evaluation.promotion import promote_if_better
-from test_evaluation import records  # noqa: F401 - fixture
+from tests.evaluation.test_evaluation import records  # noqa: F401 - fixture
 
 NAME = "embodied-r-reasoner"
 
@@ -113,7 +113,7 @@ def test_evaluate_a_registry_alias(records: Path, tiny_lm_path: Path, store: str
 @pytest.mark.slow
 def test_register_and_resolve_through_an_mlflow_server(tiny_lm_path: Path, tmp_path: Path) -> None:
     """A server checks a version's source against its run: ``runs:/<run>/model`` passes."""
-    from servers import serve_on_free_port
+    from tests.servers import serve_on_free_port
 
     if shutil.which("mlflow") is None and not (Path(sys.executable).parent / "mlflow").exists():
         pytest.skip("the mlflow command is not installed")
@@ -141,7 +141,7 @@ def demo_home(tmp_path: Path, embodied_r_home: Path, tiny_lm_path: Path,
     from embodied_r.pipeline import plan
     from embodied_r.training.records import run_records
     from embodied_r.training.records_config import RecordsConfig
-    from test_records import VIDEO, catalog_row, write_inputs
+    from tests.stage_inputs import VIDEO, catalog_row, write_inputs
 
     home = tmp_path / "home"
     home.mkdir()

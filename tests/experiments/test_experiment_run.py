@@ -146,8 +146,8 @@ def test_the_compare_link_shows_the_variants_side_by_side_in_a_browser(ran) -> N
     import os
     import sys
 
-    from browser import Browser, ensure_chromium
-    from servers import background, free_port
+    from tests.browser import Browser, ensure_chromium
+    from tests.servers import background, free_port
 
     home, result = ran
     binary, why = ensure_chromium()

@@ -23,12 +23,10 @@ from embodied_r.evaluation.config import EvaluationConfig
 from embodied_r.evaluation.stage import run_evaluation
 from embodied_r.perception.stage import run_perception
 from embodied_r.pipeline import plan
-from embodied_r.training.records import run_records
-from embodied_r.training.records_config import RecordsConfig
 from tests.servers import ChatStub, StubReply, completion
 from tests.perception.test_perception import make_inputs
 from tests.perception.test_perception_http import reply_for, stage_cfg
-from tests.training.test_records import VIDEO, catalog_row, write_inputs
+from tests.stage_inputs import VIDEO, build_records, catalog_row
 
 CONVERSATION = [{"role": "user", "content": "hi"}]
 
@@ -127,9 +125,7 @@ def test_replies_past_the_token_budget_are_cut_and_counted(tmp_path: Path) -> No
 def _records(tmp_path: Path, long_uids: set[str]) -> Path:
     rows = [catalog_row(f"urbanvideo:{i}", "test", answer="ABCD"[i % 4]) for i in range(4)]
     texts = {r["uid"]: (VIDEO + " a red door ahead." * 400) if r["uid"] in long_uids else VIDEO for r in rows}
-    catalog, perception = write_inputs(tmp_path, rows, texts)
-    run_records(catalog, perception, tmp_path / "records", RecordsConfig())
-    return tmp_path / "records"
+    return build_records(tmp_path, rows, texts)
 
 
 def test_evaluation_cuts_long_prompts_as_training_does_and_counts_them(tiny_lm_path: Path, tmp_path: Path) -> None:

@@ -375,7 +375,7 @@ def test_evaluation_counts_failed_calls_as_wrong(tmp_path: Path) -> None:
     from embodied_r.evaluation.stage import run_evaluation
     from embodied_r.training.records import run_records
     from embodied_r.training.records_config import RecordsConfig
-    from tests.training.test_records import VIDEO, catalog_row, write_inputs
+    from tests.stage_inputs import VIDEO, catalog_row, write_inputs
 
     rows = [catalog_row(f"urbanvideo:{i}", "test", answer="A") for i in range(6)]
     catalog, perception = write_inputs(tmp_path, rows, {r["uid"]: VIDEO for r in rows})

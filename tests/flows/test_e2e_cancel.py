@@ -19,17 +19,11 @@ import pytest
 from prefect.settings import PREFECT_API_URL, temporary_settings
 
 from embodied_r.io import STALL_ENV, STALL_MARKER_ENV
-from tests.servers import background, free_port, wait_http
+from tests.servers import background, free_port, run_ok, wait_http
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 GAVE_UP = "Cancellation observer failed"
-
-
-def _run(cmd: list[str], env: dict[str, str], timeout: float = 300) -> str:
-    done = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout)
-    assert done.returncode == 0, f"{' '.join(cmd)} failed:\n{done.stdout}\n{done.stderr}"
-    return done.stdout + done.stderr
 
 
 def _server(env: dict[str, str], log: Path) -> subprocess.Popen:
@@ -76,10 +70,10 @@ def test_a_cancel_after_a_server_restart_stops_the_pipeline_and_its_stage_run(tm
         server = _server(env, server_log)
         stack.callback(lambda: os.killpg(server.pid, signal.SIGKILL) if server.poll() is None else None)
         stack.enter_context(temporary_settings(updates={PREFECT_API_URL: api}))
-        _run(["bash", str(REPO / "infra" / "deploy.sh"), "--recipe", "smoke"], env, timeout=600)
+        run_ok(["bash", str(REPO / "infra" / "deploy.sh"), "--recipe", "smoke"], env, timeout=600)
         worker = stack.enter_context(background(["bash", str(REPO / "infra" / "start-worker.sh"), "cpu"],
                                                 worker_log, env, as_from_a_script=True))
-        started = _run([str(BIN / "prefect"), "deployment", "run", "embodied-r/full-pipeline",
+        started = run_ok([str(BIN / "prefect"), "deployment", "run", "embodied-r/full-pipeline",
                         "--param", "recipe=smoke"], env)
         pipeline = re.search(r"UUID:\s*([0-9a-f-]{36})", started).group(1)
         _until(marker.exists, 600, "the download stage run stalled")
@@ -96,7 +90,7 @@ def test_a_cancel_after_a_server_restart_stops_the_pipeline_and_its_stage_run(tm
         server = _server(env, server_log)
         wait_http(f"{api}/health", 180, server, server_log)
 
-        _run([str(BIN / "prefect"), "flow-run", "cancel", pipeline], env)
+        run_ok([str(BIN / "prefect"), "flow-run", "cancel", pipeline], env)
 
         from prefect.client.orchestration import get_client
         from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId

@@ -24,7 +24,7 @@ import prefect.context  # noqa: F401
 import pytest
 from prefect.settings import PREFECT_API_URL, temporary_settings
 
-from tests.servers import background, free_port
+from tests.servers import background, free_port, run_ok
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
@@ -43,19 +43,13 @@ DOCUMENTED = [
 ]
 
 
-def _run(cmd: list[str], env: dict[str, str], timeout: float = 300) -> str:
-    done = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout)
-    assert done.returncode == 0, f"{' '.join(cmd)} failed:\n{done.stdout}\n{done.stderr}"
-    return done.stdout + done.stderr
-
-
 def _watched_run(env: dict[str, str], name: str, *params: str) -> tuple[str, str]:
     """`prefect deployment run NAME --param ... --watch`, which exits 0 only when the run
     completes; the flow run's id and the link to it in the Prefect UI that the command printed."""
     args = [str(BIN / "prefect"), "deployment", "run", name]
     for p in params:
         args += ["--param", p]
-    out = _run([*args, "--watch"], env, timeout=900)
+    out = run_ok([*args, "--watch"], env, timeout=900)
     found, link = re.search(r"UUID:\s*([0-9a-f-]{36})", out), re.search(r"URL:\s*(\S+)", out)
     assert found and link, out
     return found.group(1), link.group(1)
@@ -190,7 +184,7 @@ def test_the_walk_through_on_real_servers_and_workers(tmp_path, monkeypatch, sub
         stack.enter_context(background(["bash", str(REPO / "infra" / "start-mlflow.sh")],
                                        tmp_path / "mlflow-server.log", env, ready_url=f"{uri}/health", timeout=180))
         stack.enter_context(temporary_settings(updates={PREFECT_API_URL: api}))
-        _run(["bash", str(REPO / "infra" / "deploy.sh"), "--recipe", "smoke"], env)
+        run_ok(["bash", str(REPO / "infra" / "deploy.sh"), "--recipe", "smoke"], env)
         workers = [stack.enter_context(background(["bash", str(REPO / "infra" / "start-worker.sh"), pool],
                                                   tmp_path / f"worker-{pool}.log", env, as_from_a_script=True))
                    for pool in POOLS]
@@ -261,7 +255,7 @@ def test_the_walk_through_on_real_servers_and_workers(tmp_path, monkeypatch, sub
         assert scheduled, f"no scheduled nightly run; server log:\n{server_log.read_text()[-3000:]}"
         assert all(r.parameters["recipe"] == "smoke" for r in scheduled)
         # Given a champion, one of them brought forward to now is run by the gpu-infer worker.
-        _run([str(BIN / "embodied-r"), "register-model", "--recipe", "smoke", "--alias", "champion"], env)
+        run_ok([str(BIN / "embodied-r"), "register-model", "--recipe", "smoke", "--alias", "champion"], env)
         from prefect.states import Scheduled
 
         nightly = min(scheduled, key=lambda r: r.expected_start_time)

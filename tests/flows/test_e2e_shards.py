@@ -26,9 +26,9 @@ from embodied_r.perception.stage import _read_inputs, _split, run_perception
 from embodied_r.perception.config import PerceptionConfig
 from embodied_r.pipeline import execute, plan
 from embodied_r.shards import shard_folder, shard_of
-from test_perception_http import RecordingServer
-from test_shards import PERCEPTION_TABLES, same_folders
-from tests.servers import background, serve_on_free_port
+from tests.perception.test_perception_http import RecordingServer
+from tests.flows.test_shards import PERCEPTION_TABLES, same_folders
+from tests.servers import background, run_ok, serve_on_free_port
 
 pytestmark = pytest.mark.slow
 
@@ -36,12 +36,6 @@ REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 # Several servers behind one backend, each shard pinned to its own, where the backend has them.
 PINNED = "base_urls" in BackendConfig.model_fields
-
-
-def _run(cmd: list[str], env: dict[str, str], timeout: float = 300) -> str:
-    done = subprocess.run(cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout)
-    assert done.returncode == 0, f"{' '.join(cmd)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-    return done.stdout + done.stderr
 
 
 def _parent(env: dict[str, str], home: Path, overrides: dict[str, Any], log: Path) -> subprocess.Popen:
@@ -112,7 +106,7 @@ def test_perception_shards_on_two_workers(tmp_path: Path, monkeypatch: pytest.Mo
         env["PREFECT_API_URL"] = f"http://127.0.0.1:{port}/api"
         # The stage's pool with no limit of its own: it runs as many flows as it has workers,
         # each worker one at a time (one GPU each).
-        _run([str(BIN / "prefect"), "--no-prompt", "work-pool", "create", "gpu-infer", "--type", "process"], env)
+        run_ok([str(BIN / "prefect"), "--no-prompt", "work-pool", "create", "gpu-infer", "--type", "process"], env)
 
         def start_workers(n: int, extra: dict[str, str], tag: str) -> list[subprocess.Popen]:
             return [stack.enter_context(background(
@@ -124,7 +118,7 @@ def test_perception_shards_on_two_workers(tmp_path: Path, monkeypatch: pytest.Mo
 
         # 1. Two shards at once on two workers, merged: the unsharded run's folder.
         first = start_workers(2, {}, "a")
-        _run([str(BIN / "prefect"), "--no-prompt", "deploy", "--name", "perception"], env)
+        run_ok([str(BIN / "prefect"), "--no-prompt", "deploy", "--name", "perception"], env)
         prepared.join()
         if failed:
             raise failed[0]

@@ -139,7 +139,7 @@ def test_mlflow_ui_shows_runs_metrics_and_the_report(harness, tmp_path):
     a parent shows `accuracy/overall`, a training run's charts open on its rewards, and a cached
     run's evaluate child lists and shows `report.md`. Screenshots go to $EMBODIED_R_SCREENSHOTS
     when set."""
-    from browser import ensure_chromium
+    from tests.browser import ensure_chromium
 
     binary, why = ensure_chromium()
     if binary is None:
@@ -155,8 +155,8 @@ def check_mlflow_ui(binary, harness, tmp_path):
 
     import re
 
-    from browser import Browser
-    from servers import background, free_port
+    from tests.browser import Browser
+    from tests.servers import background, free_port
 
     from embodied_r.tracking.names import runs_url
 

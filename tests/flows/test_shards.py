@@ -21,10 +21,10 @@ from embodied_r.perception.stage import run_perception
 from embodied_r.perception.config import PerceptionConfig
 from embodied_r.shards import LOG_NAME, members, parse_selection, shard_folder, shard_of, shard_paths
 from embodied_r.tracking.names import stage_metrics
-from test_evaluation import _mixed_cfg, mixed  # noqa: F401 - a fixture
-from test_keyframes import _catalog, videos  # noqa: F401 - a fixture
-from test_perception import make_inputs
-from test_perception_http import RecordingServer
+from tests.evaluation.test_evaluation import _mixed_cfg, mixed  # noqa: F401 - a fixture
+from tests.keyframes.test_keyframes import _catalog, videos  # noqa: F401 - a fixture
+from tests.perception.test_perception import make_inputs
+from tests.perception.test_perception_http import RecordingServer
 
 # Figures that time a run or count its processes: they differ between any two runs.
 TIMING = {"seconds", "seconds_per_item", "processing_seconds", "hash_seconds", "workers", "shards"}

@@ -21,7 +21,7 @@ from embodied_r.training.records import run_records
 from embodied_r.training.records_config import RecordsConfig
 from tests.killing import assert_clean_finish, files, kill_at_item, lock_is_free
 from tests.data.test_download_catalog import _mirror
-from tests.training.test_records import VIDEO, catalog_row, write_inputs
+from tests.stage_inputs import VIDEO, catalog_row, download_raw, write_inputs
 
 # Timings differ from run to run; everything else in a summary must not.
 TIMINGS = ("seconds", "hash_seconds")
@@ -48,9 +48,7 @@ def mirror(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def raw(mirror: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("raw") / "raw"
-    run_download(out, DownloadConfig(source="local", source_dir=str(mirror)), out.parent / "sources")
-    return out
+    return download_raw(mirror, tmp_path_factory)
 
 
 # The mirror's items: 12 UrbanVideo clips and MCQ.parquet, then VSI-Bench's Parquet file and

@@ -28,8 +28,8 @@ from embodied_r.pipeline import plan
 from embodied_r.errors import StageError
 from embodied_r.training.records import run_records
 from embodied_r.training.records_config import RecordsConfig
-from test_evaluation import ScriptedModels
-from test_records import VIDEO, catalog_row, write_inputs
+from tests.servers import ScriptedModels
+from tests.stage_inputs import VIDEO, catalog_row, write_inputs
 
 
 @pytest.fixture()

@@ -14,7 +14,7 @@ import pytest
 from embodied_r.backends.images import image_data_url
 from embodied_r.config import load_recipe
 from embodied_r.perception.stage import run_perception
-from test_perception import make_inputs
+from tests.perception.test_perception import make_inputs
 from tests.perception.test_perception_http import RecordingServer, stage_cfg
 
 

@@ -23,7 +23,7 @@ from embodied_r.backends.openai_compat import OpenAIBackend
 from embodied_r.backends.base import BackendConfig
 from embodied_r.perception.stage import run_perception
 from embodied_r.perception.config import PerceptionConfig
-from test_perception import make_inputs
+from tests.perception.test_perception import make_inputs
 from tests.servers import ChatStub, StubReply, completion
 
 Fault = Callable[[dict[str, Any]], tuple[int, str] | None]

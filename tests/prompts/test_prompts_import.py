@@ -217,10 +217,10 @@ def test_the_file_keys_the_stages_it_changes_and_the_run_records_it(
 def test_a_recipe_run_sends_the_files_texts_to_the_perceiver(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from embodied_r.perception.stage import run_perception
-    from test_perception import make_inputs
-    from test_perception_http import RecordingServer
+    from tests.perception.test_perception import make_inputs
+    from tests.perception.test_perception_http import RecordingServer
 
-    from servers import StubReply, completion
+    from tests.servers import StubReply, completion
 
     class ActingServer(RecordingServer):
         """Records every body and answers as a perceiver would, in the three points the
@@ -259,7 +259,7 @@ def test_a_reasoner_recipe_with_the_file_converses_in_the_originals_texts(
     from embodied_r.pipeline import plan
     from embodied_r.interactive.episode import run_episodes
     from embodied_r.interactive.household import HouseholdEnvironment
-    from test_interactive_episode import TASK, scripted
+    from tests.interactive.test_interactive_episode import TASK, scripted
 
     home = tmp_path / "home"
     assert main(["--home", str(home), "prompts", "import-official", str(checkout(tmp_path, "embodied_reasoner"))]) == 0

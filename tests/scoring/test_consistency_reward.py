@@ -4,7 +4,7 @@ record, what is logged and counted on every path, and who closes the reference."
 from __future__ import annotations
 
 import logging
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -21,13 +21,6 @@ from tests.servers import ScriptedReference
 from tests.scoring.test_rewards import OPTIONS, QUESTION, Raising, _extra_kwargs, _trl_kwargs
 
 LOGGER = "embodied_r.scoring.rewards"
-
-
-@pytest.fixture()
-def reference() -> Iterator[ScriptedReference]:
-    server = ScriptedReference()
-    yield server
-    server.stop()
 
 
 class Replying:

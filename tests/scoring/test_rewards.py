@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import logging
-import socket
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 
@@ -19,7 +18,7 @@ from embodied_r.scoring.rewards import (
     format_reward,
     make_consistency_reward,
 )
-from tests.servers import ScriptedReference
+from tests.servers import ScriptedReference, free_port
 
 QUESTION = "Which way is the red door?\nOptions:\nA. left\nB. right\nC. ahead\nD. behind"
 OPTIONS = ["A. left", "B. right", "C. ahead", "D. behind"]
@@ -150,13 +149,6 @@ def test_consistency_against_a_real_tiny_model(tiny_reference: Any) -> None:
     assert kwargs["_metrics"]["consistency/asked"] == [2.0]
 
 
-@pytest.fixture()
-def reference() -> Iterator[ScriptedReference]:
-    server = ScriptedReference()
-    yield server
-    server.stop()
-
-
 def test_consistency_is_one_exactly_when_the_reference_agrees_with_a_right_answer(
         reference: ScriptedReference) -> None:
     reward = make_consistency_reward(reference.backend(), require_correct=True)
@@ -271,14 +263,8 @@ def test_format_reward_accepts_the_format(text: str) -> None:
     assert format_reward(completions=[text, _as_messages([text])[0]]) == [1.0, 1.0]
 
 
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_consistency_unreachable_endpoint_gives_none(caplog: pytest.LogCaptureFixture) -> None:
-    cfg = BackendConfig(kind="openai", model="reference", base_url=f"http://127.0.0.1:{_closed_port()}/v1",
+    cfg = BackendConfig(kind="openai", model="reference", base_url=f"http://127.0.0.1:{free_port()}/v1",
                         max_retries=0, timeout_s=5.0)
     reward = make_consistency_reward(cfg)
     completions = ["<think>ahead</think><answer>C</answer>", "<think>behind</think><answer>D</answer>",

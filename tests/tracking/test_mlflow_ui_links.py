@@ -14,15 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from pipeline_runs import Runs, make_runs
+from tests.pipeline_runs import Runs, make_runs
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def ui(tmp_path_factory: pytest.TempPathFactory):
-    from browser import Browser, ensure_chromium
-    from servers import background, free_port
+    from tests.browser import Browser, ensure_chromium
+    from tests.servers import background, free_port
 
     binary, why = ensure_chromium()
     if binary is None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline_runs import STEPS, WARMSTART_STEPS, Runs, make_runs
+from tests.pipeline_runs import STEPS, WARMSTART_STEPS, Runs, make_runs
 
 
 @pytest.fixture(scope="module")
@@ -142,7 +142,7 @@ def test_the_cached_warm_start_copies_the_trainers_params(tmp_path: Path) -> Non
 def test_the_console_closes_with_counts_percent_and_the_sidebar_hint(runs: Runs, capsys) -> None:
     from embodied_r.apps.cli import _print_outcome
     from embodied_r.tracking.names import SIDEBAR_HINT, run_url, runs_url
-    from pipeline_runs import FINAL
+    from tests.pipeline_runs import FINAL
 
     _print_outcome({"evaluation": FINAL, "tracking_uri": runs.uri, "mlflow_run_id": runs.cached,
                     "mlflow_run_url": run_url(runs.uri, runs.experiment_id, runs.cached),

@@ -12,9 +12,7 @@ import pytest
 from embodied_r.backends.base import BackendConfig
 from embodied_r.io import partial_path
 from embodied_r.training.config import GRPOStageConfig, SFTConfig, TrainingConfig
-from embodied_r.training.records import run_records
-from embodied_r.training.records_config import RecordsConfig
-from test_records import VIDEO, catalog_row, write_inputs
+from tests.stage_inputs import build_records, catalog_row
 from tests.killing import kill_at_item
 
 pytestmark = pytest.mark.slow
@@ -24,11 +22,8 @@ STAGE = GRPOStageConfig(name="s", rewards={"format": 0.5, "accuracy": 0.5})
 
 @pytest.fixture(scope="module")
 def records(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    tmp = tmp_path_factory.mktemp("learning_records")
     rows = [catalog_row(f"urbanvideo:{i}", "train", answer="ABCD"[i % 4]) for i in range(8)]
-    catalog, perception = write_inputs(tmp, rows, {r["uid"]: VIDEO for r in rows})
-    run_records(catalog, perception, tmp / "records", RecordsConfig())
-    return tmp / "records"
+    return build_records(tmp_path_factory.mktemp("learning_records"), rows)
 
 
 def sft_cfg(**kw: Any) -> SFTConfig:

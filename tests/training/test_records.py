@@ -5,41 +5,14 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
 
 from embodied_r import schemas
-from embodied_r.io import table_from_records, write_parquet_atomic
 from embodied_r.training.records import build_record, run_records
 from embodied_r.training.records_config import RecordsConfig
-
-OPTIONS = ["A. left", "B. right", "C. ahead", "D. behind"]
-
-
-def catalog_row(uid: str, split: str = "train", answer: str = "C", answer_type: str = "choice",
-                category: str = "Landmark Position", benchmark: str = "urbanvideo") -> dict[str, Any]:
-    return {
-        "uid": uid, "benchmark": benchmark, "original_id": uid.split(":")[-1], "video_id": "v1",
-        "video_path": "/data/v1.mp4", "scene": "s1", "category": category,
-        "question": f"Where is the red door? ({uid})",
-        "options": OPTIONS if answer_type == "choice" else [],
-        "answer": answer, "answer_type": answer_type, "split": split, "fold": 0,
-    }
-
-
-def write_inputs(tmp: Path, rows: list[dict[str, Any]], texts: dict[str, str]) -> tuple[Path, Path]:
-    catalog = tmp / "catalog" / "catalog.parquet"
-    write_parquet_atomic(table_from_records(rows, schemas.CATALOG), catalog)
-    perception = tmp / "perception"
-    prows = [{"uid": u, "video_text": t, "n_frames": 2, "n_calls": 2, "prompt_tokens": 10, "completion_tokens": 5}
-             for u, t in texts.items()]
-    write_parquet_atomic(table_from_records(prows, schemas.PERCEPTION), perception / "perception.parquet")
-    return catalog, perception
-
-
-VIDEO = "Frame 0: Observe: a street.\nFrame 1: After move forward, Observe: a red door ahead."
+from tests.stage_inputs import OPTIONS, VIDEO, catalog_row, write_inputs
 
 
 def test_build_record_keeps_video_text_out_of_the_question() -> None:

@@ -15,13 +15,11 @@ from embodied_r.config import load_recipe
 from embodied_r.io import partial_path
 from embodied_r.pipeline import plan
 from embodied_r.errors import StageError
-from embodied_r.training.records import run_records
-from embodied_r.training.records_config import RecordsConfig
 from embodied_r.lifecycle.sft_baseline import sft_config_for
 from embodied_r.training.config import DEFAULT_THINK, SFTConfig
 from embodied_r.training.sft import run_sft, sft_target
 from embodied_r.training.config import TrainingConfig
-from test_records import VIDEO, catalog_row, write_inputs
+from tests.stage_inputs import VIDEO, build_records, catalog_row
 
 LONG_VIDEO = "\n".join(f"Frame {i}: After move forward, Observe: a street with buildings and trees."
                        for i in range(400))
@@ -34,9 +32,7 @@ def _records(folder: Path, tmp: Path, long_one: bool = False) -> Path:
     if long_one:
         rows.append(catalog_row("urbanvideo:long", "train"))
         texts["urbanvideo:long"] = LONG_VIDEO
-    catalog, perception = write_inputs(tmp, rows, texts)
-    run_records(catalog, perception, folder, RecordsConfig())
-    return folder
+    return build_records(tmp, rows, texts, out=folder)
 
 
 def tiny_sft(**kw: object) -> SFTConfig:

@@ -12,22 +12,17 @@ import pytest
 from embodied_r.backends.base import BackendConfig
 from embodied_r.io import partial_path
 from embodied_r.tracking.names import stage_metrics
-from embodied_r.training.records import run_records
-from embodied_r.training.records_config import RecordsConfig
 from embodied_r.training.config import GRPOStageConfig, TrainingConfig, VLLMRollouts
 from embodied_r.training.environment import PROJECT_ROOT, LoraSettings
 from embodied_r.training.stage import run_training_stage
-from test_records import VIDEO, catalog_row, write_inputs
+from tests.stage_inputs import build_records, catalog_row
 
 
 @pytest.fixture(scope="module")
 def records(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    tmp = tmp_path_factory.mktemp("train_records")
     rows = [catalog_row(f"urbanvideo:{i}", "train", answer="ABCD"[i % 4]) for i in range(8)]
     rows.append(catalog_row("urbanvideo:99", "test"))
-    catalog, perception = write_inputs(tmp, rows, {r["uid"]: VIDEO for r in rows})
-    run_records(catalog, perception, tmp / "records", RecordsConfig())
-    return tmp / "records"
+    return build_records(tmp_path_factory.mktemp("train_records"), rows)
 
 
 def tiny_cfg(stages: list[GRPOStageConfig], reference: str = "tiny:lm", **kw: object) -> TrainingConfig:

@@ -14,10 +14,8 @@ from safetensors.torch import load_file
 
 from embodied_r.backends.base import BackendConfig
 from embodied_r.training.config import GRPOStageConfig, TrainingConfig
-from embodied_r.training.records import run_records
-from embodied_r.training.records_config import RecordsConfig
 from embodied_r.training.stage import run_training_stage
-from test_records import VIDEO, catalog_row, write_inputs
+from tests.stage_inputs import build_records, catalog_row
 
 STAGES = [GRPOStageConfig(name="s1", rewards={"format": 0.7, "accuracy": 0.3}),
           GRPOStageConfig(name="s2", rewards={"format": 0.3, "accuracy": 0.7})]
@@ -25,12 +23,9 @@ STAGES = [GRPOStageConfig(name="s1", rewards={"format": 0.7, "accuracy": 0.3}),
 
 @pytest.fixture(scope="module")
 def records(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    tmp = tmp_path_factory.mktemp("chain_records")
     rows = [catalog_row(f"urbanvideo:{i}", "train", answer="ABCD"[i % 4]) for i in range(8)]
     rows += [catalog_row(f"urbanvideo:{i}", "val", answer="ABCD"[i % 4]) for i in range(20, 22)]
-    catalog, perception = write_inputs(tmp, rows, {r["uid"]: VIDEO for r in rows})
-    run_records(catalog, perception, tmp / "records", RecordsConfig())
-    return tmp / "records"
+    return build_records(tmp_path_factory.mktemp("chain_records"), rows)
 
 
 def cfg(**kw: Any) -> TrainingConfig:

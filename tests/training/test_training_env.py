@@ -25,8 +25,8 @@ from embodied_r.training.environment import PROJECT_ROOT, LoraSettings
 from embodied_r.training.records import run_records
 from embodied_r.training.records_config import RecordsConfig
 from embodied_r.training.trl_args import build_config, field_name
-from test_records import VIDEO, catalog_row, write_inputs
-from test_training import records, tiny_cfg  # noqa: F401 - the records fixture is shared
+from tests.stage_inputs import VIDEO, catalog_row, write_inputs
+from tests.training.test_training import records, tiny_cfg  # noqa: F401 - the records fixture is shared
 
 
 # --- 2. keyword names from the installed library -----------------------------------------

@@ -17,7 +17,7 @@ import yaml
 from embodied_r.training.config import GRPOStageConfig, VLLMRollouts
 from embodied_r.training.environment import PROJECT_ROOT, TRAIN_PYTHON_ENV
 from embodied_r.training.stage import run_training_stage
-from test_training import records, tiny_cfg  # noqa: F401 - the records fixture is shared
+from tests.training.test_training import records, tiny_cfg  # noqa: F401 - the records fixture is shared
 
 pytestmark = pytest.mark.gpu
 

@@ -14,7 +14,7 @@ from embodied_r.config import load_recipe  # noqa: E402
 from embodied_r.training.config import GRPOStageConfig
 from embodied_r.training.environment import LoraSettings
 from embodied_r.training.stage import run_training_stage  # noqa: E402
-from test_training import records, tiny_cfg  # noqa: E402,F401 - the records fixture is shared
+from tests.training.test_training import records, tiny_cfg  # noqa: E402,F401 - the records fixture is shared
 
 
 def _weights(folder: Path) -> dict[str, object]:

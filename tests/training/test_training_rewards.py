@@ -4,34 +4,21 @@ with the consistency reference a real OpenAI-compatible server on 127.0.0.1."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
 from embodied_r.training.config import GRPOStageConfig
-from embodied_r.training.records import run_records
-from embodied_r.training.records_config import RecordsConfig
-from test_records import VIDEO, catalog_row, write_inputs
-from test_training import tiny_cfg
+from tests.stage_inputs import build_records, catalog_row
+from tests.training.test_training import tiny_cfg
 from tests.servers import ScriptedReference as Reference
 
 GENERATIONS = 4
 
 
-@pytest.fixture()
-def reference() -> Iterator[Reference]:
-    server = Reference()
-    yield server
-    server.stop()
-
-
 @pytest.fixture(scope="module")
 def two_records(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    tmp = tmp_path_factory.mktemp("two_records")
     rows = [catalog_row("urbanvideo:0", "train", answer="A"), catalog_row("urbanvideo:1", "train", answer="B")]
-    catalog, perception = write_inputs(tmp, rows, {r["uid"]: VIDEO for r in rows})
-    run_records(catalog, perception, tmp / "records", RecordsConfig())
-    return tmp / "records"
+    return build_records(tmp_path_factory.mktemp("two_records"), rows)
 
 
 def _answer(think: str, letter: str) -> list[dict[str, str]]:
