@@ -1,6 +1,6 @@
 """A full disk, an unusable or read-only home and refused or damaged inputs, for ``benchmarks/faults.py``.
 
-Each case runs the test of the same fault (``tests/test_fault_disk.py`` and its neighbours), on
+Each case runs the test of the same fault (``tests/faults/test_fault_disk.py`` and its neighbours), on
 real small tmpfs file systems; where none can be mounted (not root) the case says so.
 """
 
@@ -16,7 +16,7 @@ from benchmarks.fault_kills import OK_ERROR, RECOVERED, case
 
 @contextmanager
 def _disks(tmp: Path) -> Iterator[Callable[[str, str], Path]]:
-    from tests.test_fault_disk import NO_MOUNT, _mount
+    from tests.faults.test_fault_disk import NO_MOUNT, _mount
 
     mounted: list[Path] = []
 
@@ -35,7 +35,7 @@ def _disks(tmp: Path) -> Iterator[Callable[[str, str], Path]]:
 
 @case("disk fills during download (home on 8 MB), rerun with room")
 def _stage_disk(tmp: Path) -> tuple[str, str]:
-    from tests.test_fault_disk import test_a_disk_that_fills_during_a_stage_stops_it_in_one_line_and_the_rerun_finishes as t
+    from tests.faults.test_fault_disk import test_a_disk_that_fills_during_a_stage_stops_it_in_one_line_and_the_rerun_finishes as t
 
     with _disks(tmp) as disk:
         t(disk, tmp)
@@ -44,7 +44,7 @@ def _stage_disk(tmp: Path) -> tuple[str, str]:
 
 @case("tracking store's disk fills mid-run, rerun with room")
 def _store_disk(tmp: Path) -> tuple[str, str]:
-    from tests.test_fault_disk import test_a_tracking_store_whose_disk_fills_is_said_once_and_then_skipped as t
+    from tests.faults.test_fault_disk import test_a_tracking_store_whose_disk_fills_is_said_once_and_then_skipped as t
 
     with _disks(tmp) as disk:
         t(disk, tmp)
@@ -53,7 +53,7 @@ def _store_disk(tmp: Path) -> tuple[str, str]:
 
 @case("project home under a file, read-only, full")
 def _home(tmp: Path) -> tuple[str, str]:
-    from tests.test_fault_disk import test_an_unusable_home_is_named_as_the_project_home_with_its_fix as t
+    from tests.faults.test_fault_disk import test_an_unusable_home_is_named_as_the_project_home_with_its_fix as t
 
     for i, where in enumerate(("under a file", "read-only", "full")):
         (tmp / str(i)).mkdir()
@@ -64,7 +64,7 @@ def _home(tmp: Path) -> tuple[str, str]:
 
 @case("finished home on a read-only mount, then writable again")
 def _home_read_only(tmp: Path) -> tuple[str, str]:
-    from tests.test_fault_disk import test_a_home_with_finished_work_on_a_read_only_mount_is_named_and_kept as t
+    from tests.faults.test_fault_disk import test_a_home_with_finished_work_on_a_read_only_mount_is_named_and_kept as t
 
     t(tmp)
     return "one line naming the home (EMBODIED_R_HOME, --home), the folder and the fix; rerun: cached", RECOVERED
@@ -72,7 +72,7 @@ def _home_read_only(tmp: Path) -> tuple[str, str]:
 
 @case("home read-only mid perception (after its 5th item), rerun")
 def _home_read_only_mid_run(tmp: Path) -> tuple[str, str]:
-    from tests.test_fault_disk import (
+    from tests.faults.test_fault_disk import (
         test_a_home_that_becomes_read_only_mid_stage_fails_it_once_and_the_rerun_resumes as t)
 
     t(tmp)
@@ -83,7 +83,7 @@ def _home_read_only_mid_run(tmp: Path) -> tuple[str, str]:
 @case("home marker damaged")
 def _home_marker(tmp: Path) -> tuple[str, str]:
     from benchmarks.fault_sentences import _run
-    from tests.test_fault_disk import test_a_damaged_home_marker_is_named_with_both_fixes as t
+    from tests.faults.test_fault_disk import test_a_damaged_home_marker_is_named_with_both_fixes as t
 
     _run(t, tmp)
     return "one line: delete it if made here, or write its path and relocate", OK_ERROR
@@ -91,7 +91,7 @@ def _home_marker(tmp: Path) -> tuple[str, str]:
 
 @case("stage retries: full disk, refused input, config error")
 def _retries(tmp: Path) -> tuple[str, str]:
-    from tests.test_fault_disk import test_only_a_failure_that_may_pass_is_retried as t
+    from tests.faults.test_fault_disk import test_only_a_failure_that_may_pass_is_retried as t
 
     t()
     return "not retried (errors.may_pass); a crashed trainer or a reset connection is", OK_ERROR
@@ -99,7 +99,7 @@ def _retries(tmp: Path) -> tuple[str, str]:
 
 @case("catalog row whose video path leaves its benchmark")
 def _outside(tmp: Path) -> tuple[str, str]:
-    from tests.test_download_catalog import test_a_row_whose_video_path_leaves_its_benchmark_is_refused_not_missing as t
+    from tests.data.test_download_catalog import test_a_row_whose_video_path_leaves_its_benchmark_is_refused_not_missing as t
 
     for i, escape in enumerate(("../../../outside.mp4", "/abs/outside.mp4")):
         (tmp / str(i)).mkdir()
@@ -109,7 +109,7 @@ def _outside(tmp: Path) -> tuple[str, str]:
 
 @case("corrupt videos (no moov atom): key frames, then perception")
 def _corrupt(tmp: Path) -> tuple[str, str]:
-    from tests.test_perception_failure import (
+    from tests.perception.test_perception_failure import (
         test_perception_stopped_by_videos_without_key_frames_names_them_and_their_list as t)
 
     class _Unchecked:  # the terminal's silence is the test's to check (pytest's capfd), not this table's

@@ -39,9 +39,9 @@ def _one_line(res: subprocess.CompletedProcess, *needles: str) -> tuple[str, boo
 
 @case("settings: max_failed_fraction raised, another server, timeout, concurrency")
 def _operational(tmp: Path) -> tuple[str, str]:
-    from test_operational_settings import _first_run_fails, _perception, _refusing_video_b
-    from test_perception import make_inputs
-    from test_perception_http import RecordingServer
+    from tests.test_operational_settings import _first_run_fails, _perception, _refusing_video_b
+    from tests.perception.test_perception import make_inputs
+    from tests.perception.test_perception_http import RecordingServer
 
     from embodied_r.pipeline import execute
 
@@ -70,7 +70,7 @@ class _Home:
     @classmethod
     def ready(cls, tmp: Path) -> Path:
         """The shared home, key frames done; perception cleared for the next case."""
-        from test_interrupts import _fresh_perception, _recipe, _run
+        from tests.flows.test_interrupts import _fresh_perception, _recipe, _run
 
         if cls.path is None:
             home = tmp / "home"
@@ -86,7 +86,7 @@ class _Home:
 def _signal_case(tmp: Path, signum: int, group: bool, act: Any = None) -> tuple[str, str]:
     """Perception under way, then ``signum`` (or ``act(pid)``): one line, every process ended,
     and the rerun sends only the missing calls."""
-    from test_interrupts import Slow, _interrupt, _logged, _recipe, _run, running
+    from tests.flows.test_interrupts import Slow, _interrupt, _logged, _recipe, _run, running
 
     home = _Home.ready(tmp)
     slow = Slow(delay_s=1.0)
@@ -128,14 +128,14 @@ def _sigterm(tmp: Path) -> tuple[str, str]:
 
 @case("Prefect's ephemeral server killed (kill -9) during perception")
 def _prefect_killed(tmp: Path) -> tuple[str, str]:
-    from test_interrupts import _kill_prefect_server
+    from tests.flows.test_interrupts import _kill_prefect_server
 
     return _signal_case(tmp, 0, group=False, act=_kill_prefect_server)
 
 
 @case("Ctrl-C during key frames (stalled at video 2)")
 def _sigint_keyframes(tmp: Path) -> tuple[str, str]:
-    from test_interrupts import _interrupt, _recipe, _run, running
+    from tests.flows.test_interrupts import _interrupt, _recipe, _run, running
 
     from embodied_r.io import STALL_ENV, STALL_MARKER_ENV
 
@@ -157,7 +157,7 @@ def _sigint_keyframes(tmp: Path) -> tuple[str, str]:
 
 @case("disk full mid-perception (at the item log's write)")
 def _disk_full(tmp: Path) -> tuple[str, str]:
-    from test_interrupts import FULL_DISK, Slow, _env, _logged, _recipe
+    from tests.flows.test_interrupts import FULL_DISK, Slow, _env, _logged, _recipe
 
     home = _Home.ready(tmp)
     srv = Slow(delay_s=0.0)
@@ -197,7 +197,7 @@ def _no_server(tmp: Path) -> tuple[str, str]:
 
 @case("--no-wait on a busy stage: the advice names real flags")
 def _no_wait(tmp: Path) -> tuple[str, str]:
-    from test_late_errors import test_the_busy_stage_message_names_only_flags_that_exist as check
+    from tests.faults.test_late_errors import test_the_busy_stage_message_names_only_flags_that_exist as check
 
     import pytest
 
@@ -241,7 +241,7 @@ def _missing_model(tmp: Path) -> tuple[str, str]:
 
 @case("answer letter not among the options")
 def _not_an_option(tmp: Path) -> tuple[str, str]:
-    from test_download_catalog import _mirror
+    from tests.data.test_download_catalog import _mirror
 
     mirror = _mirror(tmp / "mirror")
     for stage in ("download", "preprocess"):
@@ -253,7 +253,7 @@ def _not_an_option(tmp: Path) -> tuple[str, str]:
 
 @case("promote: true with an empty val split (validate, after the catalog)")
 def _empty_val(tmp: Path) -> tuple[str, str]:
-    from test_download_catalog import _mirror
+    from tests.data.test_download_catalog import _mirror
 
     static, ok = _one_line(cli(["validate", "--recipe", "smoke", "--set", "catalog.split.val=0", "--set",
                                 "catalog.split.train=0.75"], tmp / "a"), "tracking.promote")

@@ -42,7 +42,7 @@ def _closed_port(tmp: Path) -> tuple[str, str]:
 
 @case("tracking: server killed (kill -9) mid-run, rerun with it back")
 def _killed_server(tmp: Path) -> tuple[str, str]:
-    from tests.test_fault_losses import killed_mid_run, planned, rerun_with_server_back
+    from tests.faults.test_fault_losses import killed_mid_run, planned, rerun_with_server_back
 
     lost = _Lost.run = killed_mid_run(tmp)
     stages = planned(lost["home"])
@@ -61,7 +61,7 @@ def _killed_server(tmp: Path) -> tuple[str, str]:
 def _lost_file(tmp: Path) -> tuple[str, str]:
     import pyarrow.parquet as pq
 
-    from tests.test_fault_losses import ONE_STAGE, killed_mid_run, planned
+    from tests.faults.test_fault_losses import ONE_STAGE, killed_mid_run, planned
 
     lost = _Lost.run or killed_mid_run(tmp)
     home = lost["home"]

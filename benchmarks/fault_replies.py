@@ -34,8 +34,8 @@ def _empty_body(content: str | None) -> dict[str, Any]:
 
 
 def _perception_against(tmp: Path, reply: Callable[[dict], StubReply]) -> tuple[Any, Any, Path, Any, ChatStub]:
-    from tests.test_perception import make_inputs
-    from tests.test_perception_http import stage_cfg
+    from tests.perception.test_perception import make_inputs
+    from tests.perception.test_perception_http import stage_cfg
 
     catalog, kf = make_inputs(tmp, {"a": 3, "b": 2}, [("q:1", "a"), ("q:2", "a"), ("q:3", "b")])
     stub = ChatStub(reply)
@@ -50,7 +50,7 @@ def _fails_then_recovers(tmp: Path, reply: Callable[[dict], StubReply], refresh:
     from embodied_r.errors import StageFault
     from embodied_r.perception.stage import run_perception
     from flows.runner import discard
-    from tests.test_perception_http import RecordingServer
+    from tests.perception.test_perception_http import RecordingServer
 
     catalog, kf, out, cfg, bad = _perception_against(tmp, reply)
     try:
@@ -90,7 +90,7 @@ def _no_action(tmp: Path) -> tuple[str, str]:
 @case("perception: 220 KB replies (max_tokens ignored)")
 def _flood(tmp: Path) -> tuple[str, str]:
     from embodied_r.perception.stage import run_perception
-    from tests.test_perception_http import reply_for
+    from tests.perception.test_perception_http import reply_for
 
     flood = " and more" * 25_000
     catalog, kf, out, cfg, stub = _perception_against(
@@ -113,7 +113,7 @@ def _long_prompts(tmp: Path) -> tuple[str, str]:
     from embodied_r.evaluation.stage import run_evaluation
     from embodied_r.training.records import run_records
     from embodied_r.training.records_config import RecordsConfig
-    from tests.test_records import VIDEO, catalog_row, write_inputs
+    from tests.stage_inputs import VIDEO, catalog_row, write_inputs
 
     rows = [catalog_row(f"urbanvideo:{i}", "test") for i in range(4)]
     texts = {r["uid"]: VIDEO + " a red door ahead." * (4000 if i % 2 else 0) for i, r in enumerate(rows)}
@@ -161,7 +161,7 @@ def _echoed_key(tmp: Path) -> tuple[str, str]:
                 return f"run with a refused key ({code}) ended rc 0", "FAIL"
     finally:
         stub.stop()
-    from tests.test_fault_secrets import stored_text
+    from tests.faults.test_fault_secrets import stored_text
 
     files = [p for p in home.rglob("*") if p.is_file()]
     hits = sorted({str(p.relative_to(home)) for p in files for k in (HEX_KEY, JWT_KEY) if k in stored_text(p)})
@@ -187,7 +187,7 @@ def _exit(tmp: Path) -> tuple[str, str]:
 
 @case("three runs open a fresh home's MLflow store at once")
 def _store_race(tmp: Path) -> tuple[str, str]:
-    from tests.test_fault_exit import OPEN_STORE
+    from tests.faults.test_fault_exit import OPEN_STORE
 
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     failed = 0

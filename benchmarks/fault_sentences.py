@@ -3,8 +3,8 @@ catch-all, for ``benchmarks/faults.py``.
 
 The store cases run ``embodied-r run`` in processes of their own against stores made for real
 (a text file, an unknown scheme, a driver not installed, a folder, a read-only folder); the
-others run the tests of the same faults (``tests/test_fault_store.py``,
-``tests/test_fault_sentences.py``), their pytest fixtures stood in for here.
+others run the tests of the same faults (``tests/faults/test_fault_store.py``,
+``tests/faults/test_fault_sentences.py``), their pytest fixtures stood in for here.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def _fixtures(tmp: Path) -> Iterator[dict[str, Any]]:
 
     import pytest
 
-    from tests.test_fault_disk import read_only
+    from tests.faults.test_fault_disk import read_only
 
     made: list[Path] = []
 
@@ -101,7 +101,7 @@ def _stores(tmp: Path) -> tuple[str, str]:
 
 @case("tracking store: read-only folder, damaged database, read-only mid-run")
 def _store_faults(tmp: Path) -> tuple[str, str]:
-    from tests import test_fault_store as t
+    from tests.faults import test_fault_store as t
 
     _run(t.test_a_store_in_a_read_only_folder_is_named_with_the_folder, tmp / "ro")
     _run(t.test_a_database_damaged_past_its_header_is_named_when_opened, tmp / "damaged")
@@ -112,7 +112,7 @@ def _store_faults(tmp: Path) -> tuple[str, str]:
 
 @case("tracking store: promote, register-model, eval-model, baselines, experiment, nightly")
 def _store_commands(tmp: Path) -> tuple[str, str]:
-    from tests.test_fault_store import test_every_command_that_uses_the_store_names_it_first as t
+    from tests.faults.test_fault_store import test_every_command_that_uses_the_store_names_it_first as t
 
     _run(t, tmp)
     return "each names the store first, in one line, before its work", OK_ERROR
@@ -120,7 +120,7 @@ def _store_commands(tmp: Path) -> tuple[str, str]:
 
 @case("tracking store not a database on a home with work done, then set right")
 def _store_rerun(tmp: Path) -> tuple[str, str]:
-    from tests.test_fault_store import test_the_issue_case_then_the_rerun_recomputes_nothing as t
+    from tests.faults.test_fault_store import test_the_issue_case_then_the_rerun_recomputes_nothing as t
 
     t(tmp)
     return "one line, exit 2, even with --refresh nothing discarded; the rerun finds the stage cached", RECOVERED
@@ -128,7 +128,7 @@ def _store_rerun(tmp: Path) -> tuple[str, str]:
 
 @case("catch-all: file system, SQLite/SQLAlchemy, HTTP (3 clients), Prefect's API, YAML, JSON")
 def _catch_all(tmp: Path) -> tuple[str, str]:
-    from tests import test_fault_sentences as t
+    from tests.faults import test_fault_sentences as t
 
     for i, test in enumerate((t.test_a_read_only_folder_is_named_with_its_fix,
                               t.test_a_read_only_folder_in_the_home_is_named_as_the_home,

@@ -26,7 +26,6 @@ from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(1, str(ROOT / "tests"))  # test modules import each other by bare name
 
 from benchmarks.fault_inputs import cli as _cli  # noqa: E402
 from benchmarks.fault_kills import CASES, OK_ERROR, RECOVERED, case, kill_cases  # noqa: E402
@@ -44,8 +43,8 @@ def _perception_outage(tmp: Path, fault: Callable[[dict], StubReply | None] | No
                        timeout_s: float = 5.0) -> tuple[str, str]:
     from embodied_r.errors import StageFault
     from embodied_r.perception.stage import run_perception
-    from tests.test_perception import make_inputs
-    from tests.test_perception_http import RecordingServer, stage_cfg
+    from tests.perception.test_perception import make_inputs
+    from tests.perception.test_perception_http import RecordingServer, stage_cfg
 
     catalog, kf = make_inputs(tmp, {"a": 3, "b": 2}, [("q:1", "a"), ("q:2", "a"), ("q:3", "b")])
     out = tmp / "perception"
@@ -113,7 +112,7 @@ def _half_failing(tmp: Path) -> tuple[str, str]:
     from embodied_r.errors import TooManyFailures
     from embodied_r.evaluation.config import EvaluationConfig
     from embodied_r.evaluation.stage import run_evaluation
-    from tests.test_records import VIDEO, catalog_row, write_inputs
+    from tests.stage_inputs import VIDEO, catalog_row, write_inputs
     from embodied_r.training.records import run_records
     from embodied_r.training.records_config import RecordsConfig
 
@@ -154,8 +153,8 @@ def _secret(tmp: Path) -> tuple[str, str]:
 
     from embodied_r.errors import StageFault
     from embodied_r.perception.stage import run_perception
-    from tests.test_perception import make_inputs
-    from tests.test_perception_http import stage_cfg, RecordingServer
+    from tests.perception.test_perception import make_inputs
+    from tests.perception.test_perception_http import stage_cfg, RecordingServer
 
     os.environ["EMBODIED_R_TEST_NO_KEY"] = "sk-faultscript-0123456789"
     catalog, kf = make_inputs(tmp, {"a": 2}, [("q:1", "a")])

@@ -8,9 +8,12 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import pytest
+
+if TYPE_CHECKING:
+    from tests.servers import ScriptedModels, ScriptedReference
 
 # Prefect's telemetry fails offline and leaves "database is locked" tracebacks.
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
@@ -148,6 +151,26 @@ def _home_restored(embodied_r_home: Path, monkeypatch: pytest.MonkeyPatch) -> No
     # `embodied-r --home DIR`, called in process, sets EMBODIED_R_HOME for the process; the
     # home each test started with comes back after it, so later tests find their cached models.
     monkeypatch.setenv("EMBODIED_R_HOME", os.environ.get("EMBODIED_R_HOME", str(embodied_r_home)))
+
+@pytest.fixture()
+def reference() -> Iterator[ScriptedReference]:
+    """A consistency reference on 127.0.0.1 that answers what the reasoning says (``REF=``)."""
+    from tests.servers import ScriptedReference
+
+    server = ScriptedReference()
+    yield server
+    server.stop()
+
+
+@pytest.fixture()
+def scripted(request: pytest.FixtureRequest) -> Iterator[ScriptedModels]:
+    """Models on 127.0.0.1 that answer by the test module's ``script_reply(model, messages)``."""
+    from tests.servers import ScriptedModels
+
+    server = ScriptedModels(request.module.script_reply)
+    yield server
+    server.stop()
+
 
 @pytest.fixture(scope="session")
 def tiny_lm_path(embodied_r_home: Path) -> Path:

@@ -14,15 +14,28 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
+
+if TYPE_CHECKING:
+    from embodied_r.backends.base import BackendConfig
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def free_port() -> int:
-    """A port free a moment ago. Another process may take it before the server binds it:
-    start servers with ``serve_on_free_port``, which tries another port when that happens."""
+    """A port free a moment ago, where nobody listens (a refused connection). Another process
+    may take it before a server binds it: start servers with ``serve_on_free_port``, which
+    tries another port when that happens."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def run_ok(cmd: list[str], env: dict[str, str], timeout: float = 300, cwd: Path = ROOT) -> str:
+    """Run ``cmd`` to its end, from the checkout; it must exit 0. Its stdout and stderr together."""
+    done = subprocess.run(cmd, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, f"{' '.join(cmd)} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    return done.stdout + done.stderr
 
 
 @contextmanager
@@ -180,3 +193,30 @@ class ScriptedReference(ChatStub):
 
         return BackendConfig(kind="openai", model="reference", base_url=self.base_url, max_retries=0,
                              timeout_s=120.0, api_key_env="EMBODIED_R_TEST_KEY")
+
+
+Reply = Callable[[str, list[dict[str, Any]]], str]
+
+
+class ScriptedModels(ChatStub):
+    """An OpenAI-compatible chat server on 127.0.0.1 whose models answer by a script,
+    ``reply(model, messages) -> text``: a stand-in for models that write well-formed
+    answers, which the random-weight tiny models never do."""
+
+    def __init__(self, reply: Reply):
+        super().__init__(lambda body: StubReply(
+            payload=completion(body["model"], reply(body["model"], body["messages"]))))
+        self.requests = self.bodies
+
+    def backend(self, model: str, **kw: Any) -> BackendConfig:
+        from embodied_r.backends.base import BackendConfig
+
+        return BackendConfig(kind="openai", model=model, base_url=self.base_url, max_retries=0, timeout_s=10.0,
+                             api_key_env="EMBODIED_R_TEST_KEY", **kw)
+
+def text_of(messages: list[dict[str, Any]]) -> str:
+    parts = []
+    for m in messages:
+        content = m["content"]
+        parts += [content] if isinstance(content, str) else [p.get("text", "") for p in content]
+    return "\n".join(parts)

@@ -17,8 +17,8 @@ import pytest
 from embodied_r.config import load_recipe
 from embodied_r.errors import TooManyFailures
 from embodied_r.pipeline import StagePlan, execute, plan
-from tests.test_perception import make_inputs
-from tests.test_perception_http import RecordingServer
+from tests.perception.test_perception import make_inputs
+from tests.perception.test_perception_http import RecordingServer
 
 
 def _perception(home: Path, url: str, inputs: dict[str, str], **perception: Any) -> StagePlan:
