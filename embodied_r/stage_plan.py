@@ -327,4 +327,20 @@ def plan_stages(declared: tuple[StageKind, ...], recipe: Any, root: Path, model:
             continue
         config, keyed = ({}, {}) if section is None else (section.model_dump(mode="json"), result_settings(section))
         builder.add(kind, kind.name, config, keyed=keyed)
-    return builder.plan(declared[0].pipeline, recipe.model_dump(mode="json"))
+    as_json = recipe.model_dump(mode="json")
+    _VALIDATED[_recipe_text(as_json)] = recipe
+    return builder.plan(declared[0].pipeline, as_json)
+
+
+# The recipes this process validated, by their JSON: a plan handed on as JSON (to the flow, to a
+# stage's task) is turned back into the same recipe without validating it again.
+_VALIDATED: dict[str, Any] = {}
+
+
+def _recipe_text(recipe: dict[str, Any]) -> str:
+    return json.dumps(recipe, sort_keys=True, default=str)
+
+
+def validated_recipe(stages: Plan) -> Any | None:
+    """The recipe object ``stages`` was planned from in this process, if it was."""
+    return _VALIDATED.get(_recipe_text(stages.recipe))

@@ -101,6 +101,11 @@ def scoped_env(**values: str) -> Iterator[None]:
 
 
 def recipe_of(stages: Plan) -> Any:
+    """The validated recipe ``stages`` was planned from: validated again only in another process."""
+    from embodied_r.stage_plan import validated_recipe
+
+    if (known := validated_recipe(stages)) is not None:
+        return known
     if stages.pipeline == "embodied-reasoner":
         from embodied_r.interactive.config import ReasonerRecipe
 

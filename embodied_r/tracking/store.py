@@ -4,6 +4,7 @@ server answers, and the one line that says why not, with the fix."""
 from __future__ import annotations
 
 import os
+import time
 import threading
 import urllib.error
 import urllib.request
@@ -234,16 +235,23 @@ def opening(uri: str) -> Iterator[None]:
         raise TrackingUnavailable(line) from exc
 
 
+# When this process last found each store usable: a command checks its store once, before its
+# work (the CLI before Prefect starts), not again when its run opens it a moment later.
+_FOUND: dict[str, float] = {}
+_FOUND_FOR_S = 120.0
+
+
 def check_store(uri: str, timeout_s: float = CHECK_TIMEOUT_S) -> None:
     """Raise :class:`TrackingUnavailable`, one line naming the fixes, when store ``uri`` cannot be
     used. An HTTP server is asked once within ``timeout_s``: MLflow's client retries for minutes."""
+    if time.monotonic() - _FOUND.get(uri, -_FOUND_FOR_S) < _FOUND_FOR_S:
+        return
     if not is_remote(uri):
         if (line := opening_line(uri)) is not None:
             raise TrackingUnavailable(line)
-        return
-    why = unanswered(uri, timeout_s)
-    if why is not None:
+    elif (why := unanswered(uri, timeout_s)) is not None:
         raise TrackingUnavailable(f"the MLflow tracking server at {uri} does not answer ({why}): {fixes(uri)}")
+    _FOUND[uri] = time.monotonic()
 
 
 # SQLite's words for a database it may read but not write (its file or folder read-only).
