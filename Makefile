@@ -27,7 +27,12 @@ demo-reasoner: env
 # fixtures are built once; the longest files first (tests/conftest.py, LONGEST_FIRST).
 TEST_WORKERS ?= 2
 test: env
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not e2e"
+
+# The end-to-end runs: the demo learning, whole pipelines deployed to real Prefect servers and
+# workers, MLflow servers killed and restarted under a run, disks that fill mid-stage.
+test-e2e: env
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m e2e
 
 # Unit tests only: no flows, no servers.
 test-fast: env

@@ -207,10 +207,16 @@ def _raw(name_or_path: str | Path, folder: Path, seen: tuple[str, ...] = ()) -> 
     path = _locate(name_or_path, folder)
     if str(path) in seen:
         raise RecipeError(f"recipe {path} extends itself through {' -> '.join(seen)}")
+    text = path.read_text()
     try:
-        data = yaml.load(path.read_text(), Loader=_LOADER)
-    except yaml.YAMLError as exc:
-        raise RecipeError(f"recipe {path} is not valid YAML at {yaml_words(exc)}: fix it there") from exc
+        data = yaml.load(text, Loader=_LOADER)
+    except yaml.YAMLError:
+        # The pure-Python parser's words for what is wrong, the same whichever parser PyYAML has.
+        try:
+            yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise RecipeError(f"recipe {path} is not valid YAML at {yaml_words(exc)}: fix it there") from exc
+        raise
     if data is None or data == {}:
         # Nothing set would silently run the paper's whole setup (hub download, a 72B VLM).
         raise RecipeError(f"recipe {path} is empty: write the settings you mean, or `extends: paper` "

@@ -34,7 +34,7 @@ from embodied_r.perception.config import PerceptionConfig
 from embodied_r.pipeline import execute, plan
 
 # The whole demo runs in the first test's setup: several minutes on two cores.
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(1800)]
 
 
 def _accuracy(folder: str) -> float:

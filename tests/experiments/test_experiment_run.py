@@ -11,7 +11,7 @@ import pytest
 
 # A whole experiment (three variants, in and out of distribution) is minutes of training on
 # two busy cores: the learning demo's limit, not the per-test default.
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.timeout(1800)]
 
 EXPERIMENT = """\
 baseline: grpo

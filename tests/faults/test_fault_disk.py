@@ -114,6 +114,7 @@ def fill(folder: Path) -> Path:
     return ballast
 
 
+@pytest.mark.e2e
 def test_a_disk_that_fills_during_a_stage_stops_it_in_one_line_and_the_rerun_finishes(small_disk, tmp_path) -> None:
     disk = small_disk("disk", "size=8m")  # the smoke benchmark needs about 21 MB; the store fits
     home = disk / "home"
@@ -158,6 +159,7 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
+@pytest.mark.e2e
 def test_a_tracking_store_whose_disk_fills_is_said_once_and_then_skipped(small_disk, tmp_path) -> None:
     disk = small_disk("store", "size=16m")
     home = tmp_path / "home"
@@ -263,6 +265,7 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
+@pytest.mark.e2e
 def test_a_home_that_becomes_read_only_mid_stage_fails_it_once_and_the_rerun_resumes(tmp_path) -> None:
     home = tmp_path / "home"
     probe = tmp_path / "probe"

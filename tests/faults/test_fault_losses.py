@@ -310,6 +310,7 @@ def planned(lost: dict[str, Any]) -> dict[str, Any]:
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_a_tracking_server_killed_mid_run_costs_no_work(lost_run: dict[str, Any]) -> None:
     out, err, uri = lost_run["stdout"], lost_run["stderr"], lost_run["uri"]
     assert lost_run["rc"] == 1, out[-3000:] + err[-3000:]
@@ -334,6 +335,7 @@ def test_a_tracking_server_killed_mid_run_costs_no_work(lost_run: dict[str, Any]
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_a_finished_folder_that_lost_a_file_is_not_taken_as_done(lost_run: dict[str, Any]) -> None:
     home = lost_run["home"]
     stages = planned(lost_run)

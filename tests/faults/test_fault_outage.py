@@ -29,7 +29,7 @@ SMALL = ["--set", "training.stages=[{name: stage1, epochs: 1, rewards: {format: 
 RAN = ("train_stage1", "evaluate", "promote")  # what a refresh of train_stage1 computes again
 AWAY_S = 20.0
 
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(not MLFLOW.exists(), reason="the mlflow command is not installed")]
+pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.skipif(not MLFLOW.exists(), reason="the mlflow command is not installed")]
 
 
 class Server:

@@ -163,6 +163,7 @@ def test_deploy_names_a_misspelt_recipe_before_deploying(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_the_walk_through_on_real_servers_and_workers(tmp_path, monkeypatch, subtests):
     home = tmp_path / "home"
     prefect_port, mlflow_port = free_port(), free_port()

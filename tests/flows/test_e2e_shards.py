@@ -30,7 +30,7 @@ from tests.perception.test_perception_http import RecordingServer
 from tests.flows.test_shards import PERCEPTION_TABLES, same_folders
 from tests.servers import background, run_ok, serve_on_free_port
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent

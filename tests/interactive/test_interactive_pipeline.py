@@ -45,6 +45,7 @@ def test_loss_on_assistant_turns_after_the_first_feedback_only():
 
 
 @pytest.mark.slow
+@pytest.mark.e2e
 def test_reasoner_demo_end_to_end(tmp_path, monkeypatch, capsys):
     """The demo at seed 42, every stage through the CLI: each SFT stage learns its own data
     (token accuracy rises, first to last quarter of its steps), the stage-1 model's rollouts
