@@ -253,7 +253,7 @@ def run_audit(out, config, inputs, mlflow_run_id):
     return summary
 
 
-def test_a_stage_declared_once_is_planned_keyed_run_listed_and_deployed(harness, monkeypatch, capsys):
+def test_a_stage_declared_once_is_planned_keyed_run_listed_and_deployed(harness, monkeypatch, capsys, request):
     """Adding a stage is its declaration and its line in the list, and nothing else: a stage
     declared here, between convert and warmstart, reading convert's records."""
     import yaml
@@ -269,6 +269,10 @@ def test_a_stage_declared_once_is_planned_keyed_run_listed_and_deployed(harness,
                       inputs={"records": "convert"})
     at = [k.name for k in stage_kinds.KINDS].index("convert") + 1
     monkeypatch.setattr(stage_kinds, "KINDS", [*stage_kinds.KINDS[:at], audit, *stage_kinds.KINDS[at:]])
+    from tasks.stages import STAGE_TASKS
+
+    # The task and flow the declaration makes on first use leave with it, for the tests after.
+    request.addfinalizer(lambda: [made.pop("audit", None) for made in (STAGE_TASKS, stages.STAGE_FLOWS)])
 
     # Listed by the CLI, with a deployment and a flow of its own.
     assert "count the GRPO records of each split" in build_parser().format_help()
