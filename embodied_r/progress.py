@@ -160,6 +160,37 @@ def stage_line(stage: str, event: str, seconds: float | None = None, note: str =
     return f"[stage] {stage:<13} {event:<8} {took}" + (f"  {note}" if note else "")
 
 
+def duration(seconds: float) -> str:
+    """``45 s``, ``3 min 20 s``, ``1 h 05 min``: a wait as a reader takes it in."""
+    s = max(0, round(seconds))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60:02d} s"
+    return f"{s // 3600} h {s % 3600 // 60:02d} min"
+
+
+class Pace:
+    """The time a stage has left, from the pace of the steps seen so far (its start, the model's
+    loading and a resume's skipped steps left out): a note for its step lines."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic):
+        self.clock = clock
+        self.first: tuple[int, float] | None = None
+
+    def note(self, step: object, total: object) -> str:
+        if not isinstance(step, int) or not isinstance(total, int):
+            return ""
+        now = self.clock()
+        if self.first is None or step <= self.first[0]:
+            self.first = (step, now)
+            return ""
+        if step >= total:
+            return ""
+        per_step = (now - self.first[1]) / (step - self.first[0])
+        return f"  ~{duration(per_step * (total - step))} left"
+
+
 def step_line(record: dict) -> str:
     """One training step in a line: stage, step/total, then for GRPO the total reward, each
     component and KL; for SFT the loss, the token accuracy and the learning rate."""

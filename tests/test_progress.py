@@ -49,3 +49,37 @@ def test_a_resumed_stage_says_on_its_done_line_what_it_kept():
     progress.begin("train_stage1")  # the next stage starts with nothing kept
     assert _kept("train", {"resumed_from_step": 0}) == ""
     assert _kept("train", {"resumed_from_step": 2}) == " (2 steps kept from the interrupted run)"
+
+
+def test_a_stage_s_time_left_comes_from_the_pace_of_its_steps():
+    now = [100.0]
+    pace = progress.Pace(clock=lambda: now[0])
+    assert pace.note(1, 10) == ""  # the first step only sets the clock: loading is no step
+    now[0] += 30.0
+    assert pace.note(3, 10) == "  ~1 min 45 s left"  # 15 s a step, 7 steps to go
+    now[0] += 15.0
+    assert pace.note(4, 1000) == "  ~4 h 09 min left"  # still 15 s a step, 996 to go
+    assert pace.note(1000, 1000) == ""  # nothing left to wait for
+    assert pace.note(None, 10) == "" and progress.duration(59.6) == "1 min 00 s"
+
+
+def test_step_lines_carry_the_time_left_and_library_info_stays_in_the_log(tmp_path, capsys):
+    import json
+    import os
+    import sys
+
+    from embodied_r.training.callbacks import STEP_MARK
+    from embodied_r.training.environment import _stream
+
+    steps = [json.dumps({"stage": "warmstart", "step": k, "total": 4, "loss": 1.0}) for k in (1, 2, 3)]
+    lines = [f"{STEP_MARK} {s}" for s in steps] + [
+        "2026-12-07 17:56:01,699 INFO alembic.runtime.plugins: setup plugin alembic.autogenerate.schemas",
+        "2026-12-07 17:56:52,885 INFO embodied_r.training.grpo: prompts read from their end",
+        "2026-12-07 17:56:52,886 WARNING alembic.runtime: a library's warning"]
+    script = "import time\n" + "\n".join(f"print({line!r}, flush=True); time.sleep(0.05)" for line in lines)
+    assert _stream([sys.executable, "-c", script], dict(os.environ), tmp_path / "train.log", "warmstart") == 0
+    out = capsys.readouterr().out.splitlines()
+    assert [line.split()[2] for line in out[:3]] == ["1/4", "2/4", "3/4"]
+    assert not out[0].endswith("left") and out[1].endswith("s left") and out[2].endswith("s left"), out
+    assert out[3:] == lines[-2:]  # the project's own INFO line and any warning still show
+    assert "alembic.autogenerate" in (tmp_path / "train.log").read_text()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -246,14 +247,21 @@ def _progress_line(line: str, what: str) -> bool:
     return True
 
 
-def _step_line(line: str) -> str | None:
-    """The compact terminal line of a trainer's step report, or None for another line."""
+# A library's INFO or DEBUG record in the child's log format (alembic's plugins as MLflow opens
+# its SQLite store, once per trainer): the trainer's log keeps it, the console does not.
+LIBRARY_INFO = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d+ (INFO|DEBUG) (?!embodied_r[.:])\S+: ")
+
+
+def _step_line(line: str, pace: progress.Pace) -> str | None:
+    """The compact terminal line of a trainer's step report, with the stage's time left, or None
+    for another line."""
     from embodied_r.training.callbacks import STEP_MARK
 
     if not line.startswith(STEP_MARK):
         return None
     try:
-        return progress.step_line(json.loads(line[len(STEP_MARK):]))
+        record = json.loads(line[len(STEP_MARK):])
+        return progress.step_line(record) + pace.note(record.get("step"), record.get("total"))
     except (ValueError, TypeError, AttributeError):
         return None
 
@@ -266,15 +274,16 @@ def _stream(cmd: list[str], env: dict[str, str], log_path: Path, what: str = "tr
         with children_deaf_to_ctrl_c():
             proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                     text=True, errors="replace", bufsize=1)
+        pace = progress.Pace()
         try:
             assert proc.stdout is not None
             for line in proc.stdout:
                 if _progress_line(line, what):
                     continue
-                compact = _step_line(line)
+                compact = _step_line(line, pace)
                 if compact is not None:
                     progress.say(compact)
-                else:
+                elif not LIBRARY_INFO.match(line):
                     progress.say(line.rstrip("\n"))
                 log_file.write(line)
                 log_file.flush()
