@@ -30,17 +30,30 @@ ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "fidelity.md"
 RECIPES = ("paper", "official-script", "improved")
 COLUMNS = ("setting", "paper", "official code", "`paper` recipe", "`official-script`", "`improved`", "why")
+DEMO_COLUMNS = ("setting", "paper", "`demo`", "why")
 
 
 # -- the table ----------------------------------------------------------------------------
 
 
-def table() -> list[dict[str, str]]:
-    """The rows of the one table in docs/fidelity.md, as {column: cell}."""
-    lines = [ln for ln in DOC.read_text(encoding="utf-8").splitlines() if ln.startswith("|")]
-    cells = [[c.strip() for c in ln.strip().strip("|").split("|")] for ln in lines]
-    head, rows = cells[0], [c for c in cells[2:]]
-    assert tuple(head) == COLUMNS, f"docs/fidelity.md's table must have the columns {COLUMNS}, has {head}"
+def tables() -> list[list[list[str]]]:
+    """Every table of docs/fidelity.md, in order: its rows of cells, the head first."""
+    found: list[list[list[str]]] = []
+    previous = ""
+    for line in DOC.read_text(encoding="utf-8").splitlines():
+        if line.startswith("|"):
+            if not previous.startswith("|"):
+                found.append([])
+            found[-1].append([c.strip() for c in line.strip().strip("|").split("|")])
+        previous = line
+    return found
+
+
+def table(which: int = 0, columns: tuple[str, ...] = COLUMNS) -> list[dict[str, str]]:
+    """The rows of a table of docs/fidelity.md (the first: the paper's recipes), as {column: cell}."""
+    cells = tables()[which]
+    head, rows = cells[0], cells[2:]
+    assert tuple(head) == columns, f"docs/fidelity.md's table {which + 1} must have the columns {columns}, has {head}"
     assert all(len(r) == len(head) for r in rows), "a row of docs/fidelity.md has the wrong number of cells"
     return [dict(zip(head, r)) for r in rows]
 
@@ -151,7 +164,7 @@ def flat(data: Any, prefix: str = "") -> dict[str, Any]:
 def resolved(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, Any]]:
     frame = jpeg_720p(tmp_path_factory.mktemp("frames"))
     out = {}
-    for name in RECIPES:
+    for name in (*RECIPES, "demo"):
         recipe = load_recipe(name)
         values = flat(recipe.model_dump(mode="json"))
         values.update(perception_request(recipe, frame))
@@ -203,6 +216,28 @@ def test_the_table_covers_every_setting_that_changes_results() -> None:
         "perception.on_failure", "catalog.split.rule", "grpo.vllm_max_model_length",
     }
     assert must <= keys, f"docs/fidelity.md lacks {sorted(must - keys)}"
+
+
+def test_the_demo_s_departures_from_the_paper_are_what_the_demo_recipe_sets(resolved: dict[str, dict[str, Any]]) -> None:
+    """The second table: where `make demo` departs from the paper, each value as the demo
+    recipe gives it and the `paper` recipe's value beside it, not the same."""
+    rows = table(1, DEMO_COLUMNS)
+    keys = [key_of(r) for r in rows]
+    assert len(set(keys)) == len(keys), "a setting appears twice in the demo's table"
+    wrong = []
+    for row, key in zip(rows, keys):
+        assert row["why"], f"{key}: say why the demo departs"
+        assert key in resolved["demo"], f"the demo's table names {key!r}, which the code does not build"
+        cell, actual = cell_value(row["`demo`"]), resolved["demo"][key]
+        if not same(cell, actual):
+            wrong.append(f"{key}: table says {cell!r}, the demo recipe gives {actual!r}")
+        if resolved["paper"].get(key, "unset") == actual:
+            wrong.append(f"{key}: the demo keeps the paper's {actual!r}; it is no departure")
+    assert not wrong, "docs/fidelity.md's demo table and the demo recipe disagree:\n" + "\n".join(wrong)
+    must = {"perception.backend.kind", "training.policy", "warmstart.epochs", "training.max_prompt_length",
+            "grpo.learning_rate", "grpo.num_generations", "grpo.max_completion_length",
+            "schedule", "training.reference.model", "download.synthetic.option_order"}
+    assert must <= set(keys), f"the demo's table lacks {sorted(must - set(keys))}"
 
 
 # -- the perception prompts carry every point of the official pair prompt ------------------
