@@ -39,7 +39,7 @@ DEMO_STAGE_KWARGS = {
     "per_device_train_batch_size": 16, "gradient_accumulation_steps": 1, "temperature": 1.0, "top_p": 0.9,
     "top_k": 50, "repetition_penalty": 1.0, "loss_type": "grpo", "scale_rewards": "group", "epsilon": 0.2,
     "lr_scheduler_type": "cosine", "warmup_steps": 0.05, "weight_decay": 0.1, "adam_beta1": 0.9,
-    "adam_beta2": 0.95, "max_grad_norm": 1.0, "vllm_importance_sampling_correction": False, "max_steps": 150,
+    "adam_beta2": 0.95, "max_grad_norm": 1.0, "vllm_importance_sampling_correction": False, "max_steps": -1,
     "reward_weights": [1.0], "log_completions": False,
 }
 
@@ -63,7 +63,8 @@ def test_demo_trainer_arguments_are_unchanged() -> None:
     training = load_recipe("demo").training
     assert (training.stage_chain, training.prompt_cut, training.eval_steps) == ("fresh", "both", None)
     assert (training.policy, training.max_prompt_length, training.stage_seeds) == ("tiny:lm-reader", 160, "offset")
-    for index, (stage, epochs) in enumerate(zip(training.stages, (2.0, 2.0, 8.0)), start=1):
+    # The paper's 2 : 2 : 8 epochs scaled to a quarter, a quarter and one pass, no step cap.
+    for index, (stage, epochs) in enumerate(zip(training.stages, (0.25, 0.25, 1.0)), start=1):
         seeded = training.model_copy(update={"seed": stage_seed(training, index)})
         kwargs = grpo_kwargs(stage, seeded, Path("/w"), [1.0], [])
         kwargs.pop("activation_checkpointing", kwargs.pop("gradient_checkpointing", None))
