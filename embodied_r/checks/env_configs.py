@@ -33,7 +33,7 @@ def faked(world: int, env: dict[str, str], gpus: int = 0) -> Iterator[None]:
     REAL_CUDA.setdefault("device_count", torch.cuda.device_count)
     saved_env = dict(os.environ)
     saved = (TrainingArguments.world_size, ta.is_torch_bf16_gpu_available, torch.cuda.is_available,
-             torch.cuda.device_count, torch.cuda.is_bf16_supported)
+             torch.cuda.device_count, torch.cuda.is_bf16_supported, torch.accelerator.current_accelerator)
     TrainingArguments.world_size = property(lambda self: world)
     ta.is_torch_bf16_gpu_available = lambda: True
     # The project asks for native bf16 (embodied_r.backends.devices): the faked GPU has it.
@@ -41,12 +41,14 @@ def faked(world: int, env: dict[str, str], gpus: int = 0) -> Iterator[None]:
     if gpus:
         torch.cuda.is_available = lambda: True
         torch.cuda.device_count = lambda: gpus
+        # accelerate 1.16 finds the GPUs through torch.accelerator before it asks torch.cuda.
+        torch.accelerator.current_accelerator = lambda check_available=False: torch.device("cuda")
     os.environ.update(env)
     try:
         yield
     finally:
         (TrainingArguments.world_size, ta.is_torch_bf16_gpu_available, torch.cuda.is_available,
-         torch.cuda.device_count, torch.cuda.is_bf16_supported) = saved
+         torch.cuda.device_count, torch.cuda.is_bf16_supported, torch.accelerator.current_accelerator) = saved
         os.environ.clear()
         os.environ.update(saved_env)
 
