@@ -42,22 +42,15 @@ def _scores(folder: Path) -> dict[str, float]:
     return {r["uid"]: float(r["score"] or 0.0) for r in rows}
 
 
-def _quarters(values: list[float]) -> tuple[float, float]:
-    from embodied_r.training.learning import first_last
-
-    first, last = first_last(values)
-    return float(first), float(last)
-
-
-def stage_figures(folder: Path) -> dict[str, Any]:
-    """The trainer's log of one GRPO stage, summed up."""
+def stage_figures(folder: Path, summary: dict[str, Any], stage: str) -> dict[str, Any]:
+    """One GRPO stage summed up: its first and last quarters as the evaluation's learning figures
+    already give them, and the means over its steps of what they do not (spread, KL)."""
     history = [e for e in _read(folder, "history.json")["history"] if "train_runtime" not in e]
     series = lambda key: [float(e[key]) for e in history if isinstance(e.get(key), (int, float))]  # noqa: E731
     mean = lambda key: sum(series(key)) / max(len(series(key)), 1)  # noqa: E731
-    return {"accuracy_reward": _quarters(series("rewards/accuracy_reward/mean")),
-            "zero_std_groups": _quarters(series("frac_reward_zero_std")),
-            "reward_std": mean("reward_std"), "kl": mean("kl"), "entropy": _quarters(series("entropy")),
-            "steps": len(history)}
+    quarters = lambda name: tuple(summary[f"learning/{stage}/{name}/{q}_quarter"] for q in ("first", "last"))  # noqa: E731
+    return {"accuracy_reward": quarters("accuracy_reward"), "zero_std_groups": quarters("zero_std_groups"),
+            "entropy": quarters("entropy"), "reward_std": mean("reward_std"), "kl": mean("kl"), "steps": len(history)}
 
 
 def greedy(model: str, split: str, recipe: Any, stages: Any) -> float:
@@ -95,7 +88,7 @@ def run_figures(label: str, home: Path, seed: int, overrides: dict[str, Any], pe
         "paired": {k: summary[f"learning/paired/{k}"] for k in ("difference", "ci_low", "ci_high", "p_value",
                                                                  "better", "worse", "n")},
         "scores": {"warm": _scores(Path(stages["evaluate_warmstart"].out)), "trained": _scores(evaluate)},
-        "stages": {n: stage_figures(Path(stages[n].out)) for n in STAGES},
+        "stages": {n: stage_figures(Path(stages[n].out), summary, n.removeprefix("train_")) for n in STAGES},
     }
     if per_stage:
         models = {"warmstart": str(Path(stages["warmstart"].out) / "model"),
@@ -116,16 +109,12 @@ def pooled(runs: list[dict[str, Any]]) -> Any:
     return paired_test(a, b)
 
 
-def _p(value: float) -> str:
-    return "p < 0.0001" if value < 1e-4 else f"p = {value:.4f}"
-
-
 def _pct(x: float) -> str:
     return f"{100 * x:.1f}"
 
 
 def report(runs: list[dict[str, Any]]) -> str:
-    from embodied_r.scoring.paired import ALPHA, format_paired
+    from embodied_r.scoring.paired import ALPHA, format_p, format_paired
 
     lines = ["| run | seed | warm -> GRPO (test) | paired: points, p (better/worse) | accuracy reward, first -> last "
              "quarter, stage 1 / 2 / 3 | groups all alike (last quarter) | reward spread | KL |",
@@ -135,7 +124,7 @@ def report(runs: list[dict[str, Any]]) -> str:
         st = [r["stages"][n] for n in STAGES]
         lines.append(
             f"| {r['label']} | {r['seed']} | {_pct(r['warm'])} -> {_pct(r['trained'])} | "
-            f"{100 * p['difference']:+.1f}, {_p(p['p_value'])} ({p['better']:.0f}/{p['worse']:.0f}) | "
+            f"{100 * p['difference']:+.1f}, {format_p(p['p_value'])} ({p['better']:.0f}/{p['worse']:.0f}) | "
             + " / ".join(f"{_pct(s['accuracy_reward'][0])} -> {_pct(s['accuracy_reward'][1])}" for s in st) + " | "
             + " / ".join(_pct(s["zero_std_groups"][1]) for s in st) + " | "
             + " / ".join(f"{s['reward_std']:.2f}" for s in st) + " | "

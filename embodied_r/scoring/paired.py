@@ -92,8 +92,12 @@ def paired_test(base: Sequence[float], other: Sequence[float], *, resamples: int
     return PairedResult(n, float(diff.mean()), float(low), float(high), float(p), method, better, worse)
 
 
+def format_p(p_value: float) -> str:
+    """``p = 0.0004``, or ``p < 0.0001`` below what four decimals show."""
+    return "p < 0.0001" if p_value < 1e-4 else f"p = {p_value:.4f}"
+
+
 def format_paired(result: PairedResult) -> str:
     """``+6.9 points [3.1, 10.6], p = 0.0004``."""
-    p = "p < 0.0001" if result.p_value < 1e-4 else f"p = {result.p_value:.4f}"
     return (f"{100 * result.difference:+.1f} points [{100 * result.ci_low:.1f}, {100 * result.ci_high:.1f}], "
-            f"{p}")
+            f"{format_p(result.p_value)}")
