@@ -13,6 +13,12 @@ import time
 import urllib.request
 from pathlib import Path
 
+# Texts only MLflow's GenAI side shows, as its releases word them: 3.17's traces page ("Detect
+# Issues", an empty chart's line), 3.18's overview (its sidebar's "Observability" group, the
+# first-trace guide). A page of the model-training side shows none of them.
+GENAI_ONLY = ("Detect Issues", "No data available for the selected time range", "Observability",
+              "Send your first trace")
+
 
 def find_chromium() -> str | None:
     return next((p for p in (shutil.which(n) for n in ("chromium", "chromium-browser")) if p), None)

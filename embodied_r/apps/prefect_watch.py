@@ -15,6 +15,12 @@ POLL_S = 5.0
 # the line comes within WAIT_S + POLL_S of the last answer).
 WAIT_S = 25.0
 
+# The ephemeral server processes that have answered once. Prefect marks its server running
+# before the server answers, and waits up to PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS
+# (300 s, cli._setup_env) for a start that migrates a fresh database on a busy machine: until
+# the first answer the silence is that start, Prefect's to judge, not a server gone.
+_up: set[int] = set()
+
 
 def _ephemeral() -> Any | None:
     try:
@@ -50,16 +56,25 @@ def problem(since: float | None) -> tuple[str | None, float | None]:
     server = _ephemeral()
     if server is not None:
         process = server.server_process
-        code = process.poll() if process is not None else None
+        if process is None:
+            return None, None
+        code = process.poll()
         # Prefect's own stop (at exit) also ends the process: only a server still marked
-        # running, with the same process, has died under the run.
-        if code is not None and server.running and server.server_process is process:
+        # running, with the same process, has died under the run. Exit code 3 before the first
+        # answer is a port taken meanwhile: Prefect starts another on a free one.
+        if code is not None and server.running and server.server_process is process \
+                and (code != 3 or process.pid in _up):
             return f"Prefect's API server ({server.api_url}) exited with code {code}", since
         url = server.api_url
+        if _answers(url):
+            _up.add(process.pid)
+            return None, None
+        if process.pid not in _up:
+            return None, None
     else:
         url = _configured_url()
-    if not url or _answers(url):
-        return None, None
+        if not url or _answers(url):
+            return None, None
     since = since if since is not None else time.monotonic()
     if time.monotonic() - since >= WAIT_S:
         return f"Prefect's API at {url} has not answered for {WAIT_S + POLL_S:.0f} s", since
