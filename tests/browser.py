@@ -73,16 +73,18 @@ class Browser:
         result = self.call("Runtime.evaluate", expression="document.body ? document.body.innerText : ''")
         return str(result.get("result", {}).get("value", ""))
 
-    def wait_for(self, *needles: str, timeout: float = 90.0) -> str:
-        """The page's text once it holds every needle; raises with the text seen otherwise."""
+    def wait_for(self, *needles: str, any_of: tuple[str, ...] = (), timeout: float = 90.0) -> str:
+        """The page's text once it holds every needle, and one of ``any_of`` when given (a text
+        that UI releases word differently); raises with the text seen otherwise."""
         deadline = time.monotonic() + timeout
         text = ""
         while time.monotonic() < deadline:
             text = self.text()
-            if all(n in text for n in needles):
+            if all(n in text for n in needles) and (not any_of or any(n in text for n in any_of)):
                 return text
             time.sleep(1.0)
-        raise AssertionError(f"page never showed {needles}; it shows:\n{text[:3000]}")
+        also = f" and one of {any_of}" if any_of else ""
+        raise AssertionError(f"page never showed {needles}{also}; it shows:\n{text[:3000]}")
 
     def texts(self, css: str) -> list[str]:
         """The text of each element that matches a CSS selector, in document order."""
